@@ -1,0 +1,160 @@
+"""The routing configuration the operator renders into a ConfigMap and the router reads.
+
+This is the contract between control plane and data plane: the operator's renderer produces
+`RoutingConfig(...).to_json()` under the ConfigMap key `ROUTING_CONFIG_KEY`; the router parses it with
+`RoutingConfig.from_json` and reloads it when it changes. Pure data, no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final, Literal
+
+ROUTING_CONFIG_KEY: Final = "routing.json"
+POOLS: Final = ("latency", "batch")
+PoolName = Literal["latency", "batch"]
+
+
+@dataclass(frozen=True)
+class PoolBackend:
+    """Where a pool's engines are: a Service whose EndpointSlices list ready pods, or static URLs."""
+
+    service: str | None = None
+    port: int = 8000
+    static_urls: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TenantRule:
+    """Requests matching any listed tenant or API key hash go to `pool`.
+
+    API keys are given as lowercase hex SHA-256 of the bearer token, so no secret sits in a ConfigMap.
+    """
+
+    pool: PoolName
+    tenants: tuple[str, ...] = ()
+    api_key_sha256: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ShapeRules:
+    """Request-shape classification; a request matching any enabled rule is batch traffic."""
+
+    batch_if_max_tokens_at_least: int | None = None
+    batch_if_n_at_least: int | None = None
+    batch_if_not_streaming: bool = False
+
+
+@dataclass(frozen=True)
+class AutoSegmentation:
+    """A client with more than `in_flight_threshold` requests in flight is batch until it calms down."""
+
+    enabled: bool = True
+    in_flight_threshold: int = 8
+    calm_seconds: int = 30
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """The whole router configuration of one SpeculativeDeployment."""
+
+    served_model_name: str
+    pools: dict[str, PoolBackend]
+    default_pool: PoolName = "latency"
+    pool_header: str = "x-specfleet-pool"
+    tenant_header: str = "x-specfleet-tenant"
+    client_header: str = "x-specfleet-client"
+    tenant_rules: tuple[TenantRule, ...] = ()
+    shape: ShapeRules = field(default_factory=ShapeRules)
+    auto_segmentation: AutoSegmentation = field(default_factory=AutoSegmentation)
+    # When a pool has no ready endpoint: send its traffic to the other pool, or answer 503.
+    fallback: Literal["otherPool", "reject"] = "otherPool"
+
+    def to_json(self) -> str:
+        """Key-sorted camelCase JSON, stable so an unchanged config renders an unchanged ConfigMap."""
+        return json.dumps(_camel(asdict(self)), sort_keys=True, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> RoutingConfig:
+        """Parse and validate; raises ValueError with a readable message on a bad document."""
+        try:
+            doc = _snake(json.loads(text))
+            pools = {
+                name: PoolBackend(
+                    service=p.get("service"),
+                    port=int(p.get("port", 8000)),
+                    static_urls=tuple(p.get("static_urls", ())),
+                )
+                for name, p in doc["pools"].items()
+            }
+            rules = tuple(
+                TenantRule(
+                    pool=r["pool"],
+                    tenants=tuple(r.get("tenants", ())),
+                    api_key_sha256=tuple(k.lower() for k in r.get("api_key_sha256", ())),
+                )
+                for r in doc.get("tenant_rules", ())
+            )
+            config = cls(
+                served_model_name=doc["served_model_name"],
+                pools=pools,
+                default_pool=doc.get("default_pool", "latency"),
+                pool_header=doc.get("pool_header", "x-specfleet-pool"),
+                tenant_header=doc.get("tenant_header", "x-specfleet-tenant"),
+                client_header=doc.get("client_header", "x-specfleet-client"),
+                tenant_rules=rules,
+                shape=ShapeRules(**doc.get("shape", {})),
+                auto_segmentation=AutoSegmentation(**doc.get("auto_segmentation", {})),
+                fallback=doc.get("fallback", "otherPool"),
+            )
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as err:
+            raise ValueError(f"invalid routing config: {err!r}") from None
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Raise ValueError if the config names unknown pools or has no way to reach a pool."""
+        for name, backend in self.pools.items():
+            if name not in POOLS:
+                raise ValueError(f"invalid routing config: unknown pool {name!r}")
+            if backend.service is None and not backend.static_urls:
+                raise ValueError(f"invalid routing config: pool {name!r} has neither service nor staticUrls")
+        if self.default_pool not in self.pools:
+            raise ValueError(f"invalid routing config: defaultPool {self.default_pool!r} is not configured")
+        for rule in self.tenant_rules:
+            if rule.pool not in self.pools:
+                raise ValueError(f"invalid routing config: tenant rule targets unknown pool {rule.pool!r}")
+        if self.fallback not in ("otherPool", "reject"):
+            raise ValueError(
+                f"invalid routing config: fallback must be otherPool or reject, not {self.fallback!r}"
+            )
+
+
+def _camel_key(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _snake_key(key: str) -> str:
+    out = [f"_{c.lower()}" if c.isupper() else c for c in key]
+    return "".join(out).replace("sha_256", "sha256")
+
+
+def _camel(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            (_camel_key(k) if isinstance(k, str) and k not in POOLS else k): _camel(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_camel(v) for v in value]
+    return value
+
+
+def _snake(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {(_snake_key(k) if isinstance(k, str) else k): _snake(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_snake(v) for v in value]
+    return value

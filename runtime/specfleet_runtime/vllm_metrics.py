@@ -1,0 +1,56 @@
+"""Names of the vLLM Prometheus metrics that specfleet depends on.
+
+One list shared by the engine emulator (which must expose them exactly), the operator's PromQL
+(which queries them) and the real-vLLM compatibility tests (which check they exist on a real server).
+Counter names are given as exposed, with their `_total` suffix.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Labels every vLLM engine metric carries.
+LABEL_MODEL_NAME: Final = "model_name"
+LABEL_ENGINE: Final = "engine"
+# Extra label of the per-position acceptance counter ("0".."K-1").
+LABEL_POSITION: Final = "position"
+
+SPEC_DRAFTS: Final = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS: Final = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED_TOKENS: Final = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_ACCEPTED_PER_POS: Final = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+REQUESTS_RUNNING: Final = "vllm:num_requests_running"
+REQUESTS_WAITING: Final = "vllm:num_requests_waiting"
+KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
+
+GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
+PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
+REQUEST_SUCCESS: Final = "vllm:request_success_total"
+
+TIME_TO_FIRST_TOKEN: Final = "vllm:time_to_first_token_seconds"
+INTER_TOKEN_LATENCY: Final = "vllm:inter_token_latency_seconds"
+E2E_REQUEST_LATENCY: Final = "vllm:e2e_request_latency_seconds"
+TIME_PER_OUTPUT_TOKEN: Final = "vllm:request_time_per_output_token_seconds"
+
+# Metric family name (as in `# TYPE` lines) -> Prometheus type.
+SPEC_DECODE_FAMILIES: Final[dict[str, str]] = {
+    "vllm:spec_decode_num_drafts": "counter",
+    "vllm:spec_decode_num_draft_tokens": "counter",
+    "vllm:spec_decode_num_accepted_tokens": "counter",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "counter",
+}
+LOAD_FAMILIES: Final[dict[str, str]] = {
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:generation_tokens": "counter",
+    "vllm:prompt_tokens": "counter",
+    "vllm:request_success": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_time_per_output_token_seconds": "histogram",
+}
+# Everything the operator queries: an engine started with speculation exposes all of these.
+OPERATOR_FAMILIES: Final[dict[str, str]] = {**SPEC_DECODE_FAMILIES, **LOAD_FAMILIES}
