@@ -1,0 +1,3 @@
+from specfleet.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""Names shared by the API, the renderer and the handlers: group, kind, labels, annotations."""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "specfleet.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "SpeculativeDeployment"
+PLURAL: Final = "speculativedeployments"
+SINGULAR: Final = "speculativedeployment"
+SHORT_NAMES: Final = ("specdeploy", "sd")
+
+# The single field manager for every server-side apply the operator makes.
+FIELD_MANAGER: Final = "specfleet-operator"
+
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_VERSION: Final = "app.kubernetes.io/version"
+LABEL_DEPLOYMENT: Final = f"{GROUP}/deployment"
+LABEL_POOL: Final = f"{GROUP}/pool"
+LABEL_SPECULATION: Final = f"{GROUP}/speculation"
+
+# sha256 of a child's rendered content: equal hash on the live object means nothing to write.
+ANNOTATION_RENDER_HASH: Final = f"{GROUP}/render-hash"
+
+POOL_NAMES: Final = ("latency", "batch")

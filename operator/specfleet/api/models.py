@@ -1,0 +1,608 @@
+"""The SpeculativeDeployment API (specfleet.io/v1alpha1): pydantic models, the single source of truth.
+
+The CRD in crds/ is generated from these classes (`specfleet crd`); every field's description becomes
+its `kubectl explain` text. Cross-field rules (`rules = (...)`) are enforced twice with one message:
+as CEL by the apiserver and in Python by `specfleet render` and the operator.
+
+Conventions: camelCase JSON, durations as integers named ...Seconds, no floats in spec (fractions are
+milli-units or percent integers, named so), fixed structs for the two pools.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from specfleet.api.base import ApiModel, Rule
+
+SpeculativeMethod = Literal["eagle3", "eagle", "draft_model", "ngram", "mtp", "medusa", "suffix"]
+# Methods that load a separate drafter checkpoint, so `drafter.model` must name it.
+METHODS_NEEDING_MODEL: tuple[str, ...] = ("eagle3", "eagle", "draft_model", "medusa")
+# Methods that must not name a drafter model (they draft from the prompt or the target's own heads).
+METHODS_WITHOUT_MODEL: tuple[str, ...] = ("ngram", "suffix")
+SpeculationSetting = Literal["On", "Off", "Auto"]
+SpeculationMode = Literal["On", "Off"]
+PoolName = Literal["latency", "batch"]
+MAX_SPECULATIVE_TOKENS = 10
+MAX_SCHEDULE_RANGES = 16
+
+# A Kubernetes resource quantity ("8", "500m", "64Gi").
+Quantity = Annotated[
+    str,
+    Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$", max_length=32),
+]
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+def _quote(names: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
+
+class ModelSpec(ApiModel):
+    """The target model that every pool serves."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Hugging Face model id (org/name) or a local path inside the model cache volume.",
+    )
+    served_model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="Name clients send in the OpenAI `model` field. Defaults to the resource's name.",
+    )
+    revision: str | None = Field(
+        default=None, max_length=128, description="Model revision (branch, tag or commit) to load."
+    )
+
+
+class DynamicScheduleRange(ApiModel):
+    """One row of vLLM's Dynamic SD table: batches of minBatchSize..maxBatchSize draft K tokens."""
+
+    rules = (
+        Rule(
+            cel="self.minBatchSize <= self.maxBatchSize",
+            message="minBatchSize must not exceed maxBatchSize",
+            check=lambda r: r.min_batch_size <= r.max_batch_size,
+        ),
+    )
+
+    min_batch_size: int = Field(ge=1, le=65536, description="First batch size of the range (inclusive).")
+    max_batch_size: int = Field(ge=1, le=65536, description="Last batch size of the range (inclusive).")
+    num_speculative_tokens: int = Field(
+        ge=0,
+        le=MAX_SPECULATIVE_TOKENS,
+        description="Tokens drafted per step at these batch sizes; 0 drafts nothing.",
+    )
+
+
+def _starts_at_one(ranges: list[DynamicScheduleRange] | None) -> bool:
+    return ranges is None or any(r.min_batch_size == 1 for r in ranges)
+
+
+def _non_overlapping(ranges: list[DynamicScheduleRange] | None) -> bool:
+    # Each range's start must lie in that range alone: exactly the CEL rule below.
+    return ranges is None or all(
+        sum(1 for b in ranges if b.min_batch_size <= a.min_batch_size <= b.max_batch_size) == 1
+        for a in ranges
+    )
+
+
+class DrafterSpec(ApiModel):
+    """How tokens are drafted: vLLM's `--speculative-config`, used by pools while speculation is on."""
+
+    rules = (
+        Rule(
+            cel=f"!(self.method in {_quote(METHODS_NEEDING_MODEL)}) || has(self.model)",
+            message="drafter.model is required for methods eagle3, eagle, draft_model and medusa",
+            check=lambda d: d.method not in METHODS_NEEDING_MODEL or d.model is not None,
+        ),
+        Rule(
+            cel=f"!(self.method in {_quote(METHODS_WITHOUT_MODEL)}) || !has(self.model)",
+            message="drafter.model must not be set for methods ngram and suffix (they draft from the prompt)",
+            check=lambda d: d.method not in METHODS_WITHOUT_MODEL or d.model is None,
+        ),
+        Rule(
+            cel="self.method == 'ngram' || (!has(self.promptLookupMin) && !has(self.promptLookupMax))",
+            message="promptLookupMin and promptLookupMax apply only to method ngram",
+            check=lambda d: (
+                d.method == "ngram" or (d.prompt_lookup_min is None and d.prompt_lookup_max is None)
+            ),
+        ),
+        Rule(
+            cel="!has(self.promptLookupMin) || !has(self.promptLookupMax) "
+            "|| self.promptLookupMin <= self.promptLookupMax",
+            message="promptLookupMin must not exceed promptLookupMax",
+            check=lambda d: (
+                d.prompt_lookup_min is None
+                or d.prompt_lookup_max is None
+                or d.prompt_lookup_min <= d.prompt_lookup_max
+            ),
+        ),
+        Rule(
+            cel="!has(self.dynamicSchedule) || self.dynamicSchedule.exists(r, r.minBatchSize == 1)",
+            message="dynamicSchedule must start at batch size 1",
+            check=lambda d: _starts_at_one(d.dynamic_schedule),
+        ),
+        Rule(
+            cel="!has(self.dynamicSchedule) || self.dynamicSchedule.all(a, self.dynamicSchedule.filter(b, "
+            "b.minBatchSize <= a.minBatchSize && a.minBatchSize <= b.maxBatchSize).size() == 1)",
+            message="dynamicSchedule ranges must not overlap",
+            check=lambda d: _non_overlapping(d.dynamic_schedule),
+        ),
+        Rule(
+            cel="!has(self.dynamicSchedule) "
+            "|| self.dynamicSchedule.all(r, r.numSpeculativeTokens <= self.numSpeculativeTokens)",
+            message="dynamicSchedule must not use more tokens than numSpeculativeTokens",
+            check=lambda d: (
+                d.dynamic_schedule is None
+                or all(r.num_speculative_tokens <= d.num_speculative_tokens for r in d.dynamic_schedule)
+            ),
+        ),
+    )
+
+    method: SpeculativeMethod = Field(
+        default="eagle3", description="vLLM speculative method (eagle3, eagle, draft_model, ngram, mtp, ...)."
+    )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Drafter checkpoint (HF id or local path). Required for eagle3, eagle, draft_model, medusa.",
+    )
+    num_speculative_tokens: int = Field(
+        default=3,
+        ge=1,
+        le=MAX_SPECULATIVE_TOKENS,
+        description="K, the tokens drafted per step (1..10); also the upper bound of dynamicSchedule.",
+    )
+    draft_tensor_parallel_size: int | None = Field(
+        default=None, ge=1, le=64, description="Tensor parallel size of the drafter: 1 or the target's."
+    )
+    prompt_lookup_min: int | None = Field(
+        default=None, ge=1, le=64, description="ngram only: shortest prompt n-gram to match."
+    )
+    prompt_lookup_max: int | None = Field(
+        default=None, ge=1, le=64, description="ngram only: longest prompt n-gram to match."
+    )
+    dynamic_schedule: list[DynamicScheduleRange] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_SCHEDULE_RANGES,
+        description="vLLM Dynamic SD: K per batch-size range, chosen per step inside the engine. "
+        "Starts at batch 1, ranges do not overlap, K <= numSpeculativeTokens.",
+    )
+
+
+class GpuResources(ApiModel):
+    """Compute requested by each engine replica."""
+
+    gpus: int = Field(default=1, ge=0, le=64, description="nvidia.com/gpu per replica.")
+    cpu: Quantity | None = Field(default=None, description="CPU request, e.g. '8'.")
+    memory: Quantity | None = Field(default=None, description="Memory request and limit, e.g. '64Gi'.")
+
+
+class ModelCache(ApiModel):
+    """Where downloaded weights live; a PersistentVolumeClaim survives pod restarts, an emptyDir does not."""
+
+    persistent_volume_claim_name: str | None = Field(
+        default=None, max_length=253, description="Existing PVC mounted as the Hugging Face cache."
+    )
+    size_limit: Quantity | None = Field(
+        default=None, description="Size limit of the emptyDir cache used when no PVC is given."
+    )
+    mount_path: str = Field(
+        default="/root/.cache/huggingface", max_length=512, description="Mount path; HF_HOME points here."
+    )
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the resource's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Secret name.")
+    key: str = Field(default="token", min_length=1, max_length=253, description="Key inside the Secret.")
+
+
+class Toleration(ApiModel):
+    """A Kubernetes pod toleration."""
+
+    key: str | None = Field(default=None, description="Taint key to tolerate.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
+    value: str | None = Field(default=None, description="Taint value for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate; empty means all."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="For NoExecute: how long the pod stays bound after the taint appears."
+    )
+
+
+class EngineOverrides(ApiModel):
+    """Per-pool changes to the engine settings; unset fields inherit from spec.engine."""
+
+    tensor_parallel_size: int | None = Field(default=None, ge=1, le=64, description="Overrides engine.")
+    max_num_seqs: int | None = Field(default=None, ge=1, le=65536, description="Overrides engine.")
+    max_model_len: int | None = Field(default=None, ge=1, description="Overrides engine.")
+    gpu_memory_utilization_percent: int | None = Field(
+        default=None, ge=1, le=100, description="Overrides engine."
+    )
+    extra_args: list[str] | None = Field(
+        default=None, max_length=64, description="Replaces engine.extraArgs for this pool."
+    )
+    resources: GpuResources | None = Field(
+        default=None, description="Replaces engine.resources for this pool."
+    )
+    node_selector: dict[str, str] | None = Field(default=None, description="Replaces engine.nodeSelector.")
+    tolerations: list[Toleration] | None = Field(
+        default=None, max_length=32, description="Replaces engine.tolerations."
+    )
+
+
+class EngineSpec(ApiModel):
+    """The vLLM server every pool runs, before per-pool overrides."""
+
+    image: str = Field(
+        default="vllm/vllm-openai:v0.32.0", min_length=1, max_length=512, description="vLLM server image."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Image pull policy of engine containers."
+    )
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="--tensor-parallel-size.")
+    max_num_seqs: int | None = Field(default=None, ge=1, le=65536, description="--max-num-seqs (batch cap).")
+    max_model_len: int | None = Field(default=None, ge=1, description="--max-model-len.")
+    gpu_memory_utilization_percent: int | None = Field(
+        default=None, ge=1, le=100, description="--gpu-memory-utilization as a percent (90 means 0.9)."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Further vLLM flags. Flags the operator owns (--model, --port, --speculative-config, ...) "
+        "are refused.",
+    )
+    resources: GpuResources = Field(default_factory=GpuResources, description="Per-replica resources.")
+    model_cache: ModelCache = Field(default_factory=ModelCache, description="Model weight cache volume.")
+    hf_token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding a Hugging Face token; reaches pods as env HF_TOKEN."
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Engine pod node selector.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Engine pod tolerations."
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None, description="Engine pod affinity (Kubernetes Affinity)."
+    )
+    termination_grace_period_seconds: int = Field(
+        default=120, ge=0, le=3600, description="Time a stopping engine gets to drain in-flight requests."
+    )
+    startup_timeout_seconds: int = Field(
+        default=1800, ge=60, le=7200, description="How long a starting engine may take to load the model."
+    )
+
+
+class PoolSpec(ApiModel):
+    """One traffic pool: its size, its speculation setting and its engine overrides."""
+
+    rules = (
+        Rule(
+            cel="!has(self.minAvailable) || self.minAvailable <= self.replicas",
+            message="minAvailable must not exceed replicas",
+            check=lambda p: p.min_available is None or p.min_available <= p.replicas,
+        ),
+    )
+
+    replicas: int = Field(default=1, ge=0, le=1000, description="Engine replicas of this pool.")
+    speculation: SpeculationSetting = Field(
+        default="Auto",
+        description="On or Off pins speculation; Auto lets the policy turn it on or off from Prometheus.",
+    )
+    max_surge: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="Extra pods during a rollout (capacity never drops below replicas).",
+    )
+    min_available: int | None = Field(
+        default=None, ge=0, description="PodDisruptionBudget minAvailable. Defaults to replicas - 1."
+    )
+    engine: EngineOverrides | None = Field(default=None, description="Engine settings for this pool only.")
+
+
+class Pools(ApiModel):
+    """The two pools: latency-sensitive traffic and batch traffic."""
+
+    latency: PoolSpec = Field(
+        default_factory=PoolSpec, description="Latency-sensitive (interactive) traffic."
+    )
+    batch: PoolSpec = Field(
+        default_factory=PoolSpec, description="Throughput-oriented batch traffic (high concurrency)."
+    )
+
+
+class TenantRule(ApiModel):
+    """Send the requests of some tenants or API keys to one pool."""
+
+    rules = (
+        Rule(
+            cel="size(self.tenants) > 0 || size(self.apiKeySha256) > 0",
+            message="a tenant rule needs at least one tenant or apiKeySha256",
+            check=lambda r: bool(r.tenants or r.api_key_sha256),
+        ),
+    )
+
+    pool: PoolName = Field(description="Pool these requests go to.")
+    tenants: list[Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=list, max_length=256, description="Values of the tenant header."
+    )
+    api_key_sha256: list[Sha256Hex] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Lowercase hex SHA-256 of bearer tokens (never the tokens themselves).",
+    )
+
+
+class ShapeRules(ApiModel):
+    """Classify by request shape: a request matching any set rule is batch traffic."""
+
+    batch_if_max_tokens_at_least: int | None = Field(
+        default=None, ge=1, description="max_tokens at or above this marks a batch request."
+    )
+    batch_if_n_at_least: int | None = Field(
+        default=None, ge=2, description="n (completions per prompt) at or above this marks a batch request."
+    )
+    batch_if_not_streaming: bool = Field(default=False, description="Non-streaming requests are batch.")
+
+
+class AutoSegmentation(ApiModel):
+    """A client with too many requests in flight is treated as batch traffic until it calms down."""
+
+    enabled: bool = Field(default=True, description="Turn auto-segmentation on.")
+    in_flight_threshold: int = Field(
+        default=8, ge=1, le=100000, description="In-flight requests above which a client counts as batch."
+    )
+    calm_seconds: int = Field(
+        default=30, ge=0, le=86400, description="Time below the threshold before a client is latency again."
+    )
+
+
+class RouterSpec(ApiModel):
+    """The router Deployment in front of the pools."""
+
+    replicas: int = Field(default=2, ge=0, le=100, description="Router replicas.")
+    image: str | None = Field(
+        default=None, max_length=512, description="Router image. Defaults to the operator's own image."
+    )
+
+
+class RoutingSpec(ApiModel):
+    """How the router classifies each request into the latency or the batch pool."""
+
+    default_pool: PoolName = Field(default="latency", description="Pool for requests no rule classifies.")
+    pool_header: str = Field(
+        default="x-specfleet-pool", max_length=128, description="Header that names the pool explicitly."
+    )
+    tenant_header: str = Field(
+        default="x-specfleet-tenant", max_length=128, description="Header carrying the tenant name."
+    )
+    tenant_rules: list[TenantRule] = Field(
+        default_factory=list, max_length=64, description="Tenant and API-key rules, first match wins."
+    )
+    shape: ShapeRules = Field(default_factory=ShapeRules, description="Request-shape rules.")
+    auto_segmentation: AutoSegmentation = Field(
+        default_factory=AutoSegmentation, description="Per-client in-flight based segmentation."
+    )
+    fallback: Literal["otherPool", "reject"] = Field(
+        default="otherPool",
+        description="When a pool has no ready engine: use the other pool, or reject with 503.",
+    )
+    router: RouterSpec = Field(default_factory=RouterSpec, description="Router deployment settings.")
+
+
+class PrometheusSpec(ApiModel):
+    """Where the policy reads engine metrics."""
+
+    url: str = Field(
+        default="http://prometheus-operated.monitoring.svc:9090",
+        max_length=512,
+        description="Prometheus base URL.",
+    )
+    timeout_seconds: int = Field(default=5, ge=1, le=120, description="Per-query timeout.")
+
+
+class Thresholds(ApiModel):
+    """Threshold mode: stop past the stop values, resume only past the resume values (hysteresis)."""
+
+    rules = (
+        Rule(
+            cel="self.resumeAboveAcceptanceLengthMilli > self.stopBelowAcceptanceLengthMilli",
+            message="resumeAboveAcceptanceLengthMilli must be greater than stopBelowAcceptanceLengthMilli",
+            check=lambda t: t.resume_above_acceptance_length_milli > t.stop_below_acceptance_length_milli,
+        ),
+        Rule(
+            cel="self.resumeBelowConcurrencyPerReplica < self.stopAboveConcurrencyPerReplica",
+            message="resumeBelowConcurrencyPerReplica must be less than stopAboveConcurrencyPerReplica",
+            check=lambda t: t.resume_below_concurrency_per_replica < t.stop_above_concurrency_per_replica,
+        ),
+    )
+
+    stop_below_acceptance_length_milli: int = Field(
+        default=1400,
+        ge=1000,
+        le=11000,
+        description="Stop speculating when mean acceptance length (tokens/step x1000) falls below this.",
+    )
+    resume_above_acceptance_length_milli: int = Field(
+        default=1700, ge=1000, le=11000, description="Resume only when acceptance length x1000 exceeds this."
+    )
+    stop_above_concurrency_per_replica: int = Field(
+        default=48, ge=1, le=100000, description="Stop when running requests per replica rise above this."
+    )
+    resume_below_concurrency_per_replica: int = Field(
+        default=32,
+        ge=0,
+        le=100000,
+        description="Resume only when running requests per replica fall below this.",
+    )
+
+
+class GoodputPolicy(ApiModel):
+    """Goodput mode: predict speedup from acceptance, load and a step-time cost profile."""
+
+    margin_percent: int = Field(
+        default=5, ge=0, le=50, description="Turn off below 1 - margin, on above 1 + margin (hysteresis)."
+    )
+    cost_profile_config_map: str | None = Field(
+        default=None,
+        max_length=253,
+        description="ConfigMap with a step-time profile; default: published H100.",
+    )
+
+
+class Reentry(ApiModel):
+    """How a pool that runs without speculation learns whether turning it back on would pay."""
+
+    canary_replicas: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="Replicas of an Auto pool that keep speculation on while it is off.",
+    )
+    max_acceptance_age_seconds: int = Field(
+        default=3600, ge=0, description="Last measured acceptance is trusted for this long after a stop."
+    )
+
+
+class PolicySpec(ApiModel):
+    """When the operator turns speculation on or off for Auto pools."""
+
+    mode: Literal["Threshold", "Goodput"] = Field(default="Threshold", description="Decision rule.")
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="Metrics source.")
+    evaluation_interval_seconds: int = Field(default=30, ge=1, le=3600, description="How often to decide.")
+    window_seconds: int = Field(default=120, ge=5, le=3600, description="Rate window of the queries.")
+    thresholds: Thresholds = Field(default_factory=Thresholds, description="Threshold-mode values.")
+    goodput: GoodputPolicy = Field(default_factory=GoodputPolicy, description="Goodput-mode values.")
+    min_dwell_seconds: int = Field(
+        default=300, ge=0, le=86400, description="Minimum time a pool stays in a mode after a flip."
+    )
+    cooldown_seconds: int = Field(
+        default=600, ge=0, le=86400, description="Minimum time between two flips of the same deployment."
+    )
+    max_flips_per_hour: int = Field(default=4, ge=1, le=60, description="Cap on flips per pool per hour.")
+    reentry: Reentry = Field(default_factory=Reentry, description="Re-entry into speculation.")
+
+
+class MonitoringSpec(ApiModel):
+    """How Prometheus finds the engines and the router."""
+
+    pod_monitor: bool = Field(
+        default=False, description="Render a prometheus-operator PodMonitor (needs its CRD in the cluster)."
+    )
+    scrape_annotations: bool = Field(
+        default=True, description="Put prometheus.io/scrape annotations on engine and router pods."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels on the PodMonitor (to match a Prometheus selector)."
+    )
+
+
+class SpeculativeDeploymentSpec(ApiModel):
+    """Desired state of a speculative-decoding fleet: one model, a drafter, two pools, a router, a policy."""
+
+    rules = (
+        Rule(
+            cel="self.policy.reentry.canaryReplicas == 0 || "
+            "((self.pools.latency.speculation != 'Auto' || self.policy.reentry.canaryReplicas "
+            "< self.pools.latency.replicas) && (self.pools.batch.speculation != 'Auto' || "
+            "self.policy.reentry.canaryReplicas < self.pools.batch.replicas))",
+            message="policy.reentry.canaryReplicas must be less than the replicas of every Auto pool",
+            check=lambda s: (
+                s.policy.reentry.canary_replicas == 0
+                or all(
+                    p.speculation != "Auto" or s.policy.reentry.canary_replicas < p.replicas
+                    for p in (s.pools.latency, s.pools.batch)
+                )
+            ),
+        ),
+    )
+
+    model: ModelSpec = Field(description="Target model.")
+    drafter: DrafterSpec = Field(description="Speculative decoding settings (vLLM --speculative-config).")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM engine settings.")
+    pools: Pools = Field(default_factory=Pools, description="Latency and batch pools.")
+    routing: RoutingSpec = Field(default_factory=RoutingSpec, description="Request classification.")
+    policy: PolicySpec = Field(default_factory=PolicySpec, description="Adaptive speculation policy.")
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Metrics scraping.")
+
+
+# ---- status: written only by the operator, read leniently (a damaged status must not crash it) ----
+
+
+class StatusModel(BaseModel):
+    """Base of status models: camelCase, tolerant of unknown fields and loose types when read back."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-ready camelCase dict, without unset optionals."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class Condition(StatusModel):
+    """A Kubernetes API convention condition."""
+
+    type: str = Field(description="Condition type: Ready, Progressing, Degraded, ...")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason for the last transition.")
+    message: str = Field(default="", description="Human-readable details.")
+    observed_generation: int | None = Field(default=None, description="metadata.generation this reflects.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+
+
+class PoolStatus(StatusModel):
+    """Observed state of one pool."""
+
+    speculation: SpeculationMode = Field(default="On", description="Speculation mode the pool runs now.")
+    replicas: int = Field(default=0, description="Pods of the pool's Deployment.")
+    ready_replicas: int = Field(default=0, description="Ready pods.")
+    updated_replicas: int = Field(default=0, description="Pods with the current template.")
+    settled: bool = Field(default=False, description="The rollout to the current mode has finished.")
+    acceptance_length: str | None = Field(
+        default=None, description="Last measured mean acceptance length (tokens per step), as text."
+    )
+    last_transition_time: str | None = Field(default=None, description="When speculation last flipped.")
+    reason: str | None = Field(default=None, description="Why the pool is in this mode.")
+    message: str | None = Field(default=None, description="Details of the last decision.")
+
+
+class PoolStatuses(StatusModel):
+    """Status of both pools."""
+
+    latency: PoolStatus = Field(default_factory=PoolStatus, description="Latency pool.")
+    batch: PoolStatus = Field(default_factory=PoolStatus, description="Batch pool.")
+
+
+class Decision(StatusModel):
+    """One speculation flip, with the numbers that caused it."""
+
+    time: str = Field(description="When it was decided (RFC 3339).")
+    pool: PoolName = Field(description="Pool that flipped.")
+    from_mode: SpeculationMode = Field(alias="from", description="Mode before.")
+    to_mode: SpeculationMode = Field(alias="to", description="Mode after.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field(default="", description="Human-readable explanation.")
+    observations: dict[str, str] = Field(default_factory=dict, description="The observed values, as text.")
+
+
+class SpeculativeDeploymentStatus(StatusModel):
+    """Observed state, and the runtime decisions the operator owns (spec is never written)."""
+
+    observed_generation: int | None = Field(default=None, description="Last metadata.generation reconciled.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16, description="Ready, Progressing, Degraded, ..."
+    )
+    pools: PoolStatuses = Field(default_factory=PoolStatuses, description="Per-pool state.")
+    history: list[Decision] = Field(
+        default_factory=list, max_length=20, description="Most recent speculation decisions, newest last."
+    )

@@ -1,0 +1,27 @@
+"""Condition types and CamelCase reasons, in one place (Kubernetes API conventions)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Condition types: adjectives, as the conventions ask.
+READY: Final = "Ready"
+PROGRESSING: Final = "Progressing"
+DEGRADED: Final = "Degraded"
+
+# Reasons.
+RECONCILED: Final = "Reconciled"
+ALL_POOLS_READY: Final = "AllPoolsReady"
+POOLS_NOT_READY: Final = "PoolsNotReady"
+ROLLING_OUT: Final = "RollingOut"
+ROLLOUT_COMPLETE: Final = "RolloutComplete"
+INVALID_SPEC: Final = "InvalidSpec"
+UNSUPPORTED_CONFIGURATION: Final = "UnsupportedConfiguration"
+APPLY_FAILED: Final = "ApplyFailed"
+AS_EXPECTED: Final = "AsExpected"
+
+# Event reasons.
+EVENT_APPLIED: Final = "ChildrenApplied"
+EVENT_RESTORED: Final = "DriftCorrected"
+EVENT_DEGRADED: Final = "Degraded"
+EVENT_RECOVERED: Final = "Recovered"

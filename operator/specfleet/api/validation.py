@@ -1,0 +1,150 @@
+"""Parse a SpeculativeDeployment and report errors the way the apiserver does.
+
+`specfleet render` and the operator reject a bad resource with the same wording `kubectl apply` shows
+(`spec.drafter: Invalid value: "object": <rule message>`), so a user sees one message wherever the
+check fires first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from specfleet.api.constants import API_VERSION, KIND
+from specfleet.api.models import SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+
+
+class InvalidResourceError(ValueError):
+    """A resource the schema or a rule rejects; `messages` holds one line per problem."""
+
+    def __init__(self, messages: Sequence[str]) -> None:
+        self.messages = list(messages)
+        super().__init__("; ".join(self.messages))
+
+
+@dataclass(frozen=True)
+class SpeculativeDeployment:
+    """A parsed resource: identity from metadata, validated spec, leniently read status."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: SpeculativeDeploymentSpec
+    status: SpeculativeDeploymentStatus
+
+    @property
+    def served_model_name(self) -> str:
+        return self.spec.model.served_model_name or self.name
+
+
+def parse_spec(spec: Mapping[str, Any]) -> SpeculativeDeploymentSpec:
+    """Validate a spec dict; raises InvalidResourceError with apiserver-style messages."""
+    try:
+        return SpeculativeDeploymentSpec.model_validate(dict(spec))
+    except ValidationError as err:
+        raise InvalidResourceError([format_error(e) for e in err.errors()]) from None
+
+
+def parse_status(status: Mapping[str, Any] | None) -> SpeculativeDeploymentStatus:
+    """Read status leniently: a damaged status is replaced, never fatal (the operator rewrites it)."""
+    try:
+        return SpeculativeDeploymentStatus.model_validate(dict(status or {}))
+    except ValidationError:
+        return SpeculativeDeploymentStatus()
+
+
+def parse_resource(body: Mapping[str, Any]) -> SpeculativeDeployment:
+    """Parse a whole object (as read from the API or a file)."""
+    problems: list[str] = []
+    if body.get("apiVersion") != API_VERSION or body.get("kind") != KIND:
+        problems.append(f"expected apiVersion {API_VERSION} and kind {KIND}")
+    meta = body.get("metadata") or {}
+    if not isinstance(meta, Mapping) or not meta.get("name"):
+        problems.append("metadata.name: Required value")
+        meta = {}
+    spec_doc = body.get("spec")
+    if not isinstance(spec_doc, Mapping):
+        problems.append("spec: Required value")
+    if problems:
+        raise InvalidResourceError(problems)
+    assert isinstance(spec_doc, Mapping)
+    return SpeculativeDeployment(
+        name=str(meta["name"]),
+        namespace=str(meta.get("namespace") or "default"),
+        uid=str(meta.get("uid") or ""),
+        generation=int(meta.get("generation") or 0),
+        spec=parse_spec(spec_doc),
+        status=parse_status(body.get("status")),
+    )
+
+
+_JSON_TYPES = {"int": "integer", "string": "string", "bool": "boolean", "dict": "object", "list": "array"}
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number" if isinstance(value, float) else "integer"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return "null"
+
+
+def _path(loc: Sequence[int | str]) -> str:
+    out = "spec"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _literal(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def format_error(err: Mapping[str, Any]) -> str:
+    """One pydantic error as the apiserver would word it."""
+    kind = str(err["type"])
+    loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-after"))]
+    path = _path(loc)
+    value = err.get("input")
+    ctx = err.get("ctx") or {}
+    if kind == "missing":
+        return f"{path}: Required value"
+    if kind == "extra_forbidden":
+        return f'unknown field "{path}"'
+    if kind in ("literal_error", "enum"):
+        expected = str(ctx.get("expected", "")).replace("'", '"').replace(" or ", ", ")
+        return f"{path}: Unsupported value: {_literal(value)}: supported values: {expected}"
+    if kind.endswith("_type") or kind in ("model_type", "model_attributes_type", "dict_type", "list_type"):
+        wanted = next((v for k, v in _JSON_TYPES.items() if kind.startswith(k)), "object")
+        got = _json_type(value)
+        return f'{path}: Invalid value: "{got}": {path} in body must be of type {wanted}: "{got}"'
+    if kind == "greater_than_equal":
+        return (
+            f"{path}: Invalid value: {value}: {path} in body should be greater than or equal to {ctx['ge']}"
+        )
+    if kind == "less_than_equal":
+        return f"{path}: Invalid value: {value}: {path} in body should be less than or equal to {ctx['le']}"
+    if kind == "string_too_short":
+        return f'{path}: Invalid value: "{value}": {path} in body should be at least {ctx["min_length"]} chars long'
+    if kind == "string_too_long":
+        return f"{path}: Too long: may not be more than {ctx['max_length']} bytes"
+    if kind == "string_pattern_mismatch":
+        return f"{path}: Invalid value: \"{value}\": {path} in body should match '{ctx['pattern']}'"
+    if kind == "too_short":
+        return f"{path}: Invalid value: {len(value or ())}: {path} in body should have at least {ctx['min_length']} items"
+    if kind == "too_long":
+        return f"{path}: Too many: {ctx.get('actual_length')}: must have at most {ctx['max_length']} items"
+    if kind == "value_error":
+        message = str(err["msg"]).removeprefix("Value error, ")
+        return f'{path}: Invalid value: "object": {message}'
+    return f"{path}: Invalid value: {err['msg']}"

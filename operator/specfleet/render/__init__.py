@@ -1,0 +1,52 @@
+"""The pure renderer: a SpeculativeDeployment and each pool's decided mode in, child manifests out.
+
+Deterministic (same input, byte-identical output) and free of I/O; every child carries a render-hash
+annotation so the operator can skip writes that would change nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from specfleet.api.models import PoolName, SpeculationMode
+from specfleet.api.validation import SpeculativeDeployment
+from specfleet.render.common import Manifest, RenderOptions, with_render_hash
+from specfleet.render.engine import render_pool_deployment, render_pool_pdb, render_pool_service
+from specfleet.render.monitoring import render_pod_monitor
+from specfleet.render.router import (
+    render_router_deployment,
+    render_router_role,
+    render_router_role_binding,
+    render_router_service,
+    render_router_service_account,
+    render_routing_config_map,
+)
+
+__all__ = ["Manifest", "RenderOptions", "render_children"]
+
+POOLS: tuple[PoolName, ...] = ("latency", "batch")
+
+
+def render_children(
+    sd: SpeculativeDeployment,
+    modes: Mapping[PoolName, SpeculationMode],
+    options: RenderOptions | None = None,
+) -> list[Manifest]:
+    """Every child object of `sd`, in apply order (config and RBAC before the pods that use them)."""
+    options = options or RenderOptions()
+    children: list[Manifest] = [
+        render_routing_config_map(sd),
+        render_router_service_account(sd),
+        render_router_role(sd),
+        render_router_role_binding(sd),
+    ]
+    for pool in POOLS:
+        children += [
+            render_pool_service(sd, pool),
+            render_pool_pdb(sd, pool),
+            render_pool_deployment(sd, pool, modes[pool]),
+        ]
+    children += [render_router_service(sd, options), render_router_deployment(sd, options)]
+    if sd.spec.monitoring.pod_monitor:
+        children.append(render_pod_monitor(sd))
+    return [with_render_hash(child) for child in children]

@@ -1,0 +1,219 @@
+"""Render each pool's vLLM engines: Deployment, Service and PodDisruptionBudget (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specfleet.api.constants import LABEL_SPECULATION
+from specfleet.api.effective import PoolEngine, pool_engine
+from specfleet.api.models import DrafterSpec, PoolName, SpeculationMode
+from specfleet.api.validation import SpeculativeDeployment
+from specfleet.render.common import Manifest, metadata, pool_name, selector_labels
+from specfleet_runtime.vllm_args import (
+    VLLM_PORT,
+    VLLM_SERVER_MODULE,
+    DynamicSpeculationRange,
+    EngineArgs,
+    SpeculativeConfig,
+    build_vllm_args,
+)
+
+ENGINE_COMPONENT = "engine"
+ENGINE_CONTAINER = "vllm"
+SHM_SIZE_LIMIT = "16Gi"
+# Probe period while the model loads; startupTimeoutSeconds / this = allowed failures.
+STARTUP_PROBE_PERIOD_SECONDS = 10
+# Seconds a stopping pod keeps serving while Services and the router drop its endpoint.
+PRESTOP_SLEEP_SECONDS = 10
+
+
+def speculative_config(drafter: DrafterSpec) -> SpeculativeConfig:
+    """vLLM's --speculative-config for a drafter spec (schedule sorted by batch size)."""
+    schedule = tuple(
+        DynamicSpeculationRange(r.min_batch_size, r.max_batch_size, r.num_speculative_tokens)
+        for r in sorted(drafter.dynamic_schedule or [], key=lambda r: r.min_batch_size)
+    )
+    return SpeculativeConfig(
+        method=drafter.method,
+        num_speculative_tokens=drafter.num_speculative_tokens,
+        model=drafter.model,
+        draft_tensor_parallel_size=drafter.draft_tensor_parallel_size,
+        prompt_lookup_min=drafter.prompt_lookup_min,
+        prompt_lookup_max=drafter.prompt_lookup_max,
+        dynamic_schedule=schedule,
+    )
+
+
+def engine_args(sd: SpeculativeDeployment, pool: PoolName, mode: SpeculationMode) -> EngineArgs:
+    """The engine arguments of one pool in one speculation mode."""
+    eng = pool_engine(sd.spec, pool)
+    util = eng.gpu_memory_utilization_percent
+    return EngineArgs(
+        model=sd.spec.model.name,
+        served_model_name=sd.served_model_name,
+        revision=sd.spec.model.revision,
+        port=VLLM_PORT,
+        tensor_parallel_size=eng.tensor_parallel_size,
+        max_num_seqs=eng.max_num_seqs,
+        max_model_len=eng.max_model_len,
+        gpu_memory_utilization=None if util is None else util / 100,
+        speculative=speculative_config(sd.spec.drafter) if mode == "On" else None,
+        extra_args=eng.extra_args,
+    )
+
+
+def _resources(eng: PoolEngine) -> dict[str, Any]:
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if eng.resources.gpus:
+        # Extended resources need requests == limits.
+        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = eng.resources.gpus
+    if eng.resources.cpu:
+        requests["cpu"] = eng.resources.cpu
+    if eng.resources.memory:
+        requests["memory"] = limits["memory"] = eng.resources.memory
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _env(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
+    spec = sd.spec.engine
+    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": spec.model_cache.mount_path}]
+    ref = spec.hf_token_secret_ref
+    if ref is not None:
+        # The token reaches the pod only through the Secret, never in args or the manifest.
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env
+
+
+def _volumes(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
+    cache = sd.spec.engine.model_cache
+    if cache.persistent_volume_claim_name:
+        cache_volume: dict[str, Any] = {
+            "name": "model-cache",
+            "persistentVolumeClaim": {"claimName": cache.persistent_volume_claim_name},
+        }
+    else:
+        empty: dict[str, Any] = {"sizeLimit": cache.size_limit} if cache.size_limit else {}
+        cache_volume = {"name": "model-cache", "emptyDir": empty}
+    # Tensor parallel workers share memory through /dev/shm; the container default (64Mi) is too small.
+    shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}}
+    return [cache_volume, shm]
+
+
+def _probes(sd: SpeculativeDeployment) -> dict[str, Any]:
+    http = {"path": "/health", "port": "http"}
+    startup_failures = max(1, sd.spec.engine.startup_timeout_seconds // STARTUP_PROBE_PERIOD_SECONDS)
+    return {
+        # The port opens only after the model has loaded: minutes, so a patient startup probe.
+        "startupProbe": {
+            "httpGet": http,
+            "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+            "failureThreshold": startup_failures,
+            "timeoutSeconds": 5,
+        },
+        "readinessProbe": {"httpGet": http, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
+        "livenessProbe": {"httpGet": http, "periodSeconds": 15, "failureThreshold": 4, "timeoutSeconds": 10},
+    }
+
+
+def render_pool_deployment(sd: SpeculativeDeployment, pool: PoolName, mode: SpeculationMode) -> Manifest:
+    """The pool's Deployment of vLLM servers, with or without --speculative-config."""
+    spec = sd.spec
+    pool_spec = getattr(spec.pools, pool)
+    eng = pool_engine(spec, pool)
+    name = pool_name(sd, pool)
+    selector = selector_labels(sd, ENGINE_COMPONENT, pool)
+    meta = metadata(sd, name, ENGINE_COMPONENT, pool)
+    meta["labels"][LABEL_SPECULATION] = mode
+    pod_labels = {**meta["labels"]}
+    pod_annotations: dict[str, str] = {}
+    if spec.monitoring.scrape_annotations:
+        pod_annotations = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(VLLM_PORT),
+            "prometheus.io/path": "/metrics",
+        }
+    container: dict[str, Any] = {
+        "name": ENGINE_CONTAINER,
+        "image": spec.engine.image,
+        "imagePullPolicy": spec.engine.image_pull_policy,
+        "command": ["python3", "-m", VLLM_SERVER_MODULE],
+        "args": build_vllm_args(engine_args(sd, pool, mode)),
+        "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
+        "env": _env(sd),
+        "resources": _resources(eng),
+        "volumeMounts": [
+            {"name": "model-cache", "mountPath": spec.engine.model_cache.mount_path},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        **_probes(sd),
+        # Keep serving briefly after endpoints are withdrawn, so no new request lands on a dying pod.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": _volumes(sd),
+        "terminationGracePeriodSeconds": spec.engine.termination_grace_period_seconds,
+    }
+    if eng.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(eng.node_selector.items()))
+    if eng.tolerations:
+        pod_spec["tolerations"] = [t.to_wire() for t in eng.tolerations]
+    if spec.engine.affinity:
+        pod_spec["affinity"] = spec.engine.affinity
+    template_meta: dict[str, Any] = {"labels": pod_labels}
+    if pod_annotations:
+        template_meta["annotations"] = pod_annotations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": pool_spec.replicas,
+            "selector": {"matchLabels": selector},
+            # Surge only: ready capacity never drops below `replicas` while a pool flips.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": pool_spec.max_surge},
+            },
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": spec.engine.startup_timeout_seconds + 600,
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
+def render_pool_service(sd: SpeculativeDeployment, pool: PoolName) -> Manifest:
+    """A ClusterIP Service over the pool's ready engines; the router watches its EndpointSlices."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(sd, pool_name(sd, pool), ENGINE_COMPONENT, pool),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(sd, ENGINE_COMPONENT, pool),
+            "ports": [{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def render_pool_pdb(sd: SpeculativeDeployment, pool: PoolName) -> Manifest:
+    """Voluntary disruptions (node drains) take at most one engine of a pool at a time by default."""
+    pool_spec = getattr(sd.spec.pools, pool)
+    min_available = pool_spec.min_available
+    if min_available is None:
+        min_available = max(pool_spec.replicas - 1, 0)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(sd, pool_name(sd, pool), ENGINE_COMPONENT, pool),
+        "spec": {
+            "minAvailable": min_available,
+            "selector": {"matchLabels": selector_labels(sd, ENGINE_COMPONENT, pool)},
+        },
+    }

@@ -1,0 +1,174 @@
+"""Render the router: routing ConfigMap, Deployment, Service, and the RBAC it needs (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specfleet.api.validation import SpeculativeDeployment
+from specfleet.render.common import (
+    Manifest,
+    RenderOptions,
+    metadata,
+    pool_name,
+    router_name,
+    routing_config_map_name,
+    selector_labels,
+)
+from specfleet_runtime.routing_config import (
+    ROUTING_CONFIG_KEY,
+    AutoSegmentation,
+    PoolBackend,
+    RoutingConfig,
+    ShapeRules,
+    TenantRule,
+)
+from specfleet_runtime.vllm_args import VLLM_PORT
+
+ROUTER_COMPONENT = "router"
+ROUTER_SERVICE_PORT = 80
+
+
+def routing_config(sd: SpeculativeDeployment) -> RoutingConfig:
+    """The data-plane routing contract for this resource."""
+    routing = sd.spec.routing
+    return RoutingConfig(
+        served_model_name=sd.served_model_name,
+        pools={p: PoolBackend(service=pool_name(sd, p), port=VLLM_PORT) for p in ("latency", "batch")},
+        default_pool=routing.default_pool,
+        pool_header=routing.pool_header,
+        tenant_header=routing.tenant_header,
+        tenant_rules=tuple(
+            TenantRule(pool=r.pool, tenants=tuple(r.tenants), api_key_sha256=tuple(r.api_key_sha256))
+            for r in routing.tenant_rules
+        ),
+        shape=ShapeRules(
+            batch_if_max_tokens_at_least=routing.shape.batch_if_max_tokens_at_least,
+            batch_if_n_at_least=routing.shape.batch_if_n_at_least,
+            batch_if_not_streaming=routing.shape.batch_if_not_streaming,
+        ),
+        auto_segmentation=AutoSegmentation(
+            enabled=routing.auto_segmentation.enabled,
+            in_flight_threshold=routing.auto_segmentation.in_flight_threshold,
+            calm_seconds=routing.auto_segmentation.calm_seconds,
+        ),
+        fallback=routing.fallback,
+    )
+
+
+def render_routing_config_map(sd: SpeculativeDeployment) -> Manifest:
+    """The ConfigMap the router watches; edits reload without a restart."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(sd, routing_config_map_name(sd), ROUTER_COMPONENT),
+        "data": {ROUTING_CONFIG_KEY: routing_config(sd).to_json()},
+    }
+
+
+def render_router_service_account(sd: SpeculativeDeployment) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": metadata(sd, router_name(sd), ROUTER_COMPONENT),
+    }
+
+
+def render_router_role(sd: SpeculativeDeployment) -> Manifest:
+    """Read-only, namespace-scoped: the router needs its ConfigMap and the pools' EndpointSlices."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": metadata(sd, router_name(sd), ROUTER_COMPONENT),
+        "rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]},
+            {
+                "apiGroups": ["discovery.k8s.io"],
+                "resources": ["endpointslices"],
+                "verbs": ["get", "list", "watch"],
+            },
+        ],
+    }
+
+
+def render_router_role_binding(sd: SpeculativeDeployment) -> Manifest:
+    name = router_name(sd)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": metadata(sd, name, ROUTER_COMPONENT),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": sd.namespace}],
+    }
+
+
+def render_router_deployment(sd: SpeculativeDeployment, options: RenderOptions) -> Manifest:
+    """The router pods: the operator's image, run with the router command."""
+    spec = sd.spec
+    name = router_name(sd)
+    meta = metadata(sd, name, ROUTER_COMPONENT)
+    annotations: dict[str, str] = {}
+    if spec.monitoring.scrape_annotations:
+        annotations = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(options.router_port),
+            "prometheus.io/path": "/metrics",
+        }
+    template_meta: dict[str, Any] = {"labels": dict(meta["labels"])}
+    if annotations:
+        template_meta["annotations"] = annotations
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": spec.routing.router.image or options.router_image,
+        "command": ["specfleet-router"],
+        "args": [
+            "--configmap",
+            f"{sd.namespace}/{routing_config_map_name(sd)}",
+            "--port",
+            str(options.router_port),
+        ],
+        "ports": [{"name": "http", "containerPort": options.router_port, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": spec.routing.router.replicas,
+            "selector": {"matchLabels": selector_labels(sd, ROUTER_COMPONENT)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": template_meta,
+                "spec": {
+                    "serviceAccountName": name,
+                    "containers": [container],
+                    # Long enough to finish in-flight streams after SIGTERM.
+                    "terminationGracePeriodSeconds": 60,
+                    "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                },
+            },
+        },
+    }
+
+
+def render_router_service(sd: SpeculativeDeployment, options: RenderOptions) -> Manifest:
+    """The client-facing Service: named after the resource itself."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(sd, sd.name, ROUTER_COMPONENT),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(sd, ROUTER_COMPONENT),
+            "ports": [{"name": "http", "port": ROUTER_SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
