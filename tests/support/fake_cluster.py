@@ -1,0 +1,73 @@
+"""An in-memory stand-in for the apiserver behind `reconcile.Cluster`, for unit tests.
+
+It copies the behaviours reconcile depends on: a write bumps resourceVersion, a spec change bumps a
+Deployment's generation, quantities come back as strings. The cluster tier checks the same
+reconcile against a real apiserver.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from specfleet.reconcile import ApplyRejectedError
+
+
+def _stringify_quantities(obj: dict[str, Any]) -> None:
+    for container in obj.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+        for section in ("requests", "limits"):
+            values = container.get("resources", {}).get(section, {})
+            for key, value in values.items():
+                values[key] = str(value)
+
+
+class FakeCluster:
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.writes: list[str] = []
+        self.reject_kinds: set[str] = set()
+        self._rv = 0
+
+    @staticmethod
+    def key(manifest: dict[str, Any]) -> tuple[str, str, str]:
+        meta = manifest["metadata"]
+        return (manifest["kind"], meta.get("namespace", ""), meta["name"])
+
+    def get(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        live = self.objects.get(self.key(manifest))
+        return copy.deepcopy(live) if live is not None else None
+
+    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        if manifest["kind"] in self.reject_kinds:
+            raise ApplyRejectedError(f"no {manifest['kind']} here")
+        key = self.key(manifest)
+        old = self.objects.get(key)
+        new = copy.deepcopy(manifest)
+        _stringify_quantities(new)
+        self._rv += 1
+        generation = (old or {}).get("metadata", {}).get("generation", 0)
+        if old is None or old.get("spec") != new.get("spec"):
+            generation += 1
+        new["metadata"]["resourceVersion"] = str(self._rv)
+        new["metadata"]["generation"] = generation
+        if old is not None and "status" in old:
+            new["status"] = old["status"]
+        self.objects[key] = new
+        self.writes.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
+        return copy.deepcopy(new)
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        del self.objects[(kind, namespace, name)]
+
+    def roll_out(self) -> None:
+        """What the controller-manager and kwok would do: every Deployment becomes fully ready."""
+        for (kind, _, _), obj in self.objects.items():
+            if kind == "Deployment":
+                replicas = obj["spec"]["replicas"]
+                obj["status"] = {
+                    "observedGeneration": obj["metadata"]["generation"],
+                    "replicas": replicas,
+                    "readyReplicas": replicas,
+                    "updatedReplicas": replicas,
+                    "availableReplicas": replicas,
+                }

@@ -1,0 +1,55 @@
+"""Example resources and the table of invalid ones, shared by the unit and cluster tiers.
+
+The same table is checked against `specfleet render` (unit tier) and the real apiserver (cluster
+tier): each case must be rejected with its expected message by both.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+INVALID_TABLE = ROOT / "tests" / "data" / "invalid_manifests.yaml"
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    doc = yaml.safe_load(path.read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def merge(base: Any, patch: Any) -> Any:
+    """JSON merge patch (RFC 7386): dicts merge, null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(base) if isinstance(base, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge(out.get(key), value)
+    return out
+
+
+@dataclass(frozen=True)
+class InvalidCase:
+    name: str
+    message: str
+    manifest: dict[str, Any]
+
+
+def invalid_cases() -> list[InvalidCase]:
+    table = yaml.safe_load(INVALID_TABLE.read_text())
+    base = load_yaml(ROOT / table["base"])
+    cases = []
+    for entry in table["cases"]:
+        manifest = merge(base, {"spec": entry["spec"]})
+        manifest["metadata"] = {**manifest["metadata"], "name": entry["name"]}
+        cases.append(InvalidCase(entry["name"], entry["message"], manifest))
+    return cases

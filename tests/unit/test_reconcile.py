@@ -1,0 +1,172 @@
+"""reconcile() against the in-memory cluster: idempotence, drift repair, status and Degraded."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from specfleet.reconcile import reconcile, status_patch
+from support.fake_cluster import FakeCluster
+from support.manifests import ROOT, load_yaml, merge
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+EXAMPLE = ROOT / "examples" / "02-two-pools-routing-policy.yaml"
+
+
+def _body(patch=None, status=None, generation=1):
+    doc = load_yaml(EXAMPLE)
+    doc["metadata"].update(uid="uid-1", generation=generation)
+    if patch:
+        doc = merge(doc, patch)
+    if status is not None:
+        doc["status"] = status
+    return doc
+
+
+def _conditions(status):
+    return {c["type"]: c for c in status["conditions"]}
+
+
+@pytest.fixture
+def cluster():
+    return FakeCluster()
+
+
+def test_first_reconcile_applies_every_child_and_reports_progress(cluster):
+    result = reconcile(_body(), cluster, NOW)
+    assert len(result.applied) == 13
+    assert len(cluster.objects) == 13
+    cond = _conditions(result.status)
+    assert cond["Ready"]["status"] == "False"
+    assert cond["Progressing"]["status"] == "True"
+    assert cond["Degraded"]["status"] == "False"
+    assert all(c["observedGeneration"] == 1 for c in cond.values())
+    assert result.status["pools"]["latency"]["speculation"] == "On"
+    assert [e.reason for e in result.events] == ["ChildrenApplied"]
+
+
+def test_second_reconcile_writes_nothing_and_status_settles(cluster):
+    first = reconcile(_body(), cluster, NOW)
+    cluster.roll_out()
+    cluster.writes.clear()
+    second = reconcile(_body(status=first.status), cluster, NOW + timedelta(seconds=30))
+    assert cluster.writes == []
+    assert second.applied == []
+    cond = _conditions(second.status)
+    assert cond["Ready"]["status"] == "True"
+    assert cond["Progressing"]["status"] == "False"
+    assert second.status["pools"]["latency"]["readyReplicas"] == 3
+    assert second.status["pools"]["latency"]["settled"] is True
+    third = reconcile(_body(status=second.status), cluster, NOW + timedelta(seconds=60))
+    assert status_patch(second.status, third.status) == {}
+    assert third.events == []
+
+
+def test_transition_time_kept_when_status_unchanged(cluster):
+    first = reconcile(_body(), cluster, NOW)
+    later = reconcile(_body(status=first.status), cluster, NOW + timedelta(minutes=5))
+    t1 = _conditions(first.status)["Degraded"]["lastTransitionTime"]
+    assert _conditions(later.status)["Degraded"]["lastTransitionTime"] == t1
+
+
+def test_hand_edited_child_is_restored(cluster):
+    first = reconcile(_body(), cluster, NOW)
+    cluster.roll_out()
+    deploy = cluster.objects[("Deployment", "inference", "assistant-latency")]
+    deploy["spec"]["replicas"] = 7
+    deploy["spec"]["template"]["spec"]["containers"][0]["args"].append("--enforce-eager")
+    cluster.writes.clear()
+    result = reconcile(_body(status=first.status), cluster, NOW)
+    assert cluster.writes == ["Deployment/assistant-latency"]
+    assert cluster.objects[("Deployment", "inference", "assistant-latency")]["spec"]["replicas"] == 3
+    assert any(e.reason == "DriftCorrected" for e in result.events)
+
+
+def test_deleted_child_is_recreated(cluster):
+    first = reconcile(_body(), cluster, NOW)
+    cluster.delete("ConfigMap", "inference", "assistant-routing")
+    cluster.writes.clear()
+    result = reconcile(_body(status=first.status), cluster, NOW)
+    assert cluster.writes == ["ConfigMap/assistant-routing"]
+    assert any(e.reason == "DriftCorrected" for e in result.events)
+
+
+def test_changing_one_pool_rewrites_only_that_pool(cluster):
+    first = reconcile(_body(), cluster, NOW)
+    cluster.writes.clear()
+    patch = {"spec": {"pools": {"batch": {"engine": {"maxNumSeqs": 128}}}}}
+    reconcile(_body(patch=patch, status=first.status, generation=2), cluster, NOW)
+    assert cluster.writes == ["Deployment/assistant-batch"]
+
+
+def test_auto_pool_follows_the_mode_in_status(cluster):
+    status = {"pools": {"latency": {"speculation": "Off"}, "batch": {"speculation": "On"}}}
+    reconcile(_body(status=status), cluster, NOW)
+    latency = cluster.objects[("Deployment", "inference", "assistant-latency")]
+    assert "--speculative-config" not in latency["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_pinned_pool_ignores_status(cluster):
+    status = {"pools": {"latency": {"speculation": "Off"}}}
+    result = reconcile(
+        _body(patch={"spec": {"pools": {"latency": {"speculation": "On"}}}}, status=status), cluster, NOW
+    )
+    assert result.status["pools"]["latency"]["speculation"] == "On"
+
+
+def test_unrunnable_spec_is_degraded_without_writes(cluster):
+    body = _body(patch={"spec": {"engine": {"image": "vllm/vllm-openai:v0.6.0"}}})
+    result = reconcile(body, cluster, NOW)
+    assert cluster.writes == []
+    cond = _conditions(result.status)
+    assert cond["Degraded"]["status"] == "True"
+    assert cond["Degraded"]["reason"] == "UnsupportedConfiguration"
+    assert "needs vLLM >= 0.8.5" in cond["Degraded"]["message"]
+    assert cond["Ready"]["status"] == "False"
+    assert [e.type for e in result.events] == ["Warning"]
+    # The same spec again: no new event, no status change (no hot loop of writes).
+    again = reconcile({**body, "status": result.status}, cluster, NOW + timedelta(minutes=1))
+    assert again.events == []
+    assert status_patch(result.status, again.status) == {}
+
+
+def test_conflicting_overrides_are_degraded(cluster):
+    patch = {
+        "spec": {"pools": {"batch": {"engine": {"extraArgs": ["--port=9000"], "tensorParallelSize": 2}}}}
+    }
+    result = reconcile(_body(patch=patch), cluster, NOW)
+    message = _conditions(result.status)["Degraded"]["message"]
+    assert "extraArgs sets --port" in message
+    assert "tensorParallelSize 2 needs 2 GPUs" in message
+    assert cluster.writes == []
+
+
+def test_invalid_spec_is_degraded_not_raised(cluster):
+    body = _body(patch={"spec": {"drafter": {"numSpeculativeTokens": 99}}})
+    result = reconcile(body, cluster, NOW)
+    cond = _conditions(result.status)["Degraded"]
+    assert cond["reason"] == "InvalidSpec"
+    assert "less than or equal to 10" in cond["message"]
+
+
+def test_recovery_from_degraded_emits_event(cluster):
+    bad = reconcile(_body(patch={"spec": {"engine": {"image": "vllm/vllm-openai:v0.6.0"}}}), cluster, NOW)
+    good = reconcile(_body(status=bad.status, generation=2), cluster, NOW)
+    assert _conditions(good.status)["Degraded"]["status"] == "False"
+    assert "Recovered" in [e.reason for e in good.events]
+
+
+def test_rejected_child_reports_apply_failed_but_applies_the_rest(cluster):
+    cluster.reject_kinds.add("PodMonitor")
+    result = reconcile(_body(), cluster, NOW)
+    cond = _conditions(result.status)["Degraded"]
+    assert cond["status"] == "True"
+    assert cond["reason"] == "ApplyFailed"
+    assert "PodMonitor/assistant" in cond["message"]
+    assert len(cluster.objects) == 12
+
+
+def test_status_patch_only_changed_keys():
+    assert status_patch({"a": 1, "b": [1]}, {"a": 1, "b": [2]}) == {"b": [2]}
+    assert status_patch(None, {"a": 1}) == {"a": 1}

@@ -1,0 +1,142 @@
+"""Properties of the renderer that golden files alone would not make obvious."""
+
+from __future__ import annotations
+
+import json
+
+from specfleet.api.constants import ANNOTATION_RENDER_HASH, LABEL_POOL, LABEL_SPECULATION
+from specfleet.api.validation import parse_resource
+from specfleet.render import render_children
+from specfleet.render.engine import engine_args
+from specfleet_runtime.vllm_args import parse_vllm_args
+from support.manifests import ROOT, load_yaml, merge
+
+TWO_POOLS = ROOT / "examples" / "02-two-pools-routing-policy.yaml"
+DYNAMIC = ROOT / "examples" / "04-dynamic-sd.yaml"
+ON = {"latency": "On", "batch": "On"}
+
+
+def _sd(path=TWO_POOLS, patch=None, uid="uid-1"):
+    doc = load_yaml(path)
+    doc["metadata"]["uid"] = uid
+    if patch:
+        doc = merge(doc, patch)
+    return parse_resource(doc)
+
+
+def _by_key(children):
+    return {(c["kind"], c["metadata"]["name"]): c for c in children}
+
+
+def _container(deploy):
+    return deploy["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_render_is_deterministic():
+    assert render_children(_sd(), ON) == render_children(_sd(), ON)
+
+
+def test_speculative_config_only_when_on():
+    children = _by_key(render_children(_sd(), {"latency": "On", "batch": "Off"}))
+    latency = _container(children[("Deployment", "assistant-latency")])
+    batch = _container(children[("Deployment", "assistant-batch")])
+    assert "--speculative-config" in latency["args"]
+    assert "--speculative-config" not in batch["args"]
+    config = json.loads(latency["args"][latency["args"].index("--speculative-config") + 1])
+    assert config == {
+        "method": "eagle3",
+        "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        "num_speculative_tokens": 3,
+    }
+    assert children[("Deployment", "assistant-batch")]["metadata"]["labels"][LABEL_SPECULATION] == "Off"
+
+
+def test_dynamic_schedule_reaches_the_command_line_sorted():
+    sd = _sd(DYNAMIC)
+    args = engine_args(sd, "latency", "On")
+    assert args.speculative is not None
+    rows = [(r.start, r.end, r.k) for r in args.speculative.dynamic_schedule]
+    assert rows == [(1, 16, 5), (17, 32, 4), (33, 64, 3), (65, 128, 1), (129, 512, 0)]
+    config = json.loads(args.speculative.to_json())
+    assert config["num_speculative_tokens_per_batch_size"][0] == [1, 16, 5]
+    assert "disable_by_batch_size" not in config
+
+
+def test_command_line_round_trips_through_the_runtime_parser():
+    sd = _sd()
+    for pool in ("latency", "batch"):
+        deploy = _by_key(render_children(sd, ON))[("Deployment", f"assistant-{pool}")]
+        parsed, rest = parse_vllm_args(_container(deploy)["args"])
+        assert parsed == engine_args(sd, pool, "On")
+        assert rest == []
+
+
+def test_pool_override_changes_only_that_pool():
+    before = _by_key(render_children(_sd(), ON))
+    after = _by_key(
+        render_children(_sd(patch={"spec": {"pools": {"batch": {"engine": {"maxNumSeqs": 64}}}}}), ON)
+    )
+    changed = sorted(k for k in before if before[k] != after[k])
+    assert changed == [("Deployment", "assistant-batch")]
+    assert "64" in _container(after[("Deployment", "assistant-batch")])["args"]
+
+
+def test_flip_changes_only_that_pools_deployment():
+    before = _by_key(render_children(_sd(), ON))
+    after = _by_key(render_children(_sd(), {"latency": "Off", "batch": "On"}))
+    assert sorted(k for k in before if before[k] != after[k]) == [("Deployment", "assistant-latency")]
+
+
+def test_hash_annotation_tracks_content():
+    a = _by_key(render_children(_sd(), ON))
+    b = _by_key(render_children(_sd(), {"latency": "Off", "batch": "On"}))
+    key = ("Deployment", "assistant-latency")
+    assert (
+        a[key]["metadata"]["annotations"][ANNOTATION_RENDER_HASH]
+        != b[key]["metadata"]["annotations"][ANNOTATION_RENDER_HASH]
+    )
+    svc = ("Service", "assistant-latency")
+    assert a[svc]["metadata"]["annotations"] == b[svc]["metadata"]["annotations"]
+
+
+def test_hf_token_only_through_secret_ref():
+    deploy = _by_key(render_children(_sd(), ON))[("Deployment", "assistant-latency")]
+    container = _container(deploy)
+    token = next(e for e in container["env"] if e["name"] == "HF_TOKEN")
+    assert token == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    assert not any("hf-token" in a or a == "token" for a in container["args"])
+
+
+def test_engine_pod_shape():
+    deploy = _by_key(render_children(_sd(), ON))[("Deployment", "assistant-latency")]
+    spec = deploy["spec"]
+    assert spec["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    assert LABEL_SPECULATION not in spec["selector"]["matchLabels"]
+    assert spec["selector"]["matchLabels"][LABEL_POOL] == "latency"
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["startupProbe"]["httpGet"]["path"] == "/health"
+    assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 1800
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
+    assert pod["volumes"][0] == {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}}
+    assert pod["terminationGracePeriodSeconds"] == 120
+    assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+
+
+def test_owner_references_and_no_uid_means_none():
+    children = render_children(_sd(), ON)
+    assert all(c["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for c in children)
+    assert all("ownerReferences" not in c["metadata"] for c in render_children(_sd(uid=""), ON))
+
+
+def test_pod_monitor_only_when_asked():
+    kinds = [c["kind"] for c in render_children(_sd(), ON)]
+    assert "PodMonitor" in kinds
+    no_monitor = _sd(patch={"spec": {"monitoring": {"podMonitor": False}}})
+    assert "PodMonitor" not in [c["kind"] for c in render_children(no_monitor, ON)]
+
+
+def test_pdb_defaults_to_one_disruption():
+    pdb = _by_key(render_children(_sd(), ON))[("PodDisruptionBudget", "assistant-latency")]
+    assert pdb["spec"]["minAvailable"] == 2
