@@ -27,6 +27,7 @@ lint:
 
 crd:
 	$(PY) -m specfleet crd -o crds/specfleet.io_speculativedeployments.yaml
+	cp crds/specfleet.io_speculativedeployments.yaml charts/specfleet/crds/
 
 golden:
 	UPDATE_GOLDEN=1 $(PY) -m pytest tests/unit/test_render_golden.py -q

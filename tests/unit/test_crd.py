@@ -81,3 +81,8 @@ def test_printer_columns_and_names():
     columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert columns == ["Latency", "Batch", "Ready", "Acceptance", "Age"]
     assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
+
+
+def test_chart_ships_the_same_crd():
+    chart_crd = ROOT / "charts" / "specfleet" / "crds" / "specfleet.io_speculativedeployments.yaml"
+    assert chart_crd.read_text() == COMMITTED.read_text(), "run `make crd`"
