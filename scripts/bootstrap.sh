@@ -5,10 +5,12 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${SPECFLEET_CACHE:-$HOME/.cache/specfleet}
-key=$(cat "$root/pyproject.toml" "$root/constraints.txt" | sha256sum | cut -c1-12)
-venv="$cache/venv-$key"
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3
+# Keyed on what gets installed (dependency lists and pins), not on the rest of pyproject.toml.
+deps=$("$python" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]; print(p["dependencies"], p["optional-dependencies"])' "$root/pyproject.toml")
+key=$( (echo "$deps"; "$python" --version; cat "$root/constraints.txt") | sha256sum | cut -c1-12)
+venv="$cache/venv-$key"
 
 if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
   echo "bootstrap: creating $venv" >&2
