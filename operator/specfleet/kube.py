@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client as k8s_client
@@ -53,7 +54,7 @@ class KubeCluster:
         # The dynamic client's discovery cache is not thread-safe; Kopf runs handlers in threads.
         self._lock = threading.Lock()
 
-    def _resource(self, manifest: Manifest) -> Any:
+    def _resource(self, manifest: Mapping[str, Any]) -> Any:
         with self._lock:
             return self._dynamic.resources.get(api_version=manifest["apiVersion"], kind=manifest["kind"])
 
@@ -92,3 +93,15 @@ class KubeCluster:
             raise
         result: Manifest = live.to_dict()
         return result
+
+    def patch_status(self, manifest: Mapping[str, Any], patch: Mapping[str, Any]) -> None:
+        """JSON merge patch of the status subresource (only the keys that changed are sent)."""
+        resource = self._resource(manifest)
+        meta = manifest["metadata"]
+        self._dynamic.patch(  # type: ignore[no-untyped-call]
+            resource.subresources["status"],
+            body={"status": dict(patch)},
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            content_type="application/merge-patch+json",
+        )

@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 from specfleet.api import reasons
 from specfleet.api.conditions import set_condition
-from specfleet.api.constants import ANNOTATION_RENDER_HASH
+from specfleet.api.constants import ANNOTATION_RENDER_HASH, LABEL_POOL
 from specfleet.api.models import (
     Condition,
     PoolName,
@@ -31,7 +31,6 @@ from specfleet.api.validation import (
     parse_status,
 )
 from specfleet.render import POOLS, Manifest, RenderOptions, render_children
-from specfleet.render.common import pool_name
 
 EventType = Literal["Normal", "Warning"]
 
@@ -119,30 +118,33 @@ def write_reason(desired: Manifest, live: Manifest | None) -> Literal["missing",
     return None
 
 
-def pool_status_from_deployment(
-    previous: PoolStatus, mode: SpeculationMode, desired_replicas: int, live: Manifest | None
-) -> PoolStatus:
-    """A pool's status from its Deployment: replica counts and whether the rollout has settled."""
-    status = (live or {}).get("status") or {}
-    generation = (live or {}).get("metadata", {}).get("generation", 0)
-    observed = status.get("observedGeneration", -1)
-    replicas = int(status.get("replicas", 0))
-    ready = int(status.get("readyReplicas", 0))
-    updated = int(status.get("updatedReplicas", 0))
-    settled = (
-        live is not None
-        and observed >= generation
-        and updated == desired_replicas
-        and ready >= desired_replicas
-        and replicas == desired_replicas
+def deployment_settled(desired: Manifest, live: Manifest | None) -> bool:
+    """The Deployment runs its current template on exactly the desired number of ready pods."""
+    if live is None:
+        return False
+    want = int(desired["spec"]["replicas"])
+    status = live.get("status") or {}
+    generation = live.get("metadata", {}).get("generation", 0)
+    return (
+        status.get("observedGeneration", -1) >= generation
+        and int(status.get("updatedReplicas", 0)) == want
+        and int(status.get("readyReplicas", 0)) >= want
+        and int(status.get("replicas", 0)) == want
     )
+
+
+def pool_status_from_deployments(
+    previous: PoolStatus, mode: SpeculationMode, deployments: list[tuple[Manifest, Manifest | None]]
+) -> PoolStatus:
+    """A pool's status from its Deployments (stable, and canary if any): counts summed, settled if all are."""
+    lives = [(live or {}).get("status") or {} for _, live in deployments]
     return previous.model_copy(
         update={
             "speculation": mode,
-            "replicas": replicas,
-            "ready_replicas": ready,
-            "updated_replicas": updated,
-            "settled": settled,
+            "replicas": sum(int(s.get("replicas", 0)) for s in lives),
+            "ready_replicas": sum(int(s.get("readyReplicas", 0)) for s in lives),
+            "updated_replicas": sum(int(s.get("updatedReplicas", 0)) for s in lives),
+            "settled": all(deployment_settled(d, live) for d, live in deployments),
         }
     )
 
@@ -227,10 +229,12 @@ def reconcile(
 
     pools = previous.pools.model_copy()
     for pool in POOLS:
-        pool_spec = getattr(sd.spec.pools, pool)
-        live_deploy = live_by_name.get(f"Deployment/{pool_name(sd, pool)}")
-        current = getattr(pools, pool)
-        updated = pool_status_from_deployment(current, modes[pool], pool_spec.replicas, live_deploy)
+        deployments = [
+            (child, live_by_name.get(_describe(child)))
+            for child in children
+            if child["kind"] == "Deployment" and child["metadata"]["labels"].get(LABEL_POOL) == pool
+        ]
+        updated = pool_status_from_deployments(getattr(pools, pool), modes[pool], deployments)
         setattr(pools, pool, updated)
 
     conditions = list(previous.conditions)
@@ -277,6 +281,19 @@ def reconcile(
         message=f"rolling out: {', '.join(unsettled)}"
         if unsettled
         else "every pool runs its current template",
+        generation=generation,
+        now=now,
+    )
+    conditions = set_condition(
+        conditions,
+        type_=reasons.SPECULATION_SETTLED,
+        status="False" if unsettled else "True",
+        reason=reasons.POOLS_TRANSITIONING if unsettled else reasons.POOLS_SETTLED,
+        message=(
+            "still moving to their decided mode: " + ", ".join(f"{p} ({modes[p]})" for p in unsettled)
+            if unsettled
+            else "every pool runs its decided mode: " + ", ".join(f"{p} {modes[p]}" for p in POOLS)
+        ),
         generation=generation,
         now=now,
     )

@@ -71,3 +71,10 @@ class FakeCluster:
                     "updatedReplicas": replicas,
                     "availableReplicas": replicas,
                 }
+
+    def patch_status(self, manifest: dict[str, Any], patch: dict[str, Any]) -> None:
+        live = self.objects[self.key(manifest)]
+        live.setdefault("status", {}).update(copy.deepcopy(patch))
+        self._rv += 1
+        live["metadata"]["resourceVersion"] = str(self._rv)
+        self.writes.append(f"{manifest['kind']}/{manifest['metadata']['name']}/status")

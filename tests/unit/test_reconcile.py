@@ -35,8 +35,8 @@ def cluster():
 
 def test_first_reconcile_applies_every_child_and_reports_progress(cluster):
     result = reconcile(_body(), cluster, NOW)
-    assert len(result.applied) == 13
-    assert len(cluster.objects) == 13
+    assert len(result.applied) == 15
+    assert len(cluster.objects) == 15
     cond = _conditions(result.status)
     assert cond["Ready"]["status"] == "False"
     assert cond["Progressing"]["status"] == "True"
@@ -97,7 +97,7 @@ def test_changing_one_pool_rewrites_only_that_pool(cluster):
     cluster.writes.clear()
     patch = {"spec": {"pools": {"batch": {"engine": {"maxNumSeqs": 128}}}}}
     reconcile(_body(patch=patch, status=first.status, generation=2), cluster, NOW)
-    assert cluster.writes == ["Deployment/assistant-batch"]
+    assert cluster.writes == ["Deployment/assistant-batch", "Deployment/assistant-batch-canary"]
 
 
 def test_auto_pool_follows_the_mode_in_status(cluster):
@@ -164,7 +164,7 @@ def test_rejected_child_reports_apply_failed_but_applies_the_rest(cluster):
     assert cond["status"] == "True"
     assert cond["reason"] == "ApplyFailed"
     assert "PodMonitor/assistant" in cond["message"]
-    assert len(cluster.objects) == 12
+    assert len(cluster.objects) == 14
 
 
 def test_status_patch_only_changed_keys():

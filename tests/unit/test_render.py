@@ -77,14 +77,32 @@ def test_pool_override_changes_only_that_pool():
         render_children(_sd(patch={"spec": {"pools": {"batch": {"engine": {"maxNumSeqs": 64}}}}}), ON)
     )
     changed = sorted(k for k in before if before[k] != after[k])
-    assert changed == [("Deployment", "assistant-batch")]
+    assert changed == [("Deployment", "assistant-batch"), ("Deployment", "assistant-batch-canary")]
     assert "64" in _container(after[("Deployment", "assistant-batch")])["args"]
 
 
 def test_flip_changes_only_that_pools_deployment():
     before = _by_key(render_children(_sd(), ON))
     after = _by_key(render_children(_sd(), {"latency": "Off", "batch": "On"}))
-    assert sorted(k for k in before if before[k] != after[k]) == [("Deployment", "assistant-latency")]
+    changed = sorted(k for k in before if before[k] != after[k])
+    assert changed == [("Deployment", "assistant-latency"), ("Deployment", "assistant-latency-canary")]
+
+
+def test_canary_keeps_speculating_while_its_pool_is_off():
+    children = _by_key(render_children(_sd(), {"latency": "Off", "batch": "On"}))
+    stable = children[("Deployment", "assistant-latency")]
+    canary = children[("Deployment", "assistant-latency-canary")]
+    assert (stable["spec"]["replicas"], canary["spec"]["replicas"]) == (2, 1)
+    assert "--speculative-config" not in _container(stable)["args"]
+    assert "--speculative-config" in _container(canary)["args"]
+    # Both tracks sit behind the pool's Service, each Deployment selects only its own pods.
+    service = children[("Service", "assistant-latency")]
+    assert "specfleet.io/track" not in service["spec"]["selector"]
+    assert stable["spec"]["selector"]["matchLabels"]["specfleet.io/track"] == "stable"
+    assert canary["spec"]["selector"]["matchLabels"]["specfleet.io/track"] == "canary"
+    on = _by_key(render_children(_sd(), ON))
+    assert on[("Deployment", "assistant-latency-canary")]["spec"]["replicas"] == 0
+    assert on[("Deployment", "assistant-latency")]["spec"]["replicas"] == 3
 
 
 def test_hash_annotation_tracks_content():

@@ -24,6 +24,8 @@ LABEL_VERSION: Final = "app.kubernetes.io/version"
 LABEL_DEPLOYMENT: Final = f"{GROUP}/deployment"
 LABEL_POOL: Final = f"{GROUP}/pool"
 LABEL_SPECULATION: Final = f"{GROUP}/speculation"
+# stable: the pool's main engines; canary: replicas of an Auto pool that keep speculating while it is off.
+LABEL_TRACK: Final = f"{GROUP}/track"
 
 # sha256 of a child's rendered content: equal hash on the live object means nothing to write.
 ANNOTATION_RENDER_HASH: Final = f"{GROUP}/render-hash"

@@ -571,6 +571,15 @@ class PoolStatus(StatusModel):
     acceptance_length: str | None = Field(
         default=None, description="Last measured mean acceptance length (tokens per step), as text."
     )
+    per_position_acceptance: str | None = Field(
+        default=None, description="Last measured cumulative acceptance per draft position, comma-separated."
+    )
+    acceptance_measured_at: str | None = Field(
+        default=None, description="When acceptance was last measured (RFC 3339); used for re-entry."
+    )
+    running_per_replica: str | None = Field(
+        default=None, description="Last observed running requests per replica, as text."
+    )
     last_transition_time: str | None = Field(default=None, description="When speculation last flipped.")
     reason: str | None = Field(default=None, description="Why the pool is in this mode.")
     message: str | None = Field(default=None, description="Details of the last decision.")

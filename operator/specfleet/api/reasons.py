@@ -8,6 +8,8 @@ from typing import Final
 READY: Final = "Ready"
 PROGRESSING: Final = "Progressing"
 DEGRADED: Final = "Degraded"
+METRICS_AVAILABLE: Final = "MetricsAvailable"
+SPECULATION_SETTLED: Final = "SpeculationSettled"
 
 # Reasons.
 RECONCILED: Final = "Reconciled"
@@ -19,9 +21,17 @@ INVALID_SPEC: Final = "InvalidSpec"
 UNSUPPORTED_CONFIGURATION: Final = "UnsupportedConfiguration"
 APPLY_FAILED: Final = "ApplyFailed"
 AS_EXPECTED: Final = "AsExpected"
+METRICS_OK: Final = "MetricsOK"
+METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
+NO_AUTO_POOLS: Final = "NoAutoPools"
+POOLS_SETTLED: Final = "PoolsSettled"
+POOLS_TRANSITIONING: Final = "PoolsTransitioning"
 
 # Event reasons.
 EVENT_APPLIED: Final = "ChildrenApplied"
 EVENT_RESTORED: Final = "DriftCorrected"
 EVENT_DEGRADED: Final = "Degraded"
 EVENT_RECOVERED: Final = "Recovered"
+EVENT_SPECULATION_ON: Final = "SpeculationOn"
+EVENT_SPECULATION_OFF: Final = "SpeculationOff"
+EVENT_METRICS_UNAVAILABLE: Final = "MetricsUnavailable"

@@ -11,7 +11,12 @@ from collections.abc import Mapping
 from specfleet.api.models import PoolName, SpeculationMode
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, RenderOptions, with_render_hash
-from specfleet.render.engine import render_pool_deployment, render_pool_pdb, render_pool_service
+from specfleet.render.engine import (
+    canary_replicas,
+    render_pool_deployment,
+    render_pool_pdb,
+    render_pool_service,
+)
 from specfleet.render.monitoring import render_pod_monitor
 from specfleet.render.router import (
     render_router_deployment,
@@ -46,6 +51,8 @@ def render_children(
             render_pool_pdb(sd, pool),
             render_pool_deployment(sd, pool, modes[pool]),
         ]
+        if canary_replicas(sd, pool) is not None:
+            children.append(render_pool_deployment(sd, pool, modes[pool], track="canary"))
     children += [render_router_service(sd, options), render_router_deployment(sd, options)]
     if sd.spec.monitoring.pod_monitor:
         children.append(render_pod_monitor(sd))

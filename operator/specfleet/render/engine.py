@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specfleet.api.constants import LABEL_SPECULATION
+from specfleet.api.constants import LABEL_SPECULATION, LABEL_TRACK
 from specfleet.api.effective import PoolEngine, pool_engine
 from specfleet.api.models import DrafterSpec, PoolName, SpeculationMode
 from specfleet.api.validation import SpeculativeDeployment
@@ -121,15 +121,44 @@ def _probes(sd: SpeculativeDeployment) -> dict[str, Any]:
     }
 
 
-def render_pool_deployment(sd: SpeculativeDeployment, pool: PoolName, mode: SpeculationMode) -> Manifest:
-    """The pool's Deployment of vLLM servers, with or without --speculative-config."""
+def canary_replicas(sd: SpeculativeDeployment, pool: PoolName) -> int | None:
+    """Replicas of the pool's canary Deployment, or None when the pool has none.
+
+    Only Auto pools with `policy.reentry.canaryReplicas` get one. It exists (possibly at 0 replicas)
+    for as long as that holds, so a pool turning speculation back on scales it down declaratively.
+    """
+    if getattr(sd.spec.pools, pool).speculation != "Auto" or sd.spec.policy.reentry.canary_replicas == 0:
+        return None
+    return sd.spec.policy.reentry.canary_replicas
+
+
+def canary_name(sd: SpeculativeDeployment, pool: PoolName) -> str:
+    return f"{pool_name(sd, pool)}-canary"
+
+
+def render_pool_deployment(
+    sd: SpeculativeDeployment, pool: PoolName, mode: SpeculationMode, track: str = "stable"
+) -> Manifest:
+    """The pool's Deployment of vLLM servers, with or without --speculative-config.
+
+    track "stable" is the pool itself; track "canary" is the few replicas of an Auto pool that keep
+    speculating while the pool is off, so acceptance stays measurable for re-entry.
+    """
     spec = sd.spec
     pool_spec = getattr(spec.pools, pool)
     eng = pool_engine(spec, pool)
-    name = pool_name(sd, pool)
-    selector = selector_labels(sd, ENGINE_COMPONENT, pool)
+    canaries = canary_replicas(sd, pool)
+    if track == "canary":
+        name = canary_name(sd, pool)
+        replicas = (canaries or 0) if mode == "Off" else 0
+        mode = "On"
+    else:
+        name = pool_name(sd, pool)
+        replicas = pool_spec.replicas - (canaries or 0) if mode == "Off" else pool_spec.replicas
+    selector = {**selector_labels(sd, ENGINE_COMPONENT, pool), LABEL_TRACK: track}
     meta = metadata(sd, name, ENGINE_COMPONENT, pool)
     meta["labels"][LABEL_SPECULATION] = mode
+    meta["labels"][LABEL_TRACK] = track
     pod_labels = {**meta["labels"]}
     pod_annotations: dict[str, str] = {}
     if spec.monitoring.scrape_annotations:
@@ -174,7 +203,7 @@ def render_pool_deployment(sd: SpeculativeDeployment, pool: PoolName, mode: Spec
         "kind": "Deployment",
         "metadata": meta,
         "spec": {
-            "replicas": pool_spec.replicas,
+            "replicas": replicas,
             "selector": {"matchLabels": selector},
             # Surge only: ready capacity never drops below `replicas` while a pool flips.
             "strategy": {

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from specfleet.api.constants import LABEL_DEPLOYMENT, LABEL_INSTANCE
+from specfleet.api.constants import (
+    LABEL_DEPLOYMENT,
+    LABEL_INSTANCE,
+    LABEL_POOL,
+    LABEL_SPECULATION,
+    LABEL_TRACK,
+)
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, metadata
 
@@ -18,5 +24,7 @@ def render_pod_monitor(sd: SpeculativeDeployment) -> Manifest:
         "spec": {
             "selector": {"matchLabels": {LABEL_INSTANCE: sd.name, LABEL_DEPLOYMENT: sd.name}},
             "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            # The policy's PromQL selects engine series by these (as specfleet_io_deployment, ...).
+            "podTargetLabels": [LABEL_DEPLOYMENT, LABEL_POOL, LABEL_SPECULATION, LABEL_TRACK],
         },
     }

@@ -1,0 +1,1 @@
+"""Observations from Prometheus (the only place the operator queries metrics)."""

@@ -1,0 +1,180 @@
+"""The Controller's loops over the in-memory cluster and a scripted Prometheus: flips, holds, restarts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from specfleet.control import Controller
+from specfleet.render import RenderOptions
+from support.fake_cluster import FakeCluster
+from support.fake_prometheus import FakePrometheus
+from support.manifests import ROOT, load_yaml, merge
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+KEY = ("SpeculativeDeployment", "default", "llama")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def world():
+    cluster = FakeCluster()
+    doc = merge(
+        load_yaml(ROOT / "examples" / "01-minimal-eagle3.yaml"),
+        {
+            "metadata": {"uid": "u1", "generation": 1},
+            "spec": {
+                "pools": {"latency": {"replicas": 2}, "batch": {"replicas": 1, "speculation": "Off"}},
+                "policy": {
+                    "evaluationIntervalSeconds": 5,
+                    "windowSeconds": 30,
+                    "minDwellSeconds": 60,
+                    "cooldownSeconds": 60,
+                },
+            },
+        },
+    )
+    cluster.objects[KEY] = doc
+    prom = FakePrometheus("default", "llama", 30)
+    clock = Clock()
+    controller = Controller(cluster, RenderOptions(), lambda url, timeout: prom, clock=clock)
+    return cluster, prom, clock, controller
+
+
+def _status(cluster):
+    return cluster.objects[KEY]["status"]
+
+
+def _latency_args(cluster):
+    deploy = cluster.objects[("Deployment", "default", "llama-latency")]
+    return deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def _conditions(cluster):
+    return {c["type"]: c for c in _status(cluster)["conditions"]}
+
+
+def test_reconcile_writes_status_once(world):
+    cluster, _, clock, controller = world
+    first = controller.reconcile_object("default", "llama")
+    assert first.status_written
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    cluster.writes.clear()
+    clock.advance(30)
+    again = controller.reconcile_object("default", "llama")
+    assert not again.status_written
+    assert cluster.writes == []
+
+
+def test_high_load_flips_off_then_holds_then_back_on(world):
+    cluster, prom, clock, controller = world
+    controller.reconcile_object("default", "llama")
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    assert "--speculative-config" in _latency_args(cluster)
+
+    prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=80.0)
+    outcome = controller.evaluate_policy("default", "llama")
+    assert [d.flip for d in outcome.decisions] == [True]
+    assert outcome.next_seconds == 5
+    assert "--speculative-config" not in _latency_args(cluster)
+    status = _status(cluster)
+    assert status["pools"]["latency"]["speculation"] == "Off"
+    assert status["pools"]["latency"]["reason"] == "ConcurrencyAboveThreshold"
+    assert status["history"][-1]["from"] == "On"
+    assert status["history"][-1]["observations"]["runningPerReplica"] == "80"
+    assert any(e.reason == "SpeculationOff" and "80" in e.message for e in outcome.events)
+
+    # Load falls at once, but the rollout is unfinished and then the dwell holds.
+    prom.set_pool("latency", drafts=0.0, accepted=0.0, running=2.0)
+    clock.advance(5)
+    assert controller.evaluate_policy("default", "llama").decisions[0].reason == "RolloutInProgress"
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    clock.advance(5)
+    assert controller.evaluate_policy("default", "llama").decisions[0].reason == "MinDwell"
+    clock.advance(60)
+    back = controller.evaluate_policy("default", "llama")
+    assert back.decisions[0].flip
+    assert back.decisions[0].reason == "ConditionsRecovered"
+    assert back.decisions[0].observations["reentryAcceptanceSource"] == "lastMeasured"
+    assert "--speculative-config" in _latency_args(cluster)
+    assert len(_status(cluster)["history"]) == 2
+
+
+def test_prometheus_down_holds_and_reports(world):
+    cluster, prom, clock, controller = world
+    controller.reconcile_object("default", "llama")
+    prom.set_pool("latency", running=99.0)
+    prom.down = True
+    outcome = controller.evaluate_policy("default", "llama")
+    assert [d.flip for d in outcome.decisions] == [False]
+    cond = _conditions(cluster)["MetricsAvailable"]
+    assert cond["status"] == "False"
+    assert "Prometheus query failed" in cond["message"]
+    assert [e.reason for e in outcome.events] == ["MetricsUnavailable"]
+    clock.advance(5)
+    assert controller.evaluate_policy("default", "llama").events == []  # no event storm
+    prom.down = False
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    clock.advance(5)
+    recovered = controller.evaluate_policy("default", "llama")
+    assert _conditions(cluster)["MetricsAvailable"]["status"] == "True"
+    assert recovered.decisions[0].flip
+
+
+def test_restart_between_decision_and_rollout_end_does_not_flip_again(world):
+    cluster, prom, clock, controller = world
+    controller.reconcile_object("default", "llama")
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    prom.set_pool("latency", drafts=10.0, accepted=20.0, per_pos=[0.8, 0.7, 0.5], running=80.0)
+    assert controller.evaluate_policy("default", "llama").decisions[0].reason == "ConcurrencyAboveThreshold"
+    # Load falls right after the decision, so the numbers would ask to flip back.
+    prom.set_pool("latency", drafts=0.0, accepted=0.0, running=2.0)
+    # A new operator process: fresh Controller, same cluster and status.
+    restarted = Controller(cluster, RenderOptions(), lambda url, timeout: prom, clock=clock)
+    cluster.writes.clear()
+    restarted.reconcile_object("default", "llama")
+    assert [w for w in cluster.writes if not w.endswith("/status")] == []
+    clock.advance(5)
+    held = restarted.evaluate_policy("default", "llama")
+    assert (held.decisions[0].flip, held.decisions[0].reason) == (False, "RolloutInProgress")
+    assert len(_status(cluster)["history"]) == 1
+
+
+def test_pinned_pools_are_not_evaluated(world):
+    _, prom, _, controller = world
+    controller.reconcile_object("default", "llama")
+    prom.set_pool("latency", running=1.0)
+    outcome = controller.evaluate_policy("default", "llama")
+    assert [d.pool for d in outcome.decisions] == ["latency"]
+    assert not any("batch" in q for q in prom.queries)
+
+
+def test_degraded_resource_is_not_evaluated(world):
+    cluster, prom, _, controller = world
+    cluster.objects[KEY]["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.6.0"}
+    outcome = controller.evaluate_policy("default", "llama")
+    assert outcome.decisions == []
+    assert prom.queries == []
+
+
+def test_deleted_resource_is_a_no_op(world):
+    cluster, _, _, controller = world
+    del cluster.objects[KEY]
+    assert controller.reconcile_object("default", "llama").applied == []
+    assert controller.evaluate_policy("default", "llama").decisions == []

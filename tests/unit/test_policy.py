@@ -1,0 +1,246 @@
+"""The policy: decisions from observations, stability gates, and properties checked with hypothesis."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfleet.api.models import PolicySpec
+from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide, predicted_speedup
+from specfleet_runtime.cost_profile import default_profile
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+PROFILE = default_profile()
+THRESHOLD = PolicySpec.model_validate({})
+GOODPUT = PolicySpec.model_validate({"mode": "Goodput"})
+LONG_AGO = NOW - timedelta(days=1)
+
+
+def obs(pool="latency", *, accept=2.4, load=4.0, per_position=(0.68, 0.39, 0.2), problem=None, source="pool"):
+    return PoolObservation(
+        pool=pool,
+        at=NOW,
+        problem=problem,
+        acceptance_length=accept,
+        per_position=per_position if accept is not None else (),
+        acceptance_source=source if accept is not None else None,
+        running_per_replica=load,
+        replicas_reporting=2,
+    )
+
+
+def state(mode="On", *, last=LONG_AGO, flips=(), settled=True, memory=None):
+    return PoolState(
+        mode=mode, last_transition=last, recent_flips=tuple(flips), settled=settled, last_acceptance=memory
+    )
+
+
+def one(policy, st_, ob, k=3, now=NOW):
+    return decide(policy, k, {ob.pool: st_}, {ob.pool: ob}, now, PROFILE)[0]
+
+
+# ---- Threshold mode -------------------------------------------------------------------------
+
+
+def test_low_acceptance_stops():
+    d = one(THRESHOLD, state("On"), obs(accept=1.2))
+    assert (d.flip, d.target, d.reason) == (True, "Off", "AcceptanceBelowThreshold")
+    assert d.observations["acceptanceLength"] == "1.2"
+
+
+def test_high_concurrency_stops():
+    d = one(THRESHOLD, state("On"), obs(load=60))
+    assert (d.flip, d.target, d.reason) == (True, "Off", "ConcurrencyAboveThreshold")
+
+
+def test_inside_band_keeps_on():
+    d = one(THRESHOLD, state("On"), obs(accept=1.5, load=40))
+    assert (d.flip, d.target) == (False, "On")
+
+
+def test_resume_needs_both_low_load_and_good_acceptance():
+    memory = MeasuredAcceptance(2.5, (0.7, 0.5, 0.3), NOW - timedelta(minutes=10))
+    assert (
+        one(THRESHOLD, state("Off", memory=memory), obs(accept=None, load=40)).reason
+        == "ConcurrencyStillHigh"
+    )
+    d = one(THRESHOLD, state("Off", memory=memory), obs(accept=None, load=10))
+    assert (d.flip, d.target, d.reason) == (True, "On", "ConditionsRecovered")
+    assert d.observations["reentryAcceptanceSource"] == "lastMeasured"
+
+
+def test_resume_blocked_by_low_remembered_acceptance():
+    memory = MeasuredAcceptance(1.3, (0.2, 0.1, 0.0), NOW - timedelta(minutes=10))
+    d = one(THRESHOLD, state("Off", memory=memory), obs(accept=None, load=1))
+    assert (d.flip, d.reason) == (False, "AcceptanceStillLow")
+
+
+def test_canary_acceptance_beats_memory():
+    memory = MeasuredAcceptance(1.3, (0.2,), NOW - timedelta(minutes=10))
+    d = one(THRESHOLD, state("Off", memory=memory), obs(accept=2.6, load=1, source="canary"))
+    assert (d.flip, d.reason) == (True, "ConditionsRecovered")
+    assert "canary" in d.message
+
+
+def test_expired_memory_probes_when_load_is_low():
+    memory = MeasuredAcceptance(1.3, (0.2,), NOW - timedelta(hours=2))
+    d = one(THRESHOLD, state("Off", memory=memory), obs(accept=None, load=1))
+    assert (d.flip, d.target, d.reason) == (True, "On", "ProbeAcceptance")
+
+
+# ---- Goodput mode -----------------------------------------------------------------------------
+
+
+def test_published_profile_break_even():
+    published = (0.68, 0.39, 0.20, 0.10, 0.05)
+    assert predicted_speedup(PROFILE, 1, 3, published) == pytest.approx(1.65, abs=0.03)
+    assert predicted_speedup(PROFILE, 256, 3, published) == pytest.approx(0.79, abs=0.02)
+
+
+def test_goodput_turns_off_at_high_batch_and_on_at_low():
+    off = one(GOODPUT, state("On"), obs(load=256))
+    assert (off.flip, off.target, off.reason) == (True, "Off", "GoodputBelowBreakEven")
+    assert float(off.observations["predictedSpeedup"]) < 0.95
+    memory = MeasuredAcceptance(2.3, (0.68, 0.39, 0.2), NOW - timedelta(minutes=5))
+    on = one(GOODPUT, state("Off", memory=memory), obs(accept=None, load=2))
+    assert (on.flip, on.target, on.reason) == (True, "On", "GoodputAboveBreakEven")
+
+
+def test_goodput_low_acceptance_turns_off_even_at_low_batch():
+    d = one(GOODPUT, state("On"), obs(accept=1.05, per_position=(0.03, 0.01, 0.0), load=2))
+    assert (d.flip, d.target) == (True, "Off")
+
+
+def test_goodput_reports_best_k():
+    d = one(GOODPUT, state("On"), obs(load=64, per_position=(0.68, 0.39, 0.2)), k=3)
+    assert d.observations["bestK"] == "1"
+
+
+# ---- stability gates ---------------------------------------------------------------------------
+
+
+def test_missing_metrics_hold():
+    d = one(THRESHOLD, state("On"), obs(accept=1.0, load=99, problem="Prometheus unreachable"))
+    assert (d.flip, d.reason, d.message) == (False, "MetricsUnavailable", "Prometheus unreachable")
+
+
+def test_rollout_in_progress_holds():
+    d = one(THRESHOLD, state("On", settled=False), obs(load=99))
+    assert (d.flip, d.reason) == (False, "RolloutInProgress")
+
+
+def test_dwell_holds():
+    d = one(
+        THRESHOLD,
+        state("On", last=NOW - timedelta(seconds=10), flips=[NOW - timedelta(seconds=10)]),
+        obs(load=99),
+    )
+    assert (d.flip, d.reason) == (False, "MinDwell")
+    assert "wants Off" in d.message
+
+
+def test_cooldown_spans_pools():
+    states = {
+        "latency": state("On"),
+        "batch": state("On", flips=[NOW - timedelta(seconds=400)], last=NOW - timedelta(seconds=400)),
+    }
+    policy = PolicySpec.model_validate({"minDwellSeconds": 60, "cooldownSeconds": 600})
+    decisions = decide(policy, 3, states, {"latency": obs(load=99), "batch": obs("batch")}, NOW, PROFILE)
+    assert decisions[0].reason == "Cooldown"
+
+
+def test_flip_budget():
+    flips = [NOW - timedelta(minutes=m) for m in (50, 40, 30, 20)]
+    policy = PolicySpec.model_validate({"minDwellSeconds": 0, "cooldownSeconds": 0, "maxFlipsPerHour": 4})
+    d = one(policy, state("On", last=flips[-1], flips=flips), obs(load=99))
+    assert d.reason == "FlipBudgetExhausted"
+
+
+def test_one_pool_flips_at_a_time():
+    states = {"latency": state("On"), "batch": state("On")}
+    observations = {"latency": obs(load=99), "batch": obs("batch", load=99)}
+    latency, batch = decide(THRESHOLD, 3, states, observations, NOW, PROFILE)
+    assert latency.flip
+    assert (batch.flip, batch.reason) == (False, "OtherPoolFlipping")
+
+
+def test_unsettled_other_pool_blocks():
+    states = {"latency": state("On"), "batch": state("Off", settled=False)}
+    latency, _ = decide(THRESHOLD, 3, states, {"latency": obs(load=99), "batch": obs("batch")}, NOW, PROFILE)
+    assert (latency.flip, latency.reason) == (False, "OtherPoolFlipping")
+
+
+# ---- properties -------------------------------------------------------------------------------
+
+accepts = st.floats(min_value=1.0, max_value=4.0, allow_nan=False)
+loads = st.floats(min_value=0.0, max_value=300.0, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    accept=st.floats(min_value=1.41, max_value=1.69),
+    load=st.floats(min_value=32.0, max_value=48.0),
+    mode=st.sampled_from(["On", "Off"]),
+)
+def test_noise_inside_hysteresis_band_never_flips(accept, load, mode):
+    memory = MeasuredAcceptance(accept, (accept - 1,), NOW - timedelta(minutes=1))
+    observation = obs(accept=accept if mode == "On" else None, load=load)
+    d = one(THRESHOLD, state(mode, memory=memory), observation)
+    assert not d.flip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    accept=accepts,
+    load=loads,
+    age=st.integers(min_value=0, max_value=299),
+    mode=st.sampled_from(["On", "Off"]),
+)
+def test_no_flip_inside_dwell(accept, load, age, mode):
+    last = NOW - timedelta(seconds=age)
+    for policy in (THRESHOLD, GOODPUT):
+        d = one(policy, state(mode, last=last, flips=[last]), obs(accept=accept, load=load))
+        assert not d.flip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    accept=st.one_of(st.none(), accepts),
+    load=loads,
+    mode=st.sampled_from(["On", "Off"]),
+    goodput=st.booleans(),
+)
+def test_same_observations_same_decision(accept, load, mode, goodput):
+    policy = GOODPUT if goodput else THRESHOLD
+    a = one(policy, state(mode), obs(accept=accept, load=load))
+    b = one(policy, state(mode), obs(accept=accept, load=load))
+    assert a == b
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    accept=st.one_of(st.none(), accepts),
+    load=loads,
+    mode=st.sampled_from(["On", "Off"]),
+    goodput=st.booleans(),
+    problem=st.sampled_from(["stale: newest sample 900s old", "no samples", "query error: timeout"]),
+)
+def test_unusable_observation_never_flips(accept, load, mode, goodput, problem):
+    d = one(GOODPUT if goodput else THRESHOLD, state(mode), obs(accept=accept, load=load, problem=problem))
+    assert not d.flip
+    assert d.reason == "MetricsUnavailable"
+
+
+@settings(max_examples=200, deadline=None)
+@given(load=loads, accept=accepts)
+def test_flip_always_changes_mode_and_explains_itself(load, accept):
+    for mode in ("On", "Off"):
+        d = one(THRESHOLD, state(mode), obs(accept=accept, load=load))
+        if d.flip:
+            assert d.target != d.current
+            assert d.reason
+            assert d.message
+            assert "runningPerReplica" in d.observations
