@@ -1,0 +1,242 @@
+"""The cost model of speculative decoding: how long a decode step takes, and what it yields.
+
+A decode step of a vLLM engine advances every running request at once. Its duration depends on the
+batch size (how many requests run) and on K (how many draft tokens each request verifies). What a
+step yields per request depends on the drafter's acceptance. Together they give the *goodput* that
+decides whether speculation pays:
+
+    goodput(batch, K) = (1 + p_0 + ... + p_{K-1}) / step_time(batch, K)     tokens/s per request
+
+where p_i is the per-position *cumulative* acceptance (the probability that drafts 0..i are all
+accepted; vLLM exposes it as accepted_per_pos[i] / drafts).
+
+`StepTimeProfile` holds a measured table of step times (batch sizes x K values) and interpolates it.
+The default is the published H100 / Llama-3.1-8B / EAGLE profile; other hardware loads from a file
+(`load_profile`, format below). The engine emulator runs on this module, and the operator's policy
+reuses it, so everything here is pure: no I/O except the explicit loader.
+
+Profile file format (YAML or JSON; one row per batch size, one column per K; K=0 is required)::
+
+    name: h100-llama-3.1-8b-eagle
+    batchSizes: [1, 64, 256]
+    numSpeculativeTokens: [0, 1, 3, 5]
+    stepTimeMs:
+      - [6.52, 7.37, 8.84, 10.33]
+      - [7.77, 9.66, 13.50, 16.83]
+      - [14.49, 27.14, 41.85, 57.40]
+    prefillMsPerToken: 0.0    # optional: extra step time per prompt token a step prefills
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+# Per-position cumulative acceptance of the published profile (EAGLE drafter, Llama-3.1-8B).
+PUBLISHED_ACCEPTANCE: Final[tuple[float, ...]] = (0.68, 0.39, 0.20, 0.10, 0.05)
+
+
+def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float, *, extrapolate: bool) -> float:
+    """Piecewise-linear y(x) through the points (xs strictly increasing).
+
+    Below the first point the first value is kept (clamp). Above the last point the last segment's
+    slope continues when `extrapolate` is set (never downwards), else the last value is kept.
+    """
+    if len(xs) == 1 or x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        if not extrapolate:
+            return ys[-1]
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + max(slope, 0.0) * (x - xs[-1])
+    i = bisect.bisect_right(xs, x)  # xs[i-1] <= x < xs[i]
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class StepTimeProfile:
+    """Step time (ms) of one decode step as a function of batch size and K, from a measured table.
+
+    `step_ms[i][j]` is the step time at `batch_sizes[i]` requests with `speculative_tokens[j]` draft
+    tokens per request (K=0 means no speculation). Between table points the time is linear in batch
+    and linear in K. Beyond the largest batch size it grows along the last segment's slope (decode
+    becomes compute-bound, so time grows about linearly with batch); below the smallest it is clamped.
+    Beyond the largest K it grows along the last K segment's slope (each extra draft position costs
+    about as much as the previous ones).
+    """
+
+    batch_sizes: tuple[int, ...]
+    speculative_tokens: tuple[int, ...]
+    step_ms: tuple[tuple[float, ...], ...]
+    name: str = "custom"
+    prefill_ms_per_token: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or not self.speculative_tokens:
+            raise ValueError("a profile needs at least one batch size and one K")
+        if any(b < 1 for b in self.batch_sizes) or list(self.batch_sizes) != sorted(set(self.batch_sizes)):
+            raise ValueError("batch sizes must be >= 1 and strictly increasing")
+        if list(self.speculative_tokens) != sorted(set(self.speculative_tokens)):
+            raise ValueError("K values must be strictly increasing")
+        if self.speculative_tokens[0] != 0:
+            raise ValueError("the K values must start at 0 (the non-speculative baseline)")
+        if len(self.step_ms) != len(self.batch_sizes) or any(
+            len(row) != len(self.speculative_tokens) for row in self.step_ms
+        ):
+            raise ValueError("stepTimeMs needs one row per batch size and one column per K")
+        if any(not (math.isfinite(t) and t > 0) for row in self.step_ms for t in row):
+            raise ValueError("step times must be positive, finite numbers")
+        if not (math.isfinite(self.prefill_ms_per_token) and self.prefill_ms_per_token >= 0):
+            raise ValueError("prefillMsPerToken must be >= 0")
+
+    @property
+    def max_k(self) -> int:
+        """The largest K the table measured."""
+        return self.speculative_tokens[-1]
+
+    def step_time_ms(self, batch: float, k: float) -> float:
+        """Milliseconds one decode step takes with `batch` running requests drafting `k` tokens each."""
+        if batch <= 0:
+            raise ValueError(f"batch size must be > 0, got {batch}")
+        if k < 0:
+            raise ValueError(f"K must be >= 0, got {k}")
+        at_k = [_interpolate(self.speculative_tokens, row, k, extrapolate=True) for row in self.step_ms]
+        return _interpolate(self.batch_sizes, at_k, batch, extrapolate=True)
+
+    def step_time_s(self, batch: float, k: float) -> float:
+        """Seconds one decode step takes (see `step_time_ms`)."""
+        return self.step_time_ms(batch, k) / 1000.0
+
+    def prefill_time_ms(self, prompt_tokens: int) -> float:
+        """Extra milliseconds a step spends prefilling `prompt_tokens` new prompt tokens."""
+        return self.prefill_ms_per_token * prompt_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file format's document (inverse of `from_dict`)."""
+        return {
+            "name": self.name,
+            "batchSizes": list(self.batch_sizes),
+            "numSpeculativeTokens": list(self.speculative_tokens),
+            "stepTimeMs": [list(row) for row in self.step_ms],
+            "prefillMsPerToken": self.prefill_ms_per_token,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> StepTimeProfile:
+        """Build a profile from the file format's document; raises ValueError when it is invalid."""
+        try:
+            batch_sizes = tuple(int(b) for b in doc["batchSizes"])
+            ks = tuple(int(k) for k in doc["numSpeculativeTokens"])
+            step_ms = tuple(tuple(float(t) for t in row) for row in doc["stepTimeMs"])
+        except KeyError as err:
+            raise ValueError(f"profile lacks {err.args[0]!r}") from None
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"profile has a malformed table: {err}") from None
+        return cls(
+            batch_sizes=batch_sizes,
+            speculative_tokens=ks,
+            step_ms=step_ms,
+            name=str(doc.get("name", "custom")),
+            prefill_ms_per_token=float(doc.get("prefillMsPerToken", 0.0)),
+        )
+
+
+# Llama-3.1-8B with an EAGLE drafter on one H100, as profiled in vLLM's Dynamic SD work.
+PUBLISHED_H100_LLAMA31_8B_EAGLE: Final = StepTimeProfile(
+    name="h100-llama-3.1-8b-eagle",
+    batch_sizes=(1, 64, 256),
+    speculative_tokens=(0, 1, 3, 5),
+    step_ms=(
+        (6.52, 7.37, 8.84, 10.33),
+        (7.77, 9.66, 13.50, 16.83),
+        (14.49, 27.14, 41.85, 57.40),
+    ),
+)
+
+
+def default_profile() -> StepTimeProfile:
+    """The published H100 / Llama-3.1-8B / EAGLE profile."""
+    return PUBLISHED_H100_LLAMA31_8B_EAGLE
+
+
+def load_profile(path: str | Path) -> StepTimeProfile:
+    """Read a profile from a YAML or JSON file (format in the module docstring)."""
+    doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"{path}: a profile file must hold a mapping")
+    return StepTimeProfile.from_dict(doc)
+
+
+def _check_probabilities(per_position_acceptance: Iterable[float]) -> tuple[float, ...]:
+    values = tuple(float(p) for p in per_position_acceptance)
+    for i, p in enumerate(values):
+        if not (0.0 <= p <= 1.0):
+            raise ValueError(f"acceptance at position {i} must be within [0, 1], got {p}")
+    return values
+
+
+def validate_acceptance(per_position_acceptance: Iterable[float]) -> tuple[float, ...]:
+    """Check a per-position cumulative acceptance vector and return it as a tuple.
+
+    Each value must lie in [0, 1] and the vector must not increase: accepting draft i requires
+    accepting drafts 0..i-1, so p_i <= p_{i-1}.
+    """
+    values = _check_probabilities(per_position_acceptance)
+    for i in range(1, len(values)):
+        if values[i] > values[i - 1]:
+            raise ValueError(
+                f"cumulative acceptance cannot increase with position: p[{i}]={values[i]} > "
+                f"p[{i - 1}]={values[i - 1]}"
+            )
+    return values
+
+
+def expected_tokens_per_step(per_position_acceptance: Sequence[float], k: int) -> float:
+    """Mean tokens a request gains per step when drafting `k` tokens: 1 + sum(p_i for i < k).
+
+    Positions beyond the vector count as never accepted. The vector need not be monotone here
+    (measured rates can be noisy); each value must lie in [0, 1].
+    """
+    if k < 0:
+        raise ValueError(f"K must be >= 0, got {k}")
+    return 1.0 + sum(_check_probabilities(per_position_acceptance)[:k])
+
+
+def goodput(
+    profile: StepTimeProfile, batch: float, k: int, per_position_acceptance: Sequence[float]
+) -> float:
+    """Generated tokens per second per request at `batch` running requests drafting `k` tokens."""
+    return expected_tokens_per_step(per_position_acceptance, k) / profile.step_time_s(batch, k)
+
+
+def speedup(
+    profile: StepTimeProfile, batch: float, k: int, per_position_acceptance: Sequence[float]
+) -> float:
+    """Goodput with `k` draft tokens relative to no speculation (K=0) at the same batch size."""
+    return goodput(profile, batch, k, per_position_acceptance) / goodput(
+        profile, batch, 0, per_position_acceptance
+    )
+
+
+def best_k(
+    profile: StepTimeProfile,
+    batch: float,
+    per_position_acceptance: Sequence[float],
+    candidates: Iterable[int] | None = None,
+) -> int:
+    """The K with the highest goodput at `batch` (the smaller K on a tie).
+
+    By default only the K values the profile measured are candidates: interpolated columns are a
+    guess, and a decision should not hinge on a guess.
+    """
+    ks = sorted(set(profile.speculative_tokens if candidates is None else candidates))
+    if not ks:
+        raise ValueError("no candidate K")
+    return max(ks, key=lambda k: (goodput(profile, batch, k, per_position_acceptance), -k))

@@ -1,0 +1,115 @@
+"""Command line: `python -m specfleet_runtime.emulator <vLLM args> [emulator options]`.
+
+Takes the same arguments as `python -m vllm.entrypoints.openai.api_server` (parsed by
+`specfleet_runtime.vllm_args.parse_vllm_args`; vLLM flags the emulator has no use for are ignored),
+plus its own options, listed by `--help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from specfleet_runtime.cost_profile import load_profile
+from specfleet_runtime.emulator.config import EmulatorConfig
+from specfleet_runtime.emulator.server import create_app
+from specfleet_runtime.vllm_args import parse_vllm_args
+
+log = logging.getLogger("specfleet_runtime.emulator")
+
+
+def _acceptance(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m specfleet_runtime.emulator",
+        description="A vLLM-compatible fake engine. Takes vLLM's arguments (--model, "
+        "--served-model-name, --port, --max-num-seqs, --max-model-len, --speculative-config, ...) "
+        "plus the options below.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address to bind (vLLM's default: all)")
+    p.add_argument("--profile", help="step-time profile file (YAML/JSON); default: published H100")
+    p.add_argument(
+        "--acceptance",
+        type=_acceptance,
+        help="per-position cumulative acceptance, e.g. 0.68,0.39,0.2,0.1,0.05 (the default)",
+    )
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply every step time (0 = no waiting)")
+    p.add_argument(
+        "--break-losslessness",
+        action="store_true",
+        help="accepted draft tokens differ from the non-speculative output",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the acceptance sampler")
+    p.add_argument("--kv-cache-tokens", type=int, help="KV cache capacity in tokens")
+    p.add_argument(
+        "--spec-k0-overhead",
+        type=float,
+        default=0.0,
+        help="extra step time (fraction) of a K=0 step in a speculating engine",
+    )
+    return p
+
+
+def config_from_argv(argv: Sequence[str]) -> tuple[EmulatorConfig, str, int]:
+    """The emulator config, host and port for a command line; exits with usage on bad flags."""
+    parser = _parser()
+    ns, rest = parser.parse_known_args(list(argv))
+    try:
+        engine, ignored = parse_vllm_args(rest)
+    except ValueError as err:
+        parser.error(str(err))
+    if ignored:
+        log.info("ignoring vLLM flags the emulator has no use for: %s", " ".join(ignored))
+    options: dict[str, object] = {
+        "time_scale": ns.time_scale,
+        "break_losslessness": ns.break_losslessness,
+        "seed": ns.seed,
+        "spec_k0_overhead": ns.spec_k0_overhead,
+    }
+    if ns.profile:
+        options["profile"] = load_profile(ns.profile)
+    if ns.acceptance is not None:
+        options["acceptance"] = ns.acceptance
+    if ns.kv_cache_tokens is not None:
+        options["kv_cache_tokens"] = ns.kv_cache_tokens
+    try:
+        config = EmulatorConfig.from_engine_args(engine, **options)
+    except ValueError as err:
+        parser.error(str(err))
+    return config, ns.host, engine.port
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the emulator until SIGINT/SIGTERM."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config, host, port = config_from_argv(sys.argv[1:] if argv is None else argv)
+    spec = config.speculative
+    log.info(
+        "emulating %s (served as %s) on %s:%d: max_num_seqs=%d, speculation=%s, profile=%s, "
+        "time_scale=%g, acceptance=%s",
+        config.model,
+        config.served_model_name,
+        host,
+        port,
+        config.max_num_seqs,
+        spec.to_json() if spec else "off",
+        config.profile.name,
+        config.time_scale,
+        list(config.acceptance),
+    )
+    web.run_app(create_app(config), host=host, port=port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,412 @@
+"""The emulated engine: vLLM's continuous-batching step loop, timed by a step-time cost model.
+
+How a step works (one iteration of `Engine._loop`):
+
+1. Admit waiting requests into the running set, first come first served, up to `max_num_seqs` and
+   while the KV cache has room for their prompts.
+2. Pick K for this batch size (`EmulatorConfig.k_for_batch`: fixed K, a Dynamic SD schedule, or 0
+   without speculation) and the step's duration `profile.step_time(batch, K) * time_scale` (plus the
+   profile's prefill cost for newly admitted prompts, and `spec_k0_overhead` for a K=0 step inside a
+   speculating engine; both 0 by default).
+3. Sleep until the step's deadline. Deadlines chain (each is the previous one plus the step's duration),
+   so time the loop itself spends, and the event loop's timer slack, does not slow the emulated GPU:
+   over many steps the engine runs exactly at the profile's pace as long as it can keep up.
+4. Advance every running request: a request's first step is its prefill and yields 1 token; later steps
+   yield 1 token without speculation, or 1 + the accepted drafts with it. Accepted drafts are sampled
+   per position from the per-position cumulative acceptance p_i (draft i is accepted, given drafts
+   0..i-1 were, with probability p_i / p_{i-1}). Then update the metrics, hand each request its new
+   tokens, and retire the requests that reached max_tokens or their natural end.
+
+Output text does not depend on how many tokens a step yields (see `text.py`), so speculation is
+lossless here, unless `break_losslessness` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from specfleet_runtime.cost_profile import validate_acceptance
+from specfleet_runtime.emulator.config import EmulatorConfig
+from specfleet_runtime.emulator.metrics import EngineMetrics
+from specfleet_runtime.emulator.text import Prompt, drafted_token_text, natural_length, token_text
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop stopped (crashed or shut down); the engine accepts no more work."""
+
+
+class StepOutput(NamedTuple):
+    """What one step produced for one request: new token texts, and the finish reason on the last."""
+
+    request_id: str
+    tokens: tuple[str, ...]
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished request."""
+
+    request_id: str
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+OutputCallback = Callable[[StepOutput], None]
+
+
+class EngineRequest:
+    """One request's life in the engine. Callers read it; only the engine changes it."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        max_tokens: int,
+        stop_at_eos: int | None,
+        on_output: OutputCallback | None,
+        arrival_time: float,
+        finished: asyncio.Future[Completion],
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.on_output = on_output
+        self.arrival_time = arrival_time
+        # The request ends at the first of max_tokens and the prompt's natural end (unless ignored).
+        if stop_at_eos is not None and stop_at_eos <= max_tokens:
+            self.stop_at, self.stop_reason = stop_at_eos, "stop"
+        else:
+            self.stop_at, self.stop_reason = max_tokens, "length"
+        self.tokens: list[str] = []
+        self.prefilled = False
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        # Resolves with the Completion when the request ends (also on abort, with reason "abort").
+        self.finished = finished
+        self.done = False  # set together with `finished`
+
+
+@dataclass
+class EngineStats:
+    """Counters of the step loop, for tests, benchmarks and `/admin/state`."""
+
+    steps: int = 0
+    generation_tokens: int = 0
+    # Event-loop time at which the last step delivered its tokens.
+    last_step_end: float = 0.0
+    # Sum of the step durations the cost model asked for (wall time should match it).
+    scheduled_s: float = 0.0
+    # How late the last step delivered, after its deadline (timer slack plus the loop's own work).
+    behind_s: float = 0.0
+    last_batch: int = 0
+    last_k: int = 0
+    # Schedule debt forgiven because the loop fell behind by more than max_catch_up_s.
+    lag_forgiven_s: float = 0.0
+
+
+class Engine:
+    """A vLLM-like engine: submit requests, receive tokens step by step, read the metrics."""
+
+    def __init__(self, config: EmulatorConfig) -> None:
+        self.config = config
+        spec = config.speculative
+        self.metrics = EngineMetrics(
+            config.served_model_name, spec.num_speculative_tokens if spec is not None else None
+        )
+        self.stats = EngineStats()
+        # Run-time switches (the admin endpoints change them).
+        self.break_losslessness = config.break_losslessness
+        self._acceptance = config.acceptance
+        self._rng = random.Random(config.seed)
+        self._waiting: deque[EngineRequest] = deque()
+        self._running: list[EngineRequest] = []
+        self._wakeup = asyncio.Event()
+        self._step_event = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._dead: BaseException | None = None
+        self._ids = itertools.count()
+
+    # ----------------------------------------------------------------------------------------------
+    # Lifecycle
+
+    async def start(self) -> None:
+        """Start the step loop (inside the running event loop)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="emulator-step-loop")
+
+    async def stop(self) -> None:
+        """Stop the step loop and end every outstanding request with finish reason "abort"."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._dead = self._dead or EngineDeadError("engine stopped")
+        for req in [*self._running, *self._waiting]:
+            self.abort(req)
+
+    @property
+    def healthy(self) -> bool:
+        """True while the step loop runs (`/health` answers 503 otherwise)."""
+        return self._task is not None and not self._task.done()
+
+    # ----------------------------------------------------------------------------------------------
+    # Requests
+
+    def submit(
+        self,
+        prompt: Prompt,
+        max_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        on_output: OutputCallback | None = None,
+        request_id: str | None = None,
+    ) -> EngineRequest:
+        """Queue a request; it joins the running batch at the next step with room for it.
+
+        `on_output` is called from the step loop after every step that gives the request tokens.
+        """
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        loop = asyncio.get_running_loop()
+        shortest, longest = self.config.natural_length
+        req = EngineRequest(
+            request_id=request_id or f"req-{next(self._ids)}",
+            prompt=prompt,
+            max_tokens=max_tokens,
+            stop_at_eos=None if ignore_eos else natural_length(prompt.seed, shortest, longest),
+            on_output=on_output,
+            arrival_time=loop.time(),
+            finished=loop.create_future(),
+        )
+        self._waiting.append(req)
+        self.metrics.waiting.set(len(self._waiting))
+        self._wakeup.set()
+        return req
+
+    def abort(self, req: EngineRequest) -> None:
+        """End a request now (client went away); a no-op when it has already ended."""
+        if req.done:
+            return
+        if req in self._waiting:
+            self._waiting.remove(req)
+            self.metrics.waiting.set(len(self._waiting))
+        # A running request is dropped from the batch by the next step.
+        self._resolve(req, "abort")
+        self.metrics.request_success["abort"].inc()
+
+    async def wait_for_step(self) -> None:
+        """Return after the next step has delivered its tokens."""
+        await self._step_event.wait()
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running batch."""
+        return sum(1 for r in self._running if not r.done)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued behind the running batch."""
+        return len(self._waiting)
+
+    @property
+    def acceptance(self) -> tuple[float, ...]:
+        """The per-position cumulative acceptance the sampler uses now."""
+        return self._acceptance
+
+    def set_acceptance(self, per_position: Sequence[float]) -> None:
+        """Change the acceptance from the next step on (a content shift)."""
+        self._acceptance = validate_acceptance(per_position)
+
+    # ----------------------------------------------------------------------------------------------
+    # The step loop
+
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a bug: make it visible, fail the waiters, report unhealthy
+            log.exception("emulator step loop crashed")
+            self._dead = err
+            for req in [*self._running, *self._waiting]:
+                if not req.done:
+                    req.done = True
+                    req.finished.set_exception(EngineDeadError(f"engine crashed: {err!r}"))
+            self._running.clear()
+            self._waiting.clear()
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        while True:
+            if not self._running and not self._waiting:
+                self._publish_load()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                deadline = loop.time()
+            self._admit()
+            batch = tuple(self._running)
+            if not batch:  # every queued request was aborted meanwhile
+                continue
+            k = self.config.k_for_batch(len(batch))
+            seconds = self._step_seconds(batch, k)
+            now = loop.time()
+            if self.config.time_scale == 0:  # no schedule to keep: steps take no time
+                deadline = now
+            elif now - deadline > self.config.max_catch_up_s:
+                self.stats.lag_forgiven_s += now - deadline - self.config.max_catch_up_s
+                deadline = now - self.config.max_catch_up_s
+            deadline += seconds
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            now = loop.time()
+            self.stats.scheduled_s += seconds
+            self.stats.behind_s = now - deadline
+            self._apply_step(batch, k, now)
+
+    def _admit(self) -> None:
+        cfg = self.config
+        self._running = [r for r in self._running if not r.done]  # drop requests aborted meanwhile
+        in_flight = sum(r.prompt.num_tokens + len(r.tokens) for r in self._running)
+        while self._waiting and len(self._running) < cfg.max_num_seqs:
+            head = self._waiting[0]
+            # Always admit one request into an empty batch, even if its prompt overflows the cache.
+            if self._running and in_flight + head.prompt.num_tokens > cfg.kv_cache_tokens:
+                break
+            self._waiting.popleft()
+            self._running.append(head)
+            in_flight += head.prompt.num_tokens
+        self._publish_load()
+
+    def _step_seconds(self, batch: Sequence[EngineRequest], k: int) -> float:
+        cfg = self.config
+        ms = cfg.profile.step_time_ms(len(batch), k)
+        if k == 0 and cfg.speculative is not None:
+            ms *= 1.0 + cfg.spec_k0_overhead
+        ms += cfg.profile.prefill_time_ms(sum(r.prompt.num_tokens for r in batch if not r.prefilled))
+        return ms / 1000.0 * cfg.time_scale
+
+    def _sample_accepted(self, k: int) -> int:
+        """How many of `k` drafts are accepted: draft i survives with probability p_i / p_{i-1}."""
+        p = self._acceptance
+        survived = 1.0  # p_{i-1}, with p_{-1} = 1
+        for i in range(k):
+            p_i = p[i] if i < len(p) else 0.0
+            if p_i <= 0.0 or self._rng.random() * survived >= p_i:
+                return i
+            survived = p_i
+        return k
+
+    def _apply_step(self, batch: Sequence[EngineRequest], k: int, now: float) -> None:
+        m = self.metrics
+        lossy = self.break_losslessness
+        prompt_tokens = generated = drafts = accepted_total = in_flight = 0
+        accepted_per_pos = [0] * k
+        still_running: list[EngineRequest] = []
+        for req in batch:
+            if req.done:  # aborted while the step ran
+                continue
+            accepted = 0
+            if not req.prefilled:  # prefill step: the first token, nothing to verify yet
+                req.prefilled = True
+                prompt_tokens += req.prompt.num_tokens
+            elif k > 0:
+                accepted = self._sample_accepted(k)
+                drafts += 1
+                accepted_total += accepted
+                for pos in range(accepted):
+                    accepted_per_pos[pos] += 1
+
+            # The step's tokens: `accepted` drafts, then the target model's own token.
+            start = len(req.tokens)
+            count = min(1 + accepted, req.stop_at - start)
+            seed = req.prompt.seed
+            new = tuple(
+                drafted_token_text(seed, pos) if lossy and pos - start < accepted else token_text(seed, pos)
+                for pos in range(start, start + count)
+            )
+            req.tokens.extend(new)
+            generated += count
+
+            if req.last_token_time is None:
+                req.first_token_time = now
+                m.ttft.observe(now - req.arrival_time)
+            else:
+                m.itl.observe(now - req.last_token_time)
+            req.last_token_time = now
+
+            finish = req.stop_reason if start + count >= req.stop_at else None
+            if req.on_output is not None:
+                try:
+                    req.on_output(StepOutput(req.request_id, new, finish))
+                except Exception:  # one broken consumer must not stop the engine
+                    log.exception("output callback of %s failed", req.request_id)
+            if finish is None:
+                still_running.append(req)
+                in_flight += req.prompt.num_tokens + start + count
+            else:
+                self._finish(req, finish, now)
+        self._running = still_running
+
+        m.prompt_tokens.inc(prompt_tokens)
+        m.generation_tokens.inc(generated)
+        if m.spec_enabled and drafts:
+            m.spec_drafts.inc(drafts)
+            m.spec_draft_tokens.inc(drafts * k)
+            m.spec_accepted_tokens.inc(accepted_total)
+            for pos, count in enumerate(accepted_per_pos):
+                m.spec_accepted_per_pos[pos].inc(count)
+        self._publish_load(in_flight)
+
+        s = self.stats
+        s.steps += 1
+        s.generation_tokens += generated
+        s.last_step_end = now
+        s.last_batch = len(batch)
+        s.last_k = k
+        done_event, self._step_event = self._step_event, asyncio.Event()
+        done_event.set()
+
+    def _finish(self, req: EngineRequest, reason: str, now: float) -> None:
+        m = self.metrics
+        m.request_success[reason].inc()
+        m.e2e.observe(now - req.arrival_time)
+        if req.first_token_time is not None and len(req.tokens) > 1:
+            m.tpot.observe((now - req.first_token_time) / (len(req.tokens) - 1))
+        self._resolve(req, reason)
+
+    def _resolve(self, req: EngineRequest, reason: str) -> None:
+        req.done = True
+        req.finished.set_result(
+            Completion(
+                request_id=req.request_id,
+                text="".join(req.tokens),
+                prompt_tokens=req.prompt.num_tokens,
+                completion_tokens=len(req.tokens),
+                finish_reason=reason,
+            )
+        )
+
+    def _publish_load(self, in_flight: int | None = None) -> None:
+        """Set the load gauges; `in_flight` (KV tokens of the running batch) when already counted."""
+        m = self.metrics
+        running = [r for r in self._running if not r.done]
+        if in_flight is None:
+            in_flight = sum(r.prompt.num_tokens + len(r.tokens) for r in running)
+        m.running.set(len(running))
+        m.waiting.set(len(self._waiting))
+        m.kv_cache_usage.set(min(1.0, in_flight / self.config.kv_cache_tokens))

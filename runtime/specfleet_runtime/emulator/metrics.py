@@ -1,0 +1,109 @@
+"""The emulated engine's Prometheus metrics: vLLM's names, types, labels and buckets.
+
+Each engine has its own `CollectorRegistry`, so several emulators can run in one process (tests).
+As in vLLM, the speculative-decoding counters exist only on an engine started with speculation, the
+per-position counter has one series per position 0..num_speculative_tokens-1, and the request
+counter has one series per finish reason from the start.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from specfleet_runtime import vllm_metrics as vm
+
+# vLLM's FinishReason strings (vllm/v1/engine/__init__.py), each pre-created on request_success.
+FINISH_REASONS: Final = ("stop", "length", "abort", "error", "repetition")
+ENGINE_INDEX: Final = "0"
+METRICS_CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+
+# Bucket boundaries copied from vLLM's PrometheusStatLogger.
+_TTFT_BUCKETS: Final = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+_TOKEN_LATENCY_BUCKETS: Final = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+)  # fmt: skip
+_REQUEST_LATENCY_BUCKETS: Final = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+def _family(exposed_name: str) -> str:
+    """prometheus_client takes a counter's name without `_total` and appends it when exposing."""
+    return exposed_name.removesuffix("_total")
+
+
+class EngineMetrics:
+    """The metric children of one engine, already bound to its `model_name` and `engine` labels."""
+
+    def __init__(self, served_model_name: str, num_speculative_tokens: int | None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = [vm.LABEL_MODEL_NAME, vm.LABEL_ENGINE]
+        values = (served_model_name, ENGINE_INDEX)
+        r = self.registry
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(_family(name), doc, labels, registry=r).labels(*values)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r).labels(*values)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, registry=r, buckets=buckets).labels(*values)
+
+        self.spec_enabled = num_speculative_tokens is not None
+        if num_speculative_tokens is not None:
+            self.spec_drafts = counter(vm.SPEC_DRAFTS, "Number of spec decoding drafts.")
+            self.spec_draft_tokens = counter(vm.SPEC_DRAFT_TOKENS, "Number of draft tokens.")
+            self.spec_accepted_tokens = counter(vm.SPEC_ACCEPTED_TOKENS, "Number of accepted tokens.")
+            per_pos = Counter(
+                _family(vm.SPEC_ACCEPTED_PER_POS),
+                "Accepted tokens per draft position.",
+                [*labels, vm.LABEL_POSITION],
+                registry=r,
+            )
+            self.spec_accepted_per_pos = [
+                per_pos.labels(*values, str(pos)) for pos in range(num_speculative_tokens)
+            ]
+
+        self.running = gauge(vm.REQUESTS_RUNNING, "Number of requests in model execution batches.")
+        self.waiting = gauge(vm.REQUESTS_WAITING, "Number of requests waiting to be processed.")
+        self.kv_cache_usage = gauge(vm.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.")
+
+        self.prompt_tokens = counter(vm.PROMPT_TOKENS, "Number of prefill tokens processed.")
+        self.generation_tokens = counter(vm.GENERATION_TOKENS, "Number of generation tokens processed.")
+        success = Counter(
+            _family(vm.REQUEST_SUCCESS),
+            "Count of successfully processed requests.",
+            [*labels, "finished_reason"],
+            registry=r,
+        )
+        self.request_success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
+
+        self.ttft = histogram(
+            vm.TIME_TO_FIRST_TOKEN, "Histogram of time to first token in seconds.", _TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            vm.INTER_TOKEN_LATENCY, "Histogram of inter-token latency in seconds.", _TOKEN_LATENCY_BUCKETS
+        )
+        self.e2e = histogram(
+            vm.E2E_REQUEST_LATENCY,
+            "Histogram of e2e request latency in seconds.",
+            _REQUEST_LATENCY_BUCKETS,
+        )
+        self.tpot = histogram(
+            vm.TIME_PER_OUTPUT_TOKEN,
+            "Histogram of time_per_output_token_seconds per request.",
+            _TOKEN_LATENCY_BUCKETS,
+        )
+
+    def exposition(self) -> bytes:
+        """The text exposition a `GET /metrics` returns."""
+        return generate_latest(self.registry)

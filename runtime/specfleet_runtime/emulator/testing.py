@@ -1,0 +1,41 @@
+"""Run an emulator inside a test: `async with serve_emulator(config) as emu: ... emu.base_url ...`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from specfleet_runtime.emulator.config import EmulatorConfig
+from specfleet_runtime.emulator.engine import Engine
+from specfleet_runtime.emulator.server import ENGINE_KEY, create_app
+
+
+@dataclass(frozen=True)
+class RunningEmulator:
+    """An emulator serving on a free port of 127.0.0.1."""
+
+    url: str  # http://127.0.0.1:PORT
+    engine: Engine
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI client's base URL (…/v1)."""
+        return f"{self.url}/v1"
+
+
+@asynccontextmanager
+async def serve_emulator(config: EmulatorConfig, host: str = "127.0.0.1") -> AsyncIterator[RunningEmulator]:
+    """Serve `config` on a free port for the duration of the block."""
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        yield RunningEmulator(url=f"http://{host}:{port}", engine=app[ENGINE_KEY])
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,104 @@
+"""Deterministic fake text: what the emulated model "generates" for a prompt.
+
+The token at output position i is a pure function of (prompt, i). So the output of a prompt is the same
+whether the engine produces one token per step (no speculation) or several (speculation): that is the
+losslessness of speculative decoding, and a check of it can be tested against the emulator. The
+`drafted_token_text` variant is what a broken verifier would emit instead (see the engine's
+`break_losslessness` switch).
+
+Token counting is a simple stand-in for a tokenizer: words and punctuation marks each count as one token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+# Output vocabulary. Every token is one word with a leading space, as BPE vocabularies store words.
+_WORDS: Final = """
+the of and to in is that for it as was with be by on not he this are or his from at which but
+have an they you were her she there been one all we their has would when if so no will can more
+other into some could them than then its time only new these two may first any like now my such
+over our even most made after also did many before must through back years where much your way
+well down should because each just those people how too little state good very make world still
+own see men work long get here between both life being under never day same another know while
+last might us great old year off come since against go came right used take three
+"""
+_VOCAB: Final = tuple(" " + word for word in _WORDS.split())
+_TOKEN_RE: Final = re.compile(r"\w+|[^\w\s]")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt as the engine sees it: a stable 32-bit seed for its output, and its length in tokens."""
+
+    seed: int
+    num_tokens: int
+
+    @classmethod
+    def from_text(cls, text: str) -> Prompt:
+        """A text prompt (completions API)."""
+        return cls(_seed(b"text\0" + text.encode("utf-8")), count_tokens(text))
+
+    @classmethod
+    def from_token_ids(cls, token_ids: Sequence[int]) -> Prompt:
+        """A pre-tokenized prompt (completions API with a list of token ids)."""
+        payload = b"ids\0" + ",".join(str(t) for t in token_ids).encode("ascii")
+        return cls(_seed(payload), max(1, len(token_ids)))
+
+    @classmethod
+    def from_chat(cls, messages: Sequence[tuple[str, str]]) -> Prompt:
+        """A chat conversation given as (role, text) pairs, rendered with a fixed template."""
+        rendered = "".join(f"<|{role}|>\n{text}\n" for role, text in messages) + "<|assistant|>\n"
+        return cls(_seed(b"chat\0" + json.dumps(list(messages)).encode("utf-8")), count_tokens(rendered))
+
+
+def _seed(payload: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=4).digest(), "little")
+
+
+def count_tokens(text: str) -> int:
+    """Tokens in `text` by the emulator's rule (words and punctuation marks); at least 1."""
+    return max(1, len(_TOKEN_RE.findall(text)))
+
+
+_M32: Final = 0xFFFFFFFF
+
+
+def _mix(seed: int, position: int) -> int:
+    """A 32-bit integer hash of (seed, position) (lowbias32): cheap, portable, well spread.
+
+    Cheap matters: one step emits tokens for hundreds of requests.
+    """
+    x = (seed + (position + 1) * 0x9E3779B9) & _M32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def token_text(seed: int, position: int) -> str:
+    """The token the model generates at output `position` (0-based) for the prompt with `seed`."""
+    return _VOCAB[_mix(seed, position) % len(_VOCAB)]
+
+
+def drafted_token_text(seed: int, position: int) -> str:
+    """A token that always differs from `token_text`: what a lossy verifier lets through."""
+    return _VOCAB[(_mix(seed, position) + 1) % len(_VOCAB)]
+
+
+def generated_text(prompt: Prompt, num_tokens: int) -> str:
+    """The first `num_tokens` tokens the model generates for `prompt`, without speculation."""
+    return "".join(token_text(prompt.seed, pos) for pos in range(num_tokens))
+
+
+def natural_length(seed: int, shortest: int, longest: int) -> int:
+    """How many tokens the model generates before its end-of-sequence token (shortest..longest)."""
+    if longest <= shortest:
+        return shortest
+    return shortest + _mix(seed, -2) % (longest - shortest + 1)
