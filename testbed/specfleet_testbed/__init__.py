@@ -1,0 +1,31 @@
+"""specfleet's local Kubernetes test bed: a real control plane plus kwok, on 127.0.0.1.
+
+- ``ensure_binaries()`` builds (once, cached outside the checkout) or finds the pinned binaries.
+- ``Cluster`` starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, and
+  creates fake GPU nodes; use it as a context manager or call ``start()``/``stop()``.
+- ``python -m specfleet_testbed up|down|status|bin`` does the same from a shell.
+
+Standard library only (plus the ``openssl`` command), so it runs before any project dependency is
+installed.
+"""
+
+from .binaries import BinariesError, ensure_binaries
+from .cluster import (
+    DEFAULT_POD_CIDR,
+    DEFAULT_SERVICE_CIDR,
+    Cluster,
+    ClusterError,
+    KubectlError,
+    local_address,
+)
+
+__all__ = [
+    "DEFAULT_POD_CIDR",
+    "DEFAULT_SERVICE_CIDR",
+    "BinariesError",
+    "Cluster",
+    "ClusterError",
+    "KubectlError",
+    "ensure_binaries",
+    "local_address",
+]
