@@ -1,0 +1,344 @@
+"""Router overhead: added latency (p50, p99) and max requests/s, direct vs specfleet router vs vllm-router.
+
+    python benchmarks/router_bench.py [--backend emulator|fast] [--requests 500] [--concurrency 32]
+                                      [--seconds 6] [--rounds 3] [--no-install]
+
+Starts two backends on 127.0.0.1 (the engine emulator at --time-scale 0, or a trivial aiohttp backend
+that answers a fixed completion), the specfleet router over both (one pool, static URLs), and
+`vllm-router` from PyPI over the same two (round robin), installed on first use into its own venv
+under ${SPECFLEET_CACHE:-~/.cache/specfleet}/bench-vllm-router. Then: a warm-up; sequential latency,
+the targets taking turns request by request (at most --requests each, --seconds per target); and
+closed-loop throughput with --concurrency workers, in --rounds alternating rounds per target (together
+--seconds per target, at most 20x --requests a round), reporting the median round. Taking turns keeps
+the comparison fair on a machine whose load drifts. Prints one Markdown table. Load is generated from
+this process only, to 127.0.0.1 only; every process it starts is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+MODEL = "bench"
+BODY = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 4}).encode()
+CACHE = Path(os.environ.get("SPECFLEET_CACHE", Path.home() / ".cache" / "specfleet"))
+VLLM_ROUTER_VENV = CACHE / "bench-vllm-router"
+
+
+# ---- the trivial backend (run as a subprocess of this script) --------------------------------------
+
+FIXED_COMPLETION = json.dumps(
+    {
+        "id": "cmpl-bench",
+        "object": "text_completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [{"index": 0, "text": " a b c d", "logprobs": None, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5},
+    }
+).encode()
+
+
+def serve_fast_backend(port: int) -> None:
+    """A backend that costs as little as aiohttp allows: the fixed completion for every request."""
+
+    async def completions(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=FIXED_COMPLETION, content_type="application/json")
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", ok)
+    app.router.add_get("/v1/models", ok)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# ---- processes ---------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Processes:
+    """Every process this benchmark starts, stopped by PID at the end (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, cmd: Sequence[str]) -> subprocess.Popen[bytes]:
+        with (self.log_dir / f"{name}.log").open("wb") as log:
+            proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+async def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+            try:
+                async with http.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} not healthy after {timeout:g}s")
+
+
+def vllm_router_binary(install: bool) -> tuple[Path | None, str]:
+    """The vllm-router executable, installing it into its own venv if allowed; else None and why."""
+    binary = VLLM_ROUTER_VENV / "bin" / "vllm-router"
+    if binary.exists():
+        return binary, "installed"
+    if not install:
+        return None, f"not installed at {binary} (--no-install)"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(VLLM_ROUTER_VENV)], check=True)
+        subprocess.run([str(VLLM_ROUTER_VENV / "bin" / "pip"), "install", "-q", "vllm-router"], check=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        return None, f"pip install vllm-router failed: {err}"
+    return (binary, "installed now") if binary.exists() else (None, "vllm-router has no CLI after install")
+
+
+# ---- load --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    target: str
+    p50_ms: float
+    p99_ms: float
+    rps: float
+    errors: int
+
+
+async def one_request(http: aiohttp.ClientSession, url: str) -> bool:
+    async with http.post(url, data=BODY, headers={"Content-Type": "application/json"}) as resp:
+        await resp.read()
+        return resp.status == 200
+
+
+async def interleaved_latencies(
+    urls: list[str], count: int, seconds: float
+) -> tuple[list[list[float]], list[int]]:
+    """Sequential requests taking turns over the targets, so drift in machine load hits all alike."""
+    latencies: list[list[float]] = [[] for _ in urls]
+    errors = [0 for _ in urls]
+    deadline = time.monotonic() + seconds
+    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in urls]
+    try:
+        for http, url in zip(sessions, urls, strict=True):
+            for _ in range(20):  # warm-up: connections, caches
+                await one_request(http, url)
+        for _ in range(count):
+            if time.monotonic() > deadline:
+                break
+            for i, (http, url) in enumerate(zip(sessions, urls, strict=True)):
+                started = time.perf_counter()
+                if await one_request(http, url):
+                    latencies[i].append(time.perf_counter() - started)
+                else:
+                    errors[i] += 1
+    finally:
+        for http in sessions:
+            await http.close()
+    return latencies, errors
+
+
+async def closed_loop_rps(url: str, concurrency: int, seconds: float, max_requests: int) -> tuple[float, int]:
+    """Requests per second with `concurrency` workers, each sending its next request when one returns."""
+    done = 0
+    errors = 0
+    deadline = time.monotonic() + seconds
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        nonlocal done, errors
+        while time.monotonic() < deadline and done + errors < max_requests:
+            try:
+                if await one_request(http, url):
+                    done += 1
+                else:
+                    errors += 1
+            except aiohttp.ClientError:
+                errors += 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
+        started = time.monotonic()
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+        elapsed = time.monotonic() - started
+    return done / elapsed, errors
+
+
+def percentile(values: list[float], q: int) -> float:
+    """The q-th percentile (1..99) of `values`."""
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+async def measure(targets: list[tuple[str, str]], args: argparse.Namespace) -> list[Result]:
+    """Latency interleaved over all targets; throughput in `--rounds` alternating rounds, median kept."""
+    urls = [f"{base}/v1/completions" for _, base in targets]
+    latencies, errors = await interleaved_latencies(urls, args.requests, args.seconds * len(urls))
+    rates: list[list[float]] = [[] for _ in urls]
+    for _ in range(args.rounds):
+        for i, url in enumerate(urls):
+            rate, failed = await closed_loop_rps(
+                url, args.concurrency, args.seconds / args.rounds, args.requests * 20
+            )
+            rates[i].append(rate)
+            errors[i] += failed
+    return [
+        Result(
+            name,
+            p50_ms=percentile(latencies[i], 50) * 1000,
+            p99_ms=percentile(latencies[i], 99) * 1000,
+            rps=statistics.median(rates[i]),
+            errors=errors[i],
+        )
+        for i, (name, _) in enumerate(targets)
+    ]
+
+
+# ---- main --------------------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> None:
+    # Other work on the machine skews every number: the load average is printed with the table.
+    load_before = os.getloadavg()[0]
+    log_dir = Path(tempfile.mkdtemp(prefix="router-bench-"))
+    procs = Processes(log_dir)
+    skipped: dict[str, str] = {}
+    try:
+        backends: list[str] = []
+        for i in range(2):
+            port = free_port()
+            if args.backend == "emulator":
+                cmd = [
+                    sys.executable, "-m", "specfleet_runtime.emulator", "--model", "m",
+                    "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
+                    "--time-scale", "0",
+                ]  # fmt: skip
+            else:
+                cmd = [sys.executable, __file__, "--serve-fast-backend", str(port)]
+            proc = procs.start(f"backend-{i}", cmd)
+            backends.append(f"http://127.0.0.1:{port}")
+            await wait_healthy(f"{backends[-1]}/health", proc)
+
+        config = log_dir / "routing.json"
+        config.write_text(
+            json.dumps({"servedModelName": MODEL, "pools": {"latency": {"staticUrls": backends}}})
+        )
+        ours = f"http://127.0.0.1:{free_port()}"
+        proc = procs.start(
+            "specfleet-router",
+            [
+                sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
+                "--host", "127.0.0.1", "--port", ours.rsplit(":", 1)[1], "--log-level", "warning",
+            ],
+        )  # fmt: skip
+        await wait_healthy(f"{ours}/readyz", proc)
+
+        targets = [("direct (backend 1)", backends[0]), ("specfleet-router", ours)]
+        binary, why = vllm_router_binary(not args.no_install)
+        if binary is None:
+            skipped["vllm-router"] = why
+        else:
+            theirs = f"http://127.0.0.1:{free_port()}"
+            proc = procs.start(
+                "vllm-router",
+                [
+                    str(binary), "--host", "127.0.0.1", "--port", theirs.rsplit(":", 1)[1],
+                    "--worker-urls", *backends, "--policy", "round_robin",
+                    "--prometheus-port", str(free_port()), "--log-level", "warning",
+                ],
+            )  # fmt: skip
+            try:
+                await wait_healthy(f"{theirs}/health", proc)
+                targets.append(("vllm-router", theirs))
+            except RuntimeError as err:
+                skipped["vllm-router"] = f"did not start: {err} (log: {log_dir}/vllm-router.log)"
+
+        results = await measure(targets, args)
+    finally:
+        procs.stop_all()
+
+    direct = results[0]
+    print(
+        f"\nRouter overhead, {args.backend} backend x2, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
+        f"{platform.node()} ({os.cpu_count()} CPUs, {platform.python_implementation()} "
+        f"{platform.python_version()}), load average {load_before:.1f} before / "
+        f"{os.getloadavg()[0]:.1f} after"
+    )
+    print(
+        f"latency: {args.requests} sequential non-streaming completions (max_tokens 4) per target, "
+        f"targets taking turns; throughput: closed loop, {args.concurrency} workers, median of "
+        f"{args.rounds} alternating rounds of {args.seconds / args.rounds:g}s\n"
+    )
+    print("| target | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s | errors |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        added = "-" if r is direct else f"{r.p50_ms - direct.p50_ms:+.2f}"
+        added99 = "-" if r is direct else f"{r.p99_ms - direct.p99_ms:+.2f}"
+        print(
+            f"| {r.target} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {added99} | {r.rps:.0f} | {r.errors} |"
+        )
+    for name, why in skipped.items():
+        print(f"| {name} | not run: {why} | | | | | |")
+    print(f"\nlogs: {log_dir}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["emulator", "fast"], default="emulator")
+    parser.add_argument("--requests", type=int, default=500, help="sequential requests per target")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=6.0, help="time bound of each phase, per target")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating throughput rounds per target")
+    parser.add_argument("--no-install", action="store_true", help="do not pip install vllm-router")
+    parser.add_argument("--serve-fast-backend", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_fast_backend:
+        serve_fast_backend(args.serve_fast_backend)
+        return
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()

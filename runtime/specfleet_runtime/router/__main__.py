@@ -1,0 +1,171 @@
+"""Command line: `python -m specfleet_runtime.router --config-file PATH | --configmap NS/NAME ...`.
+
+Serves until SIGTERM or SIGINT, then drains: the listening socket closes at once, in-flight requests
+(streams included) get up to `--drain-seconds` to finish, then the process exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from specfleet_runtime.router.app import Router, RouterSettings, create_app
+from specfleet_runtime.router.endpoints import IPNetwork, parse_address_map
+from specfleet_runtime.router.kube import config_map_client, default_namespace, load_api_client
+from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.router.sources import (
+    ConfigFileSource,
+    ConfigMapSource,
+    ConfigSource,
+    KubeSliceWatchFactory,
+)
+
+log = logging.getLogger("specfleet_runtime.router")
+
+
+def _address_map(text: str) -> tuple[IPNetwork, IPNetwork]:
+    try:
+        return parse_address_map(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="specfleet-router", description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config-file", type=Path, help="routing.json on disk, re-read every --poll-seconds")
+    source.add_argument("--configmap", metavar="NAMESPACE/NAME", help="ConfigMap watched through the API")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    parser.add_argument(
+        "--namespace", help="namespace of pool Services (default: the ConfigMap's, or the pod's)"
+    )
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--poll-seconds", type=float, default=2.0, help="config file poll interval")
+    parser.add_argument("--resync-seconds", type=int, default=300, help="Kubernetes watch resync period")
+    defaults = RouterSettings()
+    parser.add_argument("--connect-timeout", type=float, default=defaults.connect_timeout)
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=defaults.read_timeout,
+        help="longest wait for the next byte from an engine",
+    )
+    parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    parser.add_argument(
+        "--max-in-flight", type=int, default=defaults.max_in_flight, help="0: no cap (else 429)"
+    )
+    parser.add_argument(
+        "--max-attempts",
+        type=int,
+        default=defaults.max_attempts,
+        help="endpoints tried per request on connection failures",
+    )
+    parser.add_argument("--eject-seconds", type=float, default=defaults.eject_seconds)
+    parser.add_argument("--drain-seconds", type=float, default=defaults.drain_seconds)
+    parser.add_argument(
+        "--endpoint-address-map",
+        metavar="FROM_CIDR=TO_CIDR",
+        type=_address_map,
+        action="append",
+        default=[],
+        help="rewrite EndpointSlice addresses, keeping host bits (test beds: 10.0.0.0/8=127.0.0.0/8)",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser.parse_args(argv)
+
+
+def build_router(args: argparse.Namespace) -> Router:
+    config_source: ConfigSource
+    metrics = RouterMetrics()
+    namespace = args.namespace
+    api_client: Any = None
+    if args.configmap:
+        cm_namespace, sep, name = args.configmap.partition("/")
+        if not sep or not cm_namespace or not name:
+            raise SystemExit("--configmap must be NAMESPACE/NAME")
+        # Fail fast: without the API there is no config at all.
+        api_client = load_api_client(args.kubeconfig)
+        config_source = ConfigMapSource(
+            config_map_client(api_client, cm_namespace, name),
+            cm_namespace,
+            name,
+            args.resync_seconds,
+            on_error=lambda _: metrics.watch_errors.labels("configmap").inc(),
+        )
+        namespace = namespace or cm_namespace
+    else:
+        config_source = ConfigFileSource(args.config_file, args.poll_seconds)
+    settings = RouterSettings(
+        namespace=namespace or default_namespace(),
+        connect_timeout=args.connect_timeout,
+        read_timeout=args.read_timeout,
+        max_body_bytes=args.max_body_bytes,
+        max_in_flight=args.max_in_flight,
+        max_attempts=args.max_attempts,
+        eject_seconds=args.eject_seconds,
+        drain_seconds=args.drain_seconds,
+        endpoint_address_map=tuple(args.endpoint_address_map),
+    )
+    # In file mode the API client is only created if a pool names a Service.
+    provider = (
+        (lambda: api_client)
+        if api_client is not None
+        else functools.partial(load_api_client, args.kubeconfig)
+    )
+    slice_watches = KubeSliceWatchFactory(
+        provider,
+        args.resync_seconds,
+        on_error=lambda _: metrics.watch_errors.labels("endpointslice").inc(),
+    )
+    return Router(settings, config_source, slice_watches, metrics)
+
+
+async def serve(router: Router, host: str, port: int) -> None:
+    """Run until SIGTERM/SIGINT, then stop accepting and drain in-flight requests."""
+    runner = web.AppRunner(
+        create_app(router),
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=router.settings.drain_seconds,
+        # A client that hangs up cancels its handler, which closes the engine leg too.
+        handler_cancellation=True,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("router listening on %s:%d", host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        log.info("signal received: no new connections, draining for up to %gs", router.settings.drain_seconds)
+    finally:
+        await runner.cleanup()
+    log.info("router stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    router = build_router(args)
+    asyncio.run(serve(router, args.host, args.port))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The router's Prometheus metrics (prefix `specfleet_router_`), in a registry of their own.
+
+A registry per router instance lets tests run several routers in one process. Labels: `class` is
+the pool a request was classified into, `pool` the pool that served it (they differ on fallback).
+Requests refused before classification carry `class="none", pool="none"`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+
+
+class RouterMetrics:
+    """Every metric the router exports."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "specfleet_router_requests",
+            "Requests answered, by class, serving pool and status code.",
+            ["class", "pool", "code"],
+            registry=r,
+        )
+        self.classifications = Counter(
+            "specfleet_router_classifications",
+            "Requests classified, by class and the rule that decided.",
+            ["class", "reason"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "specfleet_router_request_duration_seconds",
+            "Time from request received to response finished.",
+            ["class", "pool"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.time_to_first_byte = Histogram(
+            "specfleet_router_time_to_first_byte_seconds",
+            "Time from request received to the first response body byte sent to the client.",
+            ["class", "pool"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "specfleet_router_in_flight_requests",
+            "Requests being proxied now.",
+            ["class", "pool"],
+            registry=r,
+        )
+        self.reclassifications = Counter(
+            "specfleet_router_reclassifications",
+            "Requests that auto-segmentation moved away from the default pool.",
+            ["from_pool", "to_pool"],
+            registry=r,
+        )
+        self.segment_transitions = Counter(
+            "specfleet_router_segment_transitions",
+            "Clients entering (to_batch) or leaving (from_batch) auto-segmentation.",
+            ["direction"],
+            registry=r,
+        )
+        self.segmented_clients = Gauge(
+            "specfleet_router_segmented_clients", "Clients currently auto-segmented as batch.", registry=r
+        )
+        self.fallbacks = Counter(
+            "specfleet_router_fallbacks",
+            "Requests served by the other pool because theirs had no endpoint.",
+            ["from_pool", "to_pool"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "specfleet_router_upstream_errors",
+            "Failures talking to engines, by pool and kind (connect, disconnect, timeout, mid_stream).",
+            ["pool", "kind"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "specfleet_router_retries",
+            "Requests re-sent to another endpoint after a connection failure.",
+            ["pool"],
+            registry=r,
+        )
+        self.endpoints = Gauge(
+            "specfleet_router_endpoints", "Ready endpoints known per pool.", ["pool"], registry=r
+        )
+        self.watch_errors = Counter(
+            "specfleet_router_watch_errors",
+            "Kubernetes list/watch failures (each one logged; the watch restarts with backoff), by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "specfleet_router_config_reloads",
+            "Routing config documents seen, by result (applied, rejected).",
+            ["result"],
+            registry=r,
+        )
