@@ -8,9 +8,11 @@ apiserver applies. `structural_schema` makes that translation; `build_crd` wraps
 from __future__ import annotations
 
 import copy
+import typing
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from specfleet.api.constants import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from specfleet.api.models import SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
@@ -47,11 +49,45 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
-def structural_schema(model: type[Any]) -> dict[str, Any]:
+def structural_schema(model: type[Any], *, object_defaults: bool = True) -> dict[str, Any]:
     """The model's JSON Schema, rewritten into a Kubernetes structural schema."""
     raw = model.model_json_schema(by_alias=True, mode="validation", ref_template="#/$defs/{model}")
     defs = raw.get("$defs", {})
-    return _convert(raw, defs)
+    schema = _convert(raw, defs)
+    if object_defaults:
+        _add_object_defaults(model, schema)
+    return schema
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside `X`, `X | None` or `list[X]`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _add_object_defaults(model: type[BaseModel], schema: dict[str, Any]) -> None:
+    """Nested objects with a default get it in full, so the apiserver defaults them like pydantic.
+
+    A bare `{}` default is not enough: the apiserver checks a default against the object's CEL
+    rules before nested defaults apply, and the rules would see missing fields.
+    """
+    properties = schema.get("properties", {})
+    for name, info in model.model_fields.items():
+        sub = properties.get(info.alias or name)
+        nested = _model_of(info.annotation)
+        if sub is None or nested is None:
+            continue
+        target = sub.get("items", sub) if sub.get("type") == "array" else sub
+        _add_object_defaults(nested, target)
+        if info.default_factory is not None:
+            value = info.default_factory()  # type: ignore[call-arg]
+            if isinstance(value, BaseModel):
+                sub["default"] = value.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -85,11 +121,6 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         extra = node.get("additionalProperties")
         if props is not None:
             out["properties"] = {name: _convert(sub, defs) for name, sub in props.items()}
-            for name, sub in out["properties"].items():
-                # An all-optional nested object defaults to {} so the apiserver fills its own defaults.
-                all_optional = sub.get("type") == "object" and "properties" in sub and not sub.get("required")
-                if all_optional and name not in node.get("required", []) and "default" not in sub:
-                    sub["default"] = {}
         elif isinstance(extra, dict) and extra:
             out["additionalProperties"] = _convert(extra, defs)
         else:
@@ -106,7 +137,8 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 def build_crd() -> dict[str, Any]:
     """The full CustomResourceDefinition object."""
     spec_schema = structural_schema(SpeculativeDeploymentSpec)
-    status_schema = structural_schema(SpeculativeDeploymentStatus)
+    # Status is written whole by the operator: no defaults needed there.
+    status_schema = structural_schema(SpeculativeDeploymentStatus, object_defaults=False)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

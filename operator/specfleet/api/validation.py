@@ -146,5 +146,5 @@ def format_error(err: Mapping[str, Any]) -> str:
         return f"{path}: Too many: {ctx.get('actual_length')}: must have at most {ctx['max_length']} items"
     if kind == "value_error":
         message = str(err["msg"]).removeprefix("Value error, ")
-        return f'{path}: Invalid value: "object": {message}'
+        return f"{path}: Invalid value: {message}"
     return f"{path}: Invalid value: {err['msg']}"

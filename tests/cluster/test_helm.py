@@ -1,0 +1,232 @@
+"""The Helm chart, linted, rendered and installed for real; its RBAC checked with `kubectl auth can-i`
+and then used by a real operator process that has only the chart's ServiceAccount token."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from support.manifests import ROOT, load_yaml, merge
+from support.operator_process import OperatorProcess, events_by_time, wait_for
+
+pytestmark = pytest.mark.cluster
+CHART = ROOT / "charts" / "specfleet"
+RELEASE = "specfleet"
+SYSTEM_NS = "specfleet-system"
+SA = f"system:serviceaccount:{SYSTEM_NS}:{RELEASE}"
+
+
+def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(cluster.bin_dir / "helm"), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def test_lint_and_template(cluster):
+    lint = helm(cluster, "lint", str(CHART), "--strict")
+    assert "1 chart(s) linted, 0 chart(s) failed" in lint.stdout
+    docs = [
+        d
+        for d in yaml.safe_load_all(helm(cluster, "template", RELEASE, str(CHART), "-n", SYSTEM_NS).stdout)
+        if d
+    ]
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = pod["containers"][0]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["resources"]["requests"]
+    # Namespaced mode binds the same rules per namespace instead of cluster-wide.
+    scoped = helm(
+        cluster, "template", RELEASE, str(CHART), "-n", SYSTEM_NS, "--set", "watchNamespaces={team-a,team-b}"
+    ).stdout
+    scoped_docs = [d for d in yaml.safe_load_all(scoped) if d]
+    bindings = sorted(
+        (d["kind"], d["metadata"].get("namespace", "")) for d in scoped_docs if "Binding" in d["kind"]
+    )
+    assert bindings == [("ClusterRoleBinding", ""), ("RoleBinding", "team-a"), ("RoleBinding", "team-b")]
+    # values.schema.json rejects a bad value with a clear message.
+    bad = helm(cluster, "template", RELEASE, str(CHART), "--set", "logLevel=loud", check=False)
+    assert bad.returncode != 0
+    assert "logLevel" in bad.stderr
+
+
+def test_chart_crd_is_the_generated_one():
+    assert (CHART / "crds" / "specfleet.io_speculativedeployments.yaml").read_text() == (
+        ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
+    ).read_text()
+
+
+@pytest.fixture(scope="module")
+def installed(cluster) -> Iterator[object]:
+    helm(
+        cluster,
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        SYSTEM_NS,
+        "--create-namespace",
+        "--wait",
+        "--timeout=120s",
+    )
+    yield cluster
+    helm(cluster, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", check=False)
+
+
+def test_install_brings_the_operator_deployment_to_ready(installed):
+    cluster = installed
+    out = cluster.kubectl("get", "deployment", RELEASE, "-n", SYSTEM_NS, "-o", "json")
+    deploy = json.loads(out.stdout)
+    assert deploy["status"].get("readyReplicas") == 1
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/speculativedeployments.specfleet.io", "--timeout=30s"
+    )
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "allowed"),
+    [
+        ("watch", "speculativedeployments.specfleet.io", True),
+        ("patch", "speculativedeployments.specfleet.io", True),
+        ("patch", "speculativedeployments.specfleet.io/status", True),
+        ("create", "deployments.apps", True),
+        ("patch", "deployments.apps", True),
+        ("create", "services", True),
+        ("create", "configmaps", True),
+        ("create", "poddisruptionbudgets.policy", True),
+        ("create", "roles.rbac.authorization.k8s.io", True),
+        ("create", "rolebindings.rbac.authorization.k8s.io", True),
+        ("create", "events", True),
+        ("list", "endpointslices.discovery.k8s.io", True),
+        ("get", "secrets", False),
+        ("list", "secrets", False),
+        ("delete", "deployments.apps", False),
+        ("update", "speculativedeployments.specfleet.io", False),
+        ("create", "pods", False),
+        ("create", "clusterroles.rbac.authorization.k8s.io", False),
+    ],
+)
+def test_operator_service_account_permissions(installed, verb, resource, allowed):
+    result = installed.kubectl("auth", "can-i", verb, resource, "-n", "default", f"--as={SA}", check=False)
+    assert result.stdout.strip() == ("yes" if allowed else "no"), (
+        f"{verb} {resource}: {result.stdout} {result.stderr}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource"), [("delete", "nodes"), ("get", "secrets"), ("create", "namespaces")]
+)
+def test_operator_has_nothing_cluster_wide(installed, verb, resource):
+    result = installed.kubectl("auth", "can-i", verb, resource, "--all-namespaces", f"--as={SA}", check=False)
+    assert result.stdout.strip() == "no"
+
+
+def _token_kubeconfig(cluster, path: Path) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount (what the pod would use)."""
+    token = cluster.kubectl("create", "token", RELEASE, "-n", SYSTEM_NS, "--duration=1h").stdout.strip()
+    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    admin["users"] = [{"name": "operator", "user": {"token": token}}]
+    admin["contexts"][0]["context"]["user"] = "operator"
+    path.write_text(yaml.safe_dump(admin))
+    return path
+
+
+def test_operator_works_with_only_the_charts_rbac(installed, tmp_path, namespace, request):
+    cluster = installed
+    operator = OperatorProcess(
+        _token_kubeconfig(cluster, tmp_path / "sa.kubeconfig"), tmp_path / "op.log"
+    ).start()
+    try:
+        doc = merge(
+            load_yaml(ROOT / "examples" / "01-minimal-eagle3.yaml"),
+            # No Prometheus in this tier: a closed loopback port (no DNS lookups, no traffic out).
+            {
+                "metadata": {"namespace": namespace},
+                "spec": {"policy": {"prometheus": {"url": "http://127.0.0.1:9"}}},
+            },
+        )
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+
+        def ready():
+            out = cluster.kubectl("get", "sd", "llama", "-n", namespace, "-o", "json")
+            conds = {
+                c["type"]: c["status"] for c in json.loads(out.stdout).get("status", {}).get("conditions", [])
+            }
+            return conds.get("Ready") == "True" and conds.get("Degraded") == "False"
+
+        wait_for("Ready=True with the chart's RBAC only", ready, timeout=90)
+        assert "Forbidden" not in operator.log()
+        events = events_by_time(cluster.kubectl, namespace)
+        assert "ChildrenApplied" in events
+    except BaseException:
+        print(f"\n===== operator log =====\n{operator.log()[-20000:]}")
+        print(f"\n===== events =====\n{events_by_time(cluster.kubectl, namespace)}")
+        raise
+    finally:
+        operator.stop()
+
+
+def test_upgrade_then_uninstall_leaves_only_the_crd(cluster, installed):
+    helm(
+        cluster,
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "-n",
+        SYSTEM_NS,
+        "--set",
+        "resyncSeconds=10",
+        "--wait",
+        "--timeout=120s",
+    )
+    deploy = json.loads(cluster.kubectl("get", "deployment", RELEASE, "-n", SYSTEM_NS, "-o", "json").stdout)
+    assert "--resync-seconds=10" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    helm(cluster, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait")
+    leftovers = cluster.kubectl(
+        "get",
+        "all,serviceaccounts,roles,rolebindings",
+        "-n",
+        SYSTEM_NS,
+        "-l",
+        f"app.kubernetes.io/instance={RELEASE}",
+        "-o",
+        "name",
+    ).stdout.strip()
+    assert leftovers == ""
+    cluster_scoped = cluster.kubectl(
+        "get", "clusterroles,clusterrolebindings", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name"
+    ).stdout.strip()
+    assert cluster_scoped == ""
+    # Kept on purpose (Helm's crds/ folder): uninstalling must not delete users' resources.
+    assert cluster.kubectl("get", "crd", "speculativedeployments.specfleet.io", check=False).returncode == 0

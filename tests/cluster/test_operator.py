@@ -1,0 +1,312 @@
+"""The operator, run for real as `specfleet run`, against the real control plane with kwok nodes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from support.manifests import ROOT, load_yaml, merge
+from support.operator_process import OperatorProcess, events_by_time, wait_for
+
+pytestmark = pytest.mark.cluster
+CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
+FIELD_MANAGER = "specfleet-operator"
+NO_PROMETHEUS = "http://127.0.0.1:9"
+
+
+@pytest.fixture(scope="module")
+def crd(cluster):
+    cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(CRD))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/speculativedeployments.specfleet.io"
+    )
+    return cluster
+
+
+@pytest.fixture
+def operator(crd, tmp_path, request) -> Iterator[OperatorProcess]:
+    """A running operator; on failure its log and the namespace's events are printed."""
+    proc = OperatorProcess(crd.kubeconfig, tmp_path / "operator.log").start()
+    yield proc
+    proc.stop()
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        ns = request.node.funcargs.get("namespace")
+        print(f"\n===== operator log (pid {proc.pid}) =====\n{proc.log()[-20000:]}")
+        if ns:
+            print(f"\n===== events in {ns}, by time =====\n{events_by_time(crd.kubectl, ns)}")
+
+
+def _get(cluster, kind: str, name: str, ns: str) -> dict[str, Any] | None:
+    out = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def _conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in ((obj or {}).get("status") or {}).get("conditions", [])}
+
+
+def _manifest(ns: str, patch: dict[str, Any] | None = None) -> dict[str, Any]:
+    doc = load_yaml(ROOT / "examples" / "02-two-pools-routing-policy.yaml")
+    # No prometheus-operator in the test bed: scrape annotations instead of a PodMonitor; small pools.
+    doc = merge(
+        doc,
+        {
+            "metadata": {"namespace": ns},
+            "spec": {
+                "monitoring": {"podMonitor": False},
+                "pools": {"latency": {"replicas": 2}, "batch": {"replicas": 2}},
+                "engine": {"nodeSelector": None, "modelCache": {"persistentVolumeClaimName": None}},
+                # No Prometheus in this tier: a closed loopback port (no DNS lookups, no traffic out).
+                "policy": {"prometheus": {"url": NO_PROMETHEUS}},
+            },
+        },
+    )
+    return merge(doc, patch or {})
+
+
+def _apply(cluster, doc: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+
+
+def _children(cluster, ns: str) -> dict[str, dict[str, Any]]:
+    kinds = "deployments,services,configmaps,poddisruptionbudgets,serviceaccounts,roles,rolebindings"
+    out = cluster.kubectl(
+        "get",
+        kinds,
+        "-n",
+        ns,
+        "-l",
+        "app.kubernetes.io/managed-by=specfleet-operator",
+        "-o",
+        "json",
+        "--show-managed-fields",
+    )
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in json.loads(out.stdout)["items"]}
+
+
+def _ready(cluster, ns: str, name: str = "assistant"):
+    def probe():
+        obj = _get(cluster, "sd", name, ns)
+        cond = _conditions(obj)
+        ok = (
+            cond.get("Ready", {}).get("status") == "True"
+            and cond["Ready"].get("observedGeneration") == obj["metadata"]["generation"]
+        )
+        return obj if ok else None
+
+    return wait_for(f"{name} Ready=True", probe, timeout=90)
+
+
+def _versions(children: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {k: v["metadata"]["resourceVersion"] for k, v in children.items()}
+
+
+def _spec_versions(children: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """generation where the kind has one (status updates by controllers do not count), else resourceVersion."""
+    return {
+        k: str(v["metadata"].get("generation", v["metadata"]["resourceVersion"])) for k, v in children.items()
+    }
+
+
+EXPECTED_CHILDREN = {
+    "ConfigMap/assistant-routing",
+    "ServiceAccount/assistant-router",
+    "Role/assistant-router",
+    "RoleBinding/assistant-router",
+    "Service/assistant-latency",
+    "Service/assistant-batch",
+    "Service/assistant",
+    "PodDisruptionBudget/assistant-latency",
+    "PodDisruptionBudget/assistant-batch",
+    "Deployment/assistant-latency",
+    "Deployment/assistant-latency-canary",
+    "Deployment/assistant-batch",
+    "Deployment/assistant-batch-canary",
+    "Deployment/assistant-router",
+}
+
+
+def test_reconciles_example_to_ready(crd, operator, namespace):
+    _apply(crd, _manifest(namespace))
+    sd = _ready(crd, namespace)
+    children = _children(crd, namespace)
+    assert set(children) == EXPECTED_CHILDREN
+    for key, child in children.items():
+        owners = child["metadata"]["ownerReferences"]
+        assert owners == [
+            {
+                "apiVersion": "specfleet.io/v1alpha1",
+                "kind": "SpeculativeDeployment",
+                "name": "assistant",
+                "uid": sd["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ], key
+        managers = {m["manager"] for m in child["metadata"]["managedFields"] if m["operation"] == "Apply"}
+        assert managers == {FIELD_MANAGER}, key
+    pods = json.loads(
+        crd.kubectl(
+            "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=engine", "-o", "json"
+        ).stdout
+    )["items"]
+    assert len(pods) == 4
+    for pod in pods:
+        assert pod["status"]["phase"] == "Running"
+        assert {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Ready"] == "True"
+    assert sd["status"]["pools"]["latency"]["readyReplicas"] == 2
+    assert sd["status"]["observedGeneration"] == sd["metadata"]["generation"]
+    # The routing ConfigMap the router reads names the pool Services.
+    routing = json.loads(children["ConfigMap/assistant-routing"]["data"]["routing.json"])
+    assert routing["pools"]["batch"]["service"] == "assistant-batch"
+    # kubectl get shows the printer columns.
+    table = crd.kubectl("get", "sd", "assistant", "-n", namespace).stdout.splitlines()
+    assert table[0].split() == ["NAME", "LATENCY", "BATCH", "READY", "ACCEPTANCE", "AGE"]
+    assert table[1].split()[:4] == ["assistant", "On", "On", "True"]
+    # The spec the user wrote is untouched (GitOps sees no drift): no manager but kubectl owns spec.
+    full = json.loads(
+        crd.kubectl("get", "sd", "assistant", "-n", namespace, "-o", "json", "--show-managed-fields").stdout
+    )
+    spec_writers = {
+        m["manager"]
+        for m in full["metadata"]["managedFields"]
+        if "f:spec" in json.dumps(m.get("fieldsV1", {}))
+    }
+    assert FIELD_MANAGER not in spec_writers
+
+
+def test_no_writes_when_nothing_changed_even_across_restart(crd, operator, namespace):
+    _apply(crd, _manifest(namespace))
+    _ready(crd, namespace)
+    # Let the status settle, then take a snapshot of every resourceVersion.
+    time.sleep(4)
+    before = _versions(_children(crd, namespace))
+    sd_before = _get(crd, "sd", "assistant", namespace)["metadata"]["resourceVersion"]
+    time.sleep(3 * operator.resync_seconds + 2)  # several resyncs
+    assert _versions(_children(crd, namespace)) == before
+    assert _get(crd, "sd", "assistant", namespace)["metadata"]["resourceVersion"] == sd_before
+    operator.stop()
+    operator.start()
+    wait_for(
+        "operator resumed", lambda: "Handler 'on_change' succeeded" in operator.log() or None, timeout=60
+    )
+    time.sleep(2 * operator.resync_seconds + 2)
+    assert _versions(_children(crd, namespace)) == before
+    assert _get(crd, "sd", "assistant", namespace)["metadata"]["resourceVersion"] == sd_before
+
+
+def test_changing_one_pool_rolls_only_that_pool(crd, operator, namespace):
+    _apply(crd, _manifest(namespace))
+    _ready(crd, namespace)
+    time.sleep(3)
+    before = _spec_versions(_children(crd, namespace))
+    _apply(crd, _manifest(namespace, {"spec": {"pools": {"batch": {"engine": {"maxNumSeqs": 64}}}}}))
+
+    def changed():
+        now = _spec_versions(_children(crd, namespace))
+        diff = {k for k in before if now.get(k) != before[k]}
+        return diff if {"Deployment/assistant-batch", "Deployment/assistant-batch-canary"} <= diff else None
+
+    diff = wait_for("batch pool rolled", changed, timeout=60)
+    time.sleep(3)
+    now = _spec_versions(_children(crd, namespace))
+    diff = {k for k in before if now.get(k) != before[k]}
+    assert diff == {"Deployment/assistant-batch", "Deployment/assistant-batch-canary"}
+    batch = _children(crd, namespace)["Deployment/assistant-batch"]
+    assert "64" in batch["spec"]["template"]["spec"]["containers"][0]["args"]
+    _ready(crd, namespace)
+
+
+def test_drift_is_corrected_and_deletion_garbage_collects(crd, operator, namespace):
+    _apply(crd, _manifest(namespace))
+    _ready(crd, namespace)
+    crd.kubectl("scale", "deployment/assistant-latency", "-n", namespace, "--replicas=5")
+    crd.kubectl(
+        "patch",
+        "deployment/assistant-batch",
+        "-n",
+        namespace,
+        "--type=json",
+        "-p",
+        '[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--enforce-eager"}]',
+    )
+    crd.kubectl("delete", "configmap/assistant-routing", "-n", namespace)
+
+    def restored():
+        kids = _children(crd, namespace)
+        latency = kids.get("Deployment/assistant-latency")
+        batch = kids.get("Deployment/assistant-batch")
+        return (
+            "ConfigMap/assistant-routing" in kids
+            and latency is not None
+            and latency["spec"]["replicas"] == 2
+            and batch is not None
+            and "--enforce-eager" not in batch["spec"]["template"]["spec"]["containers"][0]["args"]
+        )
+
+    wait_for("children restored", restored, timeout=30)
+    events = events_by_time(crd.kubectl, namespace)
+    assert "DriftCorrected" in events
+
+    crd.kubectl("delete", "sd", "assistant", "-n", namespace, "--wait=true", "--timeout=60s")
+    wait_for("children garbage-collected", lambda: _children(crd, namespace) == {}, timeout=60)
+    pods = crd.kubectl("get", "pods", "-n", namespace, "-o", "name").stdout.strip()
+    wait_for(
+        "pods gone",
+        lambda: crd.kubectl("get", "pods", "-n", namespace, "-o", "name").stdout.strip() == "",
+        timeout=60,
+    )
+    assert pods is not None
+
+
+def test_unrunnable_spec_is_degraded_without_retry_storm(crd, operator, namespace):
+    doc = load_yaml(ROOT / "examples" / "05-degraded-old-image.yaml")
+    doc["metadata"]["namespace"] = namespace
+    doc["spec"]["policy"] = {"prometheus": {"url": NO_PROMETHEUS}}
+    _apply(crd, doc)
+
+    def degraded():
+        cond = _conditions(_get(crd, "sd", "too-old", namespace)).get("Degraded")
+        return cond if cond and cond["status"] == "True" else None
+
+    cond = wait_for("Degraded=True", degraded, timeout=30)
+    assert cond["reason"] == "UnsupportedConfiguration"
+    assert "needs vLLM >= 0.8.5" in cond["message"]
+    assert _children(crd, namespace) == {}
+    rv = _get(crd, "sd", "too-old", namespace)["metadata"]["resourceVersion"]
+    log_lines = len(operator.log().splitlines())
+    time.sleep(3 * operator.resync_seconds + 2)
+    assert _get(crd, "sd", "too-old", namespace)["metadata"]["resourceVersion"] == rv, (
+        "status rewritten in a loop"
+    )
+    assert operator.alive()
+    new_lines = operator.log().splitlines()[log_lines:]
+    assert not any("Traceback" in line for line in new_lines)
+    warnings = [e for e in events_by_time(crd.kubectl, namespace).splitlines() if "Warning Degraded" in e]
+    assert len(warnings) == 1
+    # Fixing the spec recovers.
+    _apply(
+        crd,
+        merge(
+            doc,
+            {
+                "spec": {
+                    "engine": {"image": "vllm/vllm-openai:v0.32.0"},
+                    "pools": {"latency": {"replicas": 1}, "batch": {"replicas": 1}},
+                }
+            },
+        ),
+    )
+    wait_for(
+        "recovered",
+        lambda: (
+            _conditions(_get(crd, "sd", "too-old", namespace)).get("Degraded", {}).get("status") == "False"
+        ),
+        timeout=30,
+    )

@@ -1,0 +1,106 @@
+"""Run the real operator (`specfleet run`) as a process against a test cluster, stopped by PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class OperatorProcess:
+    """`python -m specfleet run` with its own kubeconfig and log file."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        *,
+        resync_seconds: float = 2.0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.resync_seconds = resync_seconds
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1", **self.extra_env}
+        log = self.log_path.open("ab")
+        argv = [
+            sys.executable,
+            "-m",
+            "specfleet",
+            "run",
+            "--resync-seconds",
+            str(self.resync_seconds),
+            "--liveness-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--verbose",
+        ]
+        self.proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM exactly our process, then SIGKILL if it does not exit in time."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.5) -> T:
+    """Poll until `probe` returns something truthy; fail with the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+def events_by_time(kubectl: Callable[..., subprocess.CompletedProcess[str]], namespace: str) -> str:
+    """The namespace's events sorted by time, one line each (dumped when a test fails)."""
+    out = kubectl("get", "events", "-n", namespace, "-o", "json", check=False)
+    try:
+        items = json.loads(out.stdout)["items"]
+    except (ValueError, KeyError):
+        return out.stdout + out.stderr
+
+    def stamp(e: dict[str, Any]) -> str:
+        return e.get("lastTimestamp") or e.get("eventTime") or e["metadata"]["creationTimestamp"]
+
+    return "\n".join(
+        f"{stamp(e)} {e.get('type')} {e.get('reason')} {e['involvedObject']['kind']}/{e['involvedObject']['name']}: {e.get('message')}"
+        for e in sorted(items, key=stamp)
+    )
