@@ -18,10 +18,13 @@ from .cluster import (
     KubectlError,
     local_address,
 )
+from .stages import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
 
 __all__ = [
     "DEFAULT_POD_CIDR",
     "DEFAULT_SERVICE_CIDR",
+    "PROBED_NAMESPACE_PREFIX",
+    "READY_ANNOTATION",
     "BinariesError",
     "Cluster",
     "ClusterError",

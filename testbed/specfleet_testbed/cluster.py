@@ -42,6 +42,7 @@ from typing import Any
 
 from .binaries import ensure_binaries, kwok_stages_file
 from .pki import CertPair, Pki, make_pki
+from .stages import write_stages
 
 __all__ = [
     "DEFAULT_POD_CIDR",
@@ -569,7 +570,7 @@ class Cluster:
             [
                 str(self.bin_dir / "kwok"),
                 f"--kubeconfig={self.kubeconfig}",
-                f"--config={kwok_stages_file(self.bin_dir)}",
+                f"--config={write_stages(kwok_stages_file(self.bin_dir), self.work_dir / 'kwok-stages.yaml')}",
                 "--manage-all-nodes=true",
                 f"--cidr={self.pod_cidr}",
                 # Fallback node address for nodes created without one: loopback, never dialled.

@@ -213,3 +213,45 @@ def test_deleting_deployment_garbage_collects_children(cluster: Cluster, namespa
         return not left
 
     wait_for("ReplicaSet and Pods to be garbage-collected", all_gone)
+
+
+def test_pods_in_probed_namespaces_wait_for_their_process(cluster: Cluster) -> None:
+    """In e2e-* namespaces a pod is Running but not Ready until its player annotates it."""
+    import json
+    import time
+    import uuid
+
+    from specfleet_testbed import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
+
+    ns = f"{PROBED_NAMESPACE_PREFIX}{uuid.uuid4().hex[:6]}"
+    cluster.create_namespace(ns)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "played", "namespace": ns},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def status() -> dict:
+        return json.loads(cluster.kubectl("get", "pod", "played", "-n", ns, "-o", "json").stdout)["status"]
+
+    def ready(s: dict) -> str:
+        return next((c["status"] for c in s.get("conditions", []) if c["type"] == "Ready"), "")
+
+    deadline = time.monotonic() + 30
+    while status().get("phase") != "Running" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    first = status()
+    assert first["phase"] == "Running"
+    assert first["podIP"]
+    time.sleep(2)
+    assert ready(status()) == "False"
+    cluster.kubectl("annotate", "pod", "played", "-n", ns, f"{READY_ANNOTATION}=true")
+    deadline = time.monotonic() + 30
+    while ready(status()) != "True" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    final = status()
+    assert ready(final) == "True"
+    assert final["podIP"] == first["podIP"]
+    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -1,0 +1,225 @@
+"""The kubelet's stand-in for the e2e tier: runs a real process for every Running kwok pod.
+
+kwok marks pods Running with fake IPs but runs nothing. This runner watches the namespace's pods
+and starts, for each, the process its container describes, on the pod IP's loopback twin: a pod
+whose container runs vLLM's OpenAI server gets the engine emulator with the *same arguments*
+(so the operator's rendered command line is what drives it), a router pod gets the router. Like a
+readiness probe, the runner marks a pod Ready (through the test bed's readiness annotation, see
+specfleet_testbed.stages) only once its process answers /health. When a pod goes away the process
+gets a preStop-like delay, then SIGTERM, so in-flight requests drain.
+Every process is tracked by PID and stopped exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from specfleet_runtime.vllm_args import VLLM_SERVER_MODULE
+from specfleet_testbed import READY_ANNOTATION, local_address
+
+
+@dataclass
+class PodProcess:
+    name: str
+    role: str  # "engine" or "router"
+    address: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    stop_at: float | None = None
+    args: list[str] = field(default_factory=list)
+    ready_marked: bool = False
+
+
+def _port(args: list[str], default: int) -> int:
+    return int(args[args.index("--port") + 1]) if "--port" in args else default
+
+
+class PodRunner:
+    """Plays every engine and router pod of one namespace on loopback."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        logdir: Path,
+        *,
+        emulator_args: list[str] | None = None,
+        router_args: list[str] | None = None,
+        prestop_seconds: float = 2.0,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.logdir = logdir
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.emulator_args = emulator_args or []
+        self.router_args = router_args or []
+        self.prestop_seconds = prestop_seconds
+        self.acceptance: list[float] | None = None
+        self.running: dict[str, PodProcess] = {}
+        self.draining: list[PodProcess] = []
+        self.started_total = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
+        self.errors: list[str] = []
+        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        self._core = k8s.CoreV1Api(api)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> PodRunner:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        with self._lock:
+            for pp in [*self.running.values(), *self.draining]:
+                self._terminate(pp)
+            self.running.clear()
+            self.draining.clear()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sync()
+            except Exception as err:
+                self.errors.append(repr(err))
+            self._stop.wait(0.25)
+
+    # ---- reconcile pods -> processes --------------------------------------------------------
+
+    def _sync(self) -> None:
+        pods = self._core.list_namespaced_pod(self.namespace).items
+        now = time.monotonic()
+        with self._lock:
+            live: set[str] = set()
+            for pod in pods:
+                uid = pod.metadata.uid
+                wanted = (
+                    pod.status.phase == "Running"
+                    and pod.status.pod_ip
+                    and pod.metadata.deletion_timestamp is None
+                )
+                if wanted:
+                    live.add(uid)
+                    if uid not in self.running and not self._address_busy(pod.status.pod_ip):
+                        launched = self._launch(pod)
+                        if launched is not None:
+                            self.running[uid] = launched
+                    pp = self.running.get(uid)
+                    if pp is not None and not pp.ready_marked and self._healthy(pp):
+                        # What a readiness probe does: the pod turns Ready once its process answers.
+                        self._core.patch_namespaced_pod(
+                            pod.metadata.name,
+                            self.namespace,
+                            {"metadata": {"annotations": {READY_ANNOTATION: "true"}}},
+                        )
+                        pp.ready_marked = True
+            for uid in list(self.running):
+                if uid not in live:
+                    pp = self.running.pop(uid)
+                    pp.stop_at = now + self.prestop_seconds  # like the rendered preStop sleep
+                    self.draining.append(pp)
+            for pp in list(self.draining):
+                if pp.stop_at is not None and now >= pp.stop_at:
+                    pp.proc.send_signal(signal.SIGTERM)
+                    pp.stop_at = None
+                if pp.proc.poll() is not None:
+                    self.draining.remove(pp)
+
+    def _address_busy(self, pod_ip: str) -> bool:
+        """kwok reuses a deleted pod's IP at once; wait until the process still draining there exits."""
+        address = local_address(pod_ip)
+        return any(pp.address == address for pp in [*self.draining, *self.running.values()])
+
+    def _healthy(self, pp: PodProcess) -> bool:
+        path = "/health" if pp.role == "engine" else "/readyz"
+        try:
+            with urllib.request.urlopen(f"{self.url(pp)}{path}", timeout=0.5) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def _launch(self, pod: Any) -> PodProcess | None:
+        container = pod.spec.containers[0]
+        command = list(container.command or [])
+        args = list(container.args or [])
+        address = local_address(pod.status.pod_ip)
+        if command[-2:] == ["-m", VLLM_SERVER_MODULE]:
+            extra = list(self.emulator_args)
+            if self.acceptance is not None:
+                extra += ["--acceptance", ",".join(str(a) for a in self.acceptance)]
+            argv = [sys.executable, "-m", "specfleet_runtime.emulator", *args, "--host", address, *extra]
+            role, port = "engine", _port(args, 8000)
+        elif command[:1] == ["specfleet-router"]:
+            argv = [
+                sys.executable,
+                "-m",
+                "specfleet_runtime.router",
+                *args,
+                "--host",
+                address,
+                "--kubeconfig",
+                str(self.kubeconfig),
+                *self.router_args,
+            ]
+            role, port = "router", _port(args, 8080)
+        else:
+            return None
+        log = (self.logdir / f"{pod.metadata.name}.log").open("ab")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.started_total += 1
+        return PodProcess(pod.metadata.name, role, address, port, proc, args=args)
+
+    def _terminate(self, pp: PodProcess) -> None:
+        if pp.proc.poll() is None:
+            pp.proc.send_signal(signal.SIGTERM)
+            try:
+                pp.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                pp.proc.kill()
+                pp.proc.wait(5)
+
+    # ---- helpers for tests ---------------------------------------------------------------------
+
+    def processes(self, role: str) -> list[PodProcess]:
+        with self._lock:
+            return [pp for pp in self.running.values() if pp.role == role]
+
+    def url(self, pp: PodProcess) -> str:
+        return f"http://{pp.address}:{pp.port}"
+
+    def set_acceptance(self, per_position: list[float]) -> None:
+        """Content shift: change every engine's acceptance now, and that of engines started later."""
+        self.acceptance = per_position
+        for pp in self.processes("engine"):
+            body = json.dumps({"perPosition": per_position}).encode()
+            request = urllib.request.Request(
+                f"{self.url(pp)}/admin/acceptance",
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=5):
+                pass
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"----- {path.name} -----\n{path.read_text(errors='replace')[-4000:]}"
+            for path in sorted(self.logdir.glob("*.log"))
+        )

@@ -1,0 +1,139 @@
+"""A real Prometheus (Debian's 2.42) for the e2e tier: pods discovered from the test apiserver,
+scraping the processes that play the pods on their loopback twins. Stopped by PID."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROMETHEUS_BIN = "/usr/bin/prometheus"
+
+
+def scrape_config(*, discovery_url: str, interval_seconds: float) -> dict[str, Any]:
+    """The prometheus.yml: pods discovered from the apiserver, filtered by scrape annotations.
+
+    Discovery comes through HTTP SD (see pod_discovery.py: Debian's build has no Kubernetes SD)
+    with Kubernetes SD's labels, so the relabelling below is what a Kubernetes SD config says.
+    Pod IPs in the test bed are fake (10.x); the process playing each pod listens on the loopback
+    twin 127.x with the same last three octets, so __address__ is rewritten to that twin.
+    """
+    interval = f"{interval_seconds}s"
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "scrape_configs": [
+            {
+                "job_name": "kubernetes-pods",
+                "scrape_interval": interval,
+                "scrape_timeout": interval,
+                "http_sd_configs": [{"url": discovery_url, "refresh_interval": interval}],
+                "relabel_configs": [
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
+                        "regex": "true",
+                        "action": "keep",
+                    },
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_phase"],
+                        "regex": "Running",
+                        "action": "keep",
+                    },
+                    {
+                        "source_labels": [
+                            "__meta_kubernetes_pod_ip",
+                            "__meta_kubernetes_pod_annotation_prometheus_io_port",
+                        ],
+                        "regex": r"\d+\.(\d+\.\d+\.\d+);(\d+)",
+                        "replacement": "127.${1}:${2}",
+                        "target_label": "__address__",
+                    },
+                    {"action": "labelmap", "regex": "__meta_kubernetes_pod_label_(.+)"},
+                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                ],
+            }
+        ],
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrometheusProcess:
+    """Start, stop and restart one Prometheus; the data dir survives a restart (like a real outage)."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path = workdir / "prometheus.yml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> PrometheusProcess:
+        log = (self.workdir / "prometheus.log").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                PROMETHEUS_BIN,
+                f"--config.file={self.config_path}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"Prometheus did not become ready:\n{self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM our process only, SIGKILL if it lingers."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def log(self) -> str:
+        path = self.workdir / "prometheus.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=5) as response:
+            doc = json.load(response)
+        result: list[dict[str, Any]] = doc["data"]["result"]
+        return result
+
+    def active_targets(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"{self.url}/api/v1/targets?state=active", timeout=5) as response:
+            targets: list[dict[str, Any]] = json.load(response)["data"]["activeTargets"]
+        return targets
