@@ -114,20 +114,20 @@ def probed_stages() -> list[dict[str, Any]]:
         ),
         _stage(
             "specfleet-pod-ready-when-annotated",
-            _cel(
-                _NOT_DELETING,
-                _IN_PROBED,
-                "has(self.status.phase) && self.status.phase == 'Running'",
-                f"has(self.metadata.annotations) && '{READY_ANNOTATION}' in self.metadata.annotations "
-                f"&& self.metadata.annotations['{READY_ANNOTATION}'] == 'true'",
-            )
-            # kwok's CEL cannot look into pod conditions; its (older) jq form can.
-            + [
+            [
+                *_cel(
+                    _NOT_DELETING,
+                    _IN_PROBED,
+                    "has(self.status.phase) && self.status.phase == 'Running'",
+                    f"has(self.metadata.annotations) && '{READY_ANNOTATION}' in self.metadata.annotations "
+                    f"&& self.metadata.annotations['{READY_ANNOTATION}'] == 'true'",
+                ),
+                # kwok's CEL cannot look into pod conditions; its (older) jq form can.
                 {
                     "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
                     "operator": "NotIn",
                     "values": ["True"],
-                }
+                },
             ],
             _READY,
         ),
