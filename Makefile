@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV = $(shell bash scripts/bootstrap.sh | tail -n 1)
 PY = $(VENV)/bin/python
 
-.PHONY: help venv lint crd golden test test-unit test-cluster test-vllm test-e2e demo lock
+.PHONY: help venv lint crd golden test test-unit test-cluster test-vllm test-e2e demo demo-down lock
 
 help:
 	@echo "make demo          set up everything and run the operator against a local test cluster"
@@ -46,6 +46,12 @@ test-e2e:
 
 test: lint
 	$(PY) -m pytest tests -q
+
+demo:
+	bash scripts/demo.sh
+
+demo-down:
+	bash scripts/demo-down.sh
 
 lock:
 	$(PY) -m pip freeze --exclude-editable > constraints.txt.new && mv constraints.txt.new constraints.txt

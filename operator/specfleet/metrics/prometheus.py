@@ -151,6 +151,7 @@ class PrometheusQuerier:
             url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_seconds
         )
         self._timeout = timeout_seconds
+        self._url = url
         self._on_query = on_query
 
     def __call__(self, promql: str) -> list[dict[str, Any]]:
@@ -160,10 +161,22 @@ class PrometheusQuerier:
             result = self._client.custom_query(query=promql, params={"timeout": f"{self._timeout}s"})
             ok = True
         except Exception as err:  # the client raises requests' and its own errors; all mean "no answer"
-            raise QueryError(f"{type(err).__name__}: {err}") from err
+            raise QueryError(_short_reason(err, self._url)) from err
         finally:
             if self._on_query is not None:
                 self._on_query(time.monotonic() - started, ok)
         if not isinstance(result, list):
             raise QueryError(f"unexpected answer: {result!r:.200}")
         return result
+
+
+def _short_reason(err: Exception, url: str) -> str:
+    """One line a human can act on (requests' messages embed the whole query URL)."""
+    import requests
+
+    if isinstance(err, requests.exceptions.Timeout):
+        return f"{url} did not answer in time"
+    if isinstance(err, requests.exceptions.ConnectionError):
+        return f"cannot connect to {url}"
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text[:200]}"
