@@ -1,7 +1,10 @@
 # One entry point for contributors. `make test` is what CI runs (.ci/run).
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
-VENV = $(shell bash scripts/bootstrap.sh | tail -n 1)
+VENV := $(shell bash scripts/bootstrap.sh | tail -n 1)
+ifeq ($(VENV),)
+$(error scripts/bootstrap.sh failed to set up the Python environment (see its output above))
+endif
 PY = $(VENV)/bin/python
 
 .PHONY: help venv lint crd golden test test-unit test-cluster test-vllm test-e2e demo demo-down lock
@@ -54,4 +57,4 @@ demo-down:
 	bash scripts/demo-down.sh
 
 lock:
-	$(PY) -m pip freeze --exclude-editable > constraints.txt.new && mv constraints.txt.new constraints.txt
+	( echo '# Pinned versions of every Python dependency (pip freeze of the dev environment). Regenerate with: make lock'; $(PY) -m pip freeze --all --exclude-editable | grep -v '^pip==' ) > constraints.txt.new && mv constraints.txt.new constraints.txt

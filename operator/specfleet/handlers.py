@@ -37,6 +37,7 @@ DECISIONS = Counter(
 FLIPS = Counter(
     "specfleet_speculation_flips_total", "Speculation flips by pool and new mode.", ["pool", "to"]
 )
+RETUNES = Counter("specfleet_speculation_retunes_total", "Changes of K while speculating, by pool.", ["pool"])
 QUERY_SECONDS = Histogram("specfleet_prometheus_query_duration_seconds", "PromQL query latency.")
 QUERY_ERRORS = Counter("specfleet_prometheus_query_errors_total", "PromQL queries that got no answer.")
 
@@ -102,6 +103,8 @@ def _emit(body: kopf.Body, outcome: Outcome, logger: kopf.Logger) -> None:
         DECISIONS.labels(decision.pool, decision.reason).inc()
         if decision.flip:
             FLIPS.labels(decision.pool, decision.target).inc()
+        elif decision.changes:
+            RETUNES.labels(decision.pool).inc()
     if outcome.applied:
         logger.info("applied %s", ", ".join(outcome.applied))
 

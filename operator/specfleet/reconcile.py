@@ -80,6 +80,17 @@ def decided_modes(sd: SpeculativeDeployment) -> dict[PoolName, SpeculationMode]:
     return modes
 
 
+def decided_ks(sd: SpeculativeDeployment) -> dict[PoolName, int | None]:
+    """The K each Auto pool drafts, where the Goodput policy chose one (None: the drafter's K)."""
+    limit = sd.spec.drafter.num_speculative_tokens
+    ks: dict[PoolName, int | None] = {}
+    for pool in POOLS:
+        k = getattr(sd.status.pools, pool).num_speculative_tokens
+        auto_goodput = getattr(sd.spec.pools, pool).speculation == "Auto" and sd.spec.policy.mode == "Goodput"
+        ks[pool] = k if auto_goodput and k is not None and 1 <= k <= limit else None
+    return ks
+
+
 def _describe(manifest: Manifest) -> str:
     return f"{manifest['kind']}/{manifest['metadata']['name']}"
 
@@ -207,7 +218,7 @@ def reconcile(
         return ReconcileResult(status=status.to_wire(), events=events)
 
     modes = decided_modes(sd)
-    children = render_children(sd, modes, options)
+    children = render_children(sd, modes, options, decided_ks(sd))
     result = ReconcileResult(status={})
     live_by_name: dict[str, Manifest | None] = {}
     apply_errors: list[str] = []

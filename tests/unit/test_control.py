@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -178,3 +179,21 @@ def test_deleted_resource_is_a_no_op(world):
     del cluster.objects[KEY]
     assert controller.reconcile_object("default", "llama").applied == []
     assert controller.evaluate_policy("default", "llama").decisions == []
+
+
+def test_goodput_retune_rolls_out_the_chosen_k(world):
+    cluster, prom, _, controller = world
+    cluster.objects[KEY]["spec"]["policy"]["mode"] = "Goodput"
+    controller.reconcile_object("default", "llama")
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    prom.set_pool("latency", drafts=10.0, accepted=12.7, per_pos=[6.8, 3.9, 2.0], running=128.0)
+    outcome = controller.evaluate_policy("default", "llama")
+    assert [(d.reason, d.target_k) for d in outcome.decisions] == [("GoodputRetune", 1)]
+    args = _latency_args(cluster)
+    config = json.loads(args[args.index("--speculative-config") + 1])
+    assert config["num_speculative_tokens"] == 1
+    status = _status(cluster)
+    assert status["pools"]["latency"]["numSpeculativeTokens"] == 1
+    assert status["history"][-1]["observations"]["numSpeculativeTokens"] == "3->1"
+    assert any(e.reason == "SpeculationRetuned" for e in outcome.events)

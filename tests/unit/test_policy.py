@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -244,3 +245,42 @@ def test_flip_always_changes_mode_and_explains_itself(load, accept):
             assert d.reason
             assert d.message
             assert "runningPerReplica" in d.observations
+
+
+# ---- Goodput chooses K --------------------------------------------------------------------------
+
+
+def test_goodput_retunes_k_when_a_smaller_k_pays_more():
+    # At 128 running per replica K=1 predicts ~1.09x and K=3 ~0.99x: keep speculating, at K=1.
+    d = one(GOODPUT, state("On"), obs(load=128, per_position=(0.68, 0.39, 0.2)), k=3)
+    assert (d.flip, d.target, d.reason) == (False, "On", "GoodputRetune")
+    assert (d.current_k, d.target_k) == (3, 1)
+    assert d.changes
+
+
+def test_goodput_keeps_k_inside_the_margin():
+    # At 64, K=1 beats K=3 by ~3%: inside the 5% margin, no rollout for it.
+    d = one(GOODPUT, state("On"), obs(load=64, per_position=(0.68, 0.39, 0.2)), k=3)
+    assert not d.changes
+
+
+def test_goodput_retune_respects_dwell():
+    d = one(
+        GOODPUT,
+        state("On", last=NOW - timedelta(seconds=30)),
+        obs(load=128, per_position=(0.68, 0.39, 0.2)),
+        k=3,
+    )
+    assert (d.changes, d.reason) == (False, "MinDwell")
+    assert "K 3 -> 1" in d.message
+
+
+def test_goodput_pool_at_small_k_grows_back_when_load_falls():
+    d = one(GOODPUT, replace(state("On"), k=1), obs(load=1, per_position=(0.68, 0.39, 0.2, 0.1, 0.05)), k=5)
+    assert (d.reason, d.current_k, d.target_k) == ("GoodputRetune", 1, 3)
+
+
+def test_goodput_turning_on_starts_at_best_k():
+    memory = MeasuredAcceptance(2.3, (0.68, 0.39, 0.2), NOW - timedelta(minutes=5))
+    d = one(GOODPUT, state("Off", memory=memory), obs(accept=None, load=1), k=5)
+    assert (d.flip, d.target, d.target_k) == (True, "On", 3)

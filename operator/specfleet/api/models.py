@@ -568,6 +568,11 @@ class PoolStatus(StatusModel):
     ready_replicas: int = Field(default=0, description="Ready pods.")
     updated_replicas: int = Field(default=0, description="Pods with the current template.")
     settled: bool = Field(default=False, description="The rollout to the current mode has finished.")
+    num_speculative_tokens: int | None = Field(
+        default=None,
+        description="K the pool drafts while speculating, when the Goodput policy chose one below "
+        "drafter.numSpeculativeTokens (unset: the drafter's K).",
+    )
     acceptance_length: str | None = Field(
         default=None, description="Last measured mean acceptance length (tokens per step), as text."
     )

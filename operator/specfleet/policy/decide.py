@@ -4,7 +4,11 @@ Two steps per pool. `wanted_mode` says what the numbers ask for (Threshold or Go
 hysteresis). `decide` then applies the stability gates, in this order, and flips only when every gate
 is open: usable observations, the pool's rollout finished, minimum dwell since its last flip, the
 deployment's cooldown since any flip, the per-pool flip budget for the last hour, and one pool of a
-deployment flipping at a time.
+deployment changing at a time.
+
+Goodput mode also chooses K: a speculating pool whose best K (among the profile's measured K values,
+up to the drafter's) beats its current K by more than the margin is retuned to it, through the
+same gates; a pool turning speculation on starts at the best K for its load.
 
 Re-entry (a pool without speculation cannot measure acceptance): the policy uses, in order, the
 acceptance of canary replicas that keep speculating (`reentry.canaryReplicas`), else the last
@@ -40,6 +44,7 @@ SPECULATION_PAYS = "SpeculationPays"
 GOODPUT_BELOW_BREAK_EVEN = "GoodputBelowBreakEven"
 GOODPUT_ABOVE_BREAK_EVEN = "GoodputAboveBreakEven"
 GOODPUT_WITHIN_MARGIN = "GoodputWithinMargin"
+GOODPUT_RETUNE = "GoodputRetune"
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ class Wanted:
 
 @dataclass(frozen=True)
 class PoolDecision:
-    """The outcome for one pool: flip (to `target`) or hold, and why."""
+    """The outcome for one pool: flip (to `target`), retune K (to `target_k`), or hold; and why."""
 
     pool: str
     current: str
@@ -63,6 +68,13 @@ class PoolDecision:
     reason: str
     message: str
     observations: dict[str, str] = field(default_factory=dict)
+    current_k: int | None = None
+    target_k: int | None = None
+
+    @property
+    def changes(self) -> bool:
+        """The decision rolls the pool out (a flip, or a new K while speculating)."""
+        return self.flip or self.target_k is not None
 
 
 def _acceptance_for_reentry(
@@ -141,6 +153,7 @@ def _goodput(
     obs: PoolObservation,
     now: datetime,
     profile: StepTimeProfile,
+    max_k: int,
 ) -> Wanted:
     margin = policy.goodput.margin_percent / 100
     load = obs.running_per_replica or 0.0
@@ -153,10 +166,11 @@ def _goodput(
             return Wanted("On", SPECULATION_PAYS, "no drafts in the window: nothing says speculation hurts")
         # Prior: the published acceptance profile; a probe measures the real one.
         per_position, source = PUBLISHED_ACCEPTANCE, "publishedPrior"
-    gain = predicted_speedup(profile, load, k, per_position)
     # Only K values the profile measured (interpolated columns are a guess), and no more than the spec's K.
-    measured = [c for c in profile.speculative_tokens if 1 <= c <= k] or [k]
+    measured = [c for c in profile.speculative_tokens if 1 <= c <= max_k] or [k]
     best = best_k(profile, max(1.0, load), list(per_position), candidates=measured)
+    # Off -> On is judged at the best K (what turning on would run); On at the K the pool runs.
+    gain = predicted_speedup(profile, load, best if state.mode == "Off" else k, per_position)
     numbers = {
         "predictedSpeedup": f"{gain:.3f}",
         "bestK": str(best),
@@ -192,10 +206,14 @@ def wanted_mode(
     obs: PoolObservation,
     now: datetime,
     profile: StepTimeProfile,
+    max_k: int | None = None,
 ) -> Wanted:
-    """The mode the numbers ask for, with hysteresis, before any stability gate."""
+    """The mode the numbers ask for, with hysteresis, before any stability gate.
+
+    `k` is the K the pool drafts now; `max_k` (default `k`) bounds the best K that Goodput reports.
+    """
     if policy.mode == "Goodput":
-        return _goodput(policy, k, state, obs, now, profile)
+        return _goodput(policy, k, state, obs, now, profile, max_k or k)
     return _threshold(policy, state, obs, now)
 
 
@@ -235,29 +253,76 @@ def decide(
     flips = [t for s in states.values() for t in s.recent_flips]
     last_flip_any = max(flips, default=None)
     busy = any(not s.settled for s in states.values())
-    flipped = False
+    changed = False
     out: list[PoolDecision] = []
     for pool, state in states.items():
         obs = observations[pool]
+        current_k = state.k or k
         if not obs.usable:
             out.append(
                 PoolDecision(pool, state.mode, state.mode, False, METRICS_UNAVAILABLE, obs.problem or "")
             )
             continue
-        wanted = wanted_mode(policy, k, state, obs, now, profile)
+        wanted = wanted_mode(policy, current_k, state, obs, now, profile, max_k=k)
         numbers = {**obs.as_text(), **wanted.numbers}
-        if wanted.mode == state.mode:
+        retune = _retune(policy, state, obs, current_k, wanted, profile)
+        if wanted.mode == state.mode and retune is None:
             out.append(
-                PoolDecision(pool, state.mode, state.mode, False, wanted.reason, wanted.message, numbers)
+                PoolDecision(
+                    pool, state.mode, state.mode, False, wanted.reason, wanted.message, numbers, current_k
+                )
             )
             continue
-        other_busy = flipped or (busy and state.settled)
-        gate = _gate(policy, state, now, last_flip_any, other_busy)
+        what = f"K {current_k} -> {retune}" if wanted.mode == state.mode else wanted.mode
+        gate = _gate(policy, state, now, last_flip_any, changed or (busy and state.settled))
         if gate is not None:
             reason, why = gate
-            message = f"wants {wanted.mode} ({wanted.reason}: {wanted.message}) but holds: {why}"
-            out.append(PoolDecision(pool, state.mode, state.mode, False, reason, message, numbers))
+            message = f"wants {what} ({wanted.reason}: {wanted.message}) but holds: {why}"
+            out.append(PoolDecision(pool, state.mode, state.mode, False, reason, message, numbers, current_k))
             continue
-        flipped = True
-        out.append(PoolDecision(pool, state.mode, wanted.mode, True, wanted.reason, wanted.message, numbers))
+        changed = True
+        if wanted.mode == state.mode:
+            message = f"K {current_k} -> {retune}: {wanted.message}"
+            out.append(
+                PoolDecision(
+                    pool, state.mode, state.mode, False, GOODPUT_RETUNE, message, numbers, current_k, retune
+                )
+            )
+            continue
+        # Turning speculation on in Goodput mode starts at the best K for the load.
+        start_k = int(numbers["bestK"]) if wanted.mode == "On" and "bestK" in numbers else None
+        out.append(
+            PoolDecision(
+                pool,
+                state.mode,
+                wanted.mode,
+                True,
+                wanted.reason,
+                wanted.message,
+                numbers,
+                current_k,
+                start_k,
+            )
+        )
     return out
+
+
+def _retune(
+    policy: PolicySpec,
+    state: PoolState,
+    obs: PoolObservation,
+    current_k: int,
+    wanted: Wanted,
+    profile: StepTimeProfile,
+) -> int | None:
+    """A better K for a speculating Goodput pool, if it beats the current K by more than the margin."""
+    if policy.mode != "Goodput" or state.mode != "On" or wanted.mode != "On" or not obs.per_position:
+        return None
+    best = int(wanted.numbers.get("bestK", current_k))
+    if best == current_k:
+        return None
+    load = obs.running_per_replica or 0.0
+    gain_best = predicted_speedup(profile, load, best, obs.per_position)
+    gain_now = predicted_speedup(profile, load, current_k, obs.per_position)
+    margin = policy.goodput.margin_percent / 100
+    return best if gain_best > gain_now * (1 + margin) else None

@@ -76,3 +76,5 @@ class PoolState:
     recent_flips: tuple[datetime, ...] = field(default_factory=tuple)
     settled: bool = True
     last_acceptance: MeasuredAcceptance | None = None
+    # K the pool drafts while speculating, if the policy chose one (None: the drafter's K).
+    k: int | None = None

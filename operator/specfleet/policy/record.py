@@ -67,6 +67,7 @@ def pool_states(
             recent_flips=flips,
             settled=ps.settled,
             last_acceptance=memory,
+            k=ps.num_speculative_tokens,
         )
     return out
 
@@ -110,23 +111,22 @@ def record(
             update["acceptance_measured_at"] = rfc3339(now)
         setattr(pools, pool, ps.model_copy(update=update))
     for decision in decisions:
-        if not decision.flip:
+        if not decision.changes:
             continue
         out.flipped.append(decision)
         ps = getattr(pools, decision.pool)
-        setattr(
-            pools,
-            decision.pool,
-            ps.model_copy(
-                update={
-                    "speculation": decision.target,
-                    "last_transition_time": rfc3339(now),
-                    "reason": decision.reason,
-                    "message": decision.message,
-                    "settled": False,
-                }
-            ),
-        )
+        change: dict[str, object] = {
+            "speculation": decision.target,
+            "last_transition_time": rfc3339(now),
+            "reason": decision.reason,
+            "message": decision.message,
+            "settled": False,
+        }
+        numbers = dict(decision.observations)
+        if decision.target_k is not None:
+            change["num_speculative_tokens"] = decision.target_k
+            numbers["numSpeculativeTokens"] = f"{decision.current_k}->{decision.target_k}"
+        setattr(pools, decision.pool, ps.model_copy(update=change))
         history.append(
             Decision.model_validate(
                 {
@@ -136,19 +136,22 @@ def record(
                     "to": decision.target,
                     "reason": decision.reason,
                     "message": decision.message,
-                    "observations": decision.observations,
+                    "observations": numbers,
                 }
             )
         )
-        event_reason = (
-            reasons.EVENT_SPECULATION_ON if decision.target == "On" else reasons.EVENT_SPECULATION_OFF
-        )
+        if decision.flip:
+            on = decision.target == "On"
+            event_reason = reasons.EVENT_SPECULATION_ON if on else reasons.EVENT_SPECULATION_OFF
+            what = f"speculation {decision.current} -> {decision.target}"
+        else:
+            event_reason = reasons.EVENT_SPECULATION_RETUNED
+            what = f"K {decision.current_k} -> {decision.target_k}"
         out.events.append(
             (
                 "Normal",
                 event_reason,
-                f"pool {decision.pool}: speculation {decision.current} -> {decision.target} "
-                f"({decision.reason}): {decision.message}{_numbers(decision)}",
+                f"pool {decision.pool}: {what} ({decision.reason}): {decision.message}{_numbers(decision)}",
             )
         )
     problems = [f"{pool}: {obs.problem}" for pool, obs in observations.items() if not obs.usable]

@@ -27,15 +27,20 @@ STARTUP_PROBE_PERIOD_SECONDS = 10
 PRESTOP_SLEEP_SECONDS = 10
 
 
-def speculative_config(drafter: DrafterSpec) -> SpeculativeConfig:
-    """vLLM's --speculative-config for a drafter spec (schedule sorted by batch size)."""
+def speculative_config(drafter: DrafterSpec, k: int | None = None) -> SpeculativeConfig:
+    """vLLM's --speculative-config for a drafter spec (schedule sorted by batch size).
+
+    `k` is the K the policy decided for the pool (never above the drafter's); a Dynamic SD schedule
+    is clamped to it, as vLLM would clamp it.
+    """
+    k = drafter.num_speculative_tokens if k is None else min(k, drafter.num_speculative_tokens)
     schedule = tuple(
-        DynamicSpeculationRange(r.min_batch_size, r.max_batch_size, r.num_speculative_tokens)
+        DynamicSpeculationRange(r.min_batch_size, r.max_batch_size, min(r.num_speculative_tokens, k))
         for r in sorted(drafter.dynamic_schedule or [], key=lambda r: r.min_batch_size)
     )
     return SpeculativeConfig(
         method=drafter.method,
-        num_speculative_tokens=drafter.num_speculative_tokens,
+        num_speculative_tokens=k,
         model=drafter.model,
         draft_tensor_parallel_size=drafter.draft_tensor_parallel_size,
         prompt_lookup_min=drafter.prompt_lookup_min,
@@ -44,8 +49,10 @@ def speculative_config(drafter: DrafterSpec) -> SpeculativeConfig:
     )
 
 
-def engine_args(sd: SpeculativeDeployment, pool: PoolName, mode: SpeculationMode) -> EngineArgs:
-    """The engine arguments of one pool in one speculation mode."""
+def engine_args(
+    sd: SpeculativeDeployment, pool: PoolName, mode: SpeculationMode, k: int | None = None
+) -> EngineArgs:
+    """The engine arguments of one pool in one speculation mode (drafting `k` tokens if decided)."""
     eng = pool_engine(sd.spec, pool)
     util = eng.gpu_memory_utilization_percent
     return EngineArgs(
@@ -57,7 +64,7 @@ def engine_args(sd: SpeculativeDeployment, pool: PoolName, mode: SpeculationMode
         max_num_seqs=eng.max_num_seqs,
         max_model_len=eng.max_model_len,
         gpu_memory_utilization=None if util is None else util / 100,
-        speculative=speculative_config(sd.spec.drafter) if mode == "On" else None,
+        speculative=speculative_config(sd.spec.drafter, k) if mode == "On" else None,
         extra_args=eng.extra_args,
     )
 
@@ -137,7 +144,11 @@ def canary_name(sd: SpeculativeDeployment, pool: PoolName) -> str:
 
 
 def render_pool_deployment(
-    sd: SpeculativeDeployment, pool: PoolName, mode: SpeculationMode, track: str = "stable"
+    sd: SpeculativeDeployment,
+    pool: PoolName,
+    mode: SpeculationMode,
+    track: str = "stable",
+    k: int | None = None,
 ) -> Manifest:
     """The pool's Deployment of vLLM servers, with or without --speculative-config.
 
@@ -172,7 +183,7 @@ def render_pool_deployment(
         "image": spec.engine.image,
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": ["python3", "-m", VLLM_SERVER_MODULE],
-        "args": build_vllm_args(engine_args(sd, pool, mode)),
+        "args": build_vllm_args(engine_args(sd, pool, mode, k)),
         "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
         "env": _env(sd),
         "resources": _resources(eng),
