@@ -31,36 +31,19 @@ def set_condition(
     now: datetime,
 ) -> list[Condition]:
     """A new list with `type_` set; other conditions kept in order; the transition time kept if unchanged."""
-    out: list[Condition] = []
-    found = False
-    for cond in conditions:
-        if cond.type != type_:
-            out.append(cond)
-            continue
-        found = True
-        transition = cond.last_transition_time if cond.status == status else rfc3339(now)
-        out.append(
-            Condition(
-                type=type_,
-                status=status,
-                reason=reason,
-                message=message,
-                observed_generation=generation,
-                last_transition_time=transition,
-            )
-        )
-    if not found:
-        out.append(
-            Condition(
-                type=type_,
-                status=status,
-                reason=reason,
-                message=message,
-                observed_generation=generation,
-                last_transition_time=rfc3339(now),
-            )
-        )
-    return out
+    previous = get_condition(conditions, type_)
+    unchanged = previous is not None and previous.status == status
+    updated = Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+        last_transition_time=previous.last_transition_time if previous and unchanged else rfc3339(now),
+    )
+    if previous is None:
+        return [*conditions, updated]
+    return [updated if c.type == type_ else c for c in conditions]
 
 
 def get_condition(conditions: Sequence[Condition], type_: str) -> Condition | None:
