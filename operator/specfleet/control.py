@@ -15,8 +15,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from specfleet.api.constants import API_VERSION, KIND
+from specfleet.api.models import PoolName
 from specfleet.api.semantics import find_problems
-from specfleet.api.validation import InvalidResourceError, parse_resource
+from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
 from specfleet.metrics.prometheus import PoolSelector, QueryFn, observe_pool
 from specfleet.policy.decide import PoolDecision, decide
 from specfleet.policy.observations import PoolObservation
@@ -124,6 +125,7 @@ class Controller:
                     sd.spec.policy.window_seconds,
                     now,
                     pool_mode=states[pool].mode,
+                    expected_replicas=_expected_reporting(sd, pool),
                 )
                 for pool in pools
             }
@@ -148,3 +150,9 @@ class Controller:
                 outcome.applied = result.applied
             self._write_status(body, new_status, outcome)
         return outcome
+
+
+def _expected_reporting(sd: SpeculativeDeployment, pool: PoolName) -> int | None:
+    """Engines that should report metrics: the ready ones of a settled pool (None while it rolls)."""
+    status = getattr(sd.status.pools, pool)
+    return status.ready_replicas if status.settled and status.ready_replicas > 0 else None

@@ -69,3 +69,11 @@ def test_stale_samples_are_a_problem(prom):
     obs = observe_pool(prom, SEL, 60, NOW)
     assert "stale metrics" in (obs.problem or "")
     assert obs.acceptance_length is None
+
+
+def test_partial_samples_are_a_problem(prom):
+    prom.set_pool("latency", replicas=1, running=40.0)
+    obs = observe_pool(prom, SEL, 60, NOW, expected_replicas=3)
+    assert obs.problem == "partial metrics for pool latency: 1 of 3 ready engines have samples"
+    assert obs.running_per_replica is None
+    assert observe_pool(prom, SEL, 60, NOW, expected_replicas=1).usable

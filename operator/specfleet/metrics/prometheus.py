@@ -85,8 +85,13 @@ def observe_pool(
     now: datetime,
     *,
     pool_mode: str = "On",
+    expected_replicas: int | None = None,
 ) -> PoolObservation:
-    """Run the pool's queries and build its observation; never raises for missing data."""
+    """Run the pool's queries and build its observation; never raises for missing data.
+
+    `expected_replicas` (the ready engines of a settled pool) turns "some engines have no samples"
+    into a problem: averages over part of a pool would misstate its load.
+    """
     queries = pool_queries(selector, window_seconds)
     answers: dict[str, list[dict[str, Any]]] = {}
     for name, promql in queries.items():
@@ -98,6 +103,14 @@ def observe_pool(
     if not replicas:
         return PoolObservation(
             pool=selector.pool, at=now, problem=f"no engine samples for pool {selector.pool} in Prometheus"
+        )
+    if expected_replicas is not None and replicas < expected_replicas:
+        return PoolObservation(
+            pool=selector.pool,
+            at=now,
+            problem=f"partial metrics for pool {selector.pool}: {int(replicas)} of {expected_replicas} "
+            "ready engines have samples",
+            replicas_reporting=int(replicas),
         )
     age = _scalar(answers["sample_age"])
     if age is None or age > max(STALE_AFTER_SECONDS, window_seconds):
