@@ -219,10 +219,13 @@ def test_content_shift_turns_speculation_off_with_that_reason(env):
     load = LoadGenerator(env.router_url(name), "llama", max_tokens=48).start(concurrency=2)
     try:
         _wait_metrics(env, name)
-        measured = wait_for(
-            "acceptance measured", lambda: _latency(env, name).get("acceptanceLength"), timeout=30
+        # The emulators draft with acceptance (0.68, 0.39, 0.2): 2.27 tokens per step in steady state; the
+        # first windows after start-up hold only a few drafts, so wait for the measured value to settle.
+        wait_for(
+            "acceptance measured above the resume value",
+            lambda: float(_latency(env, name).get("acceptanceLength") or 0) > 1.7,
+            timeout=45,
         )
-        assert float(measured) > 1.7
         env.runner.set_acceptance([0.05, 0.01, 0.0])
         off = _wait_mode(env, name, "Off", timeout=60)
         assert off["reason"] == "AcceptanceBelowThreshold"
