@@ -98,17 +98,21 @@ def env(cluster, tmp_path_factory, request) -> Iterator[Env]:
         e.operator = OperatorProcess(Path(cluster.kubeconfig), tmp / "operator.log", resync_seconds=2).start()
         yield e
     finally:
-        failed = any(
-            getattr(item, "rep_call", None) and item.rep_call.failed
-            for item in request.session.items
-            if item.module is request.module
-        )
-        if failed:
-            print(e.dump())
         for part in (e.operator, e.runner, e.prometheus, discovery):
             if part is not None:
                 part.stop()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(autouse=True)
+def dump_on_failure(env: Env, request: pytest.FixtureRequest) -> Iterator[None]:
+    """When a test fails, print the operator log, events, pod processes and Prometheus log."""
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        reporter = request.config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(env.dump())
 
 
 def _fleet(env: Env, name: str, patch: dict[str, Any] | None = None) -> str:

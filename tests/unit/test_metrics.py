@@ -77,3 +77,12 @@ def test_partial_samples_are_a_problem(prom):
     assert obs.problem == "partial metrics for pool latency: 1 of 3 ready engines have samples"
     assert obs.running_per_replica is None
     assert observe_pool(prom, SEL, 60, NOW, expected_replicas=1).usable
+
+
+def test_too_few_drafts_leave_acceptance_unknown(prom):
+    # 1 draft/s over 60 s is 60 drafts: too few to judge a drafter by.
+    prom.set_pool("latency", drafts=1.0, accepted=0.2, per_pos=[0.1, 0.1, 0.0])
+    obs = observe_pool(prom, SEL, 60, NOW)
+    assert obs.usable
+    assert obs.acceptance_length is None
+    assert obs.drafts_in_window == 60

@@ -26,6 +26,9 @@ QueryFn = Callable[[str], list[dict[str, Any]]]
 
 # Samples older than this many scrape windows mean the targets are gone or Prometheus stopped scraping.
 STALE_AFTER_SECONDS = 60.0
+# Fewer drafts than this in the window say little about acceptance (a freshly started or nearly idle
+# pool): acceptance is then reported as unknown rather than decided on.
+MIN_DRAFTS_FOR_ACCEPTANCE = 100
 
 
 class QueryError(Exception):
@@ -126,7 +129,8 @@ def observe_pool(
     acceptance_length = None
     per_position: tuple[float, ...] = ()
     rate = None
-    if drafts and drafts > 0 and accepted is not None:
+    drafts_in_window = (drafts or 0.0) * window_seconds
+    if drafts and drafts_in_window >= MIN_DRAFTS_FOR_ACCEPTANCE and accepted is not None:
         acceptance_length = 1 + accepted / drafts
         by_pos = {
             int(r["metric"].get(vm.LABEL_POSITION, -1)): float(r["value"][1])
@@ -148,6 +152,7 @@ def observe_pool(
         itl_p50_seconds=_scalar(answers["itl_p50"]),
         itl_p99_seconds=_scalar(answers["itl_p99"]),
         replicas_reporting=int(replicas),
+        drafts_in_window=drafts_in_window,
     )
 
 

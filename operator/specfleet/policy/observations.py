@@ -32,6 +32,8 @@ class PoolObservation:
     itl_p50_seconds: float | None = None
     itl_p99_seconds: float | None = None
     replicas_reporting: int = 0
+    # Drafts counted in the window; acceptance is only reported when there were enough of them.
+    drafts_in_window: float = 0.0
 
     @property
     def usable(self) -> bool:
@@ -55,6 +57,7 @@ class PoolObservation:
         if self.acceptance_source:
             out["acceptanceSource"] = self.acceptance_source
         out["replicasReporting"] = str(self.replicas_reporting)
+        out["draftsInWindow"] = f"{self.drafts_in_window:.0f}"
         return out
 
 
