@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from specfleet.api import reasons
-from specfleet.api.conditions import rfc3339, set_condition
+from specfleet.api.conditions import ConditionStatus, rfc3339, set_condition
 from specfleet.api.models import Decision, PoolName, SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
 from specfleet.policy.decide import PoolDecision
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
@@ -156,39 +156,25 @@ def record(
         )
     problems = [f"{pool}: {obs.problem}" for pool, obs in observations.items() if not obs.usable]
     previous_ok = next((c.status for c in status.conditions if c.type == reasons.METRICS_AVAILABLE), None)
+    ok: ConditionStatus
     if not observations:
-        conditions = set_condition(
-            status.conditions,
-            type_=reasons.METRICS_AVAILABLE,
-            status="True",
-            reason=reasons.NO_AUTO_POOLS,
-            message="no pool is Auto: nothing to observe",
-            generation=generation,
-            now=now,
-        )
+        ok, why, message = "True", reasons.NO_AUTO_POOLS, "no pool is Auto: nothing to observe"
     elif problems:
+        ok, why = "False", reasons.METRICS_UNAVAILABLE
         message = "; ".join(problems) + " (holding every pool in its current mode)"
-        conditions = set_condition(
-            status.conditions,
-            type_=reasons.METRICS_AVAILABLE,
-            status="False",
-            reason=reasons.METRICS_UNAVAILABLE,
-            message=message,
-            generation=generation,
-            now=now,
-        )
         if previous_ok != "False":
             out.events.append(("Warning", reasons.EVENT_METRICS_UNAVAILABLE, message))
     else:
-        conditions = set_condition(
-            status.conditions,
-            type_=reasons.METRICS_AVAILABLE,
-            status="True",
-            reason=reasons.METRICS_OK,
-            message="every Auto pool has fresh engine metrics",
-            generation=generation,
-            now=now,
-        )
+        ok, why, message = "True", reasons.METRICS_OK, "every Auto pool has fresh engine metrics"
+    conditions = set_condition(
+        status.conditions,
+        type_=reasons.METRICS_AVAILABLE,
+        status=ok,
+        reason=why,
+        message=message,
+        generation=generation,
+        now=now,
+    )
     out.status = status.model_copy(
         update={"pools": pools, "history": history[-HISTORY_LIMIT:], "conditions": conditions}
     )
