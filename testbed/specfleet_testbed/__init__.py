@@ -3,6 +3,7 @@
 - ``ensure_binaries()`` builds (once, cached outside the checkout) or finds the pinned binaries.
 - ``Cluster`` starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, and
   creates fake GPU nodes; use it as a context manager or call ``start()``/``stop()``.
+- ``ensure_prometheus()`` installs (once) or finds Debian's Prometheus and promtool.
 - ``python -m specfleet_testbed up|down|status|bin`` does the same from a shell.
 
 Standard library only (plus the ``openssl`` command), so it runs before any project dependency is
@@ -19,6 +20,7 @@ from .cluster import (
     local_address,
 )
 from .stages import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
+from .tools import PrometheusTools, ToolError, ensure_prometheus
 
 __all__ = [
     "DEFAULT_POD_CIDR",
@@ -29,6 +31,9 @@ __all__ = [
     "Cluster",
     "ClusterError",
     "KubectlError",
+    "PrometheusTools",
+    "ToolError",
     "ensure_binaries",
+    "ensure_prometheus",
     "local_address",
 ]

@@ -1,5 +1,7 @@
 """A real Prometheus (Debian's 2.42) for the e2e tier: pods discovered from the test apiserver,
-scraping the processes that play the pods on their loopback twins. Stopped by PID."""
+scraping the processes that play the pods on their loopback twins. Stopped by PID.
+
+The binary comes from `specfleet_testbed.ensure_prometheus()`, which installs it on a fresh machine."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 
 import yaml
 
-PROMETHEUS_BIN = "/usr/bin/prometheus"
+from specfleet_testbed import ensure_prometheus
 
 
 def scrape_config(*, discovery_url: str, interval_seconds: float) -> dict[str, Any]:
@@ -89,7 +91,7 @@ class PrometheusProcess:
         log = (self.workdir / "prometheus.log").open("ab")
         self.proc = subprocess.Popen(
             [
-                PROMETHEUS_BIN,
+                str(ensure_prometheus().prometheus),
                 f"--config.file={self.config_path}",
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",

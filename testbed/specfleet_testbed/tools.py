@@ -1,0 +1,62 @@
+"""External programs the tests and the demo run, each installed on demand by the project's own script.
+
+Nothing outside the project may be assumed to exist on a fresh machine: every external binary is
+resolved here, through the script that installs it (once, then a warm check of a second or less).
+The control plane has ``ensure_binaries()`` (testbed/build.sh); Prometheus and promtool come from
+Debian's package through ``scripts/setup-prometheus.sh``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["PrometheusTools", "ToolError", "ensure_prometheus"]
+
+# testbed/specfleet_testbed/tools.py -> repository root
+REPO = Path(__file__).resolve().parents[2]
+SETUP_PROMETHEUS = REPO / "scripts" / "setup-prometheus.sh"
+
+
+class ToolError(RuntimeError):
+    """An external program could not be installed or found."""
+
+
+@dataclass(frozen=True)
+class PrometheusTools:
+    """The Prometheus server and promtool from one installation."""
+
+    prometheus: Path
+    promtool: Path
+
+
+def _run_setup(script: Path) -> Path:
+    """Run an installer script (progress on our stderr) and return the path on its last stdout line."""
+    if not script.is_file():
+        raise ToolError(f"installer not found: {script}")
+    result = subprocess.run(
+        ["bash", str(script)], stdout=subprocess.PIPE, stderr=None, text=True, check=False
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise ToolError(f"{script.name} failed with exit code {result.returncode}; see its output above")
+    return Path(lines[-1])
+
+
+@functools.cache
+def ensure_prometheus() -> PrometheusTools:
+    """Prometheus and promtool, installed first if this machine lacks them.
+
+    ``SPECFLEET_PROMETHEUS_DIR`` may name a directory that already holds both binaries (another
+    distribution's build, say); it is checked, not installed into.
+    """
+    override = os.environ.get("SPECFLEET_PROMETHEUS_DIR")
+    bin_dir = Path(override) if override else _run_setup(SETUP_PROMETHEUS)
+    tools = PrometheusTools(prometheus=bin_dir / "prometheus", promtool=bin_dir / "promtool")
+    missing = [str(p) for p in (tools.prometheus, tools.promtool) if not os.access(p, os.X_OK)]
+    if missing:
+        raise ToolError(f"not executable: {', '.join(missing)}")
+    return tools
