@@ -1,4 +1,4 @@
-"""`specfleet`: print the CRD, render manifests, run the operator, print the version."""
+"""`specfleet`: print the CRD, render manifests, run the operator, show status, run the sandbox, print the version."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from specfleet.crd import crd_yaml
 from specfleet.reconcile import decided_ks, decided_modes
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import to_yaml
+from specfleet.status_cli import add_parser as add_status_parser
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -101,6 +102,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sandbox(args: argparse.Namespace) -> int:
+    # The sandbox is a local harness (test bed, emulated engines, load), not part of the operator image.
+    from specfleet_sandbox.cli import main as sandbox_main
+
+    return sandbox_main(args.sandbox_args)
+
+
 def _cmd_version(_: argparse.Namespace) -> int:
     print(__version__)
     return 0
@@ -134,6 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-address", default="0.0.0.0")
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=_cmd_run)
+
+    add_status_parser(sub)
+
+    sandbox = sub.add_parser(
+        "sandbox",
+        help="local sandbox: control plane, Prometheus, operator, router, emulated engines, load",
+        add_help=False,
+    )
+    sandbox.add_argument("sandbox_args", nargs=argparse.REMAINDER)
+    sandbox.set_defaults(func=_cmd_sandbox)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)

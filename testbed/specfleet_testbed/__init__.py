@@ -18,6 +18,7 @@ from .cluster import (
     ClusterError,
     KubectlError,
     local_address,
+    process_start_time,
 )
 from .stages import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
 from .tools import PrometheusTools, ToolError, ensure_prometheus
@@ -36,4 +37,5 @@ __all__ = [
     "ensure_binaries",
     "ensure_prometheus",
     "local_address",
+    "process_start_time",
 ]

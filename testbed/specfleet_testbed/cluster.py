@@ -51,6 +51,7 @@ __all__ = [
     "ClusterError",
     "KubectlError",
     "local_address",
+    "process_start_time",
 ]
 
 # Fake pod range. Same last three octets as its loopback twin 127.244.0.0/16 (see local_address).
@@ -120,8 +121,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None if there is no such process."""
+def process_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or None if there is no such process.
+
+    With the PID it identifies a process for good: a reused PID has another start time.
+    """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -441,7 +445,7 @@ class Cluster:
                 # (preexec_fn only calls prctl, which is safe after fork even with threads.)
                 preexec_fn=None if self.detach else _die_with_parent,  # noqa: PLW1509
             )
-        start_time = _start_time(popen.pid) or 0
+        start_time = process_start_time(popen.pid) or 0
         record = ProcessRecord(name, popen.pid, start_time, list(argv), str(log_path))
         self._procs.append(_Running(record, popen))
         self._write_state()
@@ -752,7 +756,7 @@ class Cluster:
 
     @staticmethod
     def _is_ours(record: ProcessRecord) -> bool:
-        return _start_time(record.pid) == record.start_time and not _is_zombie(record.pid)
+        return process_start_time(record.pid) == record.start_time and not _is_zombie(record.pid)
 
     def stop(self, timeout: float = 15.0) -> None:
         """Terminate exactly the recorded processes, newest first, then remove the work dir.

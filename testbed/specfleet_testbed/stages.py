@@ -1,7 +1,8 @@
 """kwok stages of the test bed: kwokctl's defaults, plus readiness that waits for a real process.
 
 By default kwok marks a pod Running and Ready at once. That is fine where nothing plays the pod,
-but in namespaces named ``e2e-*`` a local process plays each pod (see tests/support/pod_runner.py),
+but in namespaces named ``e2e-*`` (the e2e tier) or ``sandbox*`` (the demo) a local process plays
+each pod (see specfleet_sandbox.pods),
 and a pod must not be Ready before that process answers, exactly as a readiness probe would hold it
 back. There pods start Running but not Ready, and become Ready when whoever plays them sets the
 annotation ``testbed.specfleet.io/ready: "true"``.
@@ -14,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 PROBED_NAMESPACE_PREFIX = "e2e-"
+# Every prefix whose pods wait for their process: the e2e tier's and the sandbox's namespaces.
+PROBED_NAMESPACE_PREFIXES = (PROBED_NAMESPACE_PREFIX, "sandbox")
 READY_ANNOTATION = "testbed.specfleet.io/ready"
 
-_IN_PROBED = f"self.metadata.namespace.startsWith('{PROBED_NAMESPACE_PREFIX}')"
+_IN_PROBED = (
+    "(" + " || ".join(f"self.metadata.namespace.startsWith('{p}')" for p in PROBED_NAMESPACE_PREFIXES) + ")"
+)
 _NOT_DELETING = "!has(self.metadata.deletionTimestamp)"
 
 # Running with IPs, Ready False: the statusTemplate uses kwok's template functions (Now, Quote,

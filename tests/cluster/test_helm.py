@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
 from support.manifests import ROOT, load_yaml, merge
-from support.operator_process import OperatorProcess, events_by_time, wait_for
 
 pytestmark = pytest.mark.cluster
 CHART = ROOT / "charts" / "specfleet"

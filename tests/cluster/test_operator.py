@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
 from support.manifests import ROOT, load_yaml, merge
-from support.operator_process import OperatorProcess, events_by_time, wait_for
 
 pytestmark = pytest.mark.cluster
 CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"

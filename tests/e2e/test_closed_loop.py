@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from support.load import LoadGenerator
+from specfleet_sandbox.discovery import PodDiscovery
+from specfleet_sandbox.load import LoadGenerator
+from specfleet_sandbox.pods import PodRunner
+from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
+from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config
 from support.manifests import ROOT, load_yaml, merge
-from support.operator_process import OperatorProcess, events_by_time, wait_for
-from support.pod_discovery import PodDiscovery
-from support.pod_runner import PodRunner
-from support.prometheus_process import PrometheusProcess, scrape_config
 
 pytestmark = pytest.mark.e2e
 CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"

@@ -585,6 +585,9 @@ class PoolStatus(StatusModel):
     running_per_replica: str | None = Field(
         default=None, description="Last observed running requests per replica, as text."
     )
+    generation_tokens_per_second: str | None = Field(
+        default=None, description="Last observed generated tokens per second of the whole pool, as text."
+    )
     last_transition_time: str | None = Field(default=None, description="When speculation last flipped.")
     reason: str | None = Field(default=None, description="Why the pool is in this mode.")
     message: str | None = Field(default=None, description="Details of the last decision.")

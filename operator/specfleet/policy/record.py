@@ -105,6 +105,8 @@ def record(
         update: dict[str, object] = {}
         if obs.running_per_replica is not None:
             update["running_per_replica"] = f"{obs.running_per_replica:.3g}"
+        if obs.generation_tokens_per_second is not None:
+            update["generation_tokens_per_second"] = f"{obs.generation_tokens_per_second:.4g}"
         if obs.acceptance_length is not None:
             update["acceptance_length"] = f"{obs.acceptance_length:.2f}"
             update["per_position_acceptance"] = ",".join(f"{p:.3f}" for p in obs.per_position)

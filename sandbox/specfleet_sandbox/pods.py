@@ -1,4 +1,4 @@
-"""The kubelet's stand-in for the e2e tier: runs a real process for every Running kwok pod.
+"""The kubelet's stand-in for the e2e tier and the sandbox: runs a real process for every Running kwok pod.
 
 kwok marks pods Running with fake IPs but runs nothing. This runner watches the namespace's pods
 and starts, for each, the process its container describes, on the pod IP's loopback twin: a pod
@@ -26,6 +26,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from specfleet.api.constants import LABEL_POOL
 from specfleet_runtime.vllm_args import VLLM_SERVER_MODULE
 from specfleet_testbed import READY_ANNOTATION, local_address
 
@@ -58,6 +59,7 @@ class PodRunner:
         emulator_args: list[str] | None = None,
         router_args: list[str] | None = None,
         prestop_seconds: float = 2.0,
+        acceptance_file: Path | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
@@ -67,6 +69,9 @@ class PodRunner:
         self.router_args = router_args or []
         self.prestop_seconds = prestop_seconds
         self.acceptance: list[float] | None = None
+        # {"latency": [...], "batch": [...]}: per-pool acceptance for engines started from now on
+        # (written by whoever shifts content while this runner lives in another process).
+        self.acceptance_file = acceptance_file
         self.running: dict[str, PodProcess] = {}
         self.draining: list[PodProcess] = []
         self.started_total = 0
@@ -103,7 +108,7 @@ class PodRunner:
     # ---- reconcile pods -> processes --------------------------------------------------------
 
     def _sync(self) -> None:
-        pods = self._core.list_namespaced_pod(self.namespace).items
+        pods: list[Any] = self._core.list_namespaced_pod(self.namespace).items
         now = time.monotonic()
         with self._lock:
             live: set[str] = set()
@@ -161,8 +166,9 @@ class PodRunner:
         address = local_address(pod.status.pod_ip)
         if command[-2:] == ["-m", VLLM_SERVER_MODULE]:
             extra = list(self.emulator_args)
-            if self.acceptance is not None:
-                extra += ["--acceptance", ",".join(str(a) for a in self.acceptance)]
+            acceptance = self._acceptance_for((pod.metadata.labels or {}).get(LABEL_POOL))
+            if acceptance is not None:
+                extra += ["--acceptance", ",".join(str(a) for a in acceptance)]
             argv = [sys.executable, "-m", "specfleet_runtime.emulator", *args, "--host", address, *extra]
             role, port = "engine", _port(args, 8000)
         elif command[:1] == ["specfleet-router"]:
@@ -186,6 +192,16 @@ class PodRunner:
         self.started_total += 1
         return PodProcess(pod.metadata.name, role, address, port, proc, args=args)
 
+    def _acceptance_for(self, pool: str | None) -> list[float] | None:
+        if self.acceptance_file is not None and pool is not None:
+            try:
+                by_pool = json.loads(self.acceptance_file.read_text())
+            except (OSError, ValueError):
+                by_pool = {}
+            if isinstance(by_pool, dict) and isinstance(by_pool.get(pool), list):
+                return [float(a) for a in by_pool[pool]]
+        return self.acceptance
+
     def _terminate(self, pp: PodProcess) -> None:
         if pp.proc.poll() is None:
             pp.proc.send_signal(signal.SIGTERM)
@@ -208,18 +224,23 @@ class PodRunner:
         """Content shift: change every engine's acceptance now, and that of engines started later."""
         self.acceptance = per_position
         for pp in self.processes("engine"):
-            body = json.dumps({"perPosition": per_position}).encode()
-            request = urllib.request.Request(
-                f"{self.url(pp)}/admin/acceptance",
-                data=body,
-                method="POST",
-                headers={"Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(request, timeout=5):
-                pass
+            set_engine_acceptance(self.url(pp), per_position)
 
     def logs(self) -> str:
         return "\n".join(
             f"----- {path.name} -----\n{path.read_text(errors='replace')[-4000:]}"
             for path in sorted(self.logdir.glob("*.log"))
         )
+
+
+def set_engine_acceptance(engine_url: str, per_position: list[float]) -> None:
+    """Change one emulated engine's acceptance from its next step (the emulator's admin endpoint)."""
+    body = json.dumps({"perPosition": per_position}).encode()
+    request = urllib.request.Request(
+        f"{engine_url}/admin/acceptance",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=5):
+        pass

@@ -55,9 +55,9 @@ def pod_targets(pods: list[Any]) -> list[dict[str, Any]]:
 
 
 class PodDiscovery:
-    """Serves /targets for one namespace on 127.0.0.1 (a free port)."""
+    """Serves /targets for one namespace on 127.0.0.1 (`port`, or a free one)."""
 
-    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, port: int = 0) -> None:
         api = k8s_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         core = k8s.CoreV1Api(api)
 
@@ -77,7 +77,7 @@ class PodDiscovery:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="pod-discovery", daemon=True)
 
     @property

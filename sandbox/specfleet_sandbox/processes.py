@@ -1,4 +1,5 @@
-"""Run the real operator (`specfleet run`) as a process against a test cluster, stopped by PID."""
+"""Processes the e2e tier and the sandbox start: the real operator (`specfleet run`) against a test
+cluster, and records of detached processes; each stopped by PID, never by name."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from specfleet_testbed import process_start_time
 
 T = TypeVar("T")
 
@@ -80,7 +84,7 @@ class OperatorProcess:
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.5) -> T:
     """Poll until `probe` returns something truthy; fail with the last value seen."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: T | None = None
     while time.monotonic() < deadline:
         last = probe()
         if last:
@@ -98,9 +102,43 @@ def events_by_time(kubectl: Callable[..., subprocess.CompletedProcess[str]], nam
         return out.stdout + out.stderr
 
     def stamp(e: dict[str, Any]) -> str:
-        return e.get("lastTimestamp") or e.get("eventTime") or e["metadata"]["creationTimestamp"]
+        return str(e.get("lastTimestamp") or e.get("eventTime") or e["metadata"]["creationTimestamp"])
 
     return "\n".join(
         f"{stamp(e)} {e.get('type')} {e.get('reason')} {e['involvedObject']['kind']}/{e['involvedObject']['name']}: {e.get('message')}"
         for e in sorted(items, key=stamp)
     )
+
+
+@dataclass(frozen=True)
+class Detached:
+    """A process started by one command and stopped by another: PID plus start time, never a name."""
+
+    name: str
+    pid: int
+    start_time: int
+    log: str
+
+    @classmethod
+    def of(cls, name: str, pid: int, log: Path) -> Detached:
+        start = process_start_time(pid)
+        if start is None:
+            raise RuntimeError(f"{name} (pid {pid}) exited at once; see {log}")
+        return cls(name, pid, start, str(log))
+
+    def alive(self) -> bool:
+        return process_start_time(self.pid) == self.start_time
+
+    def stop(self, timeout: float = 20.0) -> bool:
+        """SIGTERM, then SIGKILL after `timeout`; only if the PID is still this process. True if stopped."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not self.alive():
+                return True
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                return True
+            deadline = time.monotonic() + timeout
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        return not self.alive()

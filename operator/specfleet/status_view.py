@@ -1,0 +1,151 @@
+"""What `specfleet status` shows of a SpeculativeDeployment: pure, from the object the API returns.
+
+Per pool: its mode and K, replicas ready/desired, the last measured acceptance length, running
+requests per replica, generated tokens per second, and the last decision with its reason and the
+numbers behind it; then the resource's conditions. `fleet_view` builds the rows (no I/O, no
+terminal); `plain_lines` prints them for logs and CI, and the CLI draws the same rows as a table
+when attached to a terminal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specfleet.api.constants import POOL_NAMES
+
+# The numbers a decision carries that a person reading a status line wants first.
+_DECISION_NUMBERS = (
+    "acceptanceLength",
+    "runningPerReplica",
+    "predictedSpeedup",
+    "numSpeculativeTokens",
+    "acceptanceSource",
+)
+
+
+@dataclass(frozen=True)
+class PoolRow:
+    """One pool of one resource, as text ready to print."""
+
+    pool: str
+    setting: str  # spec: On, Off or Auto
+    mode: str  # what it runs now
+    k: str
+    replicas: str  # ready/desired
+    acceptance: str
+    running_per_replica: str
+    tokens_per_second: str
+    decision: str  # the last decision: time, change, reason, numbers
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """One resource."""
+
+    namespace: str
+    name: str
+    generation: int
+    observed_generation: int | None
+    pools: tuple[PoolRow, ...]
+    conditions: tuple[str, ...]  # "Type=Status (Reason): message"
+    flips: int
+
+
+def _text(value: Any, default: str = "-") -> str:
+    return default if value is None or value == "" else str(value)
+
+
+def _last_decision(history: Sequence[Mapping[str, Any]], pool: str, status: Mapping[str, Any]) -> str:
+    for entry in reversed(history):
+        if entry.get("pool") != pool:
+            continue
+        numbers = entry.get("observations") or {}
+        shown = ", ".join(f"{k}={numbers[k]}" for k in _DECISION_NUMBERS if k in numbers)
+        change = f"{entry.get('from')}->{entry.get('to')}"
+        if "numSpeculativeTokens" in numbers and entry.get("from") == entry.get("to"):
+            change = f"K {numbers['numSpeculativeTokens']}"
+        return f"{entry.get('time', '?')} {change} {entry.get('reason', '')}" + (
+            f" [{shown}]" if shown else ""
+        )
+    if status.get("reason"):
+        return f"{status.get('reason')}: {status.get('message') or ''}".strip()
+    return "-"
+
+
+def fleet_view(obj: Mapping[str, Any]) -> FleetView:
+    """The rows for one SpeculativeDeployment as the API returns it (defaults applied by the schema)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    drafter_k = (spec.get("drafter") or {}).get("numSpeculativeTokens")
+    history = status.get("history") or []
+    rows = []
+    for pool in POOL_NAMES:
+        pool_spec = (spec.get("pools") or {}).get(pool) or {}
+        pool_status = (status.get("pools") or {}).get(pool) or {}
+        setting = _text(pool_spec.get("speculation"), "Auto")
+        mode = setting if setting in {"On", "Off"} else _text(pool_status.get("speculation"), "On")
+        k = _text(pool_status.get("numSpeculativeTokens") or drafter_k) if mode == "On" else "-"
+        rows.append(
+            PoolRow(
+                pool=pool,
+                setting=setting,
+                mode=mode,
+                k=k,
+                replicas=f"{pool_status.get('readyReplicas', 0)}/{pool_spec.get('replicas', '?')}",
+                acceptance=_text(pool_status.get("acceptanceLength")),
+                running_per_replica=_text(pool_status.get("runningPerReplica")),
+                tokens_per_second=_text(pool_status.get("generationTokensPerSecond")),
+                decision=_last_decision(history, pool, pool_status),
+            )
+        )
+    conditions = tuple(
+        f"{c.get('type')}={c.get('status')} ({c.get('reason', '')})"
+        + (f": {c['message']}" if c.get("message") else "")
+        for c in status.get("conditions") or []
+    )
+    return FleetView(
+        namespace=_text(meta.get("namespace"), "default"),
+        name=_text(meta.get("name"), "?"),
+        generation=int(meta.get("generation") or 0),
+        observed_generation=status.get("observedGeneration"),
+        pools=tuple(rows),
+        conditions=conditions,
+        flips=sum(1 for h in history if h.get("from") != h.get("to")),
+    )
+
+
+POOL_COLUMNS = ("POOL", "SPEC", "MODE", "K", "READY", "ACCEPT", "RUN/REPLICA", "TOK/S", "LAST DECISION")
+
+
+def pool_cells(row: PoolRow) -> tuple[str, ...]:
+    """A pool row's cells, in POOL_COLUMNS order."""
+    return (
+        row.pool,
+        row.setting,
+        row.mode,
+        row.k,
+        row.replicas,
+        row.acceptance,
+        row.running_per_replica,
+        row.tokens_per_second,
+        row.decision,
+    )
+
+
+def plain_lines(view: FleetView) -> list[str]:
+    """The view as aligned plain text: a header line, one line per pool, one per condition."""
+    cells = [POOL_COLUMNS, *(pool_cells(r) for r in view.pools)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(POOL_COLUMNS) - 1)]
+    lines = [
+        f"{view.namespace}/{view.name} (generation {view.generation}, observed "
+        f"{_text(view.observed_generation)}, flips {view.flips})"
+    ]
+    for row in cells:
+        lines.append(
+            "  " + "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+        )
+    lines.extend(f"  {c}" for c in view.conditions)
+    return lines

@@ -1,0 +1,75 @@
+"""The sandbox's SpeculativeDeployment: examples/02-two-pools-routing-policy.yaml, adapted to a laptop.
+
+What changes and why (everything else is the example as a user would apply it):
+- one replica per pool, no canaries, `maxNumSeqs` 64: each engine is a local emulator process;
+- no node selector, model cache volume or HF token: the test bed's fake GPU nodes need none;
+- Prometheus is the sandbox's own;
+- policy timings shortened about 10x (evaluate every 2 s over 10 s windows, 30 s dwell, 10 s
+  cooldown) so a flip and its way back fit in minutes;
+- Threshold mode with a concurrency threshold of 12 running requests per replica: the emulated
+  engines run 10x slower than an H100, and a couple of cores can only drive a few dozen streams, so
+  the real break-even point (well above 100 per replica for this drafter, see `specfleet plan`) is out
+  of reach here; the threshold stands in for it.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "02-two-pools-routing-policy.yaml"
+DEFAULT_NAMESPACE = "sandbox"
+SERVED_MODEL = "llama-3.1-8b"
+
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def sandbox_fleet(namespace: str, prometheus_url: str) -> dict[str, Any]:
+    """The resource the sandbox applies."""
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    engine = doc["spec"]["engine"]
+    for key in ("nodeSelector", "modelCache", "hfTokenSecretRef"):
+        engine.pop(key, None)
+    return _merge(
+        doc,
+        {
+            "metadata": {"namespace": namespace},
+            "spec": {
+                "engine": {"maxNumSeqs": 64},
+                "pools": {
+                    "latency": {"replicas": 1},
+                    "batch": {"replicas": 1, "engine": {"maxNumSeqs": 64}},
+                },
+                "routing": {"router": {"replicas": 1}},
+                "policy": {
+                    "mode": "Threshold",
+                    "prometheus": {"url": prometheus_url, "timeoutSeconds": 2},
+                    "evaluationIntervalSeconds": 2,
+                    "windowSeconds": 10,
+                    "thresholds": {
+                        "stopBelowAcceptanceLengthMilli": 1400,
+                        "resumeAboveAcceptanceLengthMilli": 1700,
+                        "stopAboveConcurrencyPerReplica": 12,
+                        "resumeBelowConcurrencyPerReplica": 4,
+                    },
+                    "minDwellSeconds": 30,
+                    "cooldownSeconds": 10,
+                    "maxFlipsPerHour": 20,
+                    "reentry": {"canaryReplicas": 0},
+                },
+                "monitoring": {"podMonitor": False},
+            },
+        },
+    )

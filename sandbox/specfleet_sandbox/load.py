@@ -1,0 +1,137 @@
+"""A bounded load generator: the official `openai` client, streaming chat completions through the
+router, at a concurrency the caller changes as it goes. Loopback only; stops by itself after
+`max_seconds`.
+
+Each generator plays one kind of client (headers such as the tenant header decide where the router
+sends it). It counts requests and completion tokens (from the stream's usage chunk) per pool that
+served them, as the router reports in `x-specfleet-served-pool`; `snapshot()` gives cumulative
+counters so a caller can compute per-phase rates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import openai
+
+SERVED_POOL_HEADER = "x-specfleet-served-pool"
+
+
+@dataclass
+class LoadStats:
+    """Cumulative counters of one generator."""
+
+    ok: int = 0
+    failed: int = 0
+    tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+    pools: dict[str, int] = field(default_factory=dict)
+    tokens_by_pool: dict[str, int] = field(default_factory=dict)
+
+    def copy(self) -> LoadStats:
+        return LoadStats(
+            self.ok, self.failed, self.tokens, list(self.errors), dict(self.pools), dict(self.tokens_by_pool)
+        )
+
+
+class LoadGenerator:
+    """Keeps `concurrency` streaming requests in flight until stopped (or `max_seconds` pass)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        max_tokens: int = 64,
+        max_seconds: float = 600.0,
+        headers: Mapping[str, str] | None = None,
+        name: str = "load",
+    ) -> None:
+        self.base_url = base_url
+        self.model = model
+        self.max_tokens = max_tokens
+        self.max_seconds = max_seconds
+        self.headers = dict(headers or {})
+        self.name = name
+        self.stats = LoadStats()
+        self._concurrency = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name=name, daemon=True)
+
+    def start(self, concurrency: int) -> LoadGenerator:
+        self._concurrency = concurrency
+        self._thread.start()
+        return self
+
+    def set_concurrency(self, concurrency: int) -> None:
+        self._concurrency = concurrency
+
+    @property
+    def concurrency(self) -> int:
+        return self._concurrency
+
+    def snapshot(self) -> LoadStats:
+        """A consistent copy of the counters so far."""
+        with self._lock:
+            return self.stats.copy()
+
+    def stop(self) -> LoadStats:
+        self._stop.set()
+        self._thread.join(120)
+        return self.snapshot()
+
+    async def _main(self) -> None:
+        client = openai.AsyncOpenAI(
+            base_url=f"{self.base_url}/v1",
+            api_key="sandbox",
+            max_retries=0,
+            timeout=60,
+            default_headers=self.headers,
+        )
+        deadline = time.monotonic() + self.max_seconds
+        workers: list[asyncio.Task[None]] = []
+        counter = 0
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            workers = [w for w in workers if not w.done()]
+            while len(workers) < self._concurrency:
+                counter += 1
+                workers.append(asyncio.create_task(self._one(client, counter)))
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*workers, return_exceptions=True)
+        await client.close()
+
+    async def _one(self, client: openai.AsyncOpenAI, n: int) -> None:
+        try:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=self.model,
+                messages=[{"role": "user", "content": f"{self.name} request {n}: tell me a story"}],
+                max_tokens=self.max_tokens,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            pool = raw.headers.get(SERVED_POOL_HEADER, "?")
+            stream = raw.parse()
+            chunks = 0
+            tokens = 0
+            async for chunk in stream:
+                if chunk.choices:
+                    chunks += 1
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+            if chunks == 0:
+                raise RuntimeError("stream ended without a token")
+            with self._lock:
+                self.stats.ok += 1
+                self.stats.tokens += tokens
+                self.stats.pools[pool] = self.stats.pools.get(pool, 0) + 1
+                self.stats.tokens_by_pool[pool] = self.stats.tokens_by_pool.get(pool, 0) + tokens
+        except Exception as err:
+            with self._lock:
+                self.stats.failed += 1
+                if len(self.stats.errors) < 20:
+                    self.stats.errors.append(f"{type(err).__name__}: {err}")

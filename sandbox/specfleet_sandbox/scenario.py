@@ -1,0 +1,255 @@
+"""Scripted traffic for the sandbox: phases of interactive and batch-tenant load, and content shifts.
+
+A scenario is data (`Phase`s); `run_scenario` drives it through the router with one load generator
+per kind of client (interactive clients go to the default pool, the batch tenant is sent to the
+batch pool by the resource's tenant rule) and records cumulative counters at every phase boundary.
+`summary_lines` turns that and the resource's decision history into the end-of-run report (pure).
+
+The default ("demo", about 5 minutes): calm interactive traffic; a batch tenant's surge pushes the
+batch pool past its concurrency threshold (speculation Off); calm again (the batch pool turns
+speculation back on after its dwell); then a content shift lowers the latency pool's acceptance
+(speculation Off there, AcceptanceBelowThreshold).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specfleet_sandbox.load import LoadGenerator, LoadStats
+
+# The tenant the sandbox resource routes to the batch pool (its routing.tenantRules).
+BATCH_TENANT = "nightly-evals"
+TENANT_HEADER = "x-specfleet-tenant"
+# Per-position acceptance of the emulated EAGLE-3 drafter (about the published Llama-3.1-8B values)
+# and after the content shift (a drafter that no longer fits the traffic).
+BASELINE_ACCEPTANCE = (0.68, 0.39, 0.2)
+SHIFTED_ACCEPTANCE = (0.05, 0.01, 0.0)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of steady traffic; an acceptance change for the latency pool applies at its start."""
+
+    name: str
+    seconds: float
+    interactive: int
+    batch: int
+    latency_acceptance: tuple[float, ...] | None = None
+    expect: str = ""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    phases: tuple[Phase, ...]
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.phases)
+
+
+def _demo(scale: float) -> tuple[Phase, ...]:
+    return (
+        Phase("calm", 45 * scale, 2, 1, BASELINE_ACCEPTANCE, "both pools speculate"),
+        Phase("batch surge", 90 * scale, 2, 40, None, "batch pool: On -> Off (ConcurrencyAboveThreshold)"),
+        Phase("calm again", 80 * scale, 2, 1, None, "batch pool: Off -> On after its dwell"),
+        Phase(
+            "content shift",
+            70 * scale,
+            2,
+            1,
+            SHIFTED_ACCEPTANCE,
+            "latency pool: On -> Off (AcceptanceBelowThreshold)",
+        ),
+    )
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "demo": Scenario("demo", "calm, batch surge, calm, content shift (about 5 minutes)", _demo(1.0)),
+    "short": Scenario("short", "the demo at about 60% of its length (the e2e tier runs it)", _demo(0.6)),
+    "surge": Scenario(
+        "surge",
+        "a batch surge and its end",
+        (
+            Phase("calm", 30, 2, 1, BASELINE_ACCEPTANCE, "both pools speculate"),
+            Phase("batch surge", 90, 2, 40, None, "batch pool: On -> Off"),
+            Phase("calm again", 80, 2, 1, None, "batch pool: Off -> On after its dwell"),
+        ),
+    ),
+    "shift": Scenario(
+        "shift",
+        "a content shift on the latency pool, then back",
+        (
+            Phase("calm", 30, 2, 1, BASELINE_ACCEPTANCE, "both pools speculate"),
+            Phase("content shift", 60, 2, 1, SHIFTED_ACCEPTANCE, "latency pool: On -> Off"),
+            Phase("content back", 90, 2, 1, BASELINE_ACCEPTANCE, "latency pool: Off -> On after its dwell"),
+        ),
+    ),
+}
+
+
+@dataclass
+class PhaseRecord:
+    """Counters at the end of a phase (cumulative), and how long it really lasted."""
+
+    phase: Phase
+    started: float
+    ended: float
+    interactive: LoadStats
+    batch: LoadStats
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    started_wall: float
+    phases: list[PhaseRecord] = field(default_factory=list)
+
+    @property
+    def interactive(self) -> LoadStats:
+        return self.phases[-1].interactive if self.phases else LoadStats()
+
+    @property
+    def batch(self) -> LoadStats:
+        return self.phases[-1].batch if self.phases else LoadStats()
+
+    @property
+    def failed(self) -> int:
+        return self.interactive.failed + self.batch.failed
+
+    @property
+    def served(self) -> int:
+        return self.interactive.ok + self.batch.ok
+
+
+SetAcceptance = Callable[[str, Sequence[float]], None]
+Tick = Callable[[Phase, float], None]
+
+
+def run_scenario(
+    scenario: Scenario,
+    router_url: str,
+    model: str,
+    set_acceptance: SetAcceptance,
+    *,
+    on_tick: Tick | None = None,
+    tick_seconds: float = 2.0,
+    max_tokens: int = 48,
+) -> ScenarioResult:
+    """Drive every phase through the router; bounded by the scenario's length (plus a drain)."""
+    bound = scenario.seconds + 120
+    interactive = LoadGenerator(
+        router_url, model, max_tokens=max_tokens, max_seconds=bound, name="interactive"
+    )
+    batch = LoadGenerator(
+        router_url,
+        model,
+        max_tokens=max_tokens,
+        max_seconds=bound,
+        headers={TENANT_HEADER: BATCH_TENANT},
+        name="batch-tenant",
+    )
+    result = ScenarioResult(scenario, started_wall=time.time())
+    first = scenario.phases[0]
+    interactive.start(first.interactive)
+    batch.start(first.batch)
+    try:
+        for phase in scenario.phases:
+            if phase.latency_acceptance is not None:
+                set_acceptance("latency", phase.latency_acceptance)
+            interactive.set_concurrency(phase.interactive)
+            batch.set_concurrency(phase.batch)
+            started = time.monotonic()
+            while (elapsed := time.monotonic() - started) < phase.seconds:
+                if on_tick is not None:
+                    on_tick(phase, elapsed)
+                time.sleep(min(tick_seconds, max(0.0, phase.seconds - elapsed)))
+            result.phases.append(
+                PhaseRecord(phase, started, time.monotonic(), interactive.snapshot(), batch.snapshot())
+            )
+    finally:
+        final_interactive, final_batch = interactive.stop(), batch.stop()
+    if result.phases:
+        # Requests still in flight at the end finish during the drain: count them in the last phase.
+        result.phases[-1].interactive, result.phases[-1].batch = final_interactive, final_batch
+    return result
+
+
+def _tokens(stats: LoadStats, pool: str) -> int:
+    return stats.tokens_by_pool.get(pool, 0)
+
+
+def phase_rows(result: ScenarioResult) -> list[dict[str, Any]]:
+    """Per phase: requests served and failed, and generated tokens per second by serving pool."""
+    rows = []
+    previous_i, previous_b = LoadStats(), LoadStats()
+    for record in result.phases:
+        seconds = max(1e-9, record.ended - record.started)
+        i, b = record.interactive, record.batch
+        rows.append(
+            {
+                "phase": record.phase.name,
+                "seconds": round(seconds),
+                "served": i.ok + b.ok - previous_i.ok - previous_b.ok,
+                "failed": i.failed + b.failed - previous_i.failed - previous_b.failed,
+                "latencyTokensPerSecond": (
+                    _tokens(i, "latency")
+                    + _tokens(b, "latency")
+                    - _tokens(previous_i, "latency")
+                    - _tokens(previous_b, "latency")
+                )
+                / seconds,
+                "batchTokensPerSecond": (
+                    _tokens(i, "batch")
+                    + _tokens(b, "batch")
+                    - _tokens(previous_i, "batch")
+                    - _tokens(previous_b, "batch")
+                )
+                / seconds,
+            }
+        )
+        previous_i, previous_b = i, b
+    return rows
+
+
+def summary_lines(result: ScenarioResult, history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The end-of-run report: requests, tokens/s per pool per phase, and every decision with its numbers."""
+    lines = [
+        f"scenario {result.scenario.name}: {result.served} requests served, {result.failed} failed",
+        f"  {'phase':<16}{'seconds':>8}{'served':>8}{'failed':>8}{'latency tok/s':>15}{'batch tok/s':>13}",
+    ]
+    for row in phase_rows(result):
+        lines.append(
+            f"  {row['phase']:<16}{row['seconds']:>8}{row['served']:>8}{row['failed']:>8}"
+            f"{row['latencyTokensPerSecond']:>15.1f}{row['batchTokensPerSecond']:>13.1f}"
+        )
+    started = time.strftime("%H:%M:%S", time.gmtime(result.started_wall))
+    decisions = [h for h in history if _after(h.get("time", ""), result.started_wall)]
+    lines.append(f"decisions since {started} UTC: {len(decisions)}")
+    for h in decisions:
+        numbers = h.get("observations") or {}
+        shown = ", ".join(
+            f"{k}={numbers[k]}"
+            for k in ("runningPerReplica", "acceptanceLength", "numSpeculativeTokens")
+            if k in numbers
+        )
+        lines.append(
+            f"  {h.get('time')}  {h.get('pool'):<8} {h.get('from')} -> {h.get('to')}  {h.get('reason')}"
+            + (f"  [{shown}]" if shown else "")
+        )
+    for error in (result.interactive.errors + result.batch.errors)[:5]:
+        lines.append(f"  error: {error}")
+    return lines
+
+
+def _after(rfc3339: str, wall: float) -> bool:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() >= wall - 1
+    except ValueError:
+        return False

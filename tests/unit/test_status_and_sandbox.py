@@ -1,0 +1,153 @@
+"""`specfleet status` rows, the sandbox fleet and the scenario report: pure parts, no cluster."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from specfleet.api.semantics import find_problems
+from specfleet.api.validation import parse_resource
+from specfleet.status_cli import run_status
+from specfleet.status_view import fleet_view, plain_lines
+from specfleet_sandbox.cli import build_parser
+from specfleet_sandbox.fleet import sandbox_fleet
+from specfleet_sandbox.load import LoadStats
+from specfleet_sandbox.scenario import SCENARIOS, PhaseRecord, ScenarioResult, phase_rows, summary_lines
+
+RESOURCE = {
+    "metadata": {"namespace": "inference", "name": "assistant", "generation": 3},
+    "spec": {
+        "drafter": {"numSpeculativeTokens": 3},
+        "pools": {
+            "latency": {"replicas": 2, "speculation": "Auto"},
+            "batch": {"replicas": 1, "speculation": "Auto"},
+        },
+    },
+    "status": {
+        "observedGeneration": 3,
+        "pools": {
+            "latency": {
+                "speculation": "On",
+                "readyReplicas": 2,
+                "acceptanceLength": "2.27",
+                "runningPerReplica": "2.1",
+                "generationTokensPerSecond": "812",
+                "numSpeculativeTokens": 2,
+            },
+            "batch": {"speculation": "Off", "readyReplicas": 1, "runningPerReplica": "38"},
+        },
+        "history": [
+            {
+                "time": "2026-11-30T12:00:00Z",
+                "pool": "batch",
+                "from": "On",
+                "to": "Off",
+                "reason": "ConcurrencyAboveThreshold",
+                "message": "38 running per replica exceed 12",
+                "observations": {"runningPerReplica": "38", "acceptanceLength": "2.3"},
+            }
+        ],
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "AllPoolsReady", "message": "all ready"},
+        ],
+    },
+}
+
+
+def test_fleet_view_shows_mode_k_load_and_the_last_decision_per_pool() -> None:
+    view = fleet_view(RESOURCE)
+    latency, batch = view.pools
+    assert (latency.mode, latency.k, latency.replicas, latency.acceptance) == ("On", "2", "2/2", "2.27")
+    assert latency.tokens_per_second == "812"
+    assert (batch.mode, batch.k, batch.replicas, batch.running_per_replica) == ("Off", "-", "1/1", "38")
+    assert "On->Off ConcurrencyAboveThreshold" in batch.decision
+    assert "runningPerReplica=38" in batch.decision
+    assert latency.decision == "-"
+    assert view.flips == 1
+    assert view.conditions == ("Ready=True (AllPoolsReady): all ready",)
+
+
+def test_fleet_view_of_a_fresh_resource_without_status() -> None:
+    view = fleet_view({"metadata": {"name": "new"}, "spec": {"pools": {"latency": {"speculation": "Off"}}}})
+    assert [p.mode for p in view.pools] == ["Off", "On"]
+    assert view.observed_generation is None
+    assert plain_lines(view)[0].startswith("default/new (generation 0, observed -")
+
+
+def test_status_prints_plain_lines_without_a_terminal() -> None:
+    out = io.StringIO()
+    assert run_status(lambda: [RESOURCE], watch=False, interval=0, out=out) == 0
+    text = out.getvalue()
+    assert "inference/assistant" in text
+    assert "POOL" in text
+    assert "LAST DECISION" in text
+    assert "Ready=True" in text
+    empty = io.StringIO()
+    run_status(list, watch=False, interval=0, out=empty)
+    assert "no SpeculativeDeployments found" in empty.getvalue()
+
+
+def test_the_sandbox_fleet_is_a_valid_resource_that_can_work() -> None:
+    doc = sandbox_fleet("sandbox", "http://127.0.0.1:9090")
+    doc["metadata"]["name"] = "assistant"
+    sd = parse_resource(doc)
+    assert find_problems(sd.spec) == []
+    assert sd.spec.policy.prometheus.url == "http://127.0.0.1:9090"
+    assert sd.spec.pools.latency.replicas == 1
+    assert any("nightly-evals" in rule.tenants for rule in sd.spec.routing.tenant_rules)
+
+
+def _stats(ok: int, failed: int, latency_tokens: int, batch_tokens: int) -> LoadStats:
+    return LoadStats(
+        ok=ok,
+        failed=failed,
+        tokens=latency_tokens + batch_tokens,
+        tokens_by_pool={"latency": latency_tokens, "batch": batch_tokens},
+    )
+
+
+def test_phase_rows_are_per_phase_differences_of_cumulative_counters() -> None:
+    scenario = SCENARIOS["demo"]
+    first, second = scenario.phases[:2]
+    result = ScenarioResult(scenario, started_wall=0.0)
+    result.phases = [
+        PhaseRecord(first, 0.0, 10.0, _stats(10, 0, 1000, 0), _stats(5, 0, 0, 500)),
+        PhaseRecord(second, 10.0, 30.0, _stats(30, 1, 3000, 0), _stats(45, 0, 0, 4500)),
+    ]
+    rows = phase_rows(result)
+    assert [r["served"] for r in rows] == [15, 60]
+    assert [r["failed"] for r in rows] == [0, 1]
+    assert rows[0]["latencyTokensPerSecond"] == 100.0
+    assert rows[1]["batchTokensPerSecond"] == 200.0
+    history = [
+        {"time": "1970-01-01T00:00:20Z", "pool": "batch", "from": "On", "to": "Off", "reason": "X"},
+        {"time": "1969-12-31T00:00:00Z", "pool": "latency", "from": "On", "to": "Off", "reason": "Old"},
+    ]
+    lines = summary_lines(result, history)
+    assert lines[0] == "scenario demo: 75 requests served, 1 failed"
+    assert any("batch" in line and "On -> Off" in line and "X" in line for line in lines)
+    assert not any("Old" in line for line in lines), "decisions before the scenario are not its own"
+
+
+def test_every_scenario_starts_from_a_known_acceptance_and_is_minutes_long() -> None:
+    for scenario in SCENARIOS.values():
+        assert scenario.phases[0].latency_acceptance is not None
+        assert 60 <= scenario.seconds <= 400
+    assert 240 <= SCENARIOS["demo"].seconds <= 330
+
+
+def test_sandbox_cli_refuses_an_unknown_scenario_and_a_missing_sandbox(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = build_parser()
+    args = parser.parse_args(["info", "--dir", str(tmp_path)])
+    from specfleet_sandbox.cli import main
+
+    assert main(["info", "--dir", str(tmp_path)]) == 1
+    assert "run `specfleet sandbox up` first" in capsys.readouterr().err
+    assert args.command == "info"
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["load", "--scenario", "nope"])
+    assert exit_.value.code == 2
