@@ -111,6 +111,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 def up(work: Path, namespace: str) -> dict[str, Any]:
     """Start every part, apply the fleet, wait for Ready; returns the recorded state."""
     work.mkdir(parents=True, exist_ok=True)
+    (work / ACCEPTANCE_FILE).unlink(missing_ok=True)  # a content shift from an earlier sandbox
     started = time.monotonic()
     state: dict[str, Any] = {"namespace": namespace, "name": FLEET_NAME, "processes": []}
     _say("control-plane binaries (built once from the Go module proxy; minutes on a cold cache)")
@@ -325,7 +326,8 @@ def load(work: Path, scenario_name: str, *, live: bool | None = None) -> bool:
         return dict(obj)
 
     terminal = sys.stdout.isatty() if live is None else live
-    last_lines: list[str] = []
+    last_key: tuple[Any, ...] = ()
+    last_print = 0.0
     live_view: Any = None
     if terminal:
         from rich.console import Console
@@ -335,7 +337,7 @@ def load(work: Path, scenario_name: str, *, live: bool | None = None) -> bool:
         live_view.start()
 
     def tick(phase: Phase, elapsed: float) -> None:
-        nonlocal last_lines
+        nonlocal last_key, last_print
         try:
             view = fleet_view(resource())
         except Exception as err:  # the live view must never stop the load
@@ -350,10 +352,12 @@ def load(work: Path, scenario_name: str, *, live: bool | None = None) -> bool:
 
             live_view.update(Group(Text(header, style="bold"), rich_renderable([view])), refresh=True)
             return
-        lines = plain_lines(view)
-        if lines[1:] != last_lines[1:]:
-            print(f"--- {time.strftime('%H:%M:%S')} {header}", *lines, sep="\n", flush=True)
-            last_lines = lines
+        # Without a terminal: print on every change of mode, K, readiness, decision or condition, and
+        # otherwise every 15 s (load and tokens/s change on every read).
+        key = (phase.name, view.conditions, *((p.mode, p.k, p.replicas, p.decision) for p in view.pools))
+        if key != last_key or time.monotonic() - last_print >= 15:
+            print(f"--- {time.strftime('%H:%M:%S')} {header}", *plain_lines(view), sep="\n", flush=True)
+            last_key, last_print = key, time.monotonic()
 
     print(f"scenario {scenario.name}: {scenario.description}", flush=True)
     try:

@@ -50,6 +50,7 @@ class LoadGenerator:
         max_seconds: float = 600.0,
         headers: Mapping[str, str] | None = None,
         name: str = "load",
+        api_key: str = "load",
     ) -> None:
         self.base_url = base_url
         self.model = model
@@ -57,6 +58,8 @@ class LoadGenerator:
         self.max_seconds = max_seconds
         self.headers = dict(headers or {})
         self.name = name
+        # The router tells clients apart by API key (auto-segmentation counts in-flight per client).
+        self.api_key = api_key
         self.stats = LoadStats()
         self._concurrency = 0
         self._stop = threading.Event()
@@ -88,7 +91,7 @@ class LoadGenerator:
     async def _main(self) -> None:
         client = openai.AsyncOpenAI(
             base_url=f"{self.base_url}/v1",
-            api_key="sandbox",
+            api_key=self.api_key,
             max_retries=0,
             timeout=60,
             default_headers=self.headers,

@@ -152,6 +152,7 @@ def run_scenario(
         max_seconds=bound,
         headers={TENANT_HEADER: BATCH_TENANT},
         name="batch-tenant",
+        api_key="nightly-evals",
     )
     result = ScenarioResult(scenario, started_wall=time.time())
     first = scenario.phases[0]
