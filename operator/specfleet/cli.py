@@ -73,24 +73,28 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig
-    if args.resync_seconds is not None:
-        os.environ["SPECFLEET_RESYNC_SECONDS"] = str(args.resync_seconds)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","message":"%(message)s"}',
     )
-    # Imported here: the handlers module reads its settings from the environment at import.
+    # Imported here: the other commands need neither Kopf nor a Kubernetes client.
     import kopf
     from prometheus_client import start_http_server
 
-    import specfleet.handlers  # noqa: F401  (registers the handlers)
+    from specfleet.handlers import OperatorConfig, build_registry
 
+    config = OperatorConfig(
+        kubeconfig=args.kubeconfig or os.environ.get("KUBECONFIG"),
+        resync_seconds=args.resync_seconds,
+        router_image=args.router_image or RenderOptions().router_image,
+        max_workers=args.max_workers,
+    )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_address)
     namespaces = args.namespace or []
     kopf.run(
+        registry=build_registry(config),
+        memo=kopf.Memo(config=config),
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=f"http://{args.liveness_address}:{args.liveness_port}/healthz"
@@ -127,7 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="watch this namespace (repeatable; default: all namespaces)",
     )
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
-    run.add_argument("--resync-seconds", type=float, help="drift-correction timer interval (default 30)")
+    run.add_argument("--resync-seconds", type=float, default=30.0, help="drift-correction timer interval")
+    run.add_argument("--router-image", help="router image (default: the operator's own)")
+    run.add_argument(
+        "--max-workers", type=int, default=16, help="reconciles that may run at once (Kopf's thread pool)"
+    )
     run.add_argument("--liveness-port", type=int, default=8080, help="0 disables the liveness endpoint")
     run.add_argument("--liveness-address", default="0.0.0.0")
     run.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 disables")

@@ -8,8 +8,10 @@ ones (raised, so Kopf retries with a delay).
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client as k8s_client
@@ -19,9 +21,11 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from specfleet.api.constants import FIELD_MANAGER
-from specfleet.reconcile import ApplyRejectedError
+from specfleet.reconcile import ApplyRejectedError, Event
 from specfleet.render import Manifest
 
+# Kubernetes caps an Event's message.
+_EVENT_MESSAGE_LIMIT = 1024
 # 4xx answers that no retry can fix (the object itself is wrong); others are transient.
 _PERMANENT_STATUSES = frozenset({400, 403, 404, 409, 422})
 
@@ -105,3 +109,30 @@ class KubeCluster:
             namespace=meta.get("namespace"),
             content_type="application/merge-patch+json",
         )
+
+    def post_event(self, body: Mapping[str, Any], event: Event) -> None:
+        """A core/v1 Event on the resource (for code that runs outside Kopf's handlers)."""
+        meta = body["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": body["apiVersion"],
+                "kind": body["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:_EVENT_MESSAGE_LIMIT],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": socket.gethostname(),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._resource(doc).create(body=doc, namespace=meta["namespace"])

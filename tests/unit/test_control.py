@@ -158,12 +158,14 @@ def test_restart_between_decision_and_rollout_end_does_not_flip_again(world):
 
 
 def test_pinned_pools_are_not_evaluated(world):
-    _, prom, _, controller = world
+    cluster, prom, _, controller = world
     controller.reconcile_object("default", "llama")
     prom.set_pool("latency", running=1.0)
+    # The batch pool (pinned Off) has stale data: it must not hold the Auto pool.
+    prom.set_pool("batch", age=600.0)
     outcome = controller.evaluate_policy("default", "llama")
     assert [d.pool for d in outcome.decisions] == ["latency"]
-    assert not any("batch" in q for q in prom.queries)
+    assert _conditions(cluster)["MetricsAvailable"]["status"] == "True"
 
 
 def test_degraded_resource_is_not_evaluated(world):
