@@ -4,13 +4,15 @@ The handlers tell it which resources exist (`track` on every watch event, `forge
 thread runs sweeps: each sweep takes the resources that are due (each keeps its own
 `policy.evaluationIntervalSeconds`), groups them by Prometheus target, asks each target its fleet
 queries once (targets in parallel, no per-object lock held), then decides and writes each resource
-under its own lock only for that short step. Resources due soon (within a quarter of their interval)
-join the sweep early, so resources with the same interval fall into step and share each round.
+under its own lock only for that short step. Due times fall on multiples of each resource's interval
+(on the monotonic clock), so every resource with the same interval is due in the same sweep and
+shares its round of queries, however their creations were spread.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,8 +38,6 @@ EmitFn = Callable[[Mapping[str, Any], Outcome], None]
 
 # A new resource is first evaluated this long after it is seen (its first reconcile goes first).
 INITIAL_DELAY_SECONDS = 5.0
-# Share of its interval by which a resource may be evaluated early to join a sweep.
-EARLY_FRACTION = 0.25
 # The loop wakes at least this often to pick up new resources and stop requests.
 TICK_SECONDS = 1.0
 # Prometheus targets (distinct url, timeout, window) asked at the same time within one sweep, so one
@@ -61,6 +61,11 @@ class SweepReport:
     failed: int = 0
     seconds: float = 0.0
     outcomes: dict[Key, Outcome] = field(default_factory=dict)
+
+
+def _on_grid(earliest: float, period: float) -> float:
+    """The first multiple of `period` at or after `earliest`: resources sharing a period share sweeps."""
+    return math.ceil(earliest / period) * period if period > 0 else earliest
 
 
 class PolicyScheduler:
@@ -96,7 +101,8 @@ class PolicyScheduler:
         with self._guard:
             tracked = self._tracked.get(key)
             if tracked is None:
-                self._tracked[key] = _Tracked(body, schedule, self.monotonic() + self.initial_delay_seconds)
+                due = _on_grid(self.monotonic() + self.initial_delay_seconds, schedule.interval_seconds)
+                self._tracked[key] = _Tracked(body, schedule, due)
             else:
                 tracked.body, tracked.schedule = body, schedule
 
@@ -113,25 +119,24 @@ class PolicyScheduler:
 
     def _due(self, now: float) -> dict[Key, _Tracked]:
         with self._guard:
-            if not any(t.due <= now for t in self._tracked.values()):
-                return {}
-            return {
-                key: t
-                for key, t in self._tracked.items()
-                if t.due - now <= EARLY_FRACTION * t.schedule.interval_seconds
-            }
+            return {key: t for key, t in self._tracked.items() if t.due <= now}
 
     def _reschedule(self, key: Key, seconds: float) -> None:
+        """Due again after about `seconds` (at least half of it), on the grid of that period; 0: now."""
+        now = self.monotonic()
+        due = now if seconds <= 0 else _on_grid(now + seconds / 2, seconds)
         with self._guard:
             tracked = self._tracked.get(key)
             if tracked is not None:
-                tracked.due = self.monotonic() + seconds
+                tracked.due = due
 
     def sweep(self) -> SweepReport:
         """Evaluate every resource that is due now, one round of queries per Prometheus target."""
         started = self.monotonic()
         report = SweepReport()
         due = self._due(started)
+        if due:
+            logger.info("policy sweep started: %d resources due", len(due))
         groups: dict[PrometheusTarget, list[tuple[Key, Mapping[str, Any]]]] = {}
         for key, tracked in due.items():
             target = tracked.schedule.target

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from support.fleet import SilentServer, as_yaml, list_json, small_fleet, unreconciled
+from support.fleet import SilentServer, as_yaml, list_resources, small_fleet, unreconciled
 from support.manifests import ROOT, merge
 from support.operator_process import OperatorProcess, events_by_time, wait_for
 
@@ -52,7 +52,7 @@ def operator(cluster, tmp_path, request) -> Iterator[OperatorProcess]:
 def _metrics_unavailable(cluster, namespace: str) -> int:
     """Resources whose last policy evaluation reported the hung Prometheus."""
     count = 0
-    for sd in list_json(cluster.kubectl, "sd", "-n", namespace):
+    for sd in list_resources(cluster, namespace):
         for cond in (sd.get("status") or {}).get("conditions", []):
             if cond["type"] == "MetricsAvailable" and cond["status"] == "False":
                 count += 1
@@ -76,7 +76,7 @@ def test_hundred_resources_reconcile_and_a_change_lands_while_the_policy_sweeps(
 
     wait_for(
         f"all {RESOURCES} resources reconciled",
-        lambda: not unreconciled(cluster.kubectl, [namespace], DEPLOYMENTS_EACH) or None,
+        lambda: not unreconciled(cluster, DEPLOYMENTS_EACH, namespace) or None,
         timeout=300,
         interval=3,
     )

@@ -25,11 +25,13 @@ class OperatorProcess:
         *,
         resync_seconds: float = 2.0,
         extra_env: dict[str, str] | None = None,
+        verbose: bool = True,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.resync_seconds = resync_seconds
         self.extra_env = extra_env or {}
+        self.verbose = verbose
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
@@ -46,7 +48,7 @@ class OperatorProcess:
             "0",
             "--metrics-port",
             "0",
-            "--verbose",
+            *(["--verbose"] if self.verbose else []),
         ]
         self.proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

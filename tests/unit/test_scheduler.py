@@ -26,7 +26,8 @@ ROUND = len(fleet_queries(WINDOW))
 
 class Monotonic:
     def __init__(self) -> None:
-        self.now = 1000.0
+        # A multiple of every interval used here: the first sweep finds everything due.
+        self.now = 1200.0
 
     def __call__(self) -> float:
         return self.now
@@ -146,10 +147,31 @@ def test_each_resource_runs_at_its_own_interval(world):
     assert world.scheduler.sweep().evaluated == 0
     assert len(world.prom().queries) == queries
 
-    # 46 s after its run, "slow" is within a quarter of its 60 s interval when "fast" falls due: it
-    # joins that sweep (one round of queries for both) rather than needing its own a few seconds later.
-    world.clock.now += 35
+    # 60 s after the first sweep both are due again, in one sweep with one round of queries.
+    world.clock.now += 49
+    queries = len(world.prom().queries)
     assert set(world.scheduler.sweep().outcomes) == {("ns", "fast"), ("ns", "slow")}
+    assert len(world.prom().queries) == queries + ROUND
+
+
+def test_resources_created_at_different_times_fall_into_one_sweep(world):
+    world.scheduler.initial_delay_seconds = 5.0
+    for i in range(10):
+        world.add("ns", f"fleet-{i}", interval=30)
+        world.clock.now += 7  # creations spread over 70 s
+    evaluated: set[tuple[str, str]] = set()
+    for _ in range(120):
+        evaluated |= set(world.scheduler.sweep().outcomes)
+        world.clock.now += 1
+    assert len(evaluated) == 10
+    # From then on every resource is due at the same instants: one sweep covers all ten.
+    sizes = []
+    for _ in range(60):
+        report = world.scheduler.sweep()
+        if report.evaluated:
+            sizes.append(report.evaluated)
+        world.clock.now += 1
+    assert sizes == [10, 10]
 
 
 def test_no_object_lock_is_held_while_prometheus_is_asked(world):

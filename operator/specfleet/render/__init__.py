@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from specfleet.api.models import PoolName, SpeculationMode
+from specfleet.api.constants import POOLS, PoolName
+from specfleet.api.models import SpeculationMode
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, RenderOptions, with_render_hash
 from specfleet.render.engine import (
@@ -27,10 +28,7 @@ from specfleet.render.router import (
     render_routing_config_map,
 )
 
-__all__ = ["Manifest", "RenderOptions", "render_children"]
-
-POOLS: tuple[PoolName, ...] = ("latency", "batch")
-
+__all__ = ["POOLS", "Manifest", "RenderOptions", "render_children"]
 
 def render_children(
     sd: SpeculativeDeployment,
