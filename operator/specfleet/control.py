@@ -199,9 +199,8 @@ class Controller:
             new_status = recorded.status.to_wire()
             outcome.events = [Event(t, r, m) for t, r, m in recorded.events]  # type: ignore[arg-type]
             if recorded.flipped:
-                # Render and roll out the flip now, from the status that records it.
-                flipped_body = {**body, "status": new_status}
-                result = reconcile(flipped_body, self.cluster, now, self.options)
+                # Render and roll out the flip now, from the status that records it (typed, as decided).
+                result = reconcile(body, self.cluster, now, self.options, status=recorded.status)
                 new_status = result.status
                 outcome.events += result.events
                 outcome.applied = result.applied
