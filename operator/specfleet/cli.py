@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -92,17 +94,32 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_address)
     namespaces = args.namespace or []
-    kopf.run(
-        registry=build_registry(config),
-        memo=kopf.Memo(config=config),
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        liveness_endpoint=f"http://{args.liveness_address}:{args.liveness_port}/healthz"
-        if args.liveness_port
-        else None,
-        standalone=True,
+
+    def run_kopf(stop: threading.Event | None = None) -> None:
+        kopf.run(
+            registry=build_registry(config),
+            memo=kopf.Memo(config=config),
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=f"http://{args.liveness_address}:{args.liveness_port}/healthz"
+            if args.liveness_port
+            else None,
+            standalone=True,
+            stop_flag=stop,
+        )
+
+    if not args.leader_election_namespace:
+        run_kopf()
+        return 0
+    from specfleet.kube import KubeLease, load_kube_config
+    from specfleet.leader import LeaderElector, run_as_leader
+
+    lease = KubeLease(
+        load_kube_config(config.kubeconfig), args.leader_election_namespace, args.leader_election_name
     )
-    return 0
+    identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
+    elector = LeaderElector(lease, lease.name, lease.namespace, identity)
+    return run_as_leader(elector, run_kopf)
 
 
 def _cmd_version(_: argparse.Namespace) -> int:
@@ -140,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--liveness-address", default="0.0.0.0")
     run.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 disables")
     run.add_argument("--metrics-address", default="0.0.0.0")
+    run.add_argument(
+        "--leader-election-namespace",
+        help="hold a Lease in this namespace so that of several replicas exactly one runs (default: off)",
+    )
+    run.add_argument("--leader-election-name", default="specfleet-operator", help="the Lease's name")
+    run.add_argument("--identity", help="this replica's name in the Lease (default: hostname-pid)")
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=_cmd_run)
 

@@ -18,7 +18,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+from kubernetes.dynamic.exceptions import ConflictError, NotFoundError, ResourceNotFoundError
 
 from specfleet.api.constants import FIELD_MANAGER
 from specfleet.reconcile import ApplyRejectedError, Event
@@ -136,3 +136,34 @@ class KubeCluster:
             "count": 1,
         }
         self._resource(doc).create(body=doc, namespace=meta["namespace"])
+
+
+class KubeLease:
+    """`leader.LeaseApi` over one coordination.k8s.io/v1 Lease."""
+
+    def __init__(self, api_client: k8s_client.ApiClient, namespace: str, name: str) -> None:
+        self._leases = DynamicClient(api_client).resources.get(  # type: ignore[no-untyped-call]
+            api_version="coordination.k8s.io/v1", kind="Lease"
+        )
+        self.namespace, self.name = namespace, name
+
+    def get(self) -> dict[str, Any] | None:
+        try:
+            lease: dict[str, Any] = self._leases.get(name=self.name, namespace=self.namespace).to_dict()
+        except NotFoundError:
+            return None
+        return lease
+
+    def create(self, lease: Mapping[str, Any]) -> bool:
+        try:
+            self._leases.create(body=dict(lease), namespace=self.namespace)
+        except ConflictError:
+            return False
+        return True
+
+    def replace(self, lease: Mapping[str, Any]) -> bool:
+        try:
+            self._leases.replace(body=dict(lease), name=self.name, namespace=self.namespace)
+        except ConflictError:
+            return False
+        return True
