@@ -85,6 +85,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from specfleet.handlers import OperatorConfig, build_registry
 
+    if args.kubeconfig:
+        # Kopf logs in through the Kubernetes client library, which reads this variable.
+        os.environ["KUBECONFIG"] = args.kubeconfig
     config = OperatorConfig(
         kubeconfig=args.kubeconfig or os.environ.get("KUBECONFIG"),
         resync_seconds=args.resync_seconds,

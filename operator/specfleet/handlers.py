@@ -216,6 +216,8 @@ async def track(memo: kopf.Memo, event: Mapping[str, Any], body: kopf.Body, **_:
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     """The handlers for one configuration (the timer's interval must be known when registering)."""
     registry = kopf.OperatorRegistry()
+    # Our own registry has none of the default one's login handlers: log in as the client library does.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(configure)
     kopf.on.cleanup(registry=registry)(stop_scheduler)
     kopf.on.probe(id="controller", registry=registry)(probe_controller)
