@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv lint crd golden test test-unit test-cluster test-vllm test-e2e demo demo-down lock
+.PHONY: help venv lint crd golden test test-unit test-cluster test-vllm test-e2e demo demo-down lock bench-scale
 
 help:
 	@echo "make demo          set up everything and run the operator against a local test cluster"
@@ -49,6 +49,10 @@ test-e2e:
 
 test: lint
 	$(PY) -m pytest tests -q
+
+# One operator, 500 SpeculativeDeployments in 20 namespaces, on the test bed and Debian's Prometheus.
+bench-scale:
+	$(PY) benchmarks/scale.py --out docs/benchmarks/scale.md
 
 demo:
 	bash scripts/demo.sh

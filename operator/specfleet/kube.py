@@ -24,6 +24,9 @@ from specfleet.api.constants import FIELD_MANAGER
 from specfleet.reconcile import ApplyRejectedError, Event
 from specfleet.render import Manifest
 
+# Every API call gives up after this long (seconds): a hung connection must not hold a worker thread
+# (reconciles) or the policy scheduler forever; the caller retries.
+REQUEST_TIMEOUT_SECONDS = 30
 # Kubernetes caps an Event's message.
 _EVENT_MESSAGE_LIMIT = 1024
 # 4xx answers that no retry can fix (the object itself is wrong); others are transient.
@@ -69,7 +72,9 @@ class KubeCluster:
             return None
         meta = manifest["metadata"]
         try:
-            live = resource.get(name=meta["name"], namespace=meta.get("namespace"))
+            live = resource.get(
+                name=meta["name"], namespace=meta.get("namespace"), _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
         except NotFoundError:
             return None
         result: Manifest = live.to_dict()
@@ -90,6 +95,7 @@ class KubeCluster:
                 namespace=meta.get("namespace"),
                 field_manager=FIELD_MANAGER,
                 force_conflicts=True,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )
         except ApiException as err:
             if err.status in _PERMANENT_STATUSES:
@@ -108,6 +114,7 @@ class KubeCluster:
             name=meta["name"],
             namespace=meta.get("namespace"),
             content_type="application/merge-patch+json",
+            _request_timeout=REQUEST_TIMEOUT_SECONDS,
         )
 
     def post_event(self, body: Mapping[str, Any], event: Event) -> None:
@@ -135,7 +142,9 @@ class KubeCluster:
             "lastTimestamp": now,
             "count": 1,
         }
-        self._resource(doc).create(body=doc, namespace=meta["namespace"])
+        self._resource(doc).create(
+            body=doc, namespace=meta["namespace"], _request_timeout=REQUEST_TIMEOUT_SECONDS
+        )
 
 
 class KubeLease:
@@ -149,21 +158,30 @@ class KubeLease:
 
     def get(self) -> dict[str, Any] | None:
         try:
-            lease: dict[str, Any] = self._leases.get(name=self.name, namespace=self.namespace).to_dict()
+            lease: dict[str, Any] = self._leases.get(
+                name=self.name, namespace=self.namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            ).to_dict()
         except NotFoundError:
             return None
         return lease
 
     def create(self, lease: Mapping[str, Any]) -> bool:
         try:
-            self._leases.create(body=dict(lease), namespace=self.namespace)
+            self._leases.create(
+                body=dict(lease), namespace=self.namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
         except ConflictError:
             return False
         return True
 
     def replace(self, lease: Mapping[str, Any]) -> bool:
         try:
-            self._leases.replace(body=dict(lease), name=self.name, namespace=self.namespace)
+            self._leases.replace(
+                body=dict(lease),
+                name=self.name,
+                namespace=self.namespace,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
         except ConflictError:
             return False
         return True
