@@ -93,6 +93,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         resync_seconds=args.resync_seconds,
         router_image=args.router_image or RenderOptions().router_image,
         max_workers=args.max_workers,
+        resync_workers=args.resync_workers,
     )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_address)
@@ -153,9 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
     run.add_argument("--resync-seconds", type=float, default=30.0, help="drift-correction timer interval")
     run.add_argument("--router-image", help="router image (default: the operator's own)")
-    run.add_argument(
-        "--max-workers", type=int, default=16, help="reconciles that may run at once (Kopf's thread pool)"
-    )
+    run.add_argument("--max-workers", type=int, default=16, help="reconciles of changes that may run at once")
+    run.add_argument("--resync-workers", type=int, default=2, help="periodic resyncs that may run at once")
     run.add_argument("--liveness-port", type=int, default=8080, help="0 disables the liveness endpoint")
     run.add_argument("--liveness-address", default="0.0.0.0")
     run.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 disables")

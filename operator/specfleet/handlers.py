@@ -13,8 +13,12 @@ Settings arrive explicitly: `build_registry(config)` registers the handlers for 
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import logging
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +66,11 @@ class OperatorConfig:
     kubeconfig: str | None = None
     resync_seconds: float = 30.0
     router_image: str = RenderOptions().router_image
-    # Reconciles that may run at once (Kopf's thread pool for sync handlers).
+    # Reconciles from changes that may run at once (Kopf's thread pool for sync handlers).
     max_workers: int = 16
+    # Periodic resyncs that may run at once, in their own pool: hundreds of timers falling due together
+    # queue there and never in front of a user's change.
+    resync_workers: int = 2
 
 
 def _observe_query(seconds: float, ok: bool) -> None:
@@ -149,15 +156,19 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Log
     controller = Controller(cluster, RenderOptions(router_image=config.router_image), _querier)
     scheduler = PolicyScheduler(controller, _policy_emitter(cluster))
     memo.controller, memo.scheduler = controller, scheduler
+    memo.resync_pool = ThreadPoolExecutor(max_workers=config.resync_workers, thread_name_prefix="resync")
     scheduler.start(on_sweep=_log_sweep)
     logger.info("specfleet operator configured (resync every %ss)", config.resync_seconds)
 
 
 def stop_scheduler(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the policy scheduler when the operator exits."""
+    """Stop the policy scheduler and the resync pool when the operator exits."""
     scheduler: PolicyScheduler | None = memo.get("scheduler")
     if scheduler is not None:
         scheduler.stop()
+    pool: ThreadPoolExecutor | None = memo.get("resync_pool")
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def probe_controller(memo: kopf.Memo, **_: Any) -> bool:
@@ -193,11 +204,17 @@ def on_change(
     _reconcile("change", memo, body, name, namespace, logger)
 
 
-def resync(
+async def resync(
     memo: kopf.Memo, body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger, **_: Any
 ) -> None:
-    """Periodic reconcile: restores drifted children and refreshes pool status."""
-    _reconcile("resync", memo, body, name, namespace, logger)
+    """Periodic reconcile: restores drifted children and refreshes pool status.
+
+    Runs in the small resync pool, not Kopf's: a change waits for a free worker behind other
+    changes only. The context is copied so kopf.event() still finds this object's event queue.
+    """
+    pool: ThreadPoolExecutor = memo.resync_pool
+    call = functools.partial(_reconcile, "resync", memo, body, name, namespace, logger)
+    await asyncio.get_running_loop().run_in_executor(pool, contextvars.copy_context().run, call)
 
 
 async def track(memo: kopf.Memo, event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
