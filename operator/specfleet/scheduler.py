@@ -89,7 +89,6 @@ class PolicyScheduler:
         self._queries = ThreadPoolExecutor(max_workers=query_workers, thread_name_prefix="prometheus")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.last_sweep: SweepReport | None = None
 
     # --- what the handlers call -------------------------------------------------------------------
 
@@ -169,8 +168,6 @@ class PolicyScheduler:
                 self._reschedule(key, outcome.next_seconds)
                 self.emit(body, outcome)
         report.seconds = self.monotonic() - started
-        if report.evaluated:
-            self.last_sweep = report
         return report
 
     def _interval(self, key: Key) -> float:
