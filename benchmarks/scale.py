@@ -526,7 +526,17 @@ def write_report(path: Path, header: str, text: str, result: Result) -> None:
 
 REPORT = """# Scale: one operator, hundreds of SpeculativeDeployments
 
-Written by `make bench-scale` (`benchmarks/scale.py`); see its docstring for exactly what is measured.
+Written by `make bench-scale` (`benchmarks/scale.py`; its docstring says exactly what is measured).
+One `specfleet run` process (INFO logging, 16 change workers, 2 resync workers, resync every 30 s)
+against the test bed's real control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)
+and Debian's Prometheus 2.42, which scrapes a synthetic exporter publishing vLLM engine metrics for
+both pools of every resource (one engine each, acceptance length 2.4, 4 running requests), so every
+policy sweep runs its 11 grouped PromQL queries over all pools and decides all of them for real.
+Resources are the minimal example with pools and router at 0 replicas: every child (3 Deployments,
+3 Services, 2 PDBs, a ConfigMap, ServiceAccount, Role, RoleBinding) is written and read back, but no
+pod has to be scheduled on the 2-core machine. Everything (the control plane, Prometheus, the
+benchmark's own polling) shares the same 2 cores with the operator, and other engineers' jobs ran on
+the machine at the same time; the load average is printed with the run.
 
 ## Last run
 
@@ -536,6 +546,16 @@ Written by `make bench-scale` (`benchmarks/scale.py`); see its docstring for exa
 
 Notes from the run:
 {notes}
+## How to read it
+
+- "Writes in a no-op resync window": resourceVersions of every child and resource are taken after the
+  status has settled, again after one full resync period; any difference is a write. Writes that only
+  refreshed `status.pools.*.acceptanceMeasuredAt` come from the policy recording a fresh acceptance
+  measurement on every evaluation (`policy/record.py`), not from the resync.
+- "Change reconciled during a full sweep": the benchmark waits for the operator's "policy sweep
+  started" line for a sweep of every resource, then patches one resource's spec and waits until its
+  status reports the new generation and its batch Deployment carries the change (`kubectl patch` is
+  included). The count says how many of those changes landed while the sweep was still running.
 """
 
 
