@@ -7,7 +7,6 @@ import logging
 import os
 import socket
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -99,7 +98,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         start_http_server(args.metrics_port, addr=args.metrics_address)
     namespaces = args.namespace or []
 
-    def run_kopf(stop: threading.Event | None = None) -> None:
+    def run_kopf() -> None:
         kopf.run(
             registry=build_registry(config),
             memo=kopf.Memo(config=config),
@@ -109,7 +108,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if args.liveness_port
             else None,
             standalone=True,
-            stop_flag=stop,
         )
 
     if not args.leader_election_namespace:

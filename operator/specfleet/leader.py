@@ -13,6 +13,8 @@ Kopf's own peering is not used: operators of equal priority all pause there inst
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -103,16 +105,23 @@ class LeaderElector:
         return None if lease is None else (lease.get("spec") or {}).get("holderIdentity")
 
 
+def _terminate_self() -> None:
+    """Stop Kopf the way Kubernetes would: SIGTERM to this process (Kopf shuts down gracefully)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def run_as_leader(
     elector: LeaderElector,
-    run: Callable[[threading.Event], None],
+    run: Callable[[], None],
     *,
+    on_lost: Callable[[], None] = _terminate_self,
     retry_seconds: float = RETRY_SECONDS,
     renew_deadline_seconds: float = RENEW_DEADLINE_SECONDS,
 ) -> int:
-    """Wait to become leader, then `run(stop)` while renewing; 0 on a clean stop, 1 if the Lease was lost.
+    """Wait to become leader, then `run()` while renewing; 0 on a clean stop, 1 if the Lease was lost.
 
-    `run` must return soon after `stop` is set (Kopf's stop_flag).
+    When renewal fails past the deadline, `on_lost()` must make `run` return (by default SIGTERM,
+    which Kopf handles; a stop flag would leave Kopf waiting on it in a thread at exit).
     """
     logger.info(
         "waiting for leadership of lease %s/%s as %s", elector.namespace, elector.name, elector.identity
@@ -141,11 +150,12 @@ def run_as_leader(
                 logger.error("lost leadership of lease %s/%s: stopping", elector.namespace, elector.name)
                 lost.set()
                 stop.set()
+                on_lost()
 
     renewer = threading.Thread(target=renew, name="lease-renewer", daemon=True)
     renewer.start()
     try:
-        run(stop)
+        run()
     finally:
         stop.set()
         renewer.join(retry_seconds + 5)

@@ -30,6 +30,9 @@ def operators(cluster, namespace, tmp_path, request) -> Iterator[dict[str, Opera
             cluster.kubeconfig,
             tmp_path / f"operator-{name}.log",
             extra_args=[
+                # Only this test's namespace: other tests' resources must not slow either operator.
+                "--namespace",
+                namespace,
                 "--leader-election-namespace",
                 namespace,
                 "--leader-election-name",

@@ -128,7 +128,7 @@ def test_run_as_leader_runs_until_stopped_and_releases():
     a = _elector(store, "a", clock)
     ran = threading.Event()
 
-    def run(stop: threading.Event) -> None:
+    def run() -> None:
         ran.set()
         assert _spec(store)["holderIdentity"] == "a"
 
@@ -141,10 +141,12 @@ def test_run_as_leader_stops_when_the_lease_is_lost():
     store, clock = MemoryLease(), Clock()
     a = _elector(store, "a", clock)
 
-    def run(stop: threading.Event) -> None:
+    stopped = threading.Event()
+
+    def run() -> None:
         # Someone else takes the Lease from under us; renewals fail until the deadline stops us.
         _spec(store)["holderIdentity"] = "intruder"
-        assert stop.wait(10)
+        assert stopped.wait(10)
 
-    assert run_as_leader(a, run, retry_seconds=0.01, renew_deadline_seconds=0.05) == 1
+    assert run_as_leader(a, run, on_lost=stopped.set, retry_seconds=0.01, renew_deadline_seconds=0.05) == 1
     assert _spec(store)["holderIdentity"] == "intruder"
