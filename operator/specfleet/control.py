@@ -17,20 +17,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from specfleet.api.constants import API_VERSION, KIND
-from specfleet.api.models import PoolName
+from specfleet.api.constants import API_VERSION, KIND, POOLS
+from specfleet.api.models import PoolName, SpeculativeDeploymentStatus
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
 from specfleet.metrics.prometheus import FleetAnswers, PoolSelector, QueryFn, observe, query_fleet
 from specfleet.policy.decide import PoolDecision, decide
 from specfleet.policy.observations import PoolObservation
-from specfleet.policy.record import auto_pools, pool_states, record
+from specfleet.policy.record import auto_pools, parse_time, pool_states, record
 from specfleet.reconcile import Cluster, Event, reconcile, status_patch
 from specfleet.render import RenderOptions
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
 
 # How long to wait before re-evaluating a resource that cannot be evaluated (invalid, degraded, gone).
 IDLE_RETRY_SECONDS = 30.0
+# The same acceptance measured again rewrites its timestamp in status at most this often: otherwise
+# every evaluation of every speculating pool is a status write (and a watch event for every replica
+# of the operator and every GitOps tool). The older timestamp only makes its age conservative.
+ACCEPTANCE_REFRESH_SECONDS = 300.0
 
 
 class ResourceCluster(Cluster, Protocol):
@@ -196,6 +200,7 @@ class Controller:
             )
             outcome.decisions = decisions
             recorded = record(sd.status, decisions, observations, sd.generation, now)
+            recorded.status = _keep_recent_measurement_times(sd.status, recorded.status, now)
             new_status = recorded.status.to_wire()
             outcome.events = [Event(t, r, m) for t, r, m in recorded.events]  # type: ignore[arg-type]
             if recorded.flipped:
@@ -219,6 +224,30 @@ class Controller:
         now = self.clock()
         answers = self.observe_target(schedule.target)
         return self.decide_policy(namespace, name, schedule.target, answers, now)
+
+
+def _keep_recent_measurement_times(
+    previous: SpeculativeDeploymentStatus, recorded: SpeculativeDeploymentStatus, now: datetime
+) -> SpeculativeDeploymentStatus:
+    """`recorded` with each pool's acceptanceMeasuredAt kept from `previous` where the measured numbers
+    did not change and the previous time is younger than ACCEPTANCE_REFRESH_SECONDS."""
+    pools = recorded.pools.model_copy()
+    kept = False
+    for pool in POOLS:
+        old, new = getattr(previous.pools, pool), getattr(recorded.pools, pool)
+        measured = parse_time(old.acceptance_measured_at)
+        if (
+            measured is not None
+            and new.acceptance_measured_at != old.acceptance_measured_at
+            and (new.acceptance_length, new.per_position_acceptance)
+            == (old.acceptance_length, old.per_position_acceptance)
+            and (now - measured).total_seconds() < ACCEPTANCE_REFRESH_SECONDS
+        ):
+            setattr(
+                pools, pool, new.model_copy(update={"acceptance_measured_at": old.acceptance_measured_at})
+            )
+            kept = True
+    return recorded.model_copy(update={"pools": pools}) if kept else recorded
 
 
 def _expected_reporting(sd: SpeculativeDeployment, pool: PoolName) -> int | None:

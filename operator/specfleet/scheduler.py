@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from specfleet.control import (
@@ -43,6 +44,9 @@ TICK_SECONDS = 1.0
 # Prometheus targets (distinct url, timeout, window) asked at the same time within one sweep, so one
 # hung Prometheus delays only the resources that use it.
 QUERY_WORKERS = 4
+# Resources decided at the same time: each decision is mostly waiting on the apiserver (read, maybe a
+# status write and events), so a few overlap those waits; the per-object locks keep each one serial.
+DECIDE_WORKERS = 4
 
 
 @dataclass
@@ -79,6 +83,7 @@ class PolicyScheduler:
         monotonic: Callable[[], float] = time.monotonic,
         initial_delay_seconds: float = INITIAL_DELAY_SECONDS,
         query_workers: int = QUERY_WORKERS,
+        decide_workers: int = DECIDE_WORKERS,
     ) -> None:
         self.controller = controller
         self.emit = emit
@@ -87,6 +92,7 @@ class PolicyScheduler:
         self._tracked: dict[Key, _Tracked] = {}
         self._guard = threading.Lock()
         self._queries = ThreadPoolExecutor(max_workers=query_workers, thread_name_prefix="prometheus")
+        self._decisions = ThreadPoolExecutor(max_workers=decide_workers, thread_name_prefix="policy")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -120,9 +126,11 @@ class PolicyScheduler:
         with self._guard:
             return {key: t for key, t in self._tracked.items() if t.due <= now}
 
-    def _reschedule(self, key: Key, seconds: float) -> None:
-        """Due again after about `seconds` (at least half of it), on the grid of that period; 0: now."""
-        now = self.monotonic()
+    def _reschedule(self, key: Key, seconds: float, since: float | None = None) -> None:
+        """Due again about `seconds` (at least half of it) after `since` (default now), on the grid of
+        that period; 0: now. Counting from the sweep's start keeps everything one sweep evaluated on
+        the same next instant, however long the sweep took."""
+        now = self.monotonic() if since is None else since
         due = now if seconds <= 0 else _on_grid(now + seconds / 2, seconds)
         with self._guard:
             tracked = self._tracked.get(key)
@@ -140,7 +148,7 @@ class PolicyScheduler:
         for key, tracked in due.items():
             target = tracked.schedule.target
             if target is None:
-                self._reschedule(key, tracked.schedule.interval_seconds)
+                self._reschedule(key, tracked.schedule.interval_seconds, started)
                 continue
             groups.setdefault(target, []).append((key, tracked.body))
         report.targets = len(groups)
@@ -155,20 +163,39 @@ class PolicyScheduler:
             except Exception as err:  # a bug in building answers must not stop every other target
                 logger.exception("fleet queries against %s failed", target.url)
                 answers = FleetAnswers(error=f"{type(err).__name__}: {err}")
-            for key, body in groups[target]:
+            decisions = {
+                self._decisions.submit(self._decide, key, body, target, answers, now, started): key
+                for key, body in groups[target]
+            }
+            for decided in as_completed(decisions):
                 report.evaluated += 1
-                try:
-                    outcome = self.controller.decide_policy(key[0], key[1], target, answers, now)
-                except Exception as err:  # an API error on one resource: retry it, go on with the rest
+                outcome = decided.result()
+                if outcome is None:
                     report.failed += 1
-                    logger.warning("policy evaluation of %s/%s failed, retrying: %s", *key, err)
-                    self._reschedule(key, min(IDLE_RETRY_SECONDS, self._interval(key)))
-                    continue
-                report.outcomes[key] = outcome
-                self._reschedule(key, outcome.next_seconds)
-                self.emit(body, outcome)
+                else:
+                    report.outcomes[decisions[decided]] = outcome
         report.seconds = self.monotonic() - started
         return report
+
+    def _decide(
+        self,
+        key: Key,
+        body: Mapping[str, Any],
+        target: PrometheusTarget,
+        answers: FleetAnswers,
+        now: datetime,
+        sweep_started: float,
+    ) -> Outcome | None:
+        """One resource's decision, rescheduled and emitted; None when it failed (retried soon)."""
+        try:
+            outcome = self.controller.decide_policy(key[0], key[1], target, answers, now)
+        except Exception as err:  # an API error on one resource: retry it, go on with the rest
+            logger.warning("policy evaluation of %s/%s failed, retrying: %s", *key, err)
+            self._reschedule(key, min(IDLE_RETRY_SECONDS, self._interval(key)), sweep_started)
+            return None
+        self._reschedule(key, outcome.next_seconds, sweep_started)
+        self.emit(body, outcome)
+        return outcome
 
     def _interval(self, key: Key) -> float:
         with self._guard:
@@ -206,3 +233,4 @@ class PolicyScheduler:
         if self._thread is not None:
             self._thread.join(timeout)
         self._queries.shutdown(wait=False, cancel_futures=True)
+        self._decisions.shutdown(wait=False, cancel_futures=True)
