@@ -43,6 +43,9 @@ def load_kube_config(kubeconfig: str | None = None) -> k8s_client.ApiClient:
             raise k8s_config.ConfigException("kubeconfig given")
     except k8s_config.ConfigException:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    # One client serves the change and resync workers, the policy scheduler's deciders and its
+    # queries: keep a connection for each instead of the default 5 per CPU (extra ones are discarded).
+    configuration.connection_pool_maxsize = 32
     return k8s_client.ApiClient(configuration)
 
 
