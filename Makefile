@@ -7,10 +7,10 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint crd golden test test-unit test-cluster test-vllm test-e2e ci-fresh demo demo-down lock
+.PHONY: help venv deps lint crd golden test test-unit test-cluster test-vllm test-e2e ci-fresh demo demo-down lock bench-scale
 
 help:
-	@echo "make demo          set up everything and run the operator against a local test cluster"
+	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
 	@echo "make test          lint + every test tier (what CI runs)"
 	@echo "make test-unit     fast tests, no external components"
 	@echo "make test-cluster  against a real kube-apiserver/controller-manager/scheduler/etcd + kwok"
@@ -60,6 +60,10 @@ test: lint
 
 ci-fresh:
 	bash scripts/ci-fresh.sh
+
+# One operator, 500 SpeculativeDeployments in 20 namespaces, on the test bed and Debian's Prometheus.
+bench-scale:
+	$(PY) benchmarks/scale.py --out docs/benchmarks/scale.md
 
 demo:
 	bash scripts/demo.sh

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from specfleet import __version__
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
 from specfleet.crd import crd_yaml
-from specfleet.reconcile import decided_ks, decided_modes
+from specfleet.reconcile import decided_plan
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import to_yaml
 from specfleet.status_cli import add_parser as add_status_parser
@@ -66,7 +67,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
                 print(f"  * {problem}", file=sys.stderr)
             failed = True
             continue
-        rendered += render_children(sd, decided_modes(sd), options, decided_ks(sd))
+        rendered += render_children(sd, decided_plan(sd), options)
     if failed:
         return 1
     sys.stdout.write(to_yaml(rendered))
@@ -74,32 +75,54 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig
-    if args.resync_seconds is not None:
-        os.environ["SPECFLEET_RESYNC_SECONDS"] = str(args.resync_seconds)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","message":"%(message)s"}',
     )
-    # Imported here: the handlers module reads its settings from the environment at import.
+    # Imported here: the other commands need neither Kopf nor a Kubernetes client.
     import kopf
     from prometheus_client import start_http_server
 
-    import specfleet.handlers  # noqa: F401  (registers the handlers)
+    from specfleet.handlers import OperatorConfig, build_registry
 
+    if args.kubeconfig:
+        # Kopf logs in through the Kubernetes client library, which reads this variable.
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    config = OperatorConfig(
+        kubeconfig=args.kubeconfig or os.environ.get("KUBECONFIG"),
+        resync_seconds=args.resync_seconds,
+        router_image=args.router_image or RenderOptions().router_image,
+        max_workers=args.max_workers,
+        resync_workers=args.resync_workers,
+    )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_address)
     namespaces = args.namespace or []
-    kopf.run(
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        liveness_endpoint=f"http://{args.liveness_address}:{args.liveness_port}/healthz"
-        if args.liveness_port
-        else None,
-        standalone=True,
+
+    def run_kopf() -> None:
+        kopf.run(
+            registry=build_registry(config),
+            memo=kopf.Memo(config=config),
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=f"http://{args.liveness_address}:{args.liveness_port}/healthz"
+            if args.liveness_port
+            else None,
+            standalone=True,
+        )
+
+    if not args.leader_election_namespace:
+        run_kopf()
+        return 0
+    from specfleet.kube import KubeLease, load_kube_config
+    from specfleet.leader import LeaderElector, run_as_leader
+
+    lease = KubeLease(
+        load_kube_config(config.kubeconfig), args.leader_election_namespace, args.leader_election_name
     )
-    return 0
+    identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
+    elector = LeaderElector(lease, lease.name, lease.namespace, identity)
+    return run_as_leader(elector, run_kopf)
 
 
 def _cmd_sandbox(args: argparse.Namespace) -> int:
@@ -135,11 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="watch this namespace (repeatable; default: all namespaces)",
     )
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
-    run.add_argument("--resync-seconds", type=float, help="drift-correction timer interval (default 30)")
+    run.add_argument("--resync-seconds", type=float, default=30.0, help="drift-correction timer interval")
+    run.add_argument("--router-image", help="router image (default: the operator's own)")
+    run.add_argument("--max-workers", type=int, default=16, help="reconciles of changes that may run at once")
+    run.add_argument("--resync-workers", type=int, default=2, help="periodic resyncs that may run at once")
     run.add_argument("--liveness-port", type=int, default=8080, help="0 disables the liveness endpoint")
     run.add_argument("--liveness-address", default="0.0.0.0")
     run.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 disables")
     run.add_argument("--metrics-address", default="0.0.0.0")
+    run.add_argument(
+        "--leader-election-namespace",
+        help="hold a Lease in this namespace so that of several replicas exactly one runs (default: off)",
+    )
+    run.add_argument("--leader-election-name", default="specfleet-operator", help="the Lease's name")
+    run.add_argument("--identity", help="this replica's name in the Lease (default: hostname-pid)")
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=_cmd_run)
 

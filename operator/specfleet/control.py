@@ -1,9 +1,12 @@
-"""The operator's two loops over one resource, serialised per object, with I/O behind seams.
+"""The operator's two loops over resources, serialised per object, with I/O behind seams.
 
-`reconcile_object` (create/update/resume/timer) and `evaluate_policy` (the per-resource policy
-daemon) both re-read the object, compute, and write status themselves under one per-object lock, so a
-policy flip and a resync can never interleave and undo each other. Kopf handlers call these; tests
-call them with the in-memory cluster and a scripted Prometheus.
+`reconcile_object` (create/update/resume/timer) re-reads one object, reconciles it and writes status
+under that object's lock. The policy works in two steps so that no lock is held while Prometheus is
+asked: `observe_target` runs one round of fleet queries for every resource that shares a Prometheus
+target (no lock), then `decide_policy` re-reads one object, decides from those answers, records and
+writes status (and rolls out a flip) under the object's lock, so a policy flip and a resync can never
+interleave and undo each other. The scheduler (scheduler.py) drives the policy for all resources;
+Kopf handlers drive reconcile; tests call both with the in-memory cluster and a scripted Prometheus.
 """
 
 from __future__ import annotations
@@ -14,20 +17,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from specfleet.api.constants import API_VERSION, KIND
-from specfleet.api.models import PoolName
+from specfleet.api.constants import API_VERSION, KIND, POOLS
+from specfleet.api.models import PoolName, SpeculativeDeploymentStatus
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
-from specfleet.metrics.prometheus import PoolSelector, QueryFn, observe_pool
+from specfleet.metrics.prometheus import FleetAnswers, PoolSelector, QueryFn, observe, query_fleet
 from specfleet.policy.decide import PoolDecision, decide
 from specfleet.policy.observations import PoolObservation
-from specfleet.policy.record import auto_pools, pool_states, record
+from specfleet.policy.record import auto_pools, parse_time, pool_states, record
 from specfleet.reconcile import Cluster, Event, reconcile, status_patch
 from specfleet.render import RenderOptions
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
 
 # How long to wait before re-evaluating a resource that cannot be evaluated (invalid, degraded, gone).
 IDLE_RETRY_SECONDS = 30.0
+# The same acceptance measured again rewrites its timestamp in status at most this often: otherwise
+# every evaluation of every speculating pool is a status write (and a watch event for every replica
+# of the operator and every GitOps tool). The older timestamp only makes its age conservative.
+ACCEPTANCE_REFRESH_SECONDS = 300.0
 
 
 class ResourceCluster(Cluster, Protocol):
@@ -48,9 +55,51 @@ class Outcome:
     next_seconds: float = IDLE_RETRY_SECONDS
 
 
+@dataclass(frozen=True)
+class PrometheusTarget:
+    """What one round of fleet queries needs: resources sharing it share the round."""
+
+    url: str
+    timeout_seconds: int
+    window_seconds: int
+
+
+@dataclass(frozen=True)
+class PolicySchedule:
+    """When and against what a resource's policy runs (None target: nothing to evaluate now)."""
+
+    interval_seconds: float
+    target: PrometheusTarget | None
+
+
 def resource_ref(namespace: str, name: str) -> dict[str, Any]:
     """A stub manifest naming the SpeculativeDeployment, for Cluster.get/patch_status."""
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"namespace": namespace, "name": name}}
+
+
+def _target(sd: SpeculativeDeployment) -> PrometheusTarget:
+    prometheus = sd.spec.policy.prometheus
+    return PrometheusTarget(prometheus.url, prometheus.timeout_seconds, sd.spec.policy.window_seconds)
+
+
+def policy_schedule(body: Mapping[str, Any]) -> PolicySchedule:
+    """The resource's evaluation interval and Prometheus target, read from its spec (pure).
+
+    Invalid resources are retried after IDLE_RETRY_SECONDS; degraded ones (nothing runs) have no target
+    but keep their interval, so a fix is picked up on the next evaluation.
+    """
+    try:
+        sd = parse_resource(body)
+    except InvalidResourceError:
+        return PolicySchedule(IDLE_RETRY_SECONDS, None)
+    interval = float(sd.spec.policy.evaluation_interval_seconds)
+    if find_problems(sd.spec):
+        return PolicySchedule(interval, None)
+    return PolicySchedule(interval, _target(sd))
+
+
+def _gone(body: Mapping[str, Any] | None) -> bool:
+    return body is None or bool(body.get("metadata", {}).get("deletionTimestamp"))
 
 
 class Controller:
@@ -93,20 +142,32 @@ class Controller:
         outcome = Outcome()
         with self._lock(namespace, name):
             body = self.cluster.get(resource_ref(namespace, name))
-            if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+            if _gone(body):
                 return outcome
+            assert body is not None
             result = reconcile(body, self.cluster, self.clock(), self.options)
             self._write_status(body, result.status, outcome)
             outcome.events, outcome.applied = result.events, result.applied
         return outcome
 
-    def evaluate_policy(self, namespace: str, name: str) -> Outcome:
-        """Observe every Auto pool, decide, record, and roll out a flip at once if one is decided."""
+    def observe_target(self, target: PrometheusTarget) -> FleetAnswers:
+        """One round of fleet queries against one Prometheus (no lock held; may take the timeout)."""
+        return query_fleet(self.querier_for(target.url, target.timeout_seconds), target.window_seconds)
+
+    def decide_policy(
+        self, namespace: str, name: str, target: PrometheusTarget, answers: FleetAnswers, now: datetime
+    ) -> Outcome:
+        """Decide one resource from the fleet's answers; record, write status, roll out a flip.
+
+        Re-reads the object under its lock: if its Prometheus target changed since the answers were
+        asked for, nothing is decided and it is due again at once.
+        """
         outcome = Outcome()
         with self._lock(namespace, name):
             body = self.cluster.get(resource_ref(namespace, name))
-            if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+            if _gone(body):
                 return outcome
+            assert body is not None
             try:
                 sd = parse_resource(body)
             except InvalidResourceError:
@@ -114,20 +175,20 @@ class Controller:
             outcome.next_seconds = float(sd.spec.policy.evaluation_interval_seconds)
             if find_problems(sd.spec):
                 return outcome  # Degraded: nothing runs, nothing to decide.
-            now = self.clock()
-            pools = auto_pools(sd.spec)
+            if _target(sd) != target:
+                outcome.next_seconds = 0.0
+                return outcome
             states = pool_states(sd.spec, sd.status, now)
-            query = self.querier_for(sd.spec.policy.prometheus.url, sd.spec.policy.prometheus.timeout_seconds)
             observations: dict[str, PoolObservation] = {
-                pool: observe_pool(
-                    query,
+                pool: observe(
+                    answers,
                     PoolSelector(sd.namespace, sd.name, pool),
-                    sd.spec.policy.window_seconds,
+                    target.window_seconds,
                     now,
                     pool_mode=states[pool].mode,
                     expected_replicas=_expected_reporting(sd, pool),
                 )
-                for pool in pools
+                for pool in auto_pools(sd.spec)
             }
             decisions = decide(
                 sd.spec.policy,
@@ -139,17 +200,54 @@ class Controller:
             )
             outcome.decisions = decisions
             recorded = record(sd.status, decisions, observations, sd.generation, now)
+            recorded.status = _keep_recent_measurement_times(sd.status, recorded.status, now)
             new_status = recorded.status.to_wire()
             outcome.events = [Event(t, r, m) for t, r, m in recorded.events]  # type: ignore[arg-type]
             if recorded.flipped:
-                # Render and roll out the flip now, from the status that records it.
-                flipped_body = {**body, "status": new_status}
-                result = reconcile(flipped_body, self.cluster, now, self.options)
+                # Render and roll out the flip now, from the status that records it (typed, as decided).
+                result = reconcile(body, self.cluster, now, self.options, status=recorded.status)
                 new_status = result.status
                 outcome.events += result.events
                 outcome.applied = result.applied
             self._write_status(body, new_status, outcome)
         return outcome
+
+    def evaluate_policy(self, namespace: str, name: str) -> Outcome:
+        """Observe, decide and write for one resource (the scheduler does the same for many at once)."""
+        body = self.cluster.get(resource_ref(namespace, name))
+        if _gone(body):
+            return Outcome()
+        assert body is not None
+        schedule = policy_schedule(body)
+        if schedule.target is None:
+            return Outcome(next_seconds=schedule.interval_seconds)
+        now = self.clock()
+        answers = self.observe_target(schedule.target)
+        return self.decide_policy(namespace, name, schedule.target, answers, now)
+
+
+def _keep_recent_measurement_times(
+    previous: SpeculativeDeploymentStatus, recorded: SpeculativeDeploymentStatus, now: datetime
+) -> SpeculativeDeploymentStatus:
+    """`recorded` with each pool's acceptanceMeasuredAt kept from `previous` where the measured numbers
+    did not change and the previous time is younger than ACCEPTANCE_REFRESH_SECONDS."""
+    pools = recorded.pools.model_copy()
+    kept = False
+    for pool in POOLS:
+        old, new = getattr(previous.pools, pool), getattr(recorded.pools, pool)
+        measured = parse_time(old.acceptance_measured_at)
+        if (
+            measured is not None
+            and new.acceptance_measured_at != old.acceptance_measured_at
+            and (new.acceptance_length, new.per_position_acceptance)
+            == (old.acceptance_length, old.per_position_acceptance)
+            and (now - measured).total_seconds() < ACCEPTANCE_REFRESH_SECONDS
+        ):
+            setattr(
+                pools, pool, new.model_copy(update={"acceptance_measured_at": old.acceptance_measured_at})
+            )
+            kept = True
+    return recorded.model_copy(update={"pools": pools}) if kept else recorded
 
 
 def _expected_reporting(sd: SpeculativeDeployment, pool: PoolName) -> int | None:

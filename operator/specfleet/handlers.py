@@ -1,19 +1,30 @@
-"""Kopf handlers: thin wrappers that run the Controller's two loops and emit their events.
+"""Kopf handlers: thin wrappers that run the Controller's reconcile and feed the policy scheduler.
 
 Level-based: create, update and resume run the same idempotent reconcile, and a timer runs it again
-to restore children edited or deleted by hand and to refresh status. A daemon per resource runs the
-speculation policy at the resource's own `policy.evaluationIntervalSeconds`. The Controller writes
-status itself under a per-object lock; Kopf's own patch stays empty, and `spec` is never written.
+to restore children edited or deleted by hand and to refresh status. The speculation policy is not a
+handler: one `PolicyScheduler` thread (started at startup) evaluates every resource at its own
+`policy.evaluationIntervalSeconds`, fed by an event handler that tracks which resources exist. No
+handler holds a worker thread longer than one reconcile. The Controller writes status itself under a
+per-object lock; Kopf's own patch stays empty, and `spec` is never written.
+
+Settings arrive explicitly: `build_registry(config)` registers the handlers for one `OperatorConfig`
+(the CLI's `run` builds it from its flags) and passes it to them through Kopf's `memo`.
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
+import contextvars
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from urllib3.exceptions import HTTPError
 
 from specfleet.api.constants import GROUP, PLURAL, VERSION
@@ -21,10 +32,9 @@ from specfleet.control import Controller, Outcome
 from specfleet.kube import KubeCluster, load_kube_config
 from specfleet.metrics.prometheus import PrometheusQuerier, QueryFn
 from specfleet.render import RenderOptions
+from specfleet.scheduler import PolicyScheduler, SweepReport
 
-# Read once at import: Kopf needs the timer interval when the decorator runs.
-RESYNC_SECONDS = float(os.environ.get("SPECFLEET_RESYNC_SECONDS", "30"))
-ROUTER_IMAGE = os.environ.get("SPECFLEET_ROUTER_IMAGE", RenderOptions().router_image)
+logger = logging.getLogger(__name__)
 
 RECONCILE_SECONDS = Histogram(
     "specfleet_reconcile_duration_seconds", "Time spent in one reconcile.", ["trigger"]
@@ -40,6 +50,27 @@ FLIPS = Counter(
 RETUNES = Counter("specfleet_speculation_retunes_total", "Changes of K while speculating, by pool.", ["pool"])
 QUERY_SECONDS = Histogram("specfleet_prometheus_query_duration_seconds", "PromQL query latency.")
 QUERY_ERRORS = Counter("specfleet_prometheus_query_errors_total", "PromQL queries that got no answer.")
+SWEEP_SECONDS = Histogram(
+    "specfleet_policy_sweep_duration_seconds",
+    "Time one policy sweep took (queries plus every due resource's decision).",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
+)
+SWEEP_RESOURCES = Gauge("specfleet_policy_sweep_resources", "Resources evaluated by the last policy sweep.")
+TRACKED = Gauge("specfleet_policy_tracked_resources", "Resources the policy scheduler knows about.")
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything `specfleet run` decides from its flags, passed to the handlers through memo."""
+
+    kubeconfig: str | None = None
+    resync_seconds: float = 30.0
+    router_image: str = RenderOptions().router_image
+    # Reconciles from changes that may run at once (Kopf's thread pool for sync handlers).
+    max_workers: int = 16
+    # Periodic resyncs that may run at once, in their own pool: hundreds of timers falling due together
+    # queue there and never in front of a user's change.
+    resync_workers: int = 2
 
 
 def _observe_query(seconds: float, ok: bool) -> None:
@@ -52,15 +83,51 @@ def _querier(url: str, timeout_seconds: int) -> QueryFn:
     return PrometheusQuerier(url, timeout_seconds, on_query=_observe_query)
 
 
-class _State:
-    """Process-wide state created at startup."""
+def _count(outcome: Outcome, log: logging.Logger | kopf.Logger) -> None:
+    for kind_name in outcome.applied:
+        CHILDREN_APPLIED.labels(kind_name.split("/", 1)[0]).inc()
+    for decision in outcome.decisions:
+        DECISIONS.labels(decision.pool, decision.reason).inc()
+        if decision.flip:
+            FLIPS.labels(decision.pool, decision.target).inc()
+        elif decision.changes:
+            RETUNES.labels(decision.pool).inc()
+    if outcome.applied:
+        log.info("applied %s", ", ".join(outcome.applied))
 
-    controller: Controller | None = None
+
+def _policy_emitter(cluster: KubeCluster) -> Callable[[Mapping[str, Any], Outcome], None]:
+    """What the scheduler does with an outcome: its Events (posted directly: no Kopf handler context
+    in the scheduler's thread), counters and log lines."""
+
+    def emit(body: Mapping[str, Any], outcome: Outcome) -> None:
+        for event in outcome.events:
+            try:
+                cluster.post_event(body, event)
+            except (ApiException, HTTPError, OSError) as err:
+                logger.warning(
+                    "could not post event %s on %s: %s", event.reason, body["metadata"]["name"], err
+                )
+        _count(outcome, logger)
+
+    return emit
 
 
-@kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
-    """Every Kopf setting in one place, each with its reason."""
+def _log_sweep(report: SweepReport) -> None:
+    SWEEP_SECONDS.observe(report.seconds)
+    SWEEP_RESOURCES.set(report.evaluated)
+    logger.info(
+        "policy sweep: %d resources, %d Prometheus targets, %d failed, %.2fs",
+        report.evaluated,
+        report.targets,
+        report.failed,
+        report.seconds,
+    )
+
+
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Every Kopf setting in one place, each with its reason; then the controller and the scheduler."""
+    config: OperatorConfig = memo.config
     # Keep Kopf's bookkeeping under our own API group (Kopf's default prefix changed across versions).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -72,86 +139,111 @@ def configure(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) ->
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
     settings.watching.connect_timeout = 10
+    # After a broken watch, wait 1 s before reconnecting (Kopf's 0.1 s hammers a struggling apiserver).
+    settings.watching.reconnect_backoff = 1.0
     settings.networking.request_timeout = 60
-    # Sync handlers and daemons run in threads: one per resource daemon plus handlers.
-    settings.execution.max_workers = 32
+    # Sync handlers run in this pool; each holds a worker for one reconcile only (the policy runs in
+    # its own scheduler thread), so a small pool serves any number of resources. More threads would
+    # not add CPU (one interpreter) but would add memory.
+    settings.execution.max_workers = config.max_workers
     # A handler that keeps failing backs off instead of hammering the API.
-    settings.batching.error_delays = (5, 10, 20, 40, 80, 160, 300)
-    cluster = KubeCluster(load_kube_config(os.environ.get("KUBECONFIG")))
-    _State.controller = Controller(cluster, RenderOptions(router_image=ROUTER_IMAGE), _querier)
-    logger.info("specfleet operator configured (resync every %ss)", RESYNC_SECONDS)
+    settings.queueing.error_delays = (5, 10, 20, 40, 80, 160, 300)
+    # Leader election (cli.py, a Lease) decides which replica runs at all; Kopf's own peering, which
+    # pauses operators of equal priority instead of electing one, stays off.
+    settings.peering.standalone = True
+
+    cluster = KubeCluster(load_kube_config(config.kubeconfig))
+    controller = Controller(cluster, RenderOptions(router_image=config.router_image), _querier)
+    scheduler = PolicyScheduler(controller, _policy_emitter(cluster))
+    memo.controller, memo.scheduler = controller, scheduler
+    memo.resync_pool = ThreadPoolExecutor(max_workers=config.resync_workers, thread_name_prefix="resync")
+    scheduler.start(on_sweep=_log_sweep)
+    logger.info("specfleet operator configured (resync every %ss)", config.resync_seconds)
 
 
-@kopf.on.probe(id="controller")
-def probe_controller(**_: Any) -> bool:
+def stop_scheduler(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the policy scheduler and the resync pool when the operator exits."""
+    scheduler: PolicyScheduler | None = memo.get("scheduler")
+    if scheduler is not None:
+        scheduler.stop()
+    pool: ThreadPoolExecutor | None = memo.get("resync_pool")
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def probe_controller(memo: kopf.Memo, **_: Any) -> bool:
     """Liveness reports whether startup created the controller."""
-    return _State.controller is not None
+    return memo.get("controller") is not None
 
 
-def _controller() -> Controller:
-    if _State.controller is None:
+def _controller(memo: kopf.Memo) -> Controller:
+    controller: Controller | None = memo.get("controller")
+    if controller is None:
         raise kopf.TemporaryError("the operator is still starting", delay=5)
-    return _State.controller
+    return controller
 
 
-def _emit(body: kopf.Body, outcome: Outcome, logger: kopf.Logger) -> None:
-    for event in outcome.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-    for kind_name in outcome.applied:
-        CHILDREN_APPLIED.labels(kind_name.split("/", 1)[0]).inc()
-    for decision in outcome.decisions:
-        DECISIONS.labels(decision.pool, decision.reason).inc()
-        if decision.flip:
-            FLIPS.labels(decision.pool, decision.target).inc()
-        elif decision.changes:
-            RETUNES.labels(decision.pool).inc()
-    if outcome.applied:
-        logger.info("applied %s", ", ".join(outcome.applied))
-
-
-def _reconcile(trigger: str, body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger) -> None:
+def _reconcile(
+    trigger: str, memo: kopf.Memo, body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger
+) -> None:
     with RECONCILE_SECONDS.labels(trigger).time():
         try:
-            outcome = _controller().reconcile_object(namespace or "default", name)
+            outcome = _controller(memo).reconcile_object(namespace or "default", name)
         except (ApiException, HTTPError, OSError) as err:
             RECONCILE_ERRORS.labels(trigger).inc()
             raise kopf.TemporaryError(f"Kubernetes API error: {err}", delay=15) from err
-    _emit(body, outcome, logger)
+    for event in outcome.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    _count(outcome, logger)
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
-def on_change(body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
-    """Create, update and operator restart: one idempotent reconcile."""
-    _reconcile("change", body, name, namespace, logger)
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def resync(body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
-    """Periodic reconcile: restores drifted children and refreshes pool status."""
-    _reconcile("resync", body, name, namespace, logger)
-
-
-@kopf.daemon(GROUP, VERSION, PLURAL, initial_delay=5, cancellation_timeout=10)
-def policy_loop(
-    stopped: kopf.DaemonStopped,
-    body: kopf.Body,
-    name: str,
-    namespace: str | None,
-    logger: kopf.Logger,
-    **_: Any,
+def on_change(
+    memo: kopf.Memo, body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger, **_: Any
 ) -> None:
-    """Evaluate the speculation policy every policy.evaluationIntervalSeconds until the resource goes."""
-    controller = _controller()
-    while not stopped:
-        delay = 30.0
-        try:
-            outcome = controller.evaluate_policy(namespace or "default", name)
-            delay = outcome.next_seconds
-            _emit(body, outcome, logger)
-        except (ApiException, HTTPError, OSError) as err:
-            RECONCILE_ERRORS.labels("policy").inc()
-            logger.warning("policy evaluation failed, retrying in %ss: %s", delay, err)
-        stopped.wait(delay)
-    controller.forget(namespace or "default", name)
+    """Create, update and operator restart: one idempotent reconcile."""
+    _reconcile("change", memo, body, name, namespace, logger)
+
+
+async def resync(
+    memo: kopf.Memo, body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger, **_: Any
+) -> None:
+    """Periodic reconcile: restores drifted children and refreshes pool status.
+
+    Runs in the small resync pool, not Kopf's: a change waits for a free worker behind other
+    changes only. The context is copied so kopf.event() still finds this object's event queue.
+    """
+    pool: ThreadPoolExecutor = memo.resync_pool
+    call = functools.partial(_reconcile, "resync", memo, body, name, namespace, logger)
+    await asyncio.get_running_loop().run_in_executor(pool, contextvars.copy_context().run, call)
+
+
+async def track(memo: kopf.Memo, event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
+    """Every watch event keeps the scheduler's list of resources current (async: no thread, no I/O)."""
+    scheduler: PolicyScheduler | None = memo.get("scheduler")
+    if scheduler is None:
+        return
+    meta = body.get("metadata") or {}
+    if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
+        scheduler.forget(meta.get("namespace") or "default", meta["name"])
+    else:
+        scheduler.track({k: body.get(k) for k in ("apiVersion", "kind", "metadata", "spec")})
+    TRACKED.set(scheduler.tracked())
+
+
+def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    """The handlers for one configuration (the timer's interval must be known when registering)."""
+    registry = kopf.OperatorRegistry()
+    # Our own registry has none of the default one's login handlers: log in as the client library does.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+    kopf.on.startup(registry=registry)(configure)
+    kopf.on.cleanup(registry=registry)(stop_scheduler)
+    kopf.on.probe(id="controller", registry=registry)(probe_controller)
+    resource = (GROUP, VERSION, PLURAL)
+    kopf.on.resume(*resource, registry=registry)(on_change)
+    kopf.on.create(*resource, registry=registry)(on_change)
+    kopf.on.update(*resource, registry=registry)(on_change)
+    kopf.timer(
+        *resource, interval=config.resync_seconds, initial_delay=config.resync_seconds, registry=registry
+    )(resync)
+    kopf.on.event(*resource, registry=registry)(track)
+    return registry

@@ -8,20 +8,27 @@ ones (raised, so Kopf retries with a delay).
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+from kubernetes.dynamic.exceptions import ConflictError, NotFoundError, ResourceNotFoundError
 
 from specfleet.api.constants import FIELD_MANAGER
-from specfleet.reconcile import ApplyRejectedError
+from specfleet.reconcile import ApplyRejectedError, Event
 from specfleet.render import Manifest
 
+# Every API call gives up after this long (seconds): a hung connection must not hold a worker thread
+# (reconciles) or the policy scheduler forever; the caller retries.
+REQUEST_TIMEOUT_SECONDS = 30
+# Kubernetes caps an Event's message.
+_EVENT_MESSAGE_LIMIT = 1024
 # 4xx answers that no retry can fix (the object itself is wrong); others are transient.
 _PERMANENT_STATUSES = frozenset({400, 403, 404, 409, 422})
 
@@ -36,6 +43,9 @@ def load_kube_config(kubeconfig: str | None = None) -> k8s_client.ApiClient:
             raise k8s_config.ConfigException("kubeconfig given")
     except k8s_config.ConfigException:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    # One client serves the change and resync workers, the policy scheduler's deciders and its
+    # queries: keep a connection for each instead of the default 5 per CPU (extra ones are discarded).
+    configuration.connection_pool_maxsize = 32
     return k8s_client.ApiClient(configuration)
 
 
@@ -46,6 +56,12 @@ def _reason(err: ApiException) -> str:
         return str(err.reason)
 
 
+def _decode(response: Any) -> Manifest:
+    """The JSON body of a raw response (the dynamic client's own wrapping is several times slower)."""
+    result: Manifest = json.loads(response.data)
+    return result
+
+
 class KubeCluster:
     """`reconcile.Cluster` over a live apiserver."""
 
@@ -53,10 +69,17 @@ class KubeCluster:
         self._dynamic = DynamicClient(api_client)  # type: ignore[no-untyped-call]
         # The dynamic client's discovery cache is not thread-safe; Kopf runs handlers in threads.
         self._lock = threading.Lock()
+        # Found API resources by (apiVersion, kind): discovery searches every API on each lookup.
+        # Misses are not kept, so a CRD installed later (PodMonitor) is found then.
+        self._resources: dict[tuple[str, str], Any] = {}
 
     def _resource(self, manifest: Mapping[str, Any]) -> Any:
+        key = (manifest["apiVersion"], manifest["kind"])
         with self._lock:
-            return self._dynamic.resources.get(api_version=manifest["apiVersion"], kind=manifest["kind"])
+            found = self._resources.get(key)
+            if found is None:
+                found = self._resources[key] = self._dynamic.resources.get(api_version=key[0], kind=key[1])
+            return found
 
     def get(self, manifest: Manifest) -> Manifest | None:
         try:
@@ -65,11 +88,15 @@ class KubeCluster:
             return None
         meta = manifest["metadata"]
         try:
-            live = resource.get(name=meta["name"], namespace=meta.get("namespace"))
+            response = resource.get(
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                serialize=False,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
         except NotFoundError:
             return None
-        result: Manifest = live.to_dict()
-        return result
+        return _decode(response)
 
     def apply(self, manifest: Manifest) -> Manifest:
         try:
@@ -86,13 +113,14 @@ class KubeCluster:
                 namespace=meta.get("namespace"),
                 field_manager=FIELD_MANAGER,
                 force_conflicts=True,
+                serialize=False,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )
         except ApiException as err:
             if err.status in _PERMANENT_STATUSES:
                 raise ApplyRejectedError(_reason(err)) from None
             raise
-        result: Manifest = live.to_dict()
-        return result
+        return _decode(live)
 
     def patch_status(self, manifest: Mapping[str, Any], patch: Mapping[str, Any]) -> None:
         """JSON merge patch of the status subresource (only the keys that changed are sent)."""
@@ -104,4 +132,75 @@ class KubeCluster:
             name=meta["name"],
             namespace=meta.get("namespace"),
             content_type="application/merge-patch+json",
+            serialize=False,
+            _request_timeout=REQUEST_TIMEOUT_SECONDS,
         )
+
+    def post_event(self, body: Mapping[str, Any], event: Event) -> None:
+        """A core/v1 Event on the resource (for code that runs outside Kopf's handlers)."""
+        meta = body["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": body["apiVersion"],
+                "kind": body["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:_EVENT_MESSAGE_LIMIT],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": socket.gethostname(),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._resource(doc).create(
+            body=doc, namespace=meta["namespace"], _request_timeout=REQUEST_TIMEOUT_SECONDS
+        )
+
+
+class KubeLease:
+    """`leader.LeaseApi` over one coordination.k8s.io/v1 Lease."""
+
+    def __init__(self, api_client: k8s_client.ApiClient, namespace: str, name: str) -> None:
+        self._leases = DynamicClient(api_client).resources.get(  # type: ignore[no-untyped-call]
+            api_version="coordination.k8s.io/v1", kind="Lease"
+        )
+        self.namespace, self.name = namespace, name
+
+    def get(self) -> dict[str, Any] | None:
+        try:
+            lease: dict[str, Any] = self._leases.get(
+                name=self.name, namespace=self.namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            ).to_dict()
+        except NotFoundError:
+            return None
+        return lease
+
+    def create(self, lease: Mapping[str, Any]) -> bool:
+        try:
+            self._leases.create(
+                body=dict(lease), namespace=self.namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+        except ConflictError:
+            return False
+        return True
+
+    def replace(self, lease: Mapping[str, Any]) -> bool:
+        try:
+            self._leases.replace(
+                body=dict(lease),
+                name=self.name,
+                namespace=self.namespace,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        except ConflictError:
+            return False
+        return True

@@ -1,9 +1,11 @@
 """One idempotent reconcile of a SpeculativeDeployment, with the Kubernetes API behind a seam.
 
-`reconcile(body, cluster, now)` parses the resource, checks it can work, decides each pool's mode,
-renders the children, applies only those that differ from the live objects, reads the pool
-Deployments back and returns the full new status plus the events worth emitting. Kopf handlers
-(handlers.py) call it from create, update, resume and a timer; tests call it with a fake `Cluster`.
+Three steps, only the middle one with I/O: `desired_state` (pure) parses the resource, checks it can
+work, decides each pool's `PoolPlan` and renders the children (or, when it cannot run, its final
+Degraded status); `apply_children` writes only the children that differ from the live objects and
+reads them back; `reported_status` (pure) turns what is live into the full new status and the events
+worth emitting. `reconcile` chains them. Kopf handlers (handlers.py) call it from create, update,
+resume and a timer, the policy after a flip; tests call it with a fake `Cluster`.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from specfleet.api import reasons
-from specfleet.api.conditions import set_condition
+from specfleet.api.conditions import ConditionStatus, set_condition
 from specfleet.api.constants import ANNOTATION_RENDER_HASH, LABEL_POOL
 from specfleet.api.models import (
     Condition,
     PoolName,
     PoolStatus,
+    PoolStatuses,
     SpeculationMode,
     SpeculativeDeploymentStatus,
 )
@@ -30,7 +33,7 @@ from specfleet.api.validation import (
     parse_resource,
     parse_status,
 )
-from specfleet.render import POOLS, Manifest, RenderOptions, render_children
+from specfleet.render import POOLS, Manifest, PoolPlan, RenderOptions, render_children
 
 EventType = Literal["Normal", "Warning"]
 
@@ -67,28 +70,23 @@ class ReconcileResult:
     applied: list[str] = field(default_factory=list)
 
 
-def decided_modes(sd: SpeculativeDeployment) -> dict[PoolName, SpeculationMode]:
-    """Each pool's mode: pinned by spec (On/Off) or, for Auto, the policy's last decision in status."""
-    modes: dict[PoolName, SpeculationMode] = {}
+def decided_plan(
+    sd: SpeculativeDeployment, status: SpeculativeDeploymentStatus | None = None
+) -> dict[PoolName, PoolPlan]:
+    """Each pool's plan: mode pinned by spec (On/Off) or, for Auto, the policy's last decision in
+    `status` (default: the resource's own); K where the Goodput policy chose one (None: the drafter's)."""
+    status = status if status is not None else sd.status
+    limit = sd.spec.drafter.num_speculative_tokens
+    plan: dict[PoolName, PoolPlan] = {}
     for pool in POOLS:
         setting = getattr(sd.spec.pools, pool).speculation
-        if setting == "Auto":
-            # Status is where runtime decisions live; a fresh resource starts speculating.
-            modes[pool] = getattr(sd.status.pools, pool).speculation
-        else:
-            modes[pool] = setting
-    return modes
-
-
-def decided_ks(sd: SpeculativeDeployment) -> dict[PoolName, int | None]:
-    """The K each Auto pool drafts, where the Goodput policy chose one (None: the drafter's K)."""
-    limit = sd.spec.drafter.num_speculative_tokens
-    ks: dict[PoolName, int | None] = {}
-    for pool in POOLS:
-        k = getattr(sd.status.pools, pool).num_speculative_tokens
-        auto_goodput = getattr(sd.spec.pools, pool).speculation == "Auto" and sd.spec.policy.mode == "Goodput"
-        ks[pool] = k if auto_goodput and k is not None and 1 <= k <= limit else None
-    return ks
+        decided = getattr(status.pools, pool)
+        # Status is where runtime decisions live; a fresh resource starts speculating.
+        mode: SpeculationMode = decided.speculation if setting == "Auto" else setting
+        k = decided.num_speculative_tokens
+        goodput = setting == "Auto" and sd.spec.policy.mode == "Goodput"
+        plan[pool] = PoolPlan(mode, k if goodput and k is not None and 1 <= k <= limit else None)
+    return plan
 
 
 def _describe(manifest: Manifest) -> str:
@@ -189,154 +187,209 @@ def _was_degraded(status: SpeculativeDeploymentStatus) -> bool:
     return any(c.type == reasons.DEGRADED and c.status == "True" for c in status.conditions)
 
 
-def reconcile(
+@dataclass(frozen=True)
+class DesiredState:
+    """What one resource should have: its plan and children, or (`stopped`) why nothing can run."""
+
+    generation: int
+    previous: SpeculativeDeploymentStatus
+    sd: SpeculativeDeployment | None = None
+    plan: Mapping[PoolName, PoolPlan] = field(default_factory=dict)
+    children: list[Manifest] = field(default_factory=list)
+    # The final result when the resource cannot run (invalid or unsupported): nothing to apply.
+    stopped: ReconcileResult | None = None
+
+
+def desired_state(
     body: Mapping[str, Any],
-    cluster: Cluster,
     now: datetime,
     options: RenderOptions | None = None,
-) -> ReconcileResult:
-    """Bring the children of one resource to the rendered state and compute its new status."""
-    meta = body.get("metadata") or {}
-    generation = int(meta.get("generation") or 0)
-    previous = parse_status(body.get("status"))
-    was_degraded = _was_degraded(previous)
+    status: SpeculativeDeploymentStatus | None = None,
+) -> DesiredState:
+    """Parse, check, plan and render one resource (pure).
 
+    `status` replaces the resource's own status as the starting point, e.g. the policy's just-recorded
+    decision, which is then rendered without a round trip through the serialized status.
+    """
+    generation = int((body.get("metadata") or {}).get("generation") or 0)
+    previous = status if status is not None else parse_status(body.get("status"))
+    was_degraded = _was_degraded(previous)
     try:
         sd = parse_resource(body)
     except InvalidResourceError as err:
         # The apiserver's schema normally stops this first; an older CRD or a bypass can still get here.
-        status = _degraded_status(previous, generation, reasons.INVALID_SPEC, str(err), now)
+        degraded = _degraded_status(previous, generation, reasons.INVALID_SPEC, str(err), now)
         events = [] if was_degraded else [Event("Warning", reasons.EVENT_DEGRADED, str(err))]
-        return ReconcileResult(status=status.to_wire(), events=events)
-
+        return DesiredState(generation, previous, stopped=ReconcileResult(degraded.to_wire(), events))
     problems = find_problems(sd.spec)
     if problems:
         message = "; ".join(problems)
-        status = _degraded_status(previous, generation, reasons.UNSUPPORTED_CONFIGURATION, message, now)
+        degraded = _degraded_status(previous, generation, reasons.UNSUPPORTED_CONFIGURATION, message, now)
         same = any(c.type == reasons.DEGRADED and c.message == message for c in previous.conditions)
         events = [] if same else [Event("Warning", reasons.EVENT_DEGRADED, message)]
-        return ReconcileResult(status=status.to_wire(), events=events)
+        return DesiredState(generation, previous, sd, stopped=ReconcileResult(degraded.to_wire(), events))
+    plan = decided_plan(sd, previous)
+    return DesiredState(generation, previous, sd, plan, render_children(sd, plan, options))
 
-    modes = decided_modes(sd)
-    children = render_children(sd, modes, options, decided_ks(sd))
-    result = ReconcileResult(status={})
-    live_by_name: dict[str, Manifest | None] = {}
-    apply_errors: list[str] = []
-    drift: list[str] = []
+
+@dataclass
+class AppliedChildren:
+    """What applying the children did: the live objects by kind/name, and what was written and why."""
+
+    live: dict[str, Manifest | None] = field(default_factory=dict)
+    applied: list[str] = field(default_factory=list)
+    drift: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def apply_children(children: list[Manifest], cluster: Cluster, *, reconciled_before: bool) -> AppliedChildren:
+    """Write only the children whose live object differs (the I/O step); read every one back.
+
+    A resource never reconciled before has no children yet: they are applied without reading each
+    first (server-side apply of an identical object changes nothing if one does exist), which halves
+    the API calls when hundreds of resources arrive at once.
+    """
+    out = AppliedChildren()
     for child in children:
-        live = cluster.get(child)
+        live = cluster.get(child) if reconciled_before else None
         why = write_reason(child, live)
         if why is not None:
             try:
                 live = cluster.apply(child)
             except ApplyRejectedError as err:
-                apply_errors.append(f"{_describe(child)}: {err}")
+                out.errors.append(f"{_describe(child)}: {err}")
                 continue
-            result.applied.append(_describe(child))
+            out.applied.append(_describe(child))
             # A child missing after we had reconciled before was deleted by hand: also drift.
-            if why == "edited" or (why == "missing" and previous.observed_generation is not None):
-                drift.append(_describe(child))
-        live_by_name[_describe(child)] = live
+            if why == "edited" or (why == "missing" and reconciled_before):
+                out.drift.append(_describe(child))
+        out.live[_describe(child)] = live
+    return out
 
-    pools = previous.pools.model_copy()
+
+def _pool_statuses(desired: DesiredState, applied: AppliedChildren) -> PoolStatuses:
+    """Each pool's status from its live Deployments (stable and canary)."""
+    pools = desired.previous.pools.model_copy()
     for pool in POOLS:
         deployments = [
-            (child, live_by_name.get(_describe(child)))
-            for child in children
+            (child, applied.live.get(_describe(child)))
+            for child in desired.children
             if child["kind"] == "Deployment" and child["metadata"]["labels"].get(LABEL_POOL) == pool
         ]
-        updated = pool_status_from_deployments(getattr(pools, pool), modes[pool], deployments)
+        updated = pool_status_from_deployments(getattr(pools, pool), desired.plan[pool].mode, deployments)
         setattr(pools, pool, updated)
+    return pools
 
-    conditions = list(previous.conditions)
-    if apply_errors:
-        message = "; ".join(apply_errors)
-        conditions = set_condition(
+
+def _conditions(
+    desired: DesiredState, applied: AppliedChildren, pools: PoolStatuses, now: datetime
+) -> list[Condition]:
+    """Degraded, Progressing, SpeculationSettled and Ready from what was applied and what is live."""
+    sd, previous, generation = desired.sd, desired.previous, desired.generation
+    assert sd is not None
+
+    def set_(conditions: list[Condition], type_: str, ok: bool, reason: str, message: str) -> list[Condition]:
+        status: ConditionStatus = "True" if ok else "False"
+        return set_condition(
             conditions,
-            type_=reasons.DEGRADED,
-            status="True",
-            reason=reasons.APPLY_FAILED,
+            type_=type_,
+            status=status,
+            reason=reason,
             message=message,
             generation=generation,
             now=now,
         )
-        if not any(c.type == reasons.DEGRADED and c.message == message for c in previous.conditions):
-            result.events.append(Event("Warning", reasons.EVENT_DEGRADED, message))
-    else:
-        conditions = set_condition(
-            conditions,
-            type_=reasons.DEGRADED,
-            status="False",
-            reason=reasons.AS_EXPECTED,
-            message="",
-            generation=generation,
-            now=now,
-        )
-        if was_degraded:
-            result.events.append(
-                Event("Normal", reasons.EVENT_RECOVERED, "the resource is no longer degraded")
-            )
 
-    pool_states = [(p, getattr(pools, p)) for p in POOLS]
-    unsettled = [p for p, s in pool_states if not s.settled]
+    conditions = list(previous.conditions)
+    if applied.errors:
+        conditions = set_(conditions, reasons.DEGRADED, True, reasons.APPLY_FAILED, "; ".join(applied.errors))
+    else:
+        conditions = set_(conditions, reasons.DEGRADED, False, reasons.AS_EXPECTED, "")
+    modes = {pool: desired.plan[pool].mode for pool in POOLS}
+    states = [(p, getattr(pools, p)) for p in POOLS]
+    unsettled = [p for p, s in states if not s.settled]
     not_ready = [
         f"{p} {s.ready_replicas}/{getattr(sd.spec.pools, p).replicas}"
-        for p, s in pool_states
+        for p, s in states
         if s.ready_replicas < getattr(sd.spec.pools, p).replicas
     ]
-    conditions = set_condition(
+    conditions = set_(
         conditions,
-        type_=reasons.PROGRESSING,
-        status="True" if unsettled else "False",
-        reason=reasons.ROLLING_OUT if unsettled else reasons.ROLLOUT_COMPLETE,
-        message=f"rolling out: {', '.join(unsettled)}"
+        reasons.PROGRESSING,
+        bool(unsettled),
+        reasons.ROLLING_OUT if unsettled else reasons.ROLLOUT_COMPLETE,
+        f"rolling out: {', '.join(unsettled)}" if unsettled else "every pool runs its current template",
+    )
+    conditions = set_(
+        conditions,
+        reasons.SPECULATION_SETTLED,
+        not unsettled,
+        reasons.POOLS_TRANSITIONING if unsettled else reasons.POOLS_SETTLED,
+        "still moving to their decided mode: " + ", ".join(f"{p} ({modes[p]})" for p in unsettled)
         if unsettled
-        else "every pool runs its current template",
-        generation=generation,
-        now=now,
+        else "every pool runs its decided mode: " + ", ".join(f"{p} {modes[p]}" for p in POOLS),
     )
-    conditions = set_condition(
+    ready = not not_ready and not applied.errors
+    return set_(
         conditions,
-        type_=reasons.SPECULATION_SETTLED,
-        status="False" if unsettled else "True",
-        reason=reasons.POOLS_TRANSITIONING if unsettled else reasons.POOLS_SETTLED,
-        message=(
-            "still moving to their decided mode: " + ", ".join(f"{p} ({modes[p]})" for p in unsettled)
-            if unsettled
-            else "every pool runs its decided mode: " + ", ".join(f"{p} {modes[p]}" for p in POOLS)
-        ),
-        generation=generation,
-        now=now,
-    )
-    ready = not not_ready and not apply_errors
-    conditions = set_condition(
-        conditions,
-        type_=reasons.READY,
-        status="True" if ready else "False",
-        reason=reasons.ALL_POOLS_READY if ready else reasons.POOLS_NOT_READY,
-        message="all pools have their replicas ready"
+        reasons.READY,
+        ready,
+        reasons.ALL_POOLS_READY if ready else reasons.POOLS_NOT_READY,
+        "all pools have their replicas ready"
         if ready
         else "ready replicas: " + ", ".join(not_ready)
         if not_ready
         else "some children could not be applied",
-        generation=generation,
-        now=now,
     )
-    if result.applied:
-        result.events.append(
-            Event(
-                "Normal", reasons.EVENT_APPLIED, f"applied {len(result.applied)}: {', '.join(result.applied)}"
-            )
-        )
-    if drift:
-        result.events.append(
-            Event("Normal", reasons.EVENT_RESTORED, f"restored children changed by hand: {', '.join(drift)}")
-        )
-    status = previous.model_copy(
-        update={"observed_generation": generation, "conditions": conditions, "pools": pools}
+
+
+def _events(desired: DesiredState, applied: AppliedChildren) -> list[Event]:
+    """Degraded on a new apply error, Recovered, ChildrenApplied, DriftCorrected."""
+    events: list[Event] = []
+    previous = desired.previous
+    if applied.errors:
+        message = "; ".join(applied.errors)
+        if not any(c.type == reasons.DEGRADED and c.message == message for c in previous.conditions):
+            events.append(Event("Warning", reasons.EVENT_DEGRADED, message))
+    elif _was_degraded(previous):
+        events.append(Event("Normal", reasons.EVENT_RECOVERED, "the resource is no longer degraded"))
+    if applied.applied:
+        message = f"applied {len(applied.applied)}: {', '.join(applied.applied)}"
+        events.append(Event("Normal", reasons.EVENT_APPLIED, message))
+    if applied.drift:
+        message = f"restored children changed by hand: {', '.join(applied.drift)}"
+        events.append(Event("Normal", reasons.EVENT_RESTORED, message))
+    return events
+
+
+def reported_status(desired: DesiredState, applied: AppliedChildren, now: datetime) -> ReconcileResult:
+    """The full new status from the live children, and the events worth emitting (pure)."""
+    pools = _pool_statuses(desired, applied)
+    status = desired.previous.model_copy(
+        update={
+            "observed_generation": desired.generation,
+            "conditions": _conditions(desired, applied, pools, now),
+            "pools": pools,
+        }
     )
-    result.status = status.to_wire()
-    return result
+    return ReconcileResult(status.to_wire(), _events(desired, applied), list(applied.applied))
+
+
+def reconcile(
+    body: Mapping[str, Any],
+    cluster: Cluster,
+    now: datetime,
+    options: RenderOptions | None = None,
+    *,
+    status: SpeculativeDeploymentStatus | None = None,
+) -> ReconcileResult:
+    """Bring the children of one resource to the rendered state and compute its new status."""
+    desired = desired_state(body, now, options, status)
+    if desired.stopped is not None:
+        return desired.stopped
+    reconciled_before = desired.previous.observed_generation is not None
+    applied = apply_children(desired.children, cluster, reconciled_before=reconciled_before)
+    return reported_status(desired, applied, now)
 
 
 def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:

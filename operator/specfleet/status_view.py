@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specfleet.api.constants import POOL_NAMES
+from specfleet.api.constants import POOLS
 
 # The numbers a decision carries that a person reading a status line wants first.
 _DECISION_NUMBERS = (
@@ -82,7 +82,7 @@ def fleet_view(obj: Mapping[str, Any]) -> FleetView:
     drafter_k = (spec.get("drafter") or {}).get("numSpeculativeTokens")
     history = status.get("history") or []
     rows = []
-    for pool in POOL_NAMES:
+    for pool in POOLS:
         pool_spec = (spec.get("pools") or {}).get(pool) or {}
         pool_status = (status.get("pools") or {}).get(pool) or {}
         setting = _text(pool_spec.get("speculation"), "Auto")

@@ -29,11 +29,15 @@ class OperatorProcess:
         *,
         resync_seconds: float = 2.0,
         extra_env: dict[str, str] | None = None,
+        verbose: bool = True,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.resync_seconds = resync_seconds
         self.extra_env = extra_env or {}
+        self.verbose = verbose
+        self.extra_args = extra_args or []
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
@@ -50,7 +54,8 @@ class OperatorProcess:
             "0",
             "--metrics-port",
             "0",
-            "--verbose",
+            *(["--verbose"] if self.verbose else []),
+            *self.extra_args,
         ]
         self.proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

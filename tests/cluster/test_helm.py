@@ -49,12 +49,32 @@ def test_lint_and_template(cluster):
         "ClusterRoleBinding",
         "ClusterRoleBinding",
         "Deployment",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
     deploy = next(d for d in docs if d["kind"] == "Deployment")
     assert deploy["spec"]["replicas"] == 1
-    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    # Leader election (on by default): a rolling update is safe, the new pod waits on the Lease.
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--leader-election-namespace={SYSTEM_NS}" in args
+    assert "--identity=$(POD_NAME)" in args
+    # Two replicas without leader election would fight: the chart refuses to render them.
+    fight = helm(
+        cluster,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "leaderElection.enabled=false",
+        check=False,
+    )
+    assert fight.returncode != 0
+    assert "needs leaderElection.enabled" in fight.stderr
     pod = deploy["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -74,7 +94,12 @@ def test_lint_and_template(cluster):
     bindings = sorted(
         (d["kind"], d["metadata"].get("namespace", "")) for d in scoped_docs if "Binding" in d["kind"]
     )
-    assert bindings == [("ClusterRoleBinding", ""), ("RoleBinding", "team-a"), ("RoleBinding", "team-b")]
+    assert bindings == [
+        ("ClusterRoleBinding", ""),
+        ("RoleBinding", SYSTEM_NS),  # the Lease, for leader election
+        ("RoleBinding", "team-a"),
+        ("RoleBinding", "team-b"),
+    ]
     # values.schema.json rejects a bad value with a clear message.
     bad = helm(cluster, "template", RELEASE, str(CHART), "--set", "logLevel=loud", check=False)
     assert bad.returncode != 0
@@ -144,6 +169,15 @@ def test_operator_service_account_permissions(installed, verb, resource, allowed
     )
 
 
+def test_leases_only_in_the_release_namespace(installed):
+    def can(verb: str, ns: str) -> str:
+        args = ("auth", "can-i", verb, "leases.coordination.k8s.io", "-n", ns, f"--as={SA}")
+        return str(installed.kubectl(*args, check=False).stdout.strip())
+
+    assert (can("update", SYSTEM_NS), can("create", SYSTEM_NS)) == ("yes", "yes")
+    assert (can("update", "default"), can("delete", SYSTEM_NS)) == ("no", "no")
+
+
 @pytest.mark.parametrize(
     ("verb", "resource"), [("delete", "nodes"), ("get", "secrets"), ("create", "namespaces")]
 )
@@ -164,8 +198,11 @@ def _token_kubeconfig(cluster, path: Path) -> Path:
 
 def test_operator_works_with_only_the_charts_rbac(installed, tmp_path, namespace, request):
     cluster = installed
+    # With the Lease in the release namespace, as the chart's pods run it.
     operator = OperatorProcess(
-        _token_kubeconfig(cluster, tmp_path / "sa.kubeconfig"), tmp_path / "op.log"
+        _token_kubeconfig(cluster, tmp_path / "sa.kubeconfig"),
+        tmp_path / "op.log",
+        extra_args=["--leader-election-namespace", SYSTEM_NS, "--leader-election-name", "rbac-check"],
     ).start()
     try:
         doc = merge(
@@ -186,7 +223,10 @@ def test_operator_works_with_only_the_charts_rbac(installed, tmp_path, namespace
             return conds.get("Ready") == "True" and conds.get("Degraded") == "False"
 
         wait_for("Ready=True with the chart's RBAC only", ready, timeout=90)
-        assert "Forbidden" not in operator.log()
+        # RBAC refusals name the ServiceAccount (other tests' namespaces being deleted refuse events too).
+        refused = [line for line in operator.log().splitlines() if "Forbidden" in line and SA in line]
+        assert refused == []
+        assert "became leader" in operator.log()
         events = events_by_time(cluster.kubectl, namespace)
         assert "ChildrenApplied" in events
     except BaseException:

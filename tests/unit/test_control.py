@@ -158,12 +158,14 @@ def test_restart_between_decision_and_rollout_end_does_not_flip_again(world):
 
 
 def test_pinned_pools_are_not_evaluated(world):
-    _, prom, _, controller = world
+    cluster, prom, _, controller = world
     controller.reconcile_object("default", "llama")
     prom.set_pool("latency", running=1.0)
+    # The batch pool (pinned Off) has stale data: it must not hold the Auto pool.
+    prom.set_pool("batch", age=600.0)
     outcome = controller.evaluate_policy("default", "llama")
     assert [d.pool for d in outcome.decisions] == ["latency"]
-    assert not any("batch" in q for q in prom.queries)
+    assert _conditions(cluster)["MetricsAvailable"]["status"] == "True"
 
 
 def test_degraded_resource_is_not_evaluated(world):
@@ -197,3 +199,28 @@ def test_goodput_retune_rolls_out_the_chosen_k(world):
     assert status["pools"]["latency"]["numSpeculativeTokens"] == 1
     assert status["history"][-1]["observations"]["numSpeculativeTokens"] == "3->1"
     assert any(e.reason == "SpeculationRetuned" for e in outcome.events)
+
+
+def test_the_same_acceptance_measured_again_is_not_rewritten_every_evaluation(world):
+    cluster, prom, clock, controller = world
+    controller.reconcile_object("default", "llama")
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=4.0)
+    first = controller.evaluate_policy("default", "llama")
+    assert first.status_written
+    measured = _status(cluster)["pools"]["latency"]["acceptanceMeasuredAt"]
+    cluster.writes.clear()
+    clock.advance(30)
+    assert not controller.evaluate_policy("default", "llama").status_written
+    assert cluster.writes == []
+    # New numbers are written at once; the same numbers once the refresh period has passed.
+    prom.set_pool("latency", drafts=10.0, accepted=15.0, per_pos=[0.8, 0.5, 0.2], running=4.0)
+    clock.advance(5)
+    assert controller.evaluate_policy("default", "llama").status_written
+    assert _status(cluster)["pools"]["latency"]["acceptanceLength"] == "2.50"
+    again = _status(cluster)["pools"]["latency"]["acceptanceMeasuredAt"]
+    assert again != measured
+    clock.advance(300)
+    assert controller.evaluate_policy("default", "llama").status_written
+    assert _status(cluster)["pools"]["latency"]["acceptanceMeasuredAt"] != again

@@ -170,3 +170,53 @@ def test_rejected_child_reports_apply_failed_but_applies_the_rest(cluster):
 def test_status_patch_only_changed_keys():
     assert status_patch({"a": 1, "b": [1]}, {"a": 1, "b": [2]}) == {"b": [2]}
     assert status_patch(None, {"a": 1}) == {"a": 1}
+
+
+def test_desired_state_is_pure_and_matches_what_reconcile_applies(cluster):
+    from specfleet.api.validation import parse_resource
+    from specfleet.reconcile import decided_plan, desired_state
+    from specfleet.render import render_children
+
+    body = _body()
+    desired = desired_state(body, NOW)
+    assert desired.stopped is None
+    assert desired.children == render_children(parse_resource(body), decided_plan(parse_resource(body)))
+    assert cluster.writes == []  # nothing touched the cluster
+    reconcile(body, cluster, NOW)
+    assert sorted(cluster.writes) == sorted(f"{c['kind']}/{c['metadata']['name']}" for c in desired.children)
+
+
+def test_a_typed_status_decides_the_render_without_a_serialized_round_trip(cluster):
+    from specfleet.api.validation import parse_resource
+    from specfleet.reconcile import decided_plan, desired_state
+    from specfleet.render import PoolPlan
+
+    body = _body()
+    sd = parse_resource(body)
+    flipped = sd.status.model_copy(
+        update={
+            "pools": sd.status.pools.model_copy(
+                update={"latency": sd.status.pools.latency.model_copy(update={"speculation": "Off"})}
+            )
+        }
+    )
+    # The body's own status still says On; the typed status given wins.
+    assert decided_plan(sd, flipped)["latency"] == PoolPlan("Off")
+    desired = desired_state(body, NOW, status=flipped)
+    latency = next(
+        c
+        for c in desired.children
+        if (c["kind"], c["metadata"]["name"]) == ("Deployment", "assistant-latency")
+    )
+    assert "--speculative-config" not in latency["spec"]["template"]["spec"]["containers"][0]["args"]
+    result = reconcile(body, cluster, NOW, status=flipped)
+    assert result.status["pools"]["latency"]["speculation"] == "Off"
+
+
+def test_degraded_resource_has_no_desired_children():
+    from specfleet.reconcile import desired_state
+
+    desired = desired_state(_body({"spec": {"engine": {"image": "vllm/vllm-openai:v0.6.0"}}}), NOW)
+    assert desired.children == []
+    assert desired.stopped is not None
+    assert _conditions(desired.stopped.status)["Degraded"]["reason"] == "UnsupportedConfiguration"

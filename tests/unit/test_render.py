@@ -6,14 +6,14 @@ import json
 
 from specfleet.api.constants import ANNOTATION_RENDER_HASH, LABEL_POOL, LABEL_SPECULATION
 from specfleet.api.validation import parse_resource
-from specfleet.render import render_children
+from specfleet.render import plan_of, render_children
 from specfleet.render.engine import engine_args
 from specfleet_runtime.vllm_args import parse_vllm_args
 from support.manifests import ROOT, load_yaml, merge
 
 TWO_POOLS = ROOT / "examples" / "02-two-pools-routing-policy.yaml"
 DYNAMIC = ROOT / "examples" / "04-dynamic-sd.yaml"
-ON = {"latency": "On", "batch": "On"}
+ON = plan_of({"latency": "On", "batch": "On"})
 
 
 def _sd(path=TWO_POOLS, patch=None, uid="uid-1"):
@@ -37,7 +37,7 @@ def test_render_is_deterministic():
 
 
 def test_speculative_config_only_when_on():
-    children = _by_key(render_children(_sd(), {"latency": "On", "batch": "Off"}))
+    children = _by_key(render_children(_sd(), plan_of({"latency": "On", "batch": "Off"})))
     latency = _container(children[("Deployment", "assistant-latency")])
     batch = _container(children[("Deployment", "assistant-batch")])
     assert "--speculative-config" in latency["args"]
@@ -83,13 +83,13 @@ def test_pool_override_changes_only_that_pool():
 
 def test_flip_changes_only_that_pools_deployment():
     before = _by_key(render_children(_sd(), ON))
-    after = _by_key(render_children(_sd(), {"latency": "Off", "batch": "On"}))
+    after = _by_key(render_children(_sd(), plan_of({"latency": "Off", "batch": "On"})))
     changed = sorted(k for k in before if before[k] != after[k])
     assert changed == [("Deployment", "assistant-latency"), ("Deployment", "assistant-latency-canary")]
 
 
 def test_canary_keeps_speculating_while_its_pool_is_off():
-    children = _by_key(render_children(_sd(), {"latency": "Off", "batch": "On"}))
+    children = _by_key(render_children(_sd(), plan_of({"latency": "Off", "batch": "On"})))
     stable = children[("Deployment", "assistant-latency")]
     canary = children[("Deployment", "assistant-latency-canary")]
     assert (stable["spec"]["replicas"], canary["spec"]["replicas"]) == (2, 1)
@@ -107,7 +107,7 @@ def test_canary_keeps_speculating_while_its_pool_is_off():
 
 def test_hash_annotation_tracks_content():
     a = _by_key(render_children(_sd(), ON))
-    b = _by_key(render_children(_sd(), {"latency": "Off", "batch": "On"}))
+    b = _by_key(render_children(_sd(), plan_of({"latency": "Off", "batch": "On"})))
     key = ("Deployment", "assistant-latency")
     assert (
         a[key]["metadata"]["annotations"][ANNOTATION_RENDER_HASH]

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from specfleet.api.validation import parse_resource
-from specfleet.reconcile import decided_modes
+from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
 from specfleet.render.common import to_yaml
 from support.manifests import EXAMPLES, ROOT, load_yaml
@@ -28,7 +28,7 @@ def _with_uid(doc):
 @pytest.mark.parametrize("path", RENDERABLE, ids=lambda p: p.stem)
 def test_golden(path):
     sd = parse_resource(_with_uid(load_yaml(path)))
-    text = to_yaml(render_children(sd, decided_modes(sd)))
+    text = to_yaml(render_children(sd, decided_plan(sd)))
     golden = GOLDEN / f"{path.stem}.yaml"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(text)

@@ -26,7 +26,7 @@ from tiny_models import TinyModels
 from vllm_harness import ServerProcess, engine_args, fleet_specs, server_env, start_server, wait_all_healthy
 
 from specfleet.api.validation import parse_resource
-from specfleet.render import render_children
+from specfleet.render import plan_of, render_children
 from specfleet_runtime.vllm_args import VLLM_SERVER_MODULE, EngineArgs, build_vllm_args, parse_vllm_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def rendered_command_line(engine: EngineArgs) -> list[str]:
     mode = "On" if spec is not None else "Off"
     deployment = next(
         c
-        for c in render_children(sd, {"latency": mode, "batch": "Off"})
+        for c in render_children(sd, plan_of({"latency": mode, "batch": "Off"}))
         if c["kind"] == "Deployment" and c["metadata"]["name"] == "vllm-tier-latency"
     )
     args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]

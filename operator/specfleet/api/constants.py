@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, get_args
+
+from specfleet_runtime import routing_config
 
 GROUP: Final = "specfleet.io"
 VERSION: Final = "v1alpha1"
@@ -30,4 +32,7 @@ LABEL_TRACK: Final = f"{GROUP}/track"
 # sha256 of a child's rendered content: equal hash on the live object means nothing to write.
 ANNOTATION_RENDER_HASH: Final = f"{GROUP}/render-hash"
 
-POOL_NAMES: Final = ("latency", "batch")
+# The two pools every SpeculativeDeployment has. Their names are defined once, by the routing contract
+# the router shares (`PoolName`); the operator iterates them in this order.
+PoolName = routing_config.PoolName
+POOLS: Final[tuple[PoolName, ...]] = get_args(PoolName)

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from specfleet.api import constants
 from specfleet.api.base import ApiModel, Rule
 
 SpeculativeMethod = Literal["eagle3", "eagle", "draft_model", "ngram", "mtp", "medusa", "suffix"]
@@ -24,7 +25,7 @@ METHODS_NEEDING_MODEL: tuple[str, ...] = ("eagle3", "eagle", "draft_model", "med
 METHODS_WITHOUT_MODEL: tuple[str, ...] = ("ngram", "suffix")
 SpeculationSetting = Literal["On", "Off", "Auto"]
 SpeculationMode = Literal["On", "Off"]
-PoolName = Literal["latency", "batch"]
+PoolName = constants.PoolName
 MAX_SPECULATIVE_TOKENS = 10
 MAX_SCHEDULE_RANGES = 16
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 
+from specfleet.api.constants import POOLS
 from specfleet.api.effective import pool_engine
-from specfleet.api.models import PoolName, SpeculativeDeploymentSpec
+from specfleet.api.models import SpeculativeDeploymentSpec
 
 # Flags the operator sets from typed fields; the same flag in extraArgs would conflict.
 OPERATOR_OWNED_FLAGS = (
@@ -72,8 +73,7 @@ def find_problems(spec: SpeculativeDeploymentSpec) -> list[str]:
                 f"image {spec.engine.image} (vLLM {_fmt(version)}) has no Dynamic SD "
                 f"(drafter.dynamicSchedule needs vLLM >= {_fmt(MIN_VLLM_FOR_DYNAMIC_SCHEDULE)})"
             )
-    pools: tuple[PoolName, ...] = ("latency", "batch")
-    for pool in pools:
+    for pool in POOLS:
         engine = pool_engine(spec, pool)
         for arg in engine.extra_args:
             flag = arg.split("=", 1)[0]

@@ -1,8 +1,11 @@
-"""Observations of a pool from Prometheus (PromQL through prometheus-api-client).
+"""Observations of every pool from Prometheus (PromQL through prometheus-api-client).
 
-Split in two: `pool_queries` builds the PromQL (pure, unit-tested), `observe_pool` runs it through a
-query function and turns answers into a `PoolObservation`. Every way data can be missing is reported
-in `problem` (Prometheus unreachable, a query error, no samples, stale samples) and never read as 0.
+One round of queries serves the whole fleet: `fleet_queries` asks each number once for every pool,
+grouped by the pool's labels (`sum by (namespace, specfleet_io_deployment, specfleet_io_pool)`),
+`query_fleet` runs them through a query function into `FleetAnswers`, and `observe` (pure) picks
+one pool out of the answers and builds its `PoolObservation`. Every way data can be missing is
+reported in `problem` (Prometheus unreachable, a query error, no samples, stale or partial samples)
+and never read as 0.
 
 Engine series are selected by the labels Prometheus' Kubernetes discovery copies from the pods
 (`labelmap` of `__meta_kubernetes_pod_label_(.+)`, or a PodMonitor's podTargetLabels):
@@ -13,8 +16,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +33,11 @@ STALE_AFTER_SECONDS = 60.0
 # pool): acceptance is then reported as unknown rather than decided on.
 MIN_DRAFTS_FOR_ACCEPTANCE = 100
 
+# The labels that name a pool on engine series, in the order of `PoolKey`.
+POOL_LABELS = ("namespace", "specfleet_io_deployment", "specfleet_io_pool")
+# (namespace, deployment, pool)
+PoolKey = tuple[str, str, str]
+
 
 class QueryError(Exception):
     """Prometheus could not answer (unreachable, timeout, bad status)."""
@@ -43,46 +51,97 @@ class PoolSelector:
     deployment: str
     pool: str
 
-    def promql(self) -> str:
-        return (
-            f'namespace="{self.namespace}",specfleet_io_deployment="{self.deployment}",'
-            f'specfleet_io_pool="{self.pool}"'
-        )
+    @property
+    def key(self) -> PoolKey:
+        return (self.namespace, self.deployment, self.pool)
 
 
-def pool_queries(selector: PoolSelector, window_seconds: int) -> dict[str, str]:
-    """The PromQL for every number the policy uses, by name."""
-    sel = selector.promql()
+def fleet_queries(window_seconds: int) -> dict[str, str]:
+    """The PromQL for every number the policy uses, by name, each grouped by pool."""
+    by = ", ".join(POOL_LABELS)
+    # Only specfleet engines: the pod labels the renderer sets on every engine pod.
+    sel = 'specfleet_io_deployment!="",specfleet_io_pool!=""'
     w = f"{window_seconds}s"
 
     def rate_sum(metric: str) -> str:
-        return f"sum(rate({metric}{{{sel}}}[{w}]))"
+        return f"sum by ({by}) (rate({metric}{{{sel}}}[{w}]))"
+
+    def itl_quantile(q: float) -> str:
+        return f"histogram_quantile({q}, sum by ({by}, le) (rate({vm.INTER_TOKEN_LATENCY}_bucket{{{sel}}}[{w}])))"
 
     return {
         "drafts": rate_sum(vm.SPEC_DRAFTS),
         "draft_tokens": rate_sum(vm.SPEC_DRAFT_TOKENS),
         "accepted": rate_sum(vm.SPEC_ACCEPTED_TOKENS),
-        "accepted_per_pos": f"sum by ({vm.LABEL_POSITION}) (rate({vm.SPEC_ACCEPTED_PER_POS}{{{sel}}}[{w}]))",
-        "running_per_replica": f"avg(avg_over_time({vm.REQUESTS_RUNNING}{{{sel}}}[{w}]))",
-        "replicas": f"count({vm.REQUESTS_RUNNING}{{{sel}}})",
-        "waiting": f"sum({vm.REQUESTS_WAITING}{{{sel}}})",
+        "accepted_per_pos": (
+            f"sum by ({by}, {vm.LABEL_POSITION}) (rate({vm.SPEC_ACCEPTED_PER_POS}{{{sel}}}[{w}]))"
+        ),
+        "running_per_replica": f"avg by ({by}) (avg_over_time({vm.REQUESTS_RUNNING}{{{sel}}}[{w}]))",
+        "replicas": f"count by ({by}) ({vm.REQUESTS_RUNNING}{{{sel}}})",
+        "waiting": f"sum by ({by}) ({vm.REQUESTS_WAITING}{{{sel}}})",
         "generation_tps": rate_sum(vm.GENERATION_TOKENS),
-        "itl_p50": f"histogram_quantile(0.5, sum by (le) (rate({vm.INTER_TOKEN_LATENCY}_bucket{{{sel}}}[{w}])))",
-        "itl_p99": f"histogram_quantile(0.99, sum by (le) (rate({vm.INTER_TOKEN_LATENCY}_bucket{{{sel}}}[{w}])))",
-        "sample_age": f"time() - max(timestamp({vm.REQUESTS_RUNNING}{{{sel}}}))",
+        "itl_p50": itl_quantile(0.5),
+        "itl_p99": itl_quantile(0.99),
+        "sample_age": f"time() - max by ({by}) (timestamp({vm.REQUESTS_RUNNING}{{{sel}}}))",
     }
 
 
-def _scalar(result: list[dict[str, Any]]) -> float | None:
-    """The single value of an aggregated instant vector; None when empty or not a number."""
-    if not result:
-        return None
-    value = float(result[0]["value"][1])
+def _number(sample: dict[str, Any]) -> float | None:
+    """A sample's value; None when it is not a number (NaN, +-Inf: e.g. a quantile of no data)."""
+    value = float(sample["value"][1])
     return None if math.isnan(value) or math.isinf(value) else value
 
 
-def observe_pool(
-    query: QueryFn,
+def _key(sample: dict[str, Any]) -> PoolKey:
+    labels = sample.get("metric") or {}
+    return (labels.get(POOL_LABELS[0], ""), labels.get(POOL_LABELS[1], ""), labels.get(POOL_LABELS[2], ""))
+
+
+@dataclass(frozen=True)
+class FleetAnswers:
+    """One round of fleet queries: each number by pool, or why Prometheus gave none."""
+
+    error: str | None = None
+    # query name -> pool -> value (absent: no sample, or not a number)
+    values: Mapping[str, Mapping[PoolKey, float]] = field(default_factory=dict)
+    # pool -> position -> accepted tokens per second at that position
+    per_position: Mapping[PoolKey, Mapping[int, float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_results(cls, results: Mapping[str, list[dict[str, Any]]]) -> FleetAnswers:
+        """Index Prometheus' answers (query name -> instant vector) by pool."""
+        values: dict[str, dict[PoolKey, float]] = {}
+        per_position: dict[PoolKey, dict[int, float]] = {}
+        for name, samples in results.items():
+            for sample in samples:
+                number = _number(sample)
+                if number is None:
+                    continue
+                if name == "accepted_per_pos":
+                    position = int((sample.get("metric") or {}).get(vm.LABEL_POSITION, -1))
+                    if position >= 0:
+                        per_position.setdefault(_key(sample), {})[position] = number
+                else:
+                    values.setdefault(name, {})[_key(sample)] = number
+        return cls(values=values, per_position=per_position)
+
+    def get(self, name: str, key: PoolKey) -> float | None:
+        return self.values.get(name, {}).get(key)
+
+
+def query_fleet(query: QueryFn, window_seconds: int) -> FleetAnswers:
+    """Run each fleet query once; the first failure stops the round (every pool then holds)."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for name, promql in fleet_queries(window_seconds).items():
+        try:
+            results[name] = query(promql)
+        except QueryError as err:
+            return FleetAnswers(error=str(err))
+    return FleetAnswers.from_results(results)
+
+
+def observe(
+    answers: FleetAnswers,
     selector: PoolSelector,
     window_seconds: int,
     now: datetime,
@@ -90,67 +149,58 @@ def observe_pool(
     pool_mode: str = "On",
     expected_replicas: int | None = None,
 ) -> PoolObservation:
-    """Run the pool's queries and build its observation; never raises for missing data.
+    """One pool's observation from the fleet's answers (pure; never raises for missing data).
 
     `expected_replicas` (the ready engines of a settled pool) turns "some engines have no samples"
     into a problem: averages over part of a pool would misstate its load.
     """
-    queries = pool_queries(selector, window_seconds)
-    answers: dict[str, list[dict[str, Any]]] = {}
-    for name, promql in queries.items():
-        try:
-            answers[name] = query(promql)
-        except QueryError as err:
-            return PoolObservation(pool=selector.pool, at=now, problem=f"Prometheus query failed: {err}")
-    replicas = _scalar(answers["replicas"])
+    pool, key = selector.pool, selector.key
+    if answers.error is not None:
+        return PoolObservation(pool=pool, at=now, problem=f"Prometheus query failed: {answers.error}")
+    replicas = answers.get("replicas", key)
     if not replicas:
-        return PoolObservation(
-            pool=selector.pool, at=now, problem=f"no engine samples for pool {selector.pool} in Prometheus"
-        )
+        return PoolObservation(pool=pool, at=now, problem=f"no engine samples for pool {pool} in Prometheus")
     if expected_replicas is not None and replicas < expected_replicas:
         return PoolObservation(
-            pool=selector.pool,
+            pool=pool,
             at=now,
-            problem=f"partial metrics for pool {selector.pool}: {int(replicas)} of {expected_replicas} "
+            problem=f"partial metrics for pool {pool}: {int(replicas)} of {expected_replicas} "
             "ready engines have samples",
             replicas_reporting=int(replicas),
         )
-    age = _scalar(answers["sample_age"])
+    age = answers.get("sample_age", key)
     if age is None or age > max(STALE_AFTER_SECONDS, window_seconds):
         return PoolObservation(
-            pool=selector.pool,
+            pool=pool,
             at=now,
-            problem=f"stale metrics for pool {selector.pool}: newest sample is {age or float('nan'):.0f}s old",
+            problem=f"stale metrics for pool {pool}: newest sample is {age or float('nan'):.0f}s old",
             replicas_reporting=int(replicas),
         )
-    drafts = _scalar(answers["drafts"])
-    accepted = _scalar(answers["accepted"])
-    draft_tokens = _scalar(answers["draft_tokens"])
+    drafts = answers.get("drafts", key)
+    accepted = answers.get("accepted", key)
+    draft_tokens = answers.get("draft_tokens", key)
     acceptance_length = None
     per_position: tuple[float, ...] = ()
     rate = None
     drafts_in_window = (drafts or 0.0) * window_seconds
     if drafts and drafts_in_window >= MIN_DRAFTS_FOR_ACCEPTANCE and accepted is not None:
         acceptance_length = 1 + accepted / drafts
-        by_pos = {
-            int(r["metric"].get(vm.LABEL_POSITION, -1)): float(r["value"][1])
-            for r in answers["accepted_per_pos"]
-        }
-        per_position = tuple(min(1.0, max(0.0, by_pos[i] / drafts)) for i in sorted(by_pos) if i >= 0)
+        by_pos = answers.per_position.get(key, {})
+        per_position = tuple(min(1.0, max(0.0, by_pos[i] / drafts)) for i in sorted(by_pos))
         if draft_tokens:
             rate = accepted / draft_tokens
     return PoolObservation(
-        pool=selector.pool,
+        pool=pool,
         at=now,
         acceptance_length=acceptance_length,
         per_position=per_position,
         draft_acceptance_rate=rate,
         acceptance_source=None if acceptance_length is None else ("pool" if pool_mode == "On" else "canary"),
-        running_per_replica=_scalar(answers["running_per_replica"]),
-        waiting=_scalar(answers["waiting"]),
-        generation_tokens_per_second=_scalar(answers["generation_tps"]),
-        itl_p50_seconds=_scalar(answers["itl_p50"]),
-        itl_p99_seconds=_scalar(answers["itl_p99"]),
+        running_per_replica=answers.get("running_per_replica", key),
+        waiting=answers.get("waiting", key),
+        generation_tokens_per_second=answers.get("generation_tps", key),
+        itl_p50_seconds=answers.get("itl_p50", key),
+        itl_p99_seconds=answers.get("itl_p99", key),
         replicas_reporting=int(replicas),
         drafts_in_window=drafts_in_window,
     )

@@ -14,12 +14,12 @@ from datetime import UTC, datetime, timedelta
 
 from specfleet.api import reasons
 from specfleet.api.conditions import ConditionStatus, rfc3339, set_condition
+from specfleet.api.constants import POOLS
 from specfleet.api.models import Decision, PoolName, SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
 from specfleet.policy.decide import PoolDecision
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
 
 HISTORY_LIMIT = 20
-POOLS: tuple[PoolName, ...] = ("latency", "batch")
 
 
 def parse_time(text: str | None) -> datetime | None:

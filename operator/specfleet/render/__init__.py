@@ -7,8 +7,10 @@ annotation so the operator can skip writes that would change nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from specfleet.api.models import PoolName, SpeculationMode
+from specfleet.api.constants import POOLS, PoolName
+from specfleet.api.models import SpeculationMode
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, RenderOptions, with_render_hash
 from specfleet.render.engine import (
@@ -27,24 +29,32 @@ from specfleet.render.router import (
     render_routing_config_map,
 )
 
-__all__ = ["Manifest", "RenderOptions", "render_children"]
+__all__ = ["POOLS", "Manifest", "PoolPlan", "RenderOptions", "plan_of", "render_children"]
 
-POOLS: tuple[PoolName, ...] = ("latency", "batch")
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The decided state of one pool: its speculation mode and, where the policy chose one, the K it
+    drafts (None: the drafter's). Decided by reconcile (spec or the policy's status), drawn here."""
+
+    mode: SpeculationMode
+    k: int | None = None
+
+
+def plan_of(
+    modes: Mapping[PoolName, SpeculationMode], ks: Mapping[PoolName, int | None] | None = None
+) -> dict[PoolName, PoolPlan]:
+    """A plan from plain modes (and Ks): for tests and tools that pick the modes themselves."""
+    return {pool: PoolPlan(modes[pool], (ks or {}).get(pool)) for pool in POOLS}
 
 
 def render_children(
     sd: SpeculativeDeployment,
-    modes: Mapping[PoolName, SpeculationMode],
+    plan: Mapping[PoolName, PoolPlan],
     options: RenderOptions | None = None,
-    ks: Mapping[PoolName, int | None] | None = None,
 ) -> list[Manifest]:
-    """Every child object of `sd`, in apply order (config and RBAC before the pods that use them).
-
-    `modes` and `ks` are the decided state: each pool's speculation mode and, where the policy chose
-    one, the K it drafts (default: the drafter's).
-    """
+    """Every child object of `sd`, in apply order (config and RBAC before the pods that use them)."""
     options = options or RenderOptions()
-    ks = ks or {}
     children: list[Manifest] = [
         render_routing_config_map(sd),
         render_router_service_account(sd),
@@ -55,10 +65,10 @@ def render_children(
         children += [
             render_pool_service(sd, pool),
             render_pool_pdb(sd, pool),
-            render_pool_deployment(sd, pool, modes[pool], k=ks.get(pool)),
+            render_pool_deployment(sd, pool, plan[pool].mode, k=plan[pool].k),
         ]
         if canary_replicas(sd, pool) is not None:
-            children.append(render_pool_deployment(sd, pool, modes[pool], track="canary", k=ks.get(pool)))
+            children.append(render_pool_deployment(sd, pool, plan[pool].mode, track="canary", k=plan[pool].k))
     children += [render_router_service(sd, options), render_router_deployment(sd, options)]
     if sd.spec.monitoring.pod_monitor:
         children.append(render_pod_monitor(sd))

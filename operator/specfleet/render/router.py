@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specfleet.api.constants import POOLS
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import (
     Manifest,
@@ -33,7 +34,7 @@ def routing_config(sd: SpeculativeDeployment) -> RoutingConfig:
     routing = sd.spec.routing
     return RoutingConfig(
         served_model_name=sd.served_model_name,
-        pools={p: PoolBackend(service=pool_name(sd, p), port=VLLM_PORT) for p in ("latency", "batch")},
+        pools={p: PoolBackend(service=pool_name(sd, p), port=VLLM_PORT) for p in POOLS},
         default_pool=routing.default_pool,
         pool_header=routing.pool_header,
         tenant_header=routing.tenant_header,
