@@ -383,6 +383,13 @@ class RoutingSpec(ApiModel):
     pool_header: str = Field(
         default="x-specfleet-pool", max_length=128, description="Header that names the pool explicitly."
     )
+    pool_header_trust: Literal["Ignored", "AfterTenantRules", "Always"] = Field(
+        default="AfterTenantRules",
+        description="How far a client's own pool header is trusted. AfterTenantRules (default): it counts "
+        "only where no tenant or API-key rule matched, so a client cannot move itself out of the pool "
+        "its rules assign; Always: it beats every rule (only where every client is trusted); Ignored: "
+        "never read.",
+    )
     tenant_header: str = Field(
         default="x-specfleet-tenant", max_length=128, description="Header carrying the tenant name."
     )
