@@ -10,88 +10,28 @@ import asyncio
 import json
 import logging
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
-from aiohttp import web
 
 from support.router_harness import (
     FAST,
+    GOOD,
     MODEL,
     assert_openai_error,
     engine_process,
     raw_exchange,
     raw_request,
+    recording_engine,
     routing,
     running_router,
     wait_http,
 )
 
 pytestmark = pytest.mark.timeout(90)
-
-COMPLETION = {
-    "id": "cmpl-1",
-    "object": "text_completion",
-    "created": 0,
-    "model": MODEL,
-    "choices": [{"index": 0, "text": " ok", "logprobs": None, "finish_reason": "length"}],
-    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-}
-GOOD = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 2}).encode()
-
-
-@dataclass
-class RecordingEngine:
-    """An engine that serves /v1/completions, a /metrics and an admin endpoint, and records every path."""
-
-    url: str = ""
-    seen: list[str] = field(default_factory=list)
-    admin_calls: int = 0
-    gate: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        self.seen.append(request.raw_path)
-        await request.read()
-        if request.path.startswith("/admin"):
-            self.admin_calls += 1
-            return web.json_response({"changed": True})
-        if request.path == "/metrics":
-            return web.Response(text="engine_secret_metric 1\n")
-        if request.path == "/health":
-            return web.Response()
-        if request.path != "/v1/completions":
-            return web.json_response({"detail": "Not Found"}, status=404)  # FastAPI's shape
-        fail = request.query.get("fail")
-        if fail == "405":
-            return web.Response(status=405, text="Method Not Allowed")
-        if fail == "404":
-            return web.json_response({"detail": "Not Found"}, status=404)
-        if request.query.get("wait"):
-            await self.gate.wait()
-        return web.json_response(COMPLETION)
-
-
-@asynccontextmanager
-async def recording_engine() -> AsyncIterator[RecordingEngine]:
-    engine = RecordingEngine()
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_route("*", "/{tail:.*}", engine.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        engine.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        yield engine
-    finally:
-        engine.gate.set()
-        await runner.cleanup()
-
 
 # ---- the allow-list ------------------------------------------------------------------------------
 
