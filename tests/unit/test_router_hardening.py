@@ -264,7 +264,7 @@ async def test_connection_cap(tmp_path: Path) -> None:
     ):
         host, port = rr.url.removeprefix("http://").rsplit(":", 1)
         held = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
-        while rr.router.metrics.open_connections._value.get() < 3:
+        while rr.counter("specfleet_router_open_connections") < 3:
             await asyncio.sleep(0.01)
         resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD))
         assert resp is not None
@@ -273,7 +273,7 @@ async def test_connection_cap(tmp_path: Path) -> None:
         assert rr.counter("specfleet_router_protocol_errors_total", reason="too_many_connections") == 1
         for _, writer in held:
             writer.close()
-        while rr.router.metrics.open_connections._value.get() > 0:
+        while rr.counter("specfleet_router_open_connections") > 0:
             await asyncio.sleep(0.01)
         resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD))
         assert resp is not None

@@ -34,18 +34,17 @@ class ByteBudget:
     def __init__(self, cap: int, metrics: RouterMetrics) -> None:
         self.cap = cap
         self.used = 0
-        self._gauge = metrics.bytes_in_flight
+        # Read when scraped: nothing to update per request.
+        metrics.bytes_in_flight.set_function(lambda: self.used)
 
     def take(self, size: int) -> bool:
         if self.cap and self.used + size > self.cap:
             return False
         self.used += size
-        self._gauge.set(self.used)
         return True
 
     def give(self, size: int) -> None:
         self.used -= size
-        self._gauge.set(self.used)
 
 
 @dataclass(frozen=True)

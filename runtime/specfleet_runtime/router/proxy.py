@@ -157,8 +157,13 @@ class Proxy:
         # No pool limit: the engines queue, the router must not add a second hidden queue.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         # auto_decompress off: bytes pass through untouched, so Content-Encoding/Length stay true.
+        # No cookie jar: a proxy must not keep one client's cookies and send them with another's.
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:
