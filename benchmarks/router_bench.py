@@ -1,7 +1,8 @@
 """Router overhead: added latency, max requests/s and CPU per request, direct vs specfleet router vs vllm-router.
 
     python benchmarks/router_bench.py [--backend emulator|fast] [--requests 500] [--concurrency 32]
-                                      [--seconds 6] [--rounds 3] [--no-install]
+                                      [--seconds 6] [--rounds 3] [--rate 200] [--cpu-requests 2000]
+                                      [--no-install]
 
 Starts two backends on 127.0.0.1 (the engine emulator at --time-scale 0, or a trivial aiohttp backend
 that answers a fixed completion), the specfleet router over both (one pool, static URLs), and
@@ -9,7 +10,9 @@ that answers a fixed completion), the specfleet router over both (one pool, stat
 under ${SPECFLEET_CACHE:-~/.cache/specfleet}/bench-vllm-router. Then: a warm-up; sequential latency,
 the targets taking turns request by request (at most --requests each, --seconds per target); and
 closed-loop throughput with --concurrency workers, in --rounds alternating rounds per target (together
---seconds per target, at most 20x --requests a round), reporting the median round. Taking turns keeps
+--seconds per target, at most 20x --requests a round), reporting the median round; in each round also
+the server's CPU time per request (/proc/PID/stat over --cpu-requests at concurrency 8) and latency
+under an open-loop pace of --rate req/s with every other request streamed. Taking turns keeps
 the comparison fair on a machine whose load drifts. Prints one Markdown table. Load is generated from
 this process only, to 127.0.0.1 only; every process it starts is stopped by PID.
 """
