@@ -1,7 +1,8 @@
-"""Router overhead: added latency (p50, p99) and max requests/s, direct vs specfleet router vs vllm-router.
+"""Router overhead: added latency, max requests/s and CPU per request, direct vs specfleet router vs vllm-router.
 
     python benchmarks/router_bench.py [--backend emulator|fast] [--requests 500] [--concurrency 32]
-                                      [--seconds 6] [--rounds 3] [--no-install]
+                                      [--seconds 6] [--rounds 3] [--rate 200] [--cpu-requests 2000]
+                                      [--no-install]
 
 Starts two backends on 127.0.0.1 (the engine emulator at --time-scale 0, or a trivial aiohttp backend
 that answers a fixed completion), the specfleet router over both (one pool, static URLs), and
@@ -9,7 +10,9 @@ that answers a fixed completion), the specfleet router over both (one pool, stat
 under ${SPECFLEET_CACHE:-~/.cache/specfleet}/bench-vllm-router. Then: a warm-up; sequential latency,
 the targets taking turns request by request (at most --requests each, --seconds per target); and
 closed-loop throughput with --concurrency workers, in --rounds alternating rounds per target (together
---seconds per target, at most 20x --requests a round), reporting the median round. Taking turns keeps
+--seconds per target, at most 20x --requests a round), reporting the median round; in each round also
+the server's CPU time per request (/proc/PID/stat over --cpu-requests at concurrency 8) and latency
+under an open-loop pace of --rate req/s with every other request streamed. Taking turns keeps
 the comparison fair on a machine whose load drifts. Prints one Markdown table. Load is generated from
 this process only, to 127.0.0.1 only; every process it starts is stopped by PID.
 """
@@ -38,6 +41,8 @@ from aiohttp import web
 
 MODEL = "bench"
 BODY = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 4}).encode()
+STREAM_BODY = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 4, "stream": True}).encode()
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CACHE = Path(os.environ.get("SPECFLEET_CACHE", Path.home() / ".cache" / "specfleet"))
 VLLM_ROUTER_VENV = CACHE / "bench-vllm-router"
 
@@ -148,10 +153,19 @@ class Result:
     p99_ms: float
     rps: float
     errors: int
+    cpu_ms: float | None
+    paced_p50_ms: float
+    paced_p99_ms: float
 
 
-async def one_request(http: aiohttp.ClientSession, url: str) -> bool:
-    async with http.post(url, data=BODY, headers={"Content-Type": "application/json"}) as resp:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads) so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+async def one_request(http: aiohttp.ClientSession, url: str, body: bytes = BODY) -> bool:
+    async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
         await resp.read()
         return resp.status == 200
 
@@ -183,6 +197,35 @@ async def interleaved_latencies(
     return latencies, errors
 
 
+async def paced_latencies(url: str, rate: float, seconds: float) -> tuple[list[float], int]:
+    """Open loop at a fixed `rate`: latencies of requests started on a schedule, every other one streamed."""
+    latencies: list[float] = []
+    errors = 0
+
+    async def send(http: aiohttp.ClientSession, body: bytes) -> None:
+        nonlocal errors
+        started = time.perf_counter()
+        try:
+            ok = await one_request(http, url, body)
+        except aiohttp.ClientError:
+            ok = False
+        if ok:
+            latencies.append(time.perf_counter() - started)
+        else:
+            errors += 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        tasks = []
+        start = time.perf_counter()
+        for i in range(int(rate * seconds)):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(http, STREAM_BODY if i % 2 else BODY)))
+        await asyncio.gather(*tasks)
+    return latencies, errors
+
+
 async def closed_loop_rps(url: str, concurrency: int, seconds: float, max_requests: int) -> tuple[float, int]:
     """Requests per second with `concurrency` workers, each sending its next request when one returns."""
     done = 0
@@ -207,22 +250,48 @@ async def closed_loop_rps(url: str, concurrency: int, seconds: float, max_reques
     return done / elapsed, errors
 
 
+async def cpu_per_request(url: str, pid: int, requests: int, concurrency: int) -> float:
+    """CPU milliseconds the process at `pid` spends per request, over `requests` at `concurrency`."""
+    left = requests
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await one_request(http, url)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
+        for _ in range(50):
+            await one_request(http, url)
+        before = cpu_seconds(pid)
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+        after = cpu_seconds(pid)
+    return (after - before) * 1000 / requests
+
+
 def percentile(values: list[float], q: int) -> float:
     """The q-th percentile (1..99) of `values`."""
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-async def measure(targets: list[tuple[str, str]], args: argparse.Namespace) -> list[Result]:
-    """Latency interleaved over all targets; throughput in `--rounds` alternating rounds, median kept."""
-    urls = [f"{base}/v1/completions" for _, base in targets]
+async def measure(targets: list[tuple[str, str, int]], args: argparse.Namespace) -> list[Result]:
+    """Latency interleaved over all targets; throughput and paced latency in `--rounds` alternating
+    rounds (median kept); CPU per request from /proc in alternating rounds (median kept)."""
+    urls = [f"{base}/v1/completions" for _, base, _ in targets]
     latencies, errors = await interleaved_latencies(urls, args.requests, args.seconds * len(urls))
     rates: list[list[float]] = [[] for _ in urls]
+    cpu: list[list[float]] = [[] for _ in urls]
+    paced: list[list[float]] = [[] for _ in urls]
     for _ in range(args.rounds):
         for i, url in enumerate(urls):
             rate, failed = await closed_loop_rps(
                 url, args.concurrency, args.seconds / args.rounds, args.requests * 20
             )
             rates[i].append(rate)
+            errors[i] += failed
+            cpu[i].append(await cpu_per_request(url, targets[i][2], args.cpu_requests, 8))
+            got, failed = await paced_latencies(url, args.rate, args.seconds / args.rounds)
+            paced[i] += got
             errors[i] += failed
     return [
         Result(
@@ -231,8 +300,11 @@ async def measure(targets: list[tuple[str, str]], args: argparse.Namespace) -> l
             p99_ms=percentile(latencies[i], 99) * 1000,
             rps=statistics.median(rates[i]),
             errors=errors[i],
+            cpu_ms=statistics.median(cpu[i]),
+            paced_p50_ms=percentile(paced[i], 50) * 1000,
+            paced_p99_ms=percentile(paced[i], 99) * 1000,
         )
-        for i, (name, _) in enumerate(targets)
+        for i, (name, _, _) in enumerate(targets)
     ]
 
 
@@ -247,6 +319,7 @@ async def run(args: argparse.Namespace) -> None:
     skipped: dict[str, str] = {}
     try:
         backends: list[str] = []
+        backend_pids: list[int] = []
         for i in range(2):
             port = free_port()
             if args.backend == "emulator":
@@ -258,6 +331,7 @@ async def run(args: argparse.Namespace) -> None:
             else:
                 cmd = [sys.executable, __file__, "--serve-fast-backend", str(port)]
             proc = procs.start(f"backend-{i}", cmd)
+            backend_pids.append(proc.pid)
             backends.append(f"http://127.0.0.1:{port}")
             await wait_healthy(f"{backends[-1]}/health", proc)
 
@@ -275,7 +349,7 @@ async def run(args: argparse.Namespace) -> None:
         )  # fmt: skip
         await wait_healthy(f"{ours}/readyz", proc)
 
-        targets = [("direct (backend 1)", backends[0]), ("specfleet-router", ours)]
+        targets = [("direct (backend 1)", backends[0], backend_pids[0]), ("specfleet-router", ours, proc.pid)]
         binary, why = vllm_router_binary(not args.no_install)
         if binary is None:
             skipped["vllm-router"] = why
@@ -291,7 +365,7 @@ async def run(args: argparse.Namespace) -> None:
             )  # fmt: skip
             try:
                 await wait_healthy(f"{theirs}/health", proc)
-                targets.append(("vllm-router", theirs))
+                targets.append(("vllm-router", theirs, proc.pid))
             except RuntimeError as err:
                 skipped["vllm-router"] = f"did not start: {err} (log: {log_dir}/vllm-router.log)"
 
@@ -309,15 +383,23 @@ async def run(args: argparse.Namespace) -> None:
     print(
         f"latency: {args.requests} sequential non-streaming completions (max_tokens 4) per target, "
         f"targets taking turns; throughput: closed loop, {args.concurrency} workers, median of "
-        f"{args.rounds} alternating rounds of {args.seconds / args.rounds:g}s\n"
+        f"{args.rounds} alternating rounds of {args.seconds / args.rounds:g}s; CPU ms/req: the server "
+        f"process's user+system time from /proc over {args.cpu_requests} requests at concurrency 8, "
+        f"median of {args.rounds} rounds; paced: open loop at {args.rate:g} req/s, every other request "
+        "streamed (to the end of the stream), all rounds pooled\n"
     )
-    print("| target | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s | errors |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| target | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s | CPU ms/req "
+        f"| at {args.rate:g} req/s: p50 ms | p99 ms | added p99 ms | errors |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         added = "-" if r is direct else f"{r.p50_ms - direct.p50_ms:+.2f}"
         added99 = "-" if r is direct else f"{r.p99_ms - direct.p99_ms:+.2f}"
+        paced99 = "-" if r is direct else f"{r.paced_p99_ms - direct.paced_p99_ms:+.2f}"
         print(
-            f"| {r.target} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {added99} | {r.rps:.0f} | {r.errors} |"
+            f"| {r.target} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {added99} | {r.rps:.0f} "
+            f"| {r.cpu_ms:.2f} | {r.paced_p50_ms:.2f} | {r.paced_p99_ms:.2f} | {paced99} | {r.errors} |"
         )
     for name, why in skipped.items():
         print(f"| {name} | not run: {why} | | | | | |")
@@ -331,6 +413,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=6.0, help="time bound of each phase, per target")
     parser.add_argument("--rounds", type=int, default=3, help="alternating throughput rounds per target")
+    parser.add_argument("--rate", type=float, default=200.0, help="paced phase: requests per second")
+    parser.add_argument(
+        "--cpu-requests", type=int, default=2000, help="requests per CPU-per-request round (concurrency 8)"
+    )
     parser.add_argument("--no-install", action="store_true", help="do not pip install vllm-router")
     parser.add_argument("--serve-fast-backend", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

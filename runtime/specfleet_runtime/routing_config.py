@@ -14,6 +14,10 @@ from typing import Any, Final, Literal
 ROUTING_CONFIG_KEY: Final = "routing.json"
 POOLS: Final = ("latency", "batch")
 PoolName = Literal["latency", "batch"]
+# How far a client's own pool header is trusted: never, only where no tenant/API-key rule matched
+# (the default: an operator's rules beat a client's wish), or above every rule.
+PoolHeaderTrust = Literal["Ignored", "AfterTenantRules", "Always"]
+POOL_HEADER_TRUST_VALUES: Final = ("Ignored", "AfterTenantRules", "Always")
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class RoutingConfig:
     pools: dict[str, PoolBackend]
     default_pool: PoolName = "latency"
     pool_header: str = "x-specfleet-pool"
+    pool_header_trust: PoolHeaderTrust = "AfterTenantRules"
     tenant_header: str = "x-specfleet-tenant"
     client_header: str = "x-specfleet-client"
     tenant_rules: tuple[TenantRule, ...] = ()
@@ -101,6 +106,7 @@ class RoutingConfig:
                 pools=pools,
                 default_pool=doc.get("default_pool", "latency"),
                 pool_header=doc.get("pool_header", "x-specfleet-pool"),
+                pool_header_trust=doc.get("pool_header_trust", "AfterTenantRules"),
                 tenant_header=doc.get("tenant_header", "x-specfleet-tenant"),
                 client_header=doc.get("client_header", "x-specfleet-client"),
                 tenant_rules=rules,
@@ -125,6 +131,11 @@ class RoutingConfig:
         for rule in self.tenant_rules:
             if rule.pool not in self.pools:
                 raise ValueError(f"invalid routing config: tenant rule targets unknown pool {rule.pool!r}")
+        if self.pool_header_trust not in POOL_HEADER_TRUST_VALUES:
+            raise ValueError(
+                "invalid routing config: poolHeaderTrust must be one of "
+                f"{', '.join(POOL_HEADER_TRUST_VALUES)}, not {self.pool_header_trust!r}"
+            )
         if self.fallback not in ("otherPool", "reject"):
             raise ValueError(
                 f"invalid routing config: fallback must be otherPool or reject, not {self.fallback!r}"

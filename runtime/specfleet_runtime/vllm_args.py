@@ -21,6 +21,57 @@ VLLM_PORT = 8000
 METHODS_WITH_DRAFTER_MODEL = frozenset({"eagle3", "eagle", "draft_model", "medusa"})
 
 
+# Every option string of vLLM 0.32's server parser that sets something the operator owns: the typed
+# fields (model, names, port, parallelism, memory, speculation, including the --spec-* shorthands and
+# aliases) and --config/--uds, which could set or move any of them. tests/vllm checks this list and
+# `operator_owned_option` against vLLM's own parser.
+OPERATOR_OWNED_OPTIONS: tuple[str, ...] = (
+    "--model",
+    "--served-model-name",
+    "--revision",
+    "--port",
+    "--host",
+    "--uds",
+    "--tensor-parallel-size",
+    "-tp",
+    "--max-num-seqs",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--device-memory-utilization",
+    "--speculative-config",
+    "-sc",
+    "--spec-method",
+    "--spec-model",
+    "--spec-tokens",
+    "--config",
+)
+
+
+def operator_owned_option(arg: str) -> str | None:
+    """The operator-owned option that `arg`, as one extra vLLM argument, would set; None if none.
+
+    Follows what vLLM's FlexibleArgumentParser accepts: `_` for `-` in long names, `--flag=value` or a
+    separate value, dotted keys (`--speculative-config.method ngram`) that become the JSON option, and
+    argparse's unique-prefix abbreviations (`--served`, `--max-model`; vLLM keeps allow_abbrev on).
+    Refusing every prefix of an owned option is stricter than argparse (an ambiguous prefix is vLLM's
+    error anyway) and never refuses a real vLLM option, which tests/vllm checks.
+    """
+    if len(arg) < 2 or arg[0] != "-":
+        return None
+    name = arg.split("=", 1)[0].split(".", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+        if len(name) == 2:
+            return None
+        candidates = [o for o in OPERATOR_OWNED_OPTIONS if o.startswith("--")]
+    else:
+        candidates = [o for o in OPERATOR_OWNED_OPTIONS if not o.startswith("--")]
+    if name in candidates:
+        return name
+    prefixed = [o for o in candidates if o.startswith(name)]
+    return prefixed[0] if prefixed else None
+
+
 @dataclass(frozen=True)
 class DynamicSpeculationRange:
     """One row of vLLM's Dynamic SD table: batch sizes start..end (inclusive) draft `k` tokens."""

@@ -323,3 +323,33 @@ async def test_client_going_away_mid_stream_aborts_the_request(emulator: Running
                 break
             await engine.wait_for_step()
         assert engine.num_running == 0
+
+
+def _bad_bodies() -> dict[str, bytes]:
+    model = f'"{MODEL}"'.encode()
+    return {
+        "deep-nesting": b'{"model": ' + model + b', "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        "int-past-digit-limit": b'{"model": '
+        + model
+        + b', "prompt": "x", "max_tokens": '
+        + b"9" * 5000
+        + b"}",
+        "huge-max-tokens": b'{"model": ' + model + b', "prompt": "x", "max_tokens": ' + b"9" * 30 + b"}",
+        "huge-n": b'{"model": ' + model + b', "prompt": "x", "n": ' + b"9" * 30 + b"}",
+        "huge-token-id": b'{"model": ' + model + b', "prompt": [' + b"9" * 30 + b"]}",
+        "negative-token-id": b'{"model": ' + model + b', "prompt": [-1]}',
+        "two-mib-prompt": b'{"model": ' + model + b', "prompt": "' + b"x " * (1024 * 1024) + b'"}',
+    }
+
+
+@pytest.mark.parametrize("name", list(_bad_bodies()))
+async def test_bad_input_is_a_400_like_vllms(name: str) -> None:
+    # tests/vllm checks the same bodies against real vLLM.
+    async with serve_emulator(CONFIG) as emu, aiohttp.ClientSession() as http:
+        async with http.post(f"{emu.url}/v1/completions", data=_bad_bodies()[name]) as resp:
+            assert resp.status == 400
+            body = await resp.json()
+            assert body["error"]["code"] == 400
+            assert body["error"]["message"]
+        async with http.post(f"{emu.url}/v1/completions", json={"model": MODEL, "prompt": "x"}) as resp:
+            assert resp.status == 200

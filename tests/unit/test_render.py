@@ -142,6 +142,38 @@ def test_engine_pod_shape():
     assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
 
 
+def test_engine_pods_are_locked_down():
+    deploy = _by_key(render_children(_sd(), ON))[("Deployment", "assistant-latency")]
+    pod = deploy["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+    }
+    # Non-root and read-only root on request; every writable path is then an explicit volume.
+    patch = {"spec": {"engine": {"security": {"runAsUser": 1000, "readOnlyRootFilesystem": True}}}}
+    deploy = _by_key(render_children(_sd(patch=patch), ON))[("Deployment", "assistant-latency")]
+    pod = deploy["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["fsGroup"] == 1000
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert set(mounts) == {"/tmp", "/dev/shm", "/root/.cache/huggingface"}
+    assert {v["name"] for v in pod["volumes"]} == set(mounts.values())
+    assert {"name": "HOME", "value": "/tmp"} in container["env"]
+
+
+def test_router_role_reads_only_its_config_map():
+    role = _by_key(render_children(_sd(), ON))[("Role", "assistant-router")]
+    config_rule = next(r for r in role["rules"] if r["resources"] == ["configmaps"])
+    assert config_rule["resourceNames"] == ["assistant-routing"]
+    assert set(config_rule["verbs"]) == {"get", "list", "watch"}
+
+
 def test_owner_references_and_no_uid_means_none():
     children = render_children(_sd(), ON)
     assert all(c["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for c in children)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -59,10 +60,17 @@ def facts(**kw: Any) -> RequestFacts:
 @pytest.mark.parametrize(
     ("request_facts", "segmented", "expected"),
     [
-        # 1. the explicit header beats everything below it
-        (facts(pool_header="latency", tenant="etl", max_tokens=4096), True, ("latency", Reason.POOL_HEADER)),
-        (facts(pool_header="batch", tenant="chat"), False, ("batch", Reason.POOL_HEADER)),
-        # 2. tenant and API-key rules, first matching rule wins, and they beat shape and segmentation
+        # 1. tenant and API-key rules, first matching rule wins; they beat the client's own header
+        (facts(pool_header="latency", tenant="etl", max_tokens=4096), True, ("batch", Reason.TENANT)),
+        (facts(pool_header="batch", tenant="chat"), False, ("latency", Reason.TENANT)),
+        (facts(pool_header="latency", api_key_sha256=KEY_HASH), False, ("batch", Reason.API_KEY)),
+        # 2. the explicit header, where no rule matched, beats shape and segmentation
+        (
+            facts(pool_header="latency", tenant="other", max_tokens=4096),
+            True,
+            ("latency", Reason.POOL_HEADER),
+        ),
+        (facts(pool_header="batch", stream=True), False, ("batch", Reason.POOL_HEADER)),
         (facts(tenant="etl"), False, ("batch", Reason.TENANT)),
         (facts(tenant="chat", max_tokens=4096, n=8), True, ("latency", Reason.TENANT)),
         (facts(api_key_sha256=sha256_hex("sk-vip"), max_tokens=4096), False, ("latency", Reason.API_KEY)),
@@ -86,6 +94,22 @@ def facts(**kw: Any) -> RequestFacts:
 )
 def test_precedence_table(request_facts: RequestFacts, segmented: bool, expected: tuple[str, Reason]) -> None:
     assert classify(CONFIG, request_facts, segmented) == Classification(*expected)  # type: ignore[arg-type]
+
+
+def test_pool_header_trust_settings() -> None:
+    etl_wants_latency = facts(pool_header="latency", tenant="etl")
+    always = make_config(pool_header_trust="Always")
+    assert classify(always, etl_wants_latency, False) == Classification("latency", Reason.POOL_HEADER)
+    ignored = make_config(pool_header_trust="Ignored")
+    assert classify(ignored, etl_wants_latency, False) == Classification("batch", Reason.TENANT)
+    # Ignored: the header is not even read, so a bad value is no error either.
+    got = extract_facts(ignored, {"x-specfleet-pool": "gpu", "x-specfleet-tenant": "etl"}, None, "1.2.3.4")
+    assert got.pool_header is None
+    with pytest.raises(InvalidRequest):
+        extract_facts(CONFIG, {"x-specfleet-pool": "gpu"}, None, "1.2.3.4")
+    with pytest.raises(ValueError, match="poolHeaderTrust"):
+        RoutingConfig.from_json('{"servedModelName": "m", "pools": {"latency": {"staticUrls": ["http://l"]}}, '
+                                '"poolHeaderTrust": "Sometimes"}')  # fmt: skip
 
 
 def test_not_streaming_rule_and_default_pool() -> None:
@@ -260,9 +284,13 @@ def test_classification_properties(
     assert result.pool in ("latency", "batch")
     # Deterministic: same inputs, same answer.
     assert classify(config, request_facts, segmented) == result
-    # The explicit header always wins.
-    if request_facts.pool_header is not None:
+    # The explicit header wins wherever no tenant or API-key rule decided (trust AfterTenantRules).
+    if request_facts.pool_header is not None and result.reason not in (Reason.TENANT, Reason.API_KEY):
         assert result == Classification(request_facts.pool_header, Reason.POOL_HEADER)
+    # ... and never against a rule: a client cannot leave the pool its rules assign.
+    if result.reason == Reason.POOL_HEADER:
+        rules = classify(config, replace(request_facts, pool_header=None), segmented)
+        assert rules.reason not in (Reason.TENANT, Reason.API_KEY)
     # Shape and segmentation only ever push towards batch.
     if result.reason in (Reason.SHAPE_MAX_TOKENS, Reason.SHAPE_N, Reason.SHAPE_NOT_STREAMING):
         assert result.pool == "batch"

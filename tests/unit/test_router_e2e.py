@@ -14,9 +14,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,98 +25,24 @@ import openai
 import pytest
 from aiohttp import web
 
-from specfleet_runtime.emulator.config import EmulatorConfig
 from specfleet_runtime.emulator.testing import RunningEmulator, serve_emulator
-from specfleet_runtime.router.app import Router, RouterSettings, create_app
 from specfleet_runtime.router.classify import sha256_hex
-from specfleet_runtime.router.sources import ConfigFileSource, SlicePublish
+from specfleet_runtime.router.sources import SlicePublish
+from support.router_harness import (
+    BATCH_KEY,
+    FAST,
+    MODEL,
+    assert_openai_error,
+    emulator_config,
+    engine_process,
+    free_port,
+    routing,
+    running_router,
+    wait_for,
+    wait_http,
+)
 
 pytestmark = pytest.mark.timeout(90)
-
-MODEL = "tiny"
-BATCH_KEY = "sk-batch-team"
-FAST = RouterSettings(connect_timeout=2.0, read_timeout=30.0, drain_seconds=5.0, housekeeping_seconds=0.05)
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, read, released): connecting to it is refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def routing(latency: list[str], batch: list[str], **extra: Any) -> dict[str, Any]:
-    """A routing.json document with static pools; a pool without URLs is left out (that is invalid)."""
-    pools = {name: {"staticUrls": urls} for name, urls in (("latency", latency), ("batch", batch)) if urls}
-    doc: dict[str, Any] = {"servedModelName": MODEL, "pools": pools}
-    doc.update(extra)
-    return doc
-
-
-@dataclass
-class RunningRouter:
-    url: str
-    router: Router
-    config_path: Path
-    clients: list[openai.AsyncOpenAI] = field(default_factory=list)
-
-    def client(self, **kw: Any) -> openai.AsyncOpenAI:
-        """An OpenAI client on the router, closed with it; no client-side retries, so errors show."""
-        kw.setdefault("api_key", "sk-anything")
-        client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", max_retries=0, timeout=30, **kw)
-        self.clients.append(client)
-        return client
-
-    def write_config(self, doc: dict[str, Any] | str) -> None:
-        text = doc if isinstance(doc, str) else json.dumps(doc)
-        tmp = self.config_path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(self.config_path)  # atomic, like a ConfigMap volume update
-
-    def counter(self, name: str, **labels: str) -> float:
-        value = self.router.metrics.registry.get_sample_value(name, labels)
-        return value or 0.0
-
-
-@asynccontextmanager
-async def running_router(
-    tmp_path: Path,
-    config: dict[str, Any],
-    settings: RouterSettings = FAST,
-    slice_watch_factory: Any = None,
-) -> AsyncIterator[RunningRouter]:
-    path = tmp_path / "routing.json"
-    path.write_text(json.dumps(config))
-    router = Router(settings, ConfigFileSource(path, poll_seconds=0.05), slice_watch_factory)
-    runner = web.AppRunner(
-        create_app(router), access_log=None, handler_cancellation=True, shutdown_timeout=2.0
-    )
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        await wait_for(lambda: router.config is not None)
-        running = RunningRouter(f"http://127.0.0.1:{port}", router, path)
-        try:
-            yield running
-        finally:
-            for client in running.clients:
-                await client.close()
-    finally:
-        await runner.cleanup()
-
-
-async def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
-
-
-def emulator_config(time_scale: float = 0.1) -> EmulatorConfig:
-    return EmulatorConfig(served_model_name=MODEL, model="m", time_scale=time_scale)
 
 
 @asynccontextmanager
@@ -179,7 +105,7 @@ async def test_completions_and_chat_streaming_and_not(tmp_path: Path) -> None:
             async with http.get(f"{rr.url}/metrics") as resp:
                 text = await resp.text()
         for name in (
-            'specfleet_router_requests_total{class="latency",code="200",pool="latency"}',
+            'specfleet_router_requests_total{class="latency",code="200",error="none",pool="latency"}',
             "specfleet_router_request_duration_seconds_bucket",
             "specfleet_router_time_to_first_byte_seconds_bucket",
             "specfleet_router_in_flight_requests",
@@ -232,9 +158,26 @@ async def test_classification_rules_end_to_end(tmp_path: Path) -> None:
                 "batch",
                 "pool_header",
             )
-            # The header beats a tenant rule that says batch.
-            header_wins = {"x-specfleet-pool": "latency", "x-specfleet-tenant": "etl"}
-            assert await served(client, extra_headers=header_wins) == ("latency", "pool_header")
+            # A client's own header does not beat a tenant or API-key rule (poolHeaderTrust default).
+            escape = {"x-specfleet-pool": "latency", "x-specfleet-tenant": "etl"}
+            assert await served(client, extra_headers=escape) == ("batch", "tenant")
+            key_escape = {"x-specfleet-pool": "latency"}
+            assert await served(rr.client(api_key=BATCH_KEY), extra_headers=key_escape) == (
+                "batch",
+                "api_key",
+            )
+            # Where the resource says every client is trusted, it does.
+            rr.write_config({**config, "poolHeaderTrust": "Always"})
+            await wait_for(
+                lambda: rr.router.config is not None and rr.router.config.pool_header_trust == "Always"
+            )
+            assert await served(client, extra_headers=escape) == ("latency", "pool_header")
+            rr.write_config(config)
+            await wait_for(
+                lambda: (
+                    rr.router.config is not None and rr.router.config.pool_header_trust == "AfterTenantRules"
+                )
+            )
             assert await served(client, extra_headers={"x-specfleet-tenant": "etl"}) == ("batch", "tenant")
             assert await served(rr.client(api_key=BATCH_KEY)) == ("batch", "api_key")
             assert await served(client, max_tokens=64) == ("batch", "shape_max_tokens")
@@ -246,7 +189,7 @@ async def test_classification_rules_end_to_end(tmp_path: Path) -> None:
                 rr.counter(
                     "specfleet_router_classifications_total", **{"class": "batch", "reason": "api_key"}
                 )
-                == 1
+                == 2
             )
 
 
@@ -289,16 +232,6 @@ async def test_auto_segmentation_under_concurrent_load(tmp_path: Path) -> None:
 
 
 # ---- malformed and refused requests ----------------------------------------------------------------
-
-
-def assert_openai_error(body: Any, code: str | None = None, param: str | None = None) -> None:
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert body["error"]["message"]
-    if code is not None:
-        assert body["error"]["code"] == code
-    if param is not None:
-        assert body["error"]["param"] == param
 
 
 async def test_bad_requests_get_openai_errors(tmp_path: Path) -> None:
@@ -349,9 +282,11 @@ async def test_bad_requests_get_openai_errors(tmp_path: Path) -> None:
             async with http.post(url, json={"model": MODEL, "prompt": "x", "max_tokens": 0}) as resp:
                 assert resp.status == 400
                 assert_openai_error(await resp.json())
-            # Other /v1 paths are proxied, not answered by the router.
+            # Other /v1 paths are not served: the router's own 404, nothing reaches an engine.
             async with http.post(f"{rr.url}/v1/embeddings", json={"model": MODEL, "input": "x"}) as resp:
-                assert resp.headers["x-specfleet-served-pool"] == "latency"
+                assert resp.status == 404
+                assert "x-specfleet-served-pool" not in resp.headers
+                assert_openai_error(await resp.json(), code="not_found")
             async with http.get(f"{rr.url}/healthz") as resp:
                 assert resp.status == 200
 
@@ -367,7 +302,10 @@ async def test_bad_requests_get_openai_errors(tmp_path: Path) -> None:
         with pytest.raises(openai.BadRequestError):
             await client.completions.create(model=MODEL, prompt="x", extra_body={"stream": "yes"})
         assert (
-            rr.counter("specfleet_router_requests_total", **{"class": "none", "pool": "none", "code": "400"})
+            rr.counter(
+                "specfleet_router_requests_total",
+                **{"class": "none", "pool": "none", "code": "400", "error": "refused"},
+            )
             >= 9
         )
 
@@ -471,38 +409,6 @@ async def test_config_file_reload_keeps_last_good(tmp_path: Path, caplog: pytest
 
 
 # ---- engines that die ------------------------------------------------------------------------------
-
-
-@contextmanager
-def engine_process(time_scale: float) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """The emulator as a process (so it can be SIGKILLed); yields its URL and process."""
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "specfleet_runtime.emulator", "--model", "m", "--served-model-name", MODEL,
-        "--port", str(port), "--host", "127.0.0.1", "--time-scale", str(time_scale),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield f"http://127.0.0.1:{port}", proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-
-
-async def wait_http(url: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while True:
-            try:
-                async with http.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{url} did not come up")
-            await asyncio.sleep(0.05)
 
 
 async def test_killed_engine_is_retried_and_a_cut_stream_errors(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from aiohttp import web
 from specfleet_runtime.emulator.config import EmulatorConfig
 from specfleet_runtime.emulator.testing import serve_emulator
 from specfleet_runtime.router.__main__ import build_router, parse_args
-from specfleet_runtime.router.app import create_app
+from specfleet_runtime.router.app import serve_router
 from specfleet_runtime.router.kube import Informer, Object, endpoint_slice_client, load_api_client
 
 pytestmark = pytest.mark.timeout(60)
@@ -219,12 +219,7 @@ async def test_configmap_mode_end_to_end(tmp_path: Path, caplog: pytest.LogCaptu
         )
         router = await asyncio.to_thread(build_router, args)
         assert router.settings.namespace == NS
-        runner = web.AppRunner(create_app(router), access_log=None, shutdown_timeout=1.0)
-        await runner.setup()
-        client: openai.AsyncOpenAI | None = None
-        try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
+        async with serve_router(router, "127.0.0.1", 0) as runner:
             url = f"http://127.0.0.1:{runner.addresses[0][1]}"
             await eventually(lambda: router.pool_endpoints["latency"] == (f"http://127.0.0.1:{port}",))
             assert router.pool_endpoints["batch"] == ()  # its only endpoint is not ready
@@ -253,7 +248,4 @@ async def test_configmap_mode_end_to_end(tmp_path: Path, caplog: pytest.LogCaptu
             assert router.config.default_pool == "batch"
             raw = await client.completions.with_raw_response.create(model="tiny", prompt="x", max_tokens=3)
             assert raw.headers["x-specfleet-served-pool"] == "batch"
-        finally:
-            if client is not None:
-                await client.close()
-            await runner.cleanup()
+            await client.close()

@@ -58,6 +58,20 @@ def test_draft_tp_must_match():
     assert any("draftTensorParallelSize" in p for p in find_problems(spec))
 
 
+def test_owned_flags_refused_in_any_spelling():
+    spec = _spec(
+        engine={"extraArgs": ["--served_model_name=x", "--enforce-eager", "--max-model", "1"]},
+        pools={"batch": {"engine": {"extraArgs": ["--speculative-config.method", "ngram"]}}},
+    )
+    problems = find_problems(spec)
+    assert any("latency: extraArgs sets --served-model-name (as --served_model_name)" in p for p in problems)
+    assert any("latency: extraArgs sets --max-model-len (as --max-model)" in p for p in problems)
+    assert any(
+        "batch: extraArgs sets --speculative-config (as --speculative-config.method)" in p for p in problems
+    )
+    assert not any("enforce" in p for p in problems)
+
+
 def test_crd_command_prints_the_committed_file(capsys):
     assert main(["crd"]) == 0
     assert capsys.readouterr().out == (ROOT / "crds" / "specfleet.io_speculativedeployments.yaml").read_text()

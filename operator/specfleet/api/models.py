@@ -41,8 +41,30 @@ def _quote(names: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{n}'" for n in names) + "]"
 
 
+# Names that end up as vLLM argument values: one starting with "-" would be read as a flag.
+NOT_A_FLAG_MESSAGE = "must not start with '-' (vLLM would read it as a flag)"
+
+
 class ModelSpec(ApiModel):
     """The target model that every pool serves."""
+
+    rules = (
+        Rule(
+            cel="!self.name.startsWith('-')",
+            message=f"model.name {NOT_A_FLAG_MESSAGE}",
+            check=lambda m: not m.name.startswith("-"),
+        ),
+        Rule(
+            cel="!has(self.servedModelName) || !self.servedModelName.startsWith('-')",
+            message=f"model.servedModelName {NOT_A_FLAG_MESSAGE}",
+            check=lambda m: m.served_model_name is None or not m.served_model_name.startswith("-"),
+        ),
+        Rule(
+            cel="!has(self.revision) || !self.revision.startsWith('-')",
+            message=f"model.revision {NOT_A_FLAG_MESSAGE}",
+            check=lambda m: m.revision is None or not m.revision.startswith("-"),
+        ),
+    )
 
     name: str = Field(
         min_length=1,
@@ -96,6 +118,11 @@ class DrafterSpec(ApiModel):
     """How tokens are drafted: vLLM's `--speculative-config`, used by pools while speculation is on."""
 
     rules = (
+        Rule(
+            cel="!has(self.model) || !self.model.startsWith('-')",
+            message=f"drafter.model {NOT_A_FLAG_MESSAGE}",
+            check=lambda d: d.model is None or not d.model.startswith("-"),
+        ),
         Rule(
             cel=f"!(self.method in {_quote(METHODS_NEEDING_MODEL)}) || has(self.model)",
             message="drafter.model is required for methods eagle3, eagle, draft_model and medusa",
@@ -221,6 +248,28 @@ class Toleration(ApiModel):
     )
 
 
+class EngineSecurity(ApiModel):
+    """How far engine pods are locked down beyond what every engine gets.
+
+    Every engine runs without privilege escalation, with all capabilities dropped, the RuntimeDefault
+    seccomp profile and no service-account token. These two settings also depend on the image.
+    """
+
+    run_as_user: int | None = Field(
+        default=None,
+        ge=1,
+        le=2147483647,
+        description="Run the engine as this non-root UID (runAsNonRoot, and fsGroup so it can write the "
+        "model cache). The official vLLM image runs as root, so leave unset unless the image supports it.",
+    )
+    read_only_root_filesystem: bool = Field(
+        default=False,
+        description="Mount the container's root filesystem read-only. Writable paths become explicit "
+        "volumes: /tmp (an emptyDir; HOME points there, so vLLM, Triton and torch caches land in it), "
+        "/dev/shm and the model cache.",
+    )
+
+
 class EngineOverrides(ApiModel):
     """Per-pool changes to the engine settings; unset fields inherit from spec.engine."""
 
@@ -277,6 +326,9 @@ class EngineSpec(ApiModel):
     )
     termination_grace_period_seconds: int = Field(
         default=120, ge=0, le=3600, description="Time a stopping engine gets to drain in-flight requests."
+    )
+    security: EngineSecurity = Field(
+        default_factory=EngineSecurity, description="Non-root user and read-only root for engine pods."
     )
     startup_timeout_seconds: int = Field(
         default=1800, ge=60, le=7200, description="How long a starting engine may take to load the model."
@@ -383,6 +435,13 @@ class RoutingSpec(ApiModel):
     default_pool: PoolName = Field(default="latency", description="Pool for requests no rule classifies.")
     pool_header: str = Field(
         default="x-specfleet-pool", max_length=128, description="Header that names the pool explicitly."
+    )
+    pool_header_trust: Literal["Ignored", "AfterTenantRules", "Always"] = Field(
+        default="AfterTenantRules",
+        description="How far a client's own pool header is trusted. AfterTenantRules (default): it counts "
+        "only where no tenant or API-key rule matched, so a client cannot move itself out of the pool "
+        "its rules assign; Always: it beats every rule (only where every client is trusted); Ignored: "
+        "never read.",
     )
     tenant_header: str = Field(
         default="x-specfleet-tenant", max_length=128, description="Header carrying the tenant name."

@@ -11,21 +11,11 @@ import re
 from specfleet.api.constants import POOLS
 from specfleet.api.effective import pool_engine
 from specfleet.api.models import SpeculativeDeploymentSpec
+from specfleet_runtime.vllm_args import OPERATOR_OWNED_OPTIONS, operator_owned_option
 
-# Flags the operator sets from typed fields; the same flag in extraArgs would conflict.
-OPERATOR_OWNED_FLAGS = (
-    "--model",
-    "--served-model-name",
-    "--revision",
-    "--port",
-    "--host",
-    "--tensor-parallel-size",
-    "-tp",
-    "--max-num-seqs",
-    "--max-model-len",
-    "--gpu-memory-utilization",
-    "--speculative-config",
-)
+# Flags the operator sets from typed fields; the same flag in extraArgs, in any spelling vLLM's
+# parser accepts, would override them.
+OPERATOR_OWNED_FLAGS = OPERATOR_OWNED_OPTIONS
 
 # First vLLM release known to run each method (from vLLM's release notes); older images cannot.
 MIN_VLLM_FOR_METHOD: dict[str, tuple[int, int, int]] = {
@@ -76,10 +66,13 @@ def find_problems(spec: SpeculativeDeploymentSpec) -> list[str]:
     for pool in POOLS:
         engine = pool_engine(spec, pool)
         for arg in engine.extra_args:
-            flag = arg.split("=", 1)[0]
-            if flag in OPERATOR_OWNED_FLAGS:
+            owned = operator_owned_option(arg)
+            if owned is not None:
+                spelled = arg.split("=", 1)[0]
+                as_written = "" if spelled == owned else f" (as {spelled})"
                 problems.append(
-                    f"pool {pool}: extraArgs sets {flag}, which the operator owns; use the typed field instead"
+                    f"pool {pool}: extraArgs sets {owned}{as_written}, which the operator owns; "
+                    "use the typed field instead"
                 )
         tp = engine.tensor_parallel_size
         if engine.resources.gpus < tp:

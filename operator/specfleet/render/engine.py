@@ -90,11 +90,41 @@ def _resources(eng: PoolEngine) -> dict[str, Any]:
 def _env(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
     spec = sd.spec.engine
     env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": spec.model_cache.mount_path}]
+    if spec.security.read_only_root_filesystem:
+        env.append({"name": "HOME", "value": WRITABLE_TMP})
     ref = spec.hf_token_secret_ref
     if ref is not None:
         # The token reaches the pod only through the Secret, never in args or the manifest.
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     return env
+
+
+# Where a read-only engine may write: HOME and every cache under it (vLLM, Triton, torch, HF modules).
+WRITABLE_TMP = "/tmp"
+
+
+def _container_security(sd: SpeculativeDeployment) -> dict[str, Any]:
+    security = sd.spec.engine.security
+    context: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+    }
+    if security.read_only_root_filesystem:
+        context["readOnlyRootFilesystem"] = True
+    if security.run_as_user is not None:
+        context["runAsNonRoot"] = True
+        context["runAsUser"] = security.run_as_user
+    return context
+
+
+def _pod_security(sd: SpeculativeDeployment) -> dict[str, Any]:
+    context: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    user = sd.spec.engine.security.run_as_user
+    if user is not None:
+        # The model cache volume becomes writable for the engine's group.
+        context.update({"runAsNonRoot": True, "runAsUser": user, "runAsGroup": user, "fsGroup": user})
+    return context
 
 
 def _volumes(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
@@ -109,7 +139,20 @@ def _volumes(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
         cache_volume = {"name": "model-cache", "emptyDir": empty}
     # Tensor parallel workers share memory through /dev/shm; the container default (64Mi) is too small.
     shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}}
-    return [cache_volume, shm]
+    volumes = [cache_volume, shm]
+    if sd.spec.engine.security.read_only_root_filesystem:
+        volumes.append({"name": "tmp", "emptyDir": {}})
+    return volumes
+
+
+def _volume_mounts(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
+    mounts = [
+        {"name": "model-cache", "mountPath": sd.spec.engine.model_cache.mount_path},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if sd.spec.engine.security.read_only_root_filesystem:
+        mounts.append({"name": "tmp", "mountPath": WRITABLE_TMP})
+    return mounts
 
 
 def _probes(sd: SpeculativeDeployment) -> dict[str, Any]:
@@ -187,16 +230,17 @@ def render_pool_deployment(
         "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
         "env": _env(sd),
         "resources": _resources(eng),
-        "volumeMounts": [
-            {"name": "model-cache", "mountPath": spec.engine.model_cache.mount_path},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-        ],
+        "volumeMounts": _volume_mounts(sd),
+        "securityContext": _container_security(sd),
         **_probes(sd),
         # Keep serving briefly after endpoints are withdrawn, so no new request lands on a dying pod.
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
+        # Engines never talk to the Kubernetes API.
+        "automountServiceAccountToken": False,
+        "securityContext": _pod_security(sd),
         "volumes": _volumes(sd),
         "terminationGracePeriodSeconds": spec.engine.termination_grace_period_seconds,
     }

@@ -37,6 +37,7 @@ def routing_config(sd: SpeculativeDeployment) -> RoutingConfig:
         pools={p: PoolBackend(service=pool_name(sd, p), port=VLLM_PORT) for p in POOLS},
         default_pool=routing.default_pool,
         pool_header=routing.pool_header,
+        pool_header_trust=routing.pool_header_trust,
         tenant_header=routing.tenant_header,
         tenant_rules=tuple(
             TenantRule(pool=r.pool, tenants=tuple(r.tenants), api_key_sha256=tuple(r.api_key_sha256))
@@ -75,13 +76,23 @@ def render_router_service_account(sd: SpeculativeDeployment) -> Manifest:
 
 
 def render_router_role(sd: SpeculativeDeployment) -> Manifest:
-    """Read-only, namespace-scoped: the router needs its ConfigMap and the pools' EndpointSlices."""
+    """Read-only, namespace-scoped: the router needs its own ConfigMap and the pools' EndpointSlices.
+
+    The ConfigMap rule names that one ConfigMap (list/watch pass with resourceNames because the router
+    lists with `fieldSelector=metadata.name=<name>`); EndpointSlices are found by label, so that rule
+    cannot be narrowed by name.
+    """
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": metadata(sd, router_name(sd), ROUTER_COMPONENT),
         "rules": [
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]},
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [routing_config_map_name(sd)],
+                "verbs": ["get", "list", "watch"],
+            },
             {
                 "apiGroups": ["discovery.k8s.io"],
                 "resources": ["endpointslices"],

@@ -90,11 +90,22 @@ class CompletionRequest(_GenerationRequest):
         if isinstance(p[0], str):
             return [Prompt.from_text(text) for text in p]
         if isinstance(p[0], int):
-            return [Prompt.from_token_ids(p)]
+            return [Prompt.from_token_ids(_checked_ids(p))]
         token_lists = p
         if any(not ids for ids in token_lists):
             raise ApiError(400, "prompt token lists must not be empty", param="prompt")
-        return [Prompt.from_token_ids(ids) for ids in token_lists]
+        return [Prompt.from_token_ids(_checked_ids(ids)) for ids in token_lists]
+
+
+# No tokenizer has more ids than this; vLLM refuses ids outside its vocabulary with a 400.
+MAX_TOKEN_ID = 2**31 - 1
+
+
+def _checked_ids(ids: Any) -> list[int]:
+    for token in ids:
+        if not 0 <= token <= MAX_TOKEN_ID:
+            raise ApiError(400, f"Token id {str(token)[:40]} is out of vocabulary", param="prompt")
+    return list(ids)
 
 
 class ContentPart(_Body):

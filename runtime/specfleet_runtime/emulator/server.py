@@ -54,13 +54,15 @@ from specfleet_runtime.emulator.text import Prompt
 log = logging.getLogger(__name__)
 
 ENGINE_KEY = web.AppKey("engine", Engine)
+MAX_BODY_BYTES = 256 * 1024 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Kind = Literal["completion", "chat"]
 
 
 def create_app(config: EmulatorConfig) -> web.Application:
     """The emulator as an aiohttp application; its engine starts and stops with the app."""
-    app = web.Application(middlewares=[_errors_as_json])
+    # vLLM (uvicorn + FastAPI) sets no body limit; this one is far above what the router forwards.
+    app = web.Application(middlewares=[_errors_as_json], client_max_size=MAX_BODY_BYTES)
     engine = Engine(config)
     app[ENGINE_KEY] = engine
 
@@ -91,8 +93,10 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     except ApiError as err:
         return web.json_response(err.body(), status=err.status)
-    except web.HTTPException:
-        raise
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        return web.json_response(ApiError(err.status, err.reason).body(), status=err.status)
     except EngineDeadError as err:
         return web.json_response(ApiError(500, f"engine is dead: {err}").body(), status=500)
     except Exception:
@@ -103,8 +107,10 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
         body = json.loads(await request.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"malformed JSON body: {err}") from None
+    except (ValueError, RecursionError) as err:
+        # ValueError: malformed JSON, bad UTF-8, integers past Python's digit limit; RecursionError:
+        # nesting too deep. vLLM (FastAPI) answers all of them 400, so does the emulator.
+        raise ApiError(400, f"There was an error parsing the body: {type(err).__name__}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body

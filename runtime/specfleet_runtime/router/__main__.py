@@ -16,9 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
-from specfleet_runtime.router.app import Router, RouterSettings, create_app
+from specfleet_runtime.router.app import Router, RouterSettings, serve_router
 from specfleet_runtime.router.endpoints import IPNetwork, parse_address_map
 from specfleet_runtime.router.kube import config_map_client, default_namespace, load_api_client
 from specfleet_runtime.router.metrics import RouterMetrics
@@ -60,7 +58,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=defaults.read_timeout,
         help="longest wait for the next byte from an engine",
     )
-    parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    parser.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=defaults.stall_seconds,
+        help="no byte from an engine this long before its first: probe it; a failed probe ejects it "
+        "and the request is retried elsewhere",
+    )
+    parser.add_argument("--probe-timeout", type=float, default=defaults.probe_timeout)
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=defaults.max_body_bytes, help="larger bodies get 413"
+    )
+    parser.add_argument(
+        "--max-bytes-in-flight",
+        type=int,
+        default=defaults.max_bytes_in_flight,
+        help="request bytes all requests may hold together (beyond: 503 + Retry-After); 0: no cap",
+    )
+    parser.add_argument(
+        "--body-timeout", type=float, default=defaults.body_timeout, help="whole body within this (else 408)"
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=defaults.idle_timeout,
+        help="close a connection without a complete request head for this long (idle or slow headers)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=defaults.max_connections,
+        help="open client connections (beyond: 503 and close); 0: no cap",
+    )
     parser.add_argument(
         "--max-in-flight", type=int, default=defaults.max_in_flight, help="0: no cap (else 429)"
     )
@@ -68,7 +97,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--max-attempts",
         type=int,
         default=defaults.max_attempts,
-        help="endpoints tried per request on connection failures",
+        help="endpoints tried per request on connection failures and stalls",
     )
     parser.add_argument("--eject-seconds", type=float, default=defaults.eject_seconds)
     parser.add_argument("--drain-seconds", type=float, default=defaults.drain_seconds)
@@ -109,7 +138,13 @@ def build_router(args: argparse.Namespace) -> Router:
         namespace=namespace or default_namespace(),
         connect_timeout=args.connect_timeout,
         read_timeout=args.read_timeout,
+        stall_seconds=args.stall_seconds,
+        probe_timeout=args.probe_timeout,
         max_body_bytes=args.max_body_bytes,
+        max_bytes_in_flight=args.max_bytes_in_flight,
+        body_timeout=args.body_timeout,
+        idle_timeout=args.idle_timeout,
+        max_connections=args.max_connections,
         max_in_flight=args.max_in_flight,
         max_attempts=args.max_attempts,
         eject_seconds=args.eject_seconds,
@@ -132,27 +167,13 @@ def build_router(args: argparse.Namespace) -> Router:
 
 async def serve(router: Router, host: str, port: int) -> None:
     """Run until SIGTERM/SIGINT, then stop accepting and drain in-flight requests."""
-    runner = web.AppRunner(
-        create_app(router),
-        handle_signals=False,
-        access_log=None,
-        shutdown_timeout=router.settings.drain_seconds,
-        # A client that hangs up cancels its handler, which closes the engine leg too.
-        handler_cancellation=True,
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    log.info("router listening on %s:%d", host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    try:
+    async with serve_router(router, host, port):
         await stop.wait()
         log.info("signal received: no new connections, draining for up to %gs", router.settings.drain_seconds)
-    finally:
-        await runner.cleanup()
     log.info("router stopped")
 
 

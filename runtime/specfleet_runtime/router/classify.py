@@ -2,8 +2,10 @@
 
 Precedence, first match wins:
 
-1. explicit pool header (`RoutingConfig.pool_header`, value `latency` or `batch`);
-2. tenant / API-key rules, in config order (tenant header value, or sha256 of the Bearer token);
+1. tenant / API-key rules, in config order (tenant header value, or sha256 of the Bearer token);
+2. the client's explicit pool header (`RoutingConfig.pool_header`, value `latency` or `batch`), as far
+   as `RoutingConfig.pool_header_trust` allows: `AfterTenantRules` (default) here, below the rules an
+   operator wrote; `Always` above them (step 0); `Ignored` never;
 3. request shape (`ShapeRules`: max_tokens, n, not streaming) -> batch;
 4. auto-segmentation: a client whose in-flight count exceeded the threshold is batch until it has
    stayed at or below the threshold for `calm_seconds` (state in `ClientLoadTracker`);
@@ -154,7 +156,11 @@ def extract_facts(
         n = _optional_int(body, "n")
     return RequestFacts(
         client_id=client_identity(headers.get(config.client_header), key_hash, remote),
-        pool_header=parse_pool_header(headers.get(config.pool_header), config.pool_header),
+        pool_header=(
+            parse_pool_header(headers.get(config.pool_header), config.pool_header)
+            if config.pool_header_trust != "Ignored"
+            else None
+        ),
         tenant=tenant.strip() if tenant and tenant.strip() else None,
         api_key_sha256=key_hash,
         stream=stream,
@@ -165,13 +171,16 @@ def extract_facts(
 
 def classify(config: RoutingConfig, facts: RequestFacts, client_segmented: bool) -> Classification:
     """Apply the precedence in the module docstring; `client_segmented` comes from the tracker."""
-    if facts.pool_header is not None:
+    trust = config.pool_header_trust
+    if facts.pool_header is not None and trust == "Always":
         return Classification(facts.pool_header, Reason.POOL_HEADER)
     for rule in config.tenant_rules:
         if facts.tenant is not None and facts.tenant in rule.tenants:
             return Classification(rule.pool, Reason.TENANT)
         if facts.api_key_sha256 is not None and facts.api_key_sha256 in rule.api_key_sha256:
             return Classification(rule.pool, Reason.API_KEY)
+    if facts.pool_header is not None and trust == "AfterTenantRules":
+        return Classification(facts.pool_header, Reason.POOL_HEADER)
     shape = config.shape
     if (
         shape.batch_if_max_tokens_at_least is not None

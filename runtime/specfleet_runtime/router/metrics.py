@@ -38,8 +38,27 @@ class RouterMetrics:
         r = self.registry
         self.requests = Counter(
             "specfleet_router_requests",
-            "Requests answered, by class, serving pool and status code.",
-            ["class", "pool", "code"],
+            "Requests answered, by class, serving pool, status code sent and error (none, or why the "
+            "request failed: mid_stream when an engine broke a response already under way, "
+            "client_closed, upstream_timeout, upstream_unavailable, refused, ...).",
+            ["class", "pool", "code", "error"],
+            registry=r,
+        )
+        self.protocol_errors = Counter(
+            "specfleet_router_protocol_errors",
+            "Connections or requests refused before a request existed (bad request line, oversized "
+            "headers, bad Content-Length, connection cap, slow client), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.bytes_in_flight = Gauge(
+            "specfleet_router_request_bytes_in_flight",
+            "Request body bytes held by the router now (capped by --max-bytes-in-flight).",
+            registry=r,
+        )
+        self.open_connections = Gauge(
+            "specfleet_router_open_connections",
+            "Client connections open now (capped by --max-connections).",
             registry=r,
         )
         self.classifications = Counter(
@@ -91,7 +110,8 @@ class RouterMetrics:
         )
         self.upstream_errors = Counter(
             "specfleet_router_upstream_errors",
-            "Failures talking to engines, by pool and kind (connect, disconnect, timeout, mid_stream).",
+            "Failures talking to engines, by pool and kind (connect, connect_timeout, disconnect, stall, "
+            "timeout, mid_stream, other).",
             ["pool", "kind"],
             registry=r,
         )

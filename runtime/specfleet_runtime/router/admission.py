@@ -1,0 +1,75 @@
+"""From a request body to a pool: body checks, request facts, the client tracker and `classify`.
+
+The pure rules live in `classify.py`; this is their stateful use per request (the tracker's in-flight
+counts, the classification metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from specfleet_runtime.router.classify import (
+    Classification,
+    ClientLoadTracker,
+    InvalidRequest,
+    Reason,
+    RequestFacts,
+    classify,
+    extract_facts,
+)
+from specfleet_runtime.router.intake import Refusal, parse_json_object
+from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.routing_config import RoutingConfig
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    """Checks a request's body and decides its pool; `begin`/`end` bracket the request's life."""
+
+    def __init__(self, metrics: RouterMetrics, clock: Callable[[], float]) -> None:
+        self.metrics = metrics
+        self.clock = clock
+        self.tracker = ClientLoadTracker()
+
+    def facts(
+        self, config: RoutingConfig, headers: Mapping[str, str], body: bytes, remote: str | None
+    ) -> RequestFacts:
+        """Parse and check the body of an inference request; Refusal (400, 404) for a bad one."""
+        try:
+            doc = parse_json_object(body)
+            model = doc.get("model")
+            if model is not None and not isinstance(model, str):
+                raise InvalidRequest("'model' must be a string", "model")
+            if model is not None and model != config.served_model_name:
+                raise Refusal(404, f"The model `{model}` does not exist.", "model_not_found", "model")
+            return extract_facts(config, headers, doc, remote)
+        except InvalidRequest as err:
+            raise Refusal(400, err.message, "invalid_request", err.param) from None
+
+    def begin(self, config: RoutingConfig, facts: RequestFacts) -> Classification:
+        """Count the request against its client and classify it (call `end` when it is over)."""
+        verdict = self.tracker.begin(facts.client_id, self.clock(), config.auto_segmentation)
+        if verdict.transition is not None:
+            self.metrics.segment_transitions.labels(verdict.transition).inc()
+            log.info(
+                "client %s %s (in flight: %d)",
+                facts.client_id,
+                "segmented as batch" if verdict.transition == "to_batch" else "back to normal",
+                self.tracker.in_flight(facts.client_id),
+            )
+        classification = classify(config, facts, verdict.segmented)
+        self.metrics.classifications.labels(classification.pool, classification.reason.value).inc()
+        if classification.reason == Reason.AUTO_SEGMENTATION and classification.pool != config.default_pool:
+            self.metrics.reclassifications.labels(config.default_pool, classification.pool).inc()
+        return classification
+
+    def end(self, config: RoutingConfig, facts: RequestFacts) -> None:
+        self.tracker.end(facts.client_id, self.clock(), config.auto_segmentation)
+
+    def expire(self, config: RoutingConfig | None) -> None:
+        if config is not None:
+            for _ in self.tracker.expire(self.clock(), config.auto_segmentation):
+                self.metrics.segment_transitions.labels("from_batch").inc()
+        self.metrics.segmented_clients.set(self.tracker.segmented_count())

@@ -1,0 +1,179 @@
+"""The engines behind each pool: where they are, how loaded, which are ejected, and which one to use next.
+
+Endpoints come from a pool's static URLs and from EndpointSlice watches of its Service (started and
+stopped as the routing config changes). An endpoint that refused a connection or stalled is ejected
+for `eject_seconds`: skipped while another endpoint is available.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from specfleet_runtime.router.endpoints import (
+    AddressMap,
+    choose_endpoint,
+    endpoints_from_slices,
+    resolve_pool,
+)
+from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.router.sources import EndpointWatch, SliceWatchFactory
+from specfleet_runtime.routing_config import POOLS, PoolName, RoutingConfig
+
+log = logging.getLogger(__name__)
+
+# (pool, namespace, service, port) of one EndpointSlice watch.
+WatchKey = tuple[str, str, str, int]
+
+
+class Backends:
+    """Pool endpoints, their outstanding requests and ejections; all state changes on the event loop."""
+
+    def __init__(
+        self,
+        namespace: str,
+        eject_seconds: float,
+        address_map: AddressMap,
+        metrics: RouterMetrics,
+        clock: Callable[[], float],
+        slice_watch_factory: SliceWatchFactory | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.eject_seconds = eject_seconds
+        self.address_map = address_map
+        self.metrics = metrics
+        self.clock = clock
+        self.slice_watch_factory = slice_watch_factory
+        self.config: RoutingConfig | None = None
+        self._watches: dict[WatchKey, EndpointWatch] = {}
+        self._discovered: dict[WatchKey, tuple[str, ...]] = {}
+        self.pool_endpoints: dict[str, tuple[str, ...]] = dict.fromkeys(POOLS, ())
+        self.outstanding: dict[str, int] = {}
+        self.ejected_until: dict[str, float] = {}
+        self._turn = 0
+
+    # ---- where the endpoints are -------------------------------------------------------------------
+
+    def apply_config(self, config: RoutingConfig) -> None:
+        """Start and stop watches for the pools' Services and recompute every pool's endpoints."""
+        self.config = config
+        wanted: set[WatchKey] = set()
+        for pool, backend in config.pools.items():
+            if backend.service:
+                namespace, _, service = backend.service.rpartition("/")
+                wanted.add((pool, namespace or self.namespace, service, backend.port))
+        for key in set(self._watches) - wanted:
+            self._watches.pop(key).stop()
+            self._discovered.pop(key, None)
+        for key in sorted(wanted - set(self._watches)):
+            self._start_watch(key)
+        self._recompute()
+
+    def _start_watch(self, key: WatchKey) -> None:
+        pool, namespace, service, _ = key
+        if self.slice_watch_factory is None:
+            log.error(
+                "pool %s names service %s/%s but the router has no Kubernetes access; "
+                "using its static URLs only",
+                pool,
+                namespace,
+                service,
+            )
+            return
+        try:
+            self._watches[key] = self.slice_watch_factory(namespace, service, self._slice_publisher(key))
+        except Exception:
+            log.exception("cannot watch EndpointSlices of %s/%s for pool %s", namespace, service, pool)
+        else:
+            log.info("watching EndpointSlices of %s/%s for pool %s", namespace, service, pool)
+
+    def _slice_publisher(self, key: WatchKey) -> Callable[[list[dict[str, Any]]], None]:
+        loop = asyncio.get_running_loop()
+
+        def publish(slices: list[dict[str, Any]]) -> None:
+            # Called from the watch thread: hop onto the loop, the only place state changes.
+            loop.call_soon_threadsafe(self.apply_slices, key, slices)
+
+        return publish
+
+    def apply_slices(self, key: WatchKey, slices: list[dict[str, Any]]) -> None:
+        if key not in self._watches:
+            return  # a late report from a watch the last config change stopped
+        urls = endpoints_from_slices(slices, key[3], self.address_map)
+        if self._discovered.get(key) != urls:
+            log.info("pool %s: %d ready endpoint(s) from %s/%s", key[0], len(urls), key[1], key[2])
+        self._discovered[key] = urls
+        self._recompute()
+
+    def _recompute(self) -> None:
+        config = self.config
+        for pool in POOLS:
+            urls: set[str] = set()
+            backend = config.pools.get(pool) if config else None
+            if backend is not None:
+                urls.update(u.rstrip("/") for u in backend.static_urls)
+                for key, found in self._discovered.items():
+                    if key[0] == pool:
+                        urls.update(found)
+            self.pool_endpoints[pool] = tuple(sorted(urls))
+            self.metrics.endpoints.labels(pool).set(len(urls))
+
+    def stop(self) -> None:
+        for watch in self._watches.values():
+            watch.stop()
+        self._watches.clear()
+
+    # ---- which endpoint serves a request -----------------------------------------------------------
+
+    def _healthy(self, pool: PoolName, now: float) -> tuple[str, ...]:
+        ejected = self.ejected_until
+        endpoints = self.pool_endpoints[pool]
+        if not ejected:
+            return endpoints
+        return tuple(u for u in endpoints if ejected.get(u, 0.0) <= now)
+
+    def resolve(self, wanted: PoolName, config: RoutingConfig) -> PoolName | None:
+        """Prefer a pool whose endpoints are not ejected; if none has one, any pool with endpoints."""
+        if not self.ejected_until and self.pool_endpoints[wanted]:
+            return wanted  # the common case, without building the healthy view
+        now = self.clock()
+        healthy = {pool: self._healthy(pool, now) for pool in POOLS}
+        return resolve_pool(wanted, healthy, config.fallback) or resolve_pool(
+            wanted, self.pool_endpoints, config.fallback
+        )
+
+    def pick(self, pool: PoolName, tried: set[str]) -> str | None:
+        """The least loaded endpoint of `pool` not yet tried, avoiding ejected ones while possible."""
+        endpoints = self.pool_endpoints.get(pool, ())
+        self._turn += 1
+        if self.ejected_until:
+            now = self.clock()
+            ejected = {u for u in endpoints if self.ejected_until.get(u, 0.0) > now}
+            url = choose_endpoint(endpoints, self.outstanding, tried | ejected, self._turn)
+            if url is not None:
+                return url
+        # Every untried endpoint is ejected: better to try one than to fail without trying.
+        return choose_endpoint(endpoints, self.outstanding, tried, self._turn)
+
+    def acquire(self, url: str) -> None:
+        self.outstanding[url] = self.outstanding.get(url, 0) + 1
+
+    def release(self, url: str) -> None:
+        left = self.outstanding[url] - 1
+        if left:
+            self.outstanding[url] = left
+        else:
+            del self.outstanding[url]
+
+    def eject(self, pool: PoolName, url: str, kind: str) -> None:
+        """Skip `url` for `eject_seconds`; `kind` says why (connect, connect_timeout, stall)."""
+        self.ejected_until[url] = self.clock() + self.eject_seconds
+        self.metrics.upstream_errors.labels(pool, kind).inc()
+        self.metrics.retries.labels(pool).inc()
+        log.warning("pool %s: %s failed (%s); ejected for %gs", pool, url, kind, self.eject_seconds)
+
+    def expire_ejections(self, now: float) -> None:
+        for url in [u for u, until in self.ejected_until.items() if until <= now]:
+            del self.ejected_until[url]

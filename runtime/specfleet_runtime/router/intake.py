@@ -1,0 +1,123 @@
+"""Reading a request body within bounds: size, time, and the bytes all requests hold together.
+
+Every refusal is a `Refusal` carrying the OpenAI-format error to send, so the handler has one place
+that turns them into responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from specfleet_runtime.router.classify import InvalidRequest
+from specfleet_runtime.router.metrics import RouterMetrics
+
+
+@dataclass
+class Refusal(Exception):
+    """A request the router answers itself with an OpenAI-format error."""
+
+    status: int
+    message: str
+    code: str
+    param: str | None = None
+    headers: dict[str, str] | None = field(default=None)
+
+
+class ByteBudget:
+    """Request body bytes held by all requests together, against a cap (0: no cap)."""
+
+    def __init__(self, cap: int, metrics: RouterMetrics) -> None:
+        self.cap = cap
+        self.used = 0
+        # Read when scraped: nothing to update per request.
+        metrics.bytes_in_flight.set_function(lambda: self.used)
+
+    def take(self, size: int) -> bool:
+        if self.cap and self.used + size > self.cap:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.used -= size
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    max_bytes: int
+    timeout: float
+    retry_after_seconds: int = 1
+
+
+def _too_large(limit: int) -> Refusal:
+    return Refusal(413, f"request body exceeds {limit} bytes", "request_too_large")
+
+
+def _overloaded(limits: BodyLimits) -> Refusal:
+    return Refusal(
+        503,
+        "the router holds too many request bytes; retry shortly",
+        "overloaded",
+        headers={"Retry-After": str(limits.retry_after_seconds)},
+    )
+
+
+async def read_body(request: web.BaseRequest, limits: BodyLimits, budget: ByteBudget) -> tuple[bytes, int]:
+    """The request body and the bytes reserved for it in `budget` (the caller gives them back).
+
+    Refuses past `limits.max_bytes` (413), when the budget cannot hold it (503 + Retry-After), and
+    when the whole body does not arrive within `limits.timeout` (408: a body shorter than its
+    Content-Length, or a client trickling it). Nothing beyond the limit is read.
+    """
+    declared = request.content_length
+    if declared is not None:
+        if declared > limits.max_bytes:
+            raise _too_large(limits.max_bytes)
+        if not budget.take(declared):
+            raise _overloaded(limits)
+        reserved = declared
+    else:
+        reserved = 0
+    try:
+        async with asyncio.timeout(limits.timeout):
+            if declared is not None:
+                body = await request.content.readexactly(declared) if declared else b""
+                return body, reserved
+            chunks: list[bytes] = []
+            while chunk := await request.content.readany():
+                if reserved + len(chunk) > limits.max_bytes:
+                    raise _too_large(limits.max_bytes)
+                if not budget.take(len(chunk)):
+                    raise _overloaded(limits)
+                reserved += len(chunk)
+                chunks.append(chunk)
+            return b"".join(chunks), reserved
+    except TimeoutError:
+        budget.give(reserved)
+        raise Refusal(
+            408, f"request body not received within {limits.timeout:g}s", "request_timeout"
+        ) from None
+    except asyncio.IncompleteReadError:
+        budget.give(reserved)
+        raise Refusal(400, "request body shorter than its Content-Length", "invalid_request") from None
+    except BaseException:
+        budget.give(reserved)
+        raise
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or InvalidRequest (400) for anything else."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as err:
+        # ValueError covers JSONDecodeError, bad UTF-8 and integers past Python's digit limit;
+        # RecursionError very deep nesting.
+        raise InvalidRequest(f"request body is not valid JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return doc

@@ -1,0 +1,430 @@
+"""Forwarding one classified request to an engine and relaying its answer.
+
+Retries happen only while nothing has reached the client: on a refused connection, a dropped pooled
+connection, or a stalled engine (no byte for `stall_seconds` and then no answer to a health probe
+either; a busy engine still answers the probe, a frozen or wedged one does not). A stalled or refusing
+engine is ejected. Once the status line is sent, a broken engine ends the response with an SSE error
+event (streams) or a dropped connection (anything else), and the request is counted as an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from specfleet_runtime.router.backends import Backends
+from specfleet_runtime.router.classify import Classification
+from specfleet_runtime.router.errors import error_response, sse_error_event
+from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.routing_config import PoolName
+
+log = logging.getLogger(__name__)
+
+# Response headers telling the client (and tests) where a request went and why.
+SERVED_POOL_HEADER = "x-specfleet-served-pool"
+CLASS_HEADER = "x-specfleet-class"
+REASON_HEADER = "x-specfleet-reason"
+# RFC 9110 hop-by-hop headers, plus those aiohttp recomputes for each leg.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "expect",
+    }
+)
+RESPONSE_HEADERS_SET_BY_SERVER = frozenset({"server", "date"})
+DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | RESPONSE_HEADERS_SET_BY_SERVER
+# Largest answer of known length that is read whole before it is sent (see Proxy._relay).
+WHOLE_BODY_LIMIT = 1024 * 1024
+# Largest engine error body (not JSON) read to quote in the router's own OpenAI-format error.
+ENGINE_ERROR_QUOTE = 4096
+# Status recorded for a request whose client went away before the answer was complete (nginx's 499).
+CLIENT_CLOSED = 499
+HEALTH_PATH = "/health"
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    connect_timeout: float
+    read_timeout: float
+    max_attempts: int
+    stall_seconds: float
+    probe_timeout: float
+
+
+@dataclass
+class Outcome:
+    """What is recorded for a request once it is over."""
+
+    status: int
+    pool: PoolName
+    error: str = "none"
+
+
+class _Stalled(Exception):
+    """The engine gave no byte for stall_seconds and failed its health probe."""
+
+
+class _StallWatch:
+    """Probes an engine that has not answered for `stall_seconds`; cancels the waiting task if it fails.
+
+    A timer handle per request (no extra task): the probe task exists only once a wait got long.
+    """
+
+    def __init__(self, proxy: Proxy, url: str) -> None:
+        self.proxy = proxy
+        self.url = url
+        self.task = asyncio.current_task()
+        self.loop = asyncio.get_running_loop()
+        self.stalled = False
+        self._probe: asyncio.Task[None] | None = None
+        self._handle: asyncio.TimerHandle | None = self.loop.call_later(
+            proxy.settings.stall_seconds, self._fire
+        )
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._probe = self.loop.create_task(self._run_probe())
+
+    async def _run_probe(self) -> None:
+        healthy = await self.proxy.probe(self.url)
+        self._probe = None
+        if healthy:
+            self._handle = self.loop.call_later(self.proxy.settings.stall_seconds, self._fire)
+        elif self.task is not None:
+            self.stalled = True
+            self.task.cancel()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
+
+
+def forward_headers(headers: CIMultiDictProxy[str], remote: str | None) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        if name.lower() not in HOP_BY_HOP:
+            out.add(name, value)
+    if remote:
+        previous = headers.get("x-forwarded-for")
+        out["X-Forwarded-For"] = f"{previous}, {remote}" if previous else remote
+    return out
+
+
+class Proxy:
+    """The engine leg: one pooled HTTP client session, attempts, relaying, and what they cost."""
+
+    def __init__(
+        self,
+        settings: ProxySettings,
+        backends: Backends,
+        metrics: RouterMetrics,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.backends = backends
+        self.metrics = metrics
+        self.clock = clock
+        self._session: aiohttp.ClientSession | None = None
+        self._probe_timeout = aiohttp.ClientTimeout(total=settings.probe_timeout)
+
+    def open(self) -> None:
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.settings.connect_timeout, sock_read=self.settings.read_timeout
+        )
+        # No pool limit: the engines queue, the router must not add a second hidden queue.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        # auto_decompress off: bytes pass through untouched, so Content-Encoding/Length stay true.
+        # No cookie jar: a proxy must not keep one client's cookies and send them with another's.
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("router used outside its lifespan")
+        return self._session
+
+    async def probe(self, url: str) -> bool:
+        """Whether the engine answers its health endpoint within probe_timeout."""
+        try:
+            async with self.session.get(url + HEALTH_PATH, timeout=self._probe_timeout) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def forward(
+        self,
+        request: web.BaseRequest,
+        target: str,
+        body: bytes,
+        classification: Classification,
+        pools: list[PoolName],
+        started: float,
+    ) -> tuple[web.StreamResponse, Outcome]:
+        """Send to an endpoint until one answers; retries happen only before any byte is relayed.
+
+        Endpoints of `pools[0]` first; the next pool only once every endpoint of the first failed.
+        `target` is the canonical path (and query) sent to the engine, never the client's spelling.
+        """
+        headers = forward_headers(request.headers, request.remote)
+        tried: set[str] = set()
+        backends = self.backends
+        pool = pools[0]
+        for _ in range(self.settings.max_attempts):
+            url = None
+            for candidate in pools:
+                url = backends.pick(candidate, tried)
+                if url is not None:
+                    pool = candidate
+                    break
+            if url is None:
+                break
+            backends.acquire(url)
+            try:
+                return await self._attempt(request, url, target, body, headers, classification, pool, started)
+            except _Stalled:
+                tried.add(url)
+                backends.eject(pool, url, "stall")
+                continue
+            except aiohttp.ConnectionTimeoutError:
+                tried.add(url)
+                backends.eject(pool, url, "connect_timeout")
+                continue
+            except aiohttp.ClientConnectorError:
+                tried.add(url)
+                backends.eject(pool, url, "connect")
+                continue
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                # Often a pooled keep-alive connection the engine closed: try again, same URL allowed.
+                self.metrics.upstream_errors.labels(pool, "disconnect").inc()
+                self.metrics.retries.labels(pool).inc()
+                log.warning("pool %s: %s dropped the connection before answering; retrying", pool, url)
+                continue
+            except TimeoutError:
+                self.metrics.upstream_errors.labels(pool, "timeout").inc()
+                message = f"engine {url} did not answer within {self.settings.read_timeout:g}s"
+                return error_response(504, message, "upstream_timeout"), Outcome(
+                    504, pool, "upstream_timeout"
+                )
+            except aiohttp.ClientError as err:
+                self.metrics.upstream_errors.labels(pool, "other").inc()
+                log.warning("pool %s: request to %s failed: %r", pool, url, err)
+                response = error_response(502, f"engine request failed: {err}", "upstream_error")
+                return response, Outcome(502, pool, "upstream_error")
+            finally:
+                backends.release(url)
+        message = f"no endpoint of pool {pool} accepted the request ({len(tried)} failed)"
+        return error_response(502, message, "upstream_unavailable"), Outcome(
+            502, pool, "upstream_unavailable"
+        )
+
+    async def _attempt(
+        self,
+        request: web.BaseRequest,
+        base: str,
+        target: str,
+        body: bytes,
+        headers: CIMultiDict[str],
+        classification: Classification,
+        pool: PoolName,
+        started: float,
+    ) -> tuple[web.StreamResponse, Outcome]:
+        """One engine: wait for its first bytes under a stall watch, then relay (no retry after that)."""
+        watch = _StallWatch(self, base)
+        first: bytes | None = None
+        upstream: aiohttp.ClientResponse | None = None
+        try:
+            upstream = await self.session.request(
+                request.method, base + target, data=body, headers=headers, allow_redirects=False
+            )
+            length = upstream.content_length
+            is_sse = upstream.content_type == "text/event-stream"
+            if upstream.status >= 400:
+                return await self._engine_error(upstream, classification, pool)
+            if not is_sse and length is not None and length <= WHOLE_BODY_LIMIT:
+                # A small answer of known length (a non-streaming completion) is read whole and sent in
+                # one write: the client cannot use half a JSON document anyway, it saves a send, and an
+                # engine failure while reading it can still be answered with a clean 502.
+                try:
+                    whole = await upstream.read()
+                except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, TimeoutError) as err:
+                    self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
+                    log.warning("pool %s: engine answer broke before it was complete: %r", pool, err)
+                    message = "the engine's answer was interrupted"
+                    return error_response(502, message, "upstream_interrupted"), Outcome(
+                        502, pool, "mid_stream"
+                    )
+                watch.stop()
+                self.metrics.time_to_first_byte.labels(classification.pool, pool).observe(
+                    self.clock() - started
+                )
+                response = web.Response(
+                    body=whole,
+                    status=upstream.status,
+                    reason=upstream.reason,
+                    headers=self._response_headers(upstream, classification, pool),
+                )
+                upstream.release()
+                return response, Outcome(upstream.status, pool)
+            if is_sse:
+                # Wait for the first event before answering the client, so an engine that stalls
+                # before its first token can still be replaced.
+                first = await upstream.content.readany()
+        except asyncio.CancelledError:
+            if upstream is not None:
+                upstream.close()
+            if watch.stalled:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                raise _Stalled() from None
+            raise
+        except BaseException:
+            if upstream is not None:
+                upstream.close()
+            raise
+        finally:
+            watch.stop()
+        try:
+            return await self._relay(request, upstream, first, classification, pool, started)
+        finally:
+            upstream.close()
+
+    async def _engine_error(
+        self, upstream: aiohttp.ClientResponse, classification: Classification, pool: PoolName
+    ) -> tuple[web.StreamResponse, Outcome]:
+        """An engine error: passed on if it is OpenAI-format already, else said in OpenAI's format."""
+        status = upstream.status
+        text = await upstream.content.read(ENGINE_ERROR_QUOTE)
+        upstream.close()
+        error = "none" if status < 500 else "upstream_error"
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+            headers = self._response_headers(upstream, classification, pool)
+            return web.Response(body=text, status=status, headers=headers), Outcome(status, pool, error)
+        # A 404/405 page, FastAPI's {"detail": ...}, a proxy's text: quote its start.
+        quoted = text.decode("utf-8", "replace").strip()[:200] or (upstream.reason or "")
+        code = {404: "not_found", 405: "method_not_allowed"}.get(status, "upstream_error")
+        return error_response(status, f"engine answered {status}: {quoted}", code), Outcome(
+            status, pool, error
+        )
+
+    def _response_headers(
+        self, upstream: aiohttp.ClientResponse, classification: Classification, pool: PoolName
+    ) -> CIMultiDict[str]:
+        headers: CIMultiDict[str] = CIMultiDict()
+        for name, value in upstream.headers.items():
+            if name.lower() not in DROPPED_RESPONSE_HEADERS:
+                headers.add(name, value)
+        headers[SERVED_POOL_HEADER] = pool
+        headers[CLASS_HEADER] = classification.pool
+        headers[REASON_HEADER] = classification.reason.value
+        return headers
+
+    async def _relay(
+        self,
+        request: web.BaseRequest,
+        upstream: aiohttp.ClientResponse,
+        first: bytes | None,
+        classification: Classification,
+        pool: PoolName,
+        started: float,
+    ) -> tuple[web.StreamResponse, Outcome]:
+        """Copy the engine's answer to the client as it arrives, unbuffered."""
+        is_sse = first is not None
+        response = web.StreamResponse(
+            status=upstream.status,
+            reason=upstream.reason,
+            headers=self._response_headers(upstream, classification, pool),
+        )
+        if upstream.content_length is not None:
+            response.content_length = upstream.content_length
+        await response.prepare(request)
+        status = upstream.status
+        chunk = first
+        observed = False
+        while True:
+            if chunk is None:
+                try:
+                    chunk = await upstream.content.readany()
+                except (aiohttp.ClientError, TimeoutError) as err:
+                    await self._cut_mid_stream(request, response, pool, is_sse, err)
+                    return response, Outcome(status, pool, "mid_stream")
+            if not chunk:
+                break
+            if not observed:
+                observed = True
+                self.metrics.time_to_first_byte.labels(classification.pool, pool).observe(
+                    self.clock() - started
+                )
+            try:
+                await response.write(chunk)
+            except ConnectionError:
+                # The client left; closing the engine leg (caller) aborts the request there.
+                log.debug("client %s went away mid-response", request.remote)
+                return response, Outcome(CLIENT_CLOSED, pool, "client_closed")
+            chunk = None
+        try:
+            await response.write_eof()
+        except ConnectionError:
+            return response, Outcome(CLIENT_CLOSED, pool, "client_closed")
+        return response, Outcome(status, pool)
+
+    async def _cut_mid_stream(
+        self,
+        request: web.BaseRequest,
+        response: web.StreamResponse,
+        pool: PoolName,
+        is_sse: bool,
+        err: BaseException,
+    ) -> None:
+        self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
+        log.warning("pool %s: engine stream broke after the response started: %r", pool, err)
+        if is_sse:
+            # The status line is gone already; an SSE error event is how the client learns of it.
+            with contextlib.suppress(ConnectionError, aiohttp.ClientError):
+                await response.write(
+                    sse_error_event("the engine stream was interrupted", "upstream_interrupted")
+                )
+                await response.write_eof()
+            return
+        # Anything else: drop the connection, so the client sees a short body rather than a bad one.
+        if request.transport is not None:
+            request.transport.abort()

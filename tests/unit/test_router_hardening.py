@@ -1,0 +1,344 @@
+"""The router against hostile input: path spellings, malformed HTTP, slow and greedy clients, stalls.
+
+Requests are sent as raw bytes where an HTTP client would normalize or refuse them. Behind the router
+sits a recording engine (every path it is asked for is kept) or the engine emulator as a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from dataclasses import replace
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from support.router_harness import (
+    FAST,
+    GOOD,
+    MODEL,
+    assert_openai_error,
+    engine_process,
+    raw_exchange,
+    raw_request,
+    recording_engine,
+    routing,
+    running_router,
+    wait_http,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+# ---- the allow-list ------------------------------------------------------------------------------
+
+# (method, raw request target, body): none of these may reach anything but the canonical inference
+# paths of an engine, whatever the spelling.
+OUTSIDE_V1 = [
+    ("GET", "/v1/../metrics"),
+    ("POST", "/v1/../admin/reset"),
+    ("POST", "/v1/%2e%2e/admin/reset"),
+    ("POST", "/v1/%2E%2E/admin/reset"),
+    ("POST", "/v1/..%2fadmin/reset"),
+    ("POST", "/v1%2f..%2f..%2fadmin/reset"),
+    ("POST", "/v1/completions/../../admin/reset"),
+    ("POST", "//admin/reset"),
+    ("POST", "/v1/%252e%252e/admin/reset"),  # double-encoded: decoded once only
+    ("POST", "/admin/reset"),
+    ("POST", "/v1/embeddings"),
+    ("POST", "/v1/completions%00"),
+    ("POST", "/v1/tokenize"),
+    ("GET", "/v1/../health"),
+    ("POST", "http://engine/admin/reset"),  # absolute-form
+]
+
+
+async def test_only_allow_listed_paths_reach_an_engine(tmp_path: Path) -> None:
+    async with recording_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
+        for method, target in OUTSIDE_V1:
+            resp = await raw_exchange(rr.url, raw_request(method, target, GOOD if method == "POST" else b""))
+            assert resp is not None, target
+            assert resp.headers["content-type"].startswith(("application/json", "text/plain; version")), (
+                target
+            )
+            if target == "/v1/../metrics":
+                # The router's own metrics (the normalized path), never the engine's.
+                assert resp.status == 200
+                assert b"specfleet_router_" in resp.body
+                assert b"engine_secret" not in resp.body
+                continue
+            assert resp.status == 404, target
+            assert_openai_error(resp.json(), code="not_found")
+        assert engine.admin_calls == 0
+        assert engine.seen == []
+
+        # Other spellings of the inference paths: body checks and shape routing still apply ...
+        for target in ("/v1/./completions", "/v1//completions", "/v1/%2e/completions", "/v1%2fcompletions"):
+            bad = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": "5"}).encode()
+            resp = await raw_exchange(rr.url, raw_request("POST", target, bad))
+            assert resp is not None
+            assert resp.status == 400, target
+            assert_openai_error(resp.json(), param="max_tokens")
+            wrong_model = json.dumps({"model": "other", "prompt": "x"}).encode()
+            resp = await raw_exchange(rr.url, raw_request("POST", target, wrong_model))
+            assert resp is not None
+            assert resp.status == 404, target
+        assert engine.seen == []
+        # ... and a good request goes out under the canonical spelling only.
+        for target in ("/v1/./completions", "/v1//completions/", "/v1/%63ompletions", "/x/../v1/completions"):
+            resp = await raw_exchange(rr.url, raw_request("POST", target, GOOD))
+            assert resp is not None
+            assert resp.status == 200, target
+            assert resp.headers["x-specfleet-served-pool"] == "latency"
+        assert engine.seen == ["/v1/completions"] * 4
+        # A wrong method on an allow-listed path: the router's 405.
+        resp = await raw_exchange(rr.url, raw_request("DELETE", "/v1/chat/completions"))
+        assert resp is not None
+        assert resp.status == 405
+        assert resp.headers["allow"] == "POST"
+        assert_openai_error(resp.json(), code="method_not_allowed")
+
+
+async def test_engine_errors_that_are_not_openai_format_are_rewritten(tmp_path: Path) -> None:
+    async with (
+        recording_engine() as engine,
+        running_router(tmp_path, routing([engine.url], [])) as rr,
+        aiohttp.ClientSession() as http,
+    ):
+        for fail, code in (("405", "method_not_allowed"), ("404", "not_found")):
+            async with http.post(f"{rr.url}/v1/completions?fail={fail}", data=GOOD) as resp:
+                assert resp.status == int(fail)
+                assert resp.content_type == "application/json"
+                body = await resp.json()
+                assert_openai_error(body, code=code)
+                assert fail in body["error"]["message"]
+        # The engine's own OpenAI-format errors pass unchanged (tests in test_router_e2e.py).
+
+
+# ---- malformed HTTP ------------------------------------------------------------------------------
+
+MALFORMED = [
+    b"GARBAGE\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n",
+    b"GET /" + b"a" * 40_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"GET / HTTP/9.9\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,  # a TLS ClientHello
+]
+
+
+async def test_malformed_http_gets_openai_errors_and_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="specfleet_runtime")
+    caplog.set_level(logging.DEBUG, logger="aiohttp")
+    async with recording_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
+        for _ in range(3):
+            for data in MALFORMED:
+                resp = await raw_exchange(rr.url, data)
+                assert resp is not None, data[:40]
+                assert resp.status == 400, data[:40]
+                assert resp.headers["content-type"].startswith("application/json")
+                assert_openai_error(resp.json(), code="invalid_request")
+        assert rr.counter("specfleet_router_protocol_errors_total", reason="parse_error") == 3 * len(
+            MALFORMED
+        )
+        # A normal request on a fresh connection still works.
+        resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD))
+        assert resp is not None
+        assert resp.status == 200
+    assert engine.seen == ["/v1/completions"]
+    problems = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith(("aiohttp", "specfleet"))
+    ]
+    # One rate-limited line for 27 malformed requests, and no traceback anywhere.
+    assert [r.levelname for r in problems] == ["WARNING"]
+    assert all(r.exc_info is None for r in caplog.records)
+
+
+# ---- bounded resources ---------------------------------------------------------------------------
+
+
+async def test_bytes_in_flight_are_capped(tmp_path: Path) -> None:
+    settings = replace(FAST, max_body_bytes=64 * 1024, max_bytes_in_flight=100 * 1024)
+    body = json.dumps({"model": MODEL, "prompt": "x" * 60_000, "max_tokens": 2}).encode()
+    async with (
+        recording_engine() as engine,
+        running_router(tmp_path, routing([engine.url], []), settings) as rr,
+        aiohttp.ClientSession() as http,
+    ):
+        held = asyncio.create_task(http.post(f"{rr.url}/v1/completions?wait=1", data=body))
+        await asyncio.sleep(0)
+        while rr.router.budget.used == 0:
+            await asyncio.sleep(0.01)
+        async with http.post(f"{rr.url}/v1/completions", data=body) as resp:
+            assert resp.status == 503
+            assert resp.headers["Retry-After"] == "1"
+            assert_openai_error(await resp.json(), code="overloaded")
+        # A small request still fits beside the held one.
+        async with http.post(f"{rr.url}/v1/completions", data=GOOD) as resp:
+            assert resp.status == 200
+        engine.gate.set()
+        async with await held as resp:
+            assert resp.status == 200
+        assert rr.router.budget.used == 0
+        async with http.post(f"{rr.url}/v1/completions", data=body) as resp:
+            assert resp.status == 200
+
+
+async def test_short_and_slow_bodies_time_out(tmp_path: Path) -> None:
+    settings = replace(FAST, body_timeout=0.5)
+    async with (
+        recording_engine() as engine,
+        running_router(tmp_path, routing([engine.url], []), settings) as rr,
+    ):
+        # A body shorter than its Content-Length, the connection left open: 408, then closed.
+        short = raw_request("POST", "/v1/completions", GOOD)[:-5]
+        resp = await raw_exchange(rr.url, short)
+        assert resp is not None
+        assert resp.status == 408
+        assert resp.headers["connection"].lower() == "close"
+        assert_openai_error(resp.json(), code="request_timeout")
+        assert rr.router.budget.used == 0
+    assert engine.seen == []
+
+
+async def read_until_closed(url: str, trickle: bytes, every: float) -> bytes:
+    """Send `trickle` a byte at a time, `every` seconds apart, until the server closes; returns what came."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        for byte in trickle:
+            if reader.at_eof():
+                break
+            writer.write(bytes([byte]))
+            try:
+                await writer.drain()
+                return await asyncio.wait_for(reader.read(), timeout=every)
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                return b""
+        raise AssertionError("the router kept a trickling connection open")
+    finally:
+        writer.close()
+
+
+async def test_idle_and_slow_header_connections_are_closed(tmp_path: Path) -> None:
+    settings = replace(FAST, idle_timeout=0.5)
+    async with (
+        recording_engine() as engine,
+        running_router(tmp_path, routing([engine.url], []), settings) as rr,
+    ):
+        host, port = rr.url.removeprefix("http://").rsplit(":", 1)
+        # Idle: connected, nothing sent.
+        reader, writer = await asyncio.open_connection(host, int(port))
+        assert await asyncio.wait_for(reader.read(), timeout=30) == b""
+        writer.close()
+        # Slow headers: a byte every 0.1 s, for longer than any timeout, never completes.
+        slow = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 10_000
+        assert await read_until_closed(rr.url, slow, every=0.1) == b""
+        # Idle after an answer (keep-alive) closes too, and a request in time is served.
+        reader, writer = await asyncio.open_connection(host, int(port))
+        head = raw_request("POST", "/v1/completions", GOOD).replace(b"Connection: close\r\n", b"")
+        writer.write(head)
+        answer = await asyncio.wait_for(reader.read(), timeout=30)  # returns at EOF: the idle close
+        assert answer.startswith(b"HTTP/1.1 200")
+        writer.close()
+    assert engine.seen == ["/v1/completions"]
+
+
+async def test_connection_cap(tmp_path: Path) -> None:
+    settings = replace(FAST, max_connections=3, idle_timeout=60)
+    async with (
+        recording_engine() as engine,
+        running_router(tmp_path, routing([engine.url], []), settings) as rr,
+    ):
+        host, port = rr.url.removeprefix("http://").rsplit(":", 1)
+        held = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
+        while rr.counter("specfleet_router_open_connections") < 3:
+            await asyncio.sleep(0.01)
+        resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD))
+        assert resp is not None
+        assert resp.status == 503
+        assert_openai_error(resp.json(), code="too_many_connections")
+        assert rr.counter("specfleet_router_protocol_errors_total", reason="too_many_connections") == 1
+        for _, writer in held:
+            writer.close()
+        while rr.counter("specfleet_router_open_connections") > 0:
+            await asyncio.sleep(0.01)
+        resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD))
+        assert resp is not None
+        assert resp.status == 200
+    assert engine.seen == ["/v1/completions"]
+
+
+async def test_a_frozen_engine_is_ejected_and_its_requests_retried(tmp_path: Path) -> None:
+    settings = replace(FAST, stall_seconds=0.3, probe_timeout=0.3, eject_seconds=60)
+    with (
+        engine_process(time_scale=0.01) as (url_a, proc_a),
+        engine_process(time_scale=0.01) as (url_b, _),
+    ):
+        await asyncio.gather(wait_http(f"{url_a}/health"), wait_http(f"{url_b}/health"))
+        async with running_router(tmp_path, routing([url_a, url_b], []), settings) as rr:
+            client = rr.client()
+            for _ in range(2):  # both engines hold a pooled connection now
+                assert (await client.completions.create(model=MODEL, prompt="x", max_tokens=2)).choices
+            proc_a.send_signal(signal.SIGSTOP)
+            try:
+                for stream in (False, True, False, True):
+                    if stream:
+                        chunks = [
+                            c
+                            async for c in await client.completions.create(
+                                model=MODEL, prompt="x", max_tokens=3, stream=True
+                            )
+                        ]
+                        assert chunks
+                    else:
+                        assert (
+                            await client.completions.create(model=MODEL, prompt="x", max_tokens=2)
+                        ).choices
+                assert rr.counter("specfleet_router_upstream_errors_total", pool="latency", kind="stall") == 1
+                assert url_a in rr.router.backends.ejected_until
+                assert (
+                    rr.counter(
+                        "specfleet_router_requests_total",
+                        **{"class": "latency", "pool": "latency", "code": "200", "error": "none"},
+                    )
+                    == 6
+                )
+            finally:
+                proc_a.send_signal(signal.SIGCONT)
+
+
+async def test_mid_stream_failure_is_counted_as_an_error(tmp_path: Path) -> None:
+    with engine_process(time_scale=1.0) as (url, proc):
+        await wait_http(f"{url}/health")
+        async with running_router(tmp_path, routing([url], [])) as rr:
+            client = rr.client()
+            stream = await client.completions.create(
+                model=MODEL, prompt="x", max_tokens=5000, stream=True, extra_body={"ignore_eos": True}
+            )
+            received = 0
+
+            async def consume() -> None:
+                nonlocal received
+                async for _ in stream:
+                    received += 1
+                    if received == 3:
+                        proc.kill()
+
+            with pytest.raises(openai.APIError, match="interrupted"):
+                await consume()
+            labels = {"class": "latency", "pool": "latency", "code": "200"}
+            assert rr.counter("specfleet_router_requests_total", **labels, error="mid_stream") == 1
+            assert rr.counter("specfleet_router_requests_total", **labels, error="none") == 0
