@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from specfleet.api.validation import parse_resource
+from specfleet.render.monitoring import alert_groups
 from specfleet_sandbox.discovery import PodDiscovery
 from specfleet_sandbox.load import LoadGenerator
 from specfleet_sandbox.pods import PodRunner
@@ -38,6 +40,7 @@ class Env:
         self.namespace = namespace
         self.tmp = tmp
         self.prometheus: PrometheusProcess | None = None
+        self.rules_dir = tmp / "rules"
         self.runner: PodRunner | None = None
         self.operator: OperatorProcess | None = None
 
@@ -85,7 +88,11 @@ def env(cluster, tmp_path_factory, request) -> Iterator[Env]:
     )
     e = Env(cluster, namespace, tmp)
     discovery = PodDiscovery(Path(cluster.kubeconfig), namespace).start()
-    config = scrape_config(discovery_url=discovery.url, interval_seconds=1)
+    # Rules rendered for a resource are written here and loaded with PrometheusProcess.reload().
+    (tmp / "rules").mkdir()
+    config = scrape_config(
+        discovery_url=discovery.url, interval_seconds=1, rule_files=[str(tmp / "rules" / "*.yaml")]
+    )
     try:
         e.prometheus = PrometheusProcess(tmp / "prometheus", config).start()
         e.runner = PodRunner(
@@ -218,11 +225,38 @@ def test_concurrency_turns_speculation_off_and_back_on_without_failed_requests(e
     assert stats.failed == 0, stats.errors
 
 
+def _load_alert_rules(env: Env, name: str, alerts: dict[str, Any]) -> None:
+    """Render the resource's PrometheusRule groups (as prometheus-operator would hand them to
+    Prometheus) and load them; the test bed has no prometheus-operator, so the resource itself keeps
+    monitoring.prometheusRule off and the test writes the rule file."""
+    assert env.prometheus is not None
+    doc = merge(env.sd(name), {"spec": {"monitoring": {"prometheusRule": True, "alerts": alerts}}})
+    (env.rules_dir / f"{name}.yaml").write_text(yaml.safe_dump({"groups": alert_groups(parse_resource(doc))}))
+    env.prometheus.reload()
+    wait_for(
+        f"{name}'s rules loaded",
+        lambda: any(
+            g["name"] == f"specfleet.{env.namespace}.{name}.alerts" for g in env.prometheus.rule_groups()
+        ),
+        timeout=30,
+    )
+
+
+def _alert_fired(env: Env, name: str, alert: str, within: str) -> list[dict[str, Any]]:
+    """ALERTS samples of a firing alert of this resource within the last `within` (Prometheus' own record)."""
+    assert env.prometheus is not None
+    selector = f'alertname="{alert}",alertstate="firing",specfleet_io_deployment="{name}"'
+    return env.prometheus.query(f"max_over_time(ALERTS{{{selector}}}[{within}])")
+
+
 def test_content_shift_turns_speculation_off_with_that_reason(env):
     name = _fleet(env, "shift")
     load = LoadGenerator(env.router_url(name), "llama", max_tokens=48).start(concurrency=2)
     try:
         _wait_metrics(env, name)
+        # The alert holds for no time here: the policy turns the pool off within seconds of the drop,
+        # after which no speculating engine is left to measure.
+        _load_alert_rules(env, name, {"forSeconds": 0})
         # The emulators draft with acceptance (0.68, 0.39, 0.2): 2.27 tokens per step in steady state; the
         # first windows after start-up hold only a few drafts, so wait for the measured value to settle.
         wait_for(
@@ -230,11 +264,19 @@ def test_content_shift_turns_speculation_off_with_that_reason(env):
             lambda: float(_latency(env, name).get("acceptanceLength") or 0) > 1.7,
             timeout=45,
         )
+        assert _alert_fired(env, name, "SpecfleetAcceptanceBelowStop", "1m") == []
         env.runner.set_acceptance([0.05, 0.01, 0.0])
         off = _wait_mode(env, name, "Off", timeout=60)
         assert off["reason"] == "AcceptanceBelowThreshold"
         assert "fell below 1.40" in off["message"]
         _wait_settled(env, name)
+        # Prometheus' own rule evaluation saw the same drop: the acceptance alert fired for the latency pool.
+        fired = wait_for(
+            "SpecfleetAcceptanceBelowStop fired",
+            lambda: _alert_fired(env, name, "SpecfleetAcceptanceBelowStop", "2m"),
+            timeout=30,
+        )
+        assert [f["metric"]["specfleet_io_pool"] for f in fired] == ["latency"]
     finally:
         stats = load.stop()
         env.runner.set_acceptance(PUBLISHED_ACCEPTANCE)

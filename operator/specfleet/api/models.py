@@ -660,7 +660,11 @@ class SpeculativeDeploymentStatus(StatusModel):
 
     observed_generation: int | None = Field(default=None, description="Last metadata.generation reconciled.")
     conditions: list[Condition] = Field(
-        default_factory=list, max_length=16, description="Ready, Progressing, Degraded, ..."
+        default_factory=list,
+        max_length=16,
+        description="Ready, Progressing, Degraded, ... (one per type).",
+        # A map list keyed by type, as Kubernetes' own conditions: server-side apply merges by type.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     pools: PoolStatuses = Field(default_factory=PoolStatuses, description="Per-pool state.")
     history: list[Decision] = Field(
