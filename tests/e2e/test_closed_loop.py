@@ -23,6 +23,7 @@ from specfleet_sandbox.load import LoadGenerator
 from specfleet_sandbox.pods import PodRunner
 from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
 from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config
+from support.argocd import argocd_health
 from support.manifests import ROOT, load_yaml, merge
 
 pytestmark = pytest.mark.e2e
@@ -266,10 +267,27 @@ def test_content_shift_turns_speculation_off_with_that_reason(env):
         )
         assert _alert_fired(env, name, "SpecfleetAcceptanceBelowStop", "1m") == []
         env.runner.set_acceptance([0.05, 0.01, 0.0])
-        off = _wait_mode(env, name, "Off", timeout=60)
+        # Argo CD's view of every state the operator writes during the flip (the health script on the
+        # object as read from the apiserver): Progressing while it rolls out, never Degraded.
+        seen: list[tuple[str, str]] = []
+
+        def off_and_settled() -> dict[str, Any] | None:
+            sd = env.sd(name)
+            seen.append(argocd_health(sd))
+            pool: dict[str, Any] = sd["status"]["pools"]["latency"]
+            settled = any(
+                c["type"] == "SpeculationSettled" and c["status"] == "True"
+                for c in sd["status"]["conditions"]
+            )
+            return pool if pool["speculation"] == "Off" and settled else None
+
+        off = wait_for("latency pool Off and settled", off_and_settled, timeout=90, interval=0.2)
         assert off["reason"] == "AcceptanceBelowThreshold"
         assert "fell below 1.40" in off["message"]
-        _wait_settled(env, name)
+        health = [state for state, _ in seen]
+        assert "Degraded" not in health, seen
+        assert ("Progressing", "RollingOut: rolling out: latency") in seen, seen
+        assert health[-1] == "Healthy", seen
         # Prometheus' own rule evaluation saw the same drop: the acceptance alert fired for the latency pool.
         fired = wait_for(
             "SpecfleetAcceptanceBelowStop fired",

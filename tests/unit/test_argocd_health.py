@@ -14,24 +14,16 @@ from typing import Any
 
 import pytest
 import yaml
-from lupa.lua51 import LuaRuntime
 
 from specfleet.reconcile import reconcile
+from support.argocd import HEALTH_SCRIPT as SCRIPT
+from support.argocd import argocd_health as health
 from support.fake_cluster import FakeCluster
 from support.manifests import ROOT, load_yaml, merge
 
-SCRIPT = ROOT / "deploy" / "argocd" / "health.lua"
 DOC = ROOT / "docs" / "argocd.md"
 EXAMPLE = ROOT / "examples" / "02-two-pools-routing-policy.yaml"
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-
-
-def health(obj: dict[str, Any]) -> tuple[str, str]:
-    """Run the script on `obj` as Argo CD does: the object as global `obj`, a table {status, message} back."""
-    lua = LuaRuntime(unpack_returned_tuples=True)
-    lua.globals().obj = lua.table_from(obj, recursive=True)
-    result = lua.execute(SCRIPT.read_text())
-    return str(result["status"]), str(result["message"] or "")
 
 
 def _body(
