@@ -20,6 +20,7 @@ from specfleet.api.constants import GROUP, PLURAL, VERSION
 from specfleet.control import Controller, Outcome
 from specfleet.kube import KubeCluster, load_kube_config
 from specfleet.metrics.prometheus import PrometheusQuerier, QueryFn
+from specfleet.metrics.resources import ResourceGauges
 from specfleet.render import RenderOptions
 
 # Read once at import: Kopf needs the timer interval when the decorator runs.
@@ -40,6 +41,8 @@ FLIPS = Counter(
 RETUNES = Counter("specfleet_speculation_retunes_total", "Changes of K while speculating, by pool.", ["pool"])
 QUERY_SECONDS = Histogram("specfleet_prometheus_query_duration_seconds", "PromQL query latency.")
 QUERY_ERRORS = Counter("specfleet_prometheus_query_errors_total", "PromQL queries that got no answer.")
+# Per-resource gauges (conditions, pool mode and K, replicas, last acceptance) for alerts and dashboards.
+RESOURCE_GAUGES = ResourceGauges()
 
 
 def _observe_query(seconds: float, ok: bool) -> None:
@@ -117,6 +120,7 @@ def _reconcile(trigger: str, body: kopf.Body, name: str, namespace: str | None, 
             RECONCILE_ERRORS.labels(trigger).inc()
             raise kopf.TemporaryError(f"Kubernetes API error: {err}", delay=15) from err
     _emit(body, outcome, logger)
+    RESOURCE_GAUGES.publish(body)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -155,3 +159,4 @@ def policy_loop(
             logger.warning("policy evaluation failed, retrying in %ss: %s", delay, err)
         stopped.wait(delay)
     controller.forget(namespace or "default", name)
+    RESOURCE_GAUGES.forget(namespace or "default", name)
