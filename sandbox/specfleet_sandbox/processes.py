@@ -29,8 +29,11 @@ class OperatorProcess:
         *,
         resync_seconds: float = 2.0,
         extra_env: dict[str, str] | None = None,
+        metrics_port: int = 0,
     ) -> None:
         self.kubeconfig = kubeconfig
+        # 0: no metrics endpoint; otherwise the operator serves /metrics on 127.0.0.1:metrics_port.
+        self.metrics_port = metrics_port
         self.log_path = log_path
         self.resync_seconds = resync_seconds
         self.extra_env = extra_env or {}
@@ -49,7 +52,9 @@ class OperatorProcess:
             "--liveness-port",
             "0",
             "--metrics-port",
-            "0",
+            str(self.metrics_port),
+            "--metrics-address",
+            "127.0.0.1",
             "--verbose",
         ]
         self.proc = subprocess.Popen(

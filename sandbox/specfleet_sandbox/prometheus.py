@@ -21,12 +21,17 @@ from specfleet_testbed import ensure_prometheus
 
 
 def scrape_config(
-    *, discovery_url: str, interval_seconds: float, rule_files: list[str] | None = None
+    *,
+    discovery_url: str,
+    interval_seconds: float,
+    rule_files: list[str] | None = None,
+    static_targets: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The prometheus.yml: pods discovered from the apiserver, filtered by scrape annotations.
 
     `rule_files` (paths or globs) are evaluated every interval; `PrometheusProcess.reload()` picks up
-    files written later.
+    files written later. `static_targets` adds one job per entry (job name -> host:port), e.g. the
+    operator's own /metrics, scraped with honor_labels as its ServiceMonitor does.
 
     Discovery comes through HTTP SD (see pod_discovery.py: Debian's build has no Kubernetes SD)
     with Kubernetes SD's labels, so the relabelling below is what a Kubernetes SD config says.
@@ -67,7 +72,17 @@ def scrape_config(
                     {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                     {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
                 ],
-            }
+            },
+            *(
+                {
+                    "job_name": job,
+                    "scrape_interval": interval,
+                    "scrape_timeout": interval,
+                    "honor_labels": True,
+                    "static_configs": [{"targets": [target]}],
+                }
+                for job, target in (static_targets or {}).items()
+            ),
         ],
     }
 

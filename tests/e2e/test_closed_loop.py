@@ -8,6 +8,8 @@ Durations are seconds-scale (evaluation every 2 s, 6 s rate windows, 15 s dwell)
 from __future__ import annotations
 
 import json
+import math
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 import yaml
 
 from specfleet.api.validation import parse_resource
+from specfleet.dashboard import dashboard
 from specfleet.render.monitoring import alert_groups
 from specfleet_sandbox.discovery import PodDiscovery
 from specfleet_sandbox.load import LoadGenerator
@@ -78,6 +81,12 @@ class Env:
         return "\n".join(parts)
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @pytest.fixture(scope="module")
 def env(cluster, tmp_path_factory, request) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("e2e")
@@ -91,8 +100,13 @@ def env(cluster, tmp_path_factory, request) -> Iterator[Env]:
     discovery = PodDiscovery(Path(cluster.kubeconfig), namespace).start()
     # Rules rendered for a resource are written here and loaded with PrometheusProcess.reload().
     (tmp / "rules").mkdir()
+    # The operator's own /metrics is scraped too (as its ServiceMonitor would): the dashboard reads it.
+    operator_metrics_port = _free_port()
     config = scrape_config(
-        discovery_url=discovery.url, interval_seconds=1, rule_files=[str(tmp / "rules" / "*.yaml")]
+        discovery_url=discovery.url,
+        interval_seconds=1,
+        rule_files=[str(tmp / "rules" / "*.yaml")],
+        static_targets={"specfleet-operator": f"127.0.0.1:{operator_metrics_port}"},
     )
     try:
         e.prometheus = PrometheusProcess(tmp / "prometheus", config).start()
@@ -103,7 +117,12 @@ def env(cluster, tmp_path_factory, request) -> Iterator[Env]:
             emulator_args=EMULATOR_ARGS,
             router_args=["--endpoint-address-map", "10.0.0.0/8=127.0.0.0/8", "--log-level", "warning"],
         ).start()
-        e.operator = OperatorProcess(Path(cluster.kubeconfig), tmp / "operator.log", resync_seconds=2).start()
+        e.operator = OperatorProcess(
+            Path(cluster.kubeconfig),
+            tmp / "operator.log",
+            resync_seconds=2,
+            metrics_port=operator_metrics_port,
+        ).start()
         yield e
     finally:
         for part in (e.operator, e.runner, e.prometheus, discovery):
@@ -298,6 +317,40 @@ def test_content_shift_turns_speculation_off_with_that_reason(env):
     finally:
         stats = load.stop()
         env.runner.set_acceptance(PUBLISHED_ACCEPTANCE)
+    assert stats.failed == 0, stats.errors
+
+
+def test_every_dashboard_panel_has_data_after_load(env):
+    """Each panel's PromQL, with Grafana's variables set to this resource, returns data from the real
+    Prometheus (engines, router and the operator's own metrics) while load runs."""
+    assert env.prometheus is not None
+    name = _fleet(env, "dash")
+    variables = {"$namespace": env.namespace, "$deployment": name, "$__rate_interval": "30s"}
+    load = LoadGenerator(env.router_url(name), "llama", max_tokens=48).start(concurrency=4)
+    missing: dict[str, list[str]] = {}
+
+    def every_panel_has_data() -> bool:
+        missing.clear()
+        for panel in dashboard()["panels"]:
+            exprs = []
+            for target in panel["targets"]:
+                expr = target["expr"]
+                for variable, value in variables.items():
+                    expr = expr.replace(variable, value)
+                exprs.append(expr)
+            answers = [env.prometheus.query(e) for e in exprs]  # type: ignore[union-attr]
+            if not any(math.isfinite(float(r["value"][1])) for answer in answers for r in answer):
+                missing[panel["title"]] = exprs
+        return not missing
+
+    try:
+        _wait_metrics(env, name)
+        try:
+            wait_for("every dashboard panel has data", every_panel_has_data, timeout=90, interval=2)
+        except AssertionError:
+            pytest.fail("dashboard panels without data:\n" + json.dumps(missing, indent=1))
+    finally:
+        stats = load.stop()
     assert stats.failed == 0, stats.errors
 
 
