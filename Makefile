@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint crd golden test test-unit test-cluster test-vllm test-e2e ci-fresh demo demo-down lock bench-scale
+.PHONY: help venv deps lint crd dashboard golden test test-unit test-cluster test-vllm test-e2e ci-fresh demo demo-down lock bench-scale
 
 help:
 	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
@@ -39,6 +39,9 @@ lint:
 crd:
 	$(PY) -m specfleet crd -o crds/specfleet.io_speculativedeployments.yaml
 	cp crds/specfleet.io_speculativedeployments.yaml charts/specfleet/crds/
+
+dashboard:
+	$(PY) -m specfleet.dashboard > charts/specfleet/dashboards/specfleet.json
 
 golden:
 	UPDATE_GOLDEN=1 $(PY) -m pytest tests/unit/test_render_golden.py -q

@@ -12,15 +12,25 @@ deps=$("$python" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb
 key=$( (echo "$deps"; "$python" --version; cat "$root/constraints.txt") | sha256sum | cut -c1-12)
 venv="$cache/venv-$key"
 
-if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
-  echo "bootstrap: creating $venv" >&2
+create() {
   rm -rf "$venv"
+  "$python" -m venv "$venv" &&
+    "$venv/bin/python" -m pip install -q --upgrade pip >&2 &&
+    # Pinned by constraints.txt; the project itself is linked (editable) to this checkout.
+    "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" -e "$root[dev]" >&2
+}
+if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
   mkdir -p "$cache"
-  "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip >&2
-  # Dependencies only (pinned by constraints.txt); the project itself is linked below.
-  "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" -e "$root[dev]" >&2
-  touch "$venv/.complete"
+  # One creator at a time: two make runs starting together would delete each other's venv.
+  exec 8>"$venv.lock"
+  flock 8
+  if [ ! -f "$venv/.complete" ]; then
+    echo "bootstrap: creating $venv" >&2
+    # A registry hiccup should not fail a CI run: one more try from scratch.
+    create || { echo "bootstrap: install failed, retrying once" >&2; sleep 5; create; }
+    touch "$venv/.complete"
+  fi
+  exec 8>&-
 fi
 # Re-link the editable install to *this* checkout (CI clones to a new folder each time); no deps, seconds.
 if ! "$venv/bin/python" -c "import specfleet, sys; sys.exit(0 if specfleet.__file__.startswith('$root/') else 1)" 2>/dev/null; then

@@ -34,10 +34,23 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.pools.batch.speculation",
     },
     {
+        "name": "K",
+        "type": "integer",
+        "description": "Tokens drafted per step (drafter.numSpeculativeTokens; a K the Goodput policy "
+        "chose for a pool is in status.pools.*.numSpeculativeTokens)",
+        "jsonPath": ".spec.drafter.numSpeculativeTokens",
+    },
+    {
         "name": "Ready",
         "type": "string",
         "description": "Whether every pool has its replicas ready",
         "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+    },
+    {
+        "name": "Progressing",
+        "type": "string",
+        "description": "Whether a rollout (a speculation flip, a K change or a spec change) is under way",
+        "jsonPath": '.status.conditions[?(@.type=="Progressing")].status',
     },
     {
         "name": "Acceptance",

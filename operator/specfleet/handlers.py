@@ -31,6 +31,7 @@ from specfleet.api.constants import GROUP, PLURAL, VERSION
 from specfleet.control import Controller, Outcome
 from specfleet.kube import KubeCluster, load_kube_config
 from specfleet.metrics.prometheus import PrometheusQuerier, QueryFn
+from specfleet.metrics.resources import ResourceGauges
 from specfleet.render import RenderOptions
 from specfleet.scheduler import PolicyScheduler, SweepReport
 
@@ -57,6 +58,9 @@ SWEEP_SECONDS = Histogram(
 )
 SWEEP_RESOURCES = Gauge("specfleet_policy_sweep_resources", "Resources evaluated by the last policy sweep.")
 TRACKED = Gauge("specfleet_policy_tracked_resources", "Resources the policy scheduler knows about.")
+# Per-resource gauges (conditions, pool mode and K, replicas, last acceptance) for alerts and dashboards,
+# refreshed from every watch event (each status write arrives as one).
+RESOURCE_GAUGES = ResourceGauges()
 
 
 @dataclass(frozen=True)
@@ -225,8 +229,10 @@ async def track(memo: kopf.Memo, event: Mapping[str, Any], body: kopf.Body, **_:
     meta = body.get("metadata") or {}
     if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
         scheduler.forget(meta.get("namespace") or "default", meta["name"])
+        RESOURCE_GAUGES.forget(meta.get("namespace") or "default", meta["name"])
     else:
         scheduler.track({k: body.get(k) for k in ("apiVersion", "kind", "metadata", "spec")})
+        RESOURCE_GAUGES.publish(body)
     TRACKED.set(scheduler.tracked())
 
 

@@ -31,8 +31,11 @@ class OperatorProcess:
         extra_env: dict[str, str] | None = None,
         verbose: bool = True,
         extra_args: list[str] | None = None,
+        metrics_port: int = 0,
     ) -> None:
         self.kubeconfig = kubeconfig
+        # 0: no metrics endpoint; otherwise the operator serves /metrics on 127.0.0.1:metrics_port.
+        self.metrics_port = metrics_port
         self.log_path = log_path
         self.resync_seconds = resync_seconds
         self.extra_env = extra_env or {}
@@ -53,7 +56,9 @@ class OperatorProcess:
             "--liveness-port",
             "0",
             "--metrics-port",
-            "0",
+            str(self.metrics_port),
+            "--metrics-address",
+            "127.0.0.1",
             *(["--verbose"] if self.verbose else []),
             *self.extra_args,
         ]

@@ -20,8 +20,18 @@ import yaml
 from specfleet_testbed import ensure_prometheus
 
 
-def scrape_config(*, discovery_url: str, interval_seconds: float) -> dict[str, Any]:
+def scrape_config(
+    *,
+    discovery_url: str,
+    interval_seconds: float,
+    rule_files: list[str] | None = None,
+    static_targets: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """The prometheus.yml: pods discovered from the apiserver, filtered by scrape annotations.
+
+    `rule_files` (paths or globs) are evaluated every interval; `PrometheusProcess.reload()` picks up
+    files written later. `static_targets` adds one job per entry (job name -> host:port), e.g. the
+    operator's own /metrics, scraped with honor_labels as its ServiceMonitor does.
 
     Discovery comes through HTTP SD (see pod_discovery.py: Debian's build has no Kubernetes SD)
     with Kubernetes SD's labels, so the relabelling below is what a Kubernetes SD config says.
@@ -31,6 +41,7 @@ def scrape_config(*, discovery_url: str, interval_seconds: float) -> dict[str, A
     interval = f"{interval_seconds}s"
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        **({"rule_files": list(rule_files)} if rule_files else {}),
         "scrape_configs": [
             {
                 "job_name": "kubernetes-pods",
@@ -61,7 +72,17 @@ def scrape_config(*, discovery_url: str, interval_seconds: float) -> dict[str, A
                     {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                     {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
                 ],
-            }
+            },
+            *(
+                {
+                    "job_name": job,
+                    "scrape_interval": interval,
+                    "scrape_timeout": interval,
+                    "honor_labels": True,
+                    "static_configs": [{"targets": [target]}],
+                }
+                for job, target in (static_targets or {}).items()
+            ),
         ],
     }
 
@@ -123,6 +144,18 @@ class PrometheusProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+    def reload(self) -> None:
+        """Re-read the configuration and rule files (SIGHUP, as Prometheus documents)."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError("Prometheus is not running")
+        self.proc.send_signal(signal.SIGHUP)
+
+    def rule_groups(self) -> list[dict[str, Any]]:
+        """The rule groups Prometheus evaluates now, with each rule's state (/api/v1/rules)."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/rules", timeout=5) as response:
+            groups: list[dict[str, Any]] = json.load(response)["data"]["groups"]
+        return groups
 
     def log(self) -> str:
         path = self.workdir / "prometheus.log"

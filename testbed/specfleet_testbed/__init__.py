@@ -21,7 +21,7 @@ from .cluster import (
     process_start_time,
 )
 from .stages import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
-from .tools import PrometheusTools, ToolError, ensure_prometheus
+from .tools import PrometheusTools, ToolError, ensure_prometheus, ensure_prometheus_operator_crds
 
 __all__ = [
     "DEFAULT_POD_CIDR",
@@ -36,6 +36,7 @@ __all__ = [
     "ToolError",
     "ensure_binaries",
     "ensure_prometheus",
+    "ensure_prometheus_operator_crds",
     "local_address",
     "process_start_time",
 ]

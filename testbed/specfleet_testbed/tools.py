@@ -14,11 +14,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PrometheusTools", "ToolError", "ensure_prometheus"]
+__all__ = ["PrometheusTools", "ToolError", "ensure_prometheus", "ensure_prometheus_operator_crds"]
 
 # testbed/specfleet_testbed/tools.py -> repository root
 REPO = Path(__file__).resolve().parents[2]
 SETUP_PROMETHEUS = REPO / "scripts" / "setup-prometheus.sh"
+SETUP_PROMETHEUS_OPERATOR_CRDS = REPO / "scripts" / "setup-prometheus-operator-crds.sh"
 
 
 class ToolError(RuntimeError):
@@ -60,3 +61,12 @@ def ensure_prometheus() -> PrometheusTools:
     if missing:
         raise ToolError(f"not executable: {', '.join(missing)}")
     return tools
+
+
+@functools.cache
+def ensure_prometheus_operator_crds() -> Path:
+    """The directory of prometheus-operator's CRDs, generated first (controller-gen) if missing."""
+    crd_dir = _run_setup(SETUP_PROMETHEUS_OPERATOR_CRDS)
+    if not (crd_dir / "monitoring.coreos.com_prometheusrules.yaml").is_file():
+        raise ToolError(f"no prometheus-operator CRDs in {crd_dir}")
+    return crd_dir

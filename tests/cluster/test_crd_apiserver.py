@@ -61,3 +61,41 @@ def test_invalid_case_rejected_by_apiserver(crd, namespace, case: InvalidCase):
     result = crd.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=False)
     assert result.returncode != 0, f"apiserver accepted {case.name}: {result.stdout}"
     assert case.message in result.stderr, result.stderr
+
+
+def test_conditions_are_a_map_list_and_kubectl_get_shows_k_and_progressing(crd, namespace):
+    doc = load_yaml(ROOT / "examples" / "02-two-pools-routing-policy.yaml")
+    doc["metadata"]["namespace"] = namespace
+    crd.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+
+    def condition(type_: str, status: str) -> dict[str, str]:
+        return {
+            "type": type_,
+            "status": status,
+            "reason": "Test",
+            "lastTransitionTime": "2026-11-29T12:00:00Z",
+        }
+
+    def patch_status(conditions: list[dict[str, str]], check: bool = True):
+        body = json.dumps({"status": {"conditions": conditions}})
+        return crd.kubectl(
+            "patch",
+            "sd",
+            "assistant",
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            body,
+            check=check,
+        )
+
+    # The apiserver enforces one condition per type (x-kubernetes-list-type: map, keyed by type).
+    twice = patch_status([condition("Ready", "True"), condition("Ready", "False")], check=False)
+    assert twice.returncode != 0
+    assert "Duplicate value" in twice.stderr
+    patch_status([condition("Ready", "True"), condition("Progressing", "True")])
+    table = crd.kubectl("get", "sd", "assistant", "-n", namespace).stdout.splitlines()
+    assert table[0].split() == ["NAME", "LATENCY", "BATCH", "K", "READY", "PROGRESSING", "ACCEPTANCE", "AGE"]
+    assert table[1].split()[:4] == ["assistant", "3", "True", "True"]

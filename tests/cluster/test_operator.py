@@ -167,8 +167,8 @@ def test_reconciles_example_to_ready(crd, operator, namespace):
     assert routing["pools"]["batch"]["service"] == "assistant-batch"
     # kubectl get shows the printer columns.
     table = crd.kubectl("get", "sd", "assistant", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "LATENCY", "BATCH", "READY", "ACCEPTANCE", "AGE"]
-    assert table[1].split()[:4] == ["assistant", "On", "On", "True"]
+    assert table[0].split() == ["NAME", "LATENCY", "BATCH", "K", "READY", "PROGRESSING", "ACCEPTANCE", "AGE"]
+    assert table[1].split()[:6] == ["assistant", "On", "On", "3", "True", "False"]
     # The spec the user wrote is untouched (GitOps sees no drift): no manager but kubectl owns spec.
     full = json.loads(
         crd.kubectl("get", "sd", "assistant", "-n", namespace, "-o", "json", "--show-managed-fields").stdout

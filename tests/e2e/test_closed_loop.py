@@ -8,6 +8,8 @@ Durations are seconds-scale (evaluation every 2 s, 6 s rate windows, 15 s dwell)
 from __future__ import annotations
 
 import json
+import math
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,11 +18,15 @@ from typing import Any
 import pytest
 import yaml
 
+from specfleet.api.validation import parse_resource
+from specfleet.dashboard import dashboard
+from specfleet.render.monitoring import alert_groups
 from specfleet_sandbox.discovery import PodDiscovery
 from specfleet_sandbox.load import LoadGenerator
 from specfleet_sandbox.pods import PodRunner
 from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
 from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config
+from support.argocd import argocd_health
 from support.manifests import ROOT, load_yaml, merge
 
 pytestmark = pytest.mark.e2e
@@ -38,6 +44,7 @@ class Env:
         self.namespace = namespace
         self.tmp = tmp
         self.prometheus: PrometheusProcess | None = None
+        self.rules_dir = tmp / "rules"
         self.runner: PodRunner | None = None
         self.operator: OperatorProcess | None = None
 
@@ -74,6 +81,12 @@ class Env:
         return "\n".join(parts)
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @pytest.fixture(scope="module")
 def env(cluster, tmp_path_factory, request) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("e2e")
@@ -85,7 +98,16 @@ def env(cluster, tmp_path_factory, request) -> Iterator[Env]:
     )
     e = Env(cluster, namespace, tmp)
     discovery = PodDiscovery(Path(cluster.kubeconfig), namespace).start()
-    config = scrape_config(discovery_url=discovery.url, interval_seconds=1)
+    # Rules rendered for a resource are written here and loaded with PrometheusProcess.reload().
+    (tmp / "rules").mkdir()
+    # The operator's own /metrics is scraped too (as its ServiceMonitor would): the dashboard reads it.
+    operator_metrics_port = _free_port()
+    config = scrape_config(
+        discovery_url=discovery.url,
+        interval_seconds=1,
+        rule_files=[str(tmp / "rules" / "*.yaml")],
+        static_targets={"specfleet-operator": f"127.0.0.1:{operator_metrics_port}"},
+    )
     try:
         e.prometheus = PrometheusProcess(tmp / "prometheus", config).start()
         e.runner = PodRunner(
@@ -95,7 +117,12 @@ def env(cluster, tmp_path_factory, request) -> Iterator[Env]:
             emulator_args=EMULATOR_ARGS,
             router_args=["--endpoint-address-map", "10.0.0.0/8=127.0.0.0/8", "--log-level", "warning"],
         ).start()
-        e.operator = OperatorProcess(Path(cluster.kubeconfig), tmp / "operator.log", resync_seconds=2).start()
+        e.operator = OperatorProcess(
+            Path(cluster.kubeconfig),
+            tmp / "operator.log",
+            resync_seconds=2,
+            metrics_port=operator_metrics_port,
+        ).start()
         yield e
     finally:
         for part in (e.operator, e.runner, e.prometheus, discovery):
@@ -218,11 +245,38 @@ def test_concurrency_turns_speculation_off_and_back_on_without_failed_requests(e
     assert stats.failed == 0, stats.errors
 
 
+def _load_alert_rules(env: Env, name: str, alerts: dict[str, Any]) -> None:
+    """Render the resource's PrometheusRule groups (as prometheus-operator would hand them to
+    Prometheus) and load them; the test bed has no prometheus-operator, so the resource itself keeps
+    monitoring.prometheusRule off and the test writes the rule file."""
+    assert env.prometheus is not None
+    doc = merge(env.sd(name), {"spec": {"monitoring": {"prometheusRule": True, "alerts": alerts}}})
+    (env.rules_dir / f"{name}.yaml").write_text(yaml.safe_dump({"groups": alert_groups(parse_resource(doc))}))
+    env.prometheus.reload()
+    wait_for(
+        f"{name}'s rules loaded",
+        lambda: any(
+            g["name"] == f"specfleet.{env.namespace}.{name}.alerts" for g in env.prometheus.rule_groups()
+        ),
+        timeout=30,
+    )
+
+
+def _alert_fired(env: Env, name: str, alert: str, within: str) -> list[dict[str, Any]]:
+    """ALERTS samples of a firing alert of this resource within the last `within` (Prometheus' own record)."""
+    assert env.prometheus is not None
+    selector = f'alertname="{alert}",alertstate="firing",specfleet_io_deployment="{name}"'
+    return env.prometheus.query(f"max_over_time(ALERTS{{{selector}}}[{within}])")
+
+
 def test_content_shift_turns_speculation_off_with_that_reason(env):
     name = _fleet(env, "shift")
     load = LoadGenerator(env.router_url(name), "llama", max_tokens=48).start(concurrency=2)
     try:
         _wait_metrics(env, name)
+        # The alert holds for no time here: the policy turns the pool off within seconds of the drop,
+        # after which no speculating engine is left to measure.
+        _load_alert_rules(env, name, {"forSeconds": 0})
         # The emulators draft with acceptance (0.68, 0.39, 0.2): 2.27 tokens per step in steady state; the
         # first windows after start-up hold only a few drafts, so wait for the measured value to settle.
         wait_for(
@@ -230,14 +284,73 @@ def test_content_shift_turns_speculation_off_with_that_reason(env):
             lambda: float(_latency(env, name).get("acceptanceLength") or 0) > 1.7,
             timeout=45,
         )
+        assert _alert_fired(env, name, "SpecfleetAcceptanceBelowStop", "1m") == []
         env.runner.set_acceptance([0.05, 0.01, 0.0])
-        off = _wait_mode(env, name, "Off", timeout=60)
+        # Argo CD's view of every state the operator writes during the flip (the health script on the
+        # object as read from the apiserver): Progressing while it rolls out, never Degraded.
+        seen: list[tuple[str, str]] = []
+
+        def off_and_settled() -> dict[str, Any] | None:
+            sd = env.sd(name)
+            seen.append(argocd_health(sd))
+            pool: dict[str, Any] = sd["status"]["pools"]["latency"]
+            settled = any(
+                c["type"] == "SpeculationSettled" and c["status"] == "True"
+                for c in sd["status"]["conditions"]
+            )
+            return pool if pool["speculation"] == "Off" and settled else None
+
+        off = wait_for("latency pool Off and settled", off_and_settled, timeout=90, interval=0.2)
         assert off["reason"] == "AcceptanceBelowThreshold"
         assert "fell below 1.40" in off["message"]
-        _wait_settled(env, name)
+        health = [state for state, _ in seen]
+        assert "Degraded" not in health, seen
+        assert ("Progressing", "RollingOut: rolling out: latency") in seen, seen
+        assert health[-1] == "Healthy", seen
+        # Prometheus' own rule evaluation saw the same drop: the acceptance alert fired for the latency pool.
+        fired = wait_for(
+            "SpecfleetAcceptanceBelowStop fired",
+            lambda: _alert_fired(env, name, "SpecfleetAcceptanceBelowStop", "2m"),
+            timeout=30,
+        )
+        assert [f["metric"]["specfleet_io_pool"] for f in fired] == ["latency"]
     finally:
         stats = load.stop()
         env.runner.set_acceptance(PUBLISHED_ACCEPTANCE)
+    assert stats.failed == 0, stats.errors
+
+
+def test_every_dashboard_panel_has_data_after_load(env):
+    """Each panel's PromQL, with Grafana's variables set to this resource, returns data from the real
+    Prometheus (engines, router and the operator's own metrics) while load runs."""
+    assert env.prometheus is not None
+    name = _fleet(env, "dash")
+    variables = {"$namespace": env.namespace, "$deployment": name, "$__rate_interval": "30s"}
+    load = LoadGenerator(env.router_url(name), "llama", max_tokens=48).start(concurrency=4)
+    missing: dict[str, list[str]] = {}
+
+    def every_panel_has_data() -> bool:
+        missing.clear()
+        for panel in dashboard()["panels"]:
+            exprs = []
+            for target in panel["targets"]:
+                expr = target["expr"]
+                for variable, value in variables.items():
+                    expr = expr.replace(variable, value)
+                exprs.append(expr)
+            answers = [env.prometheus.query(e) for e in exprs]  # type: ignore[union-attr]
+            if not any(math.isfinite(float(r["value"][1])) for answer in answers for r in answer):
+                missing[panel["title"]] = exprs
+        return not missing
+
+    try:
+        _wait_metrics(env, name)
+        try:
+            wait_for("every dashboard panel has data", every_panel_has_data, timeout=90, interval=2)
+        except AssertionError:
+            pytest.fail("dashboard panels without data:\n" + json.dumps(missing, indent=1))
+    finally:
+        stats = load.stop()
     assert stats.failed == 0, stats.errors
 
 

@@ -79,8 +79,17 @@ def test_printer_columns_and_names():
     names = crd["spec"]["names"]
     assert names["shortNames"] == ["specdeploy", "sd"]
     columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns == ["Latency", "Batch", "Ready", "Acceptance", "Age"]
+    assert columns == ["Latency", "Batch", "K", "Ready", "Progressing", "Acceptance", "Age"]
     assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
+
+
+def test_conditions_are_a_map_list_keyed_by_type():
+    status = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    conditions = status["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    # A map key must be required in every item (the apiserver refuses the CRD otherwise).
+    assert "type" in conditions["items"]["required"]
 
 
 def test_chart_ships_the_same_crd():

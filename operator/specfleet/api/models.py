@@ -553,8 +553,44 @@ class PolicySpec(ApiModel):
     reentry: Reentry = Field(default_factory=Reentry, description="Re-entry into speculation.")
 
 
+class AlertSpec(ApiModel):
+    """Values of the PrometheusRule's alerts that the policy does not already give.
+
+    The acceptance stop value, the flip budget and the load limit come from `policy`; the rate window
+    of every alert is `policy.windowSeconds`.
+    """
+
+    for_seconds: int = Field(
+        default=300, ge=0, le=86400, description="How long a condition must hold before its alert fires."
+    )
+    acceptance_drop_percent: int = Field(
+        default=25,
+        ge=1,
+        le=99,
+        description="Alert when a speculating pool's acceptance length falls this many percent below its "
+        "baseline (the median over acceptanceBaselineSeconds).",
+    )
+    acceptance_baseline_seconds: int = Field(
+        default=86400,
+        ge=600,
+        le=2592000,
+        description="Period whose median acceptance length is the pool's baseline (needs that much "
+        "Prometheus retention).",
+    )
+    router_error_percent: int = Field(
+        default=5, ge=1, le=100, description="Alert when more than this percent of router answers are 5xx."
+    )
+    rejected_draft_tokens_per_second_per_replica: int = Field(
+        default=1000,
+        ge=1,
+        le=10000000,
+        description="Alert when a speculating pool rejects more drafted tokens per second per replica than "
+        "this while its running requests per replica exceed policy.thresholds.stopAboveConcurrencyPerReplica.",
+    )
+
+
 class MonitoringSpec(ApiModel):
-    """How Prometheus finds the engines and the router."""
+    """How Prometheus finds the engines and the router, and which alerts it evaluates."""
 
     pod_monitor: bool = Field(
         default=False, description="Render a prometheus-operator PodMonitor (needs its CRD in the cluster)."
@@ -562,8 +598,15 @@ class MonitoringSpec(ApiModel):
     scrape_annotations: bool = Field(
         default=True, description="Put prometheus.io/scrape annotations on engine and router pods."
     )
+    prometheus_rule: bool = Field(
+        default=False,
+        description="Render a prometheus-operator PrometheusRule with this resource's alerts (acceptance, "
+        "metrics, flip budget, Degraded, engines, router errors, rejected drafts; needs its CRD).",
+    )
+    alerts: AlertSpec = Field(default_factory=AlertSpec, description="Alert values of the PrometheusRule.")
     labels: dict[str, str] = Field(
-        default_factory=dict, description="Extra labels on the PodMonitor (to match a Prometheus selector)."
+        default_factory=dict,
+        description="Extra labels on the PodMonitor and PrometheusRule (to match a Prometheus selector).",
     )
 
 
@@ -677,7 +720,11 @@ class SpeculativeDeploymentStatus(StatusModel):
 
     observed_generation: int | None = Field(default=None, description="Last metadata.generation reconciled.")
     conditions: list[Condition] = Field(
-        default_factory=list, max_length=16, description="Ready, Progressing, Degraded, ..."
+        default_factory=list,
+        max_length=16,
+        description="Ready, Progressing, Degraded, ... (one per type).",
+        # A map list keyed by type, as Kubernetes' own conditions: server-side apply merges by type.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     pools: PoolStatuses = Field(default_factory=PoolStatuses, description="Per-pool state.")
     history: list[Decision] = Field(

@@ -19,7 +19,7 @@ from specfleet.render.engine import (
     render_pool_pdb,
     render_pool_service,
 )
-from specfleet.render.monitoring import render_pod_monitor
+from specfleet.render.monitoring import render_pod_monitor, render_prometheus_rule
 from specfleet.render.router import (
     render_router_deployment,
     render_router_role,
@@ -72,4 +72,6 @@ def render_children(
     children += [render_router_service(sd, options), render_router_deployment(sd, options)]
     if sd.spec.monitoring.pod_monitor:
         children.append(render_pod_monitor(sd))
+    if sd.spec.monitoring.prometheus_rule:
+        children.append(render_prometheus_rule(sd))
     return [with_render_hash(child) for child in children]

@@ -1,6 +1,9 @@
-"""Render a prometheus-operator PodMonitor for engines and router, when the spec asks for one (pure)."""
+"""Render prometheus-operator objects when the spec asks for them (pure): a PodMonitor for engines
+and router, and a PrometheusRule with the resource's recording rules and alerts."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from specfleet.api.constants import (
     LABEL_DEPLOYMENT,
@@ -9,8 +12,14 @@ from specfleet.api.constants import (
     LABEL_SPECULATION,
     LABEL_TRACK,
 )
+from specfleet.api.reasons import DEGRADED, METRICS_AVAILABLE
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, metadata
+from specfleet.resource_metrics import CONDITION, POOL_READY_REPLICAS, POOL_REPLICAS, POOL_SPECULATING
+from specfleet_runtime import vllm_metrics as vm
+
+# The router's request counter as exposed (prometheus_client adds _total).
+ROUTER_REQUESTS = "specfleet_router_requests_total"
 
 
 def render_pod_monitor(sd: SpeculativeDeployment) -> Manifest:
@@ -27,4 +36,174 @@ def render_pod_monitor(sd: SpeculativeDeployment) -> Manifest:
             # The policy's PromQL selects engine series by these (as specfleet_io_deployment, ...).
             "podTargetLabels": [LABEL_DEPLOYMENT, LABEL_POOL, LABEL_SPECULATION, LABEL_TRACK],
         },
+    }
+
+
+# Fewer drafts than this in a window say little about acceptance: the acceptance series is then
+# left empty instead of alerting on noise (the same floor the policy uses before it decides).
+MIN_DRAFTS_IN_WINDOW = 100
+# Engine series of one pool, aggregated as the policy sees them (PodMonitor podTargetLabels or a
+# Kubernetes SD labelmap turn specfleet.io/pool into specfleet_io_pool).
+_BY_POOL = "namespace, specfleet_io_deployment, specfleet_io_pool"
+# Recording rules: one name for every resource, told apart by their labels.
+RECORD_ACCEPTANCE = "specfleet:pool_acceptance_length"
+RECORD_REJECTED = "specfleet:pool_rejected_draft_tokens_per_second_per_replica"
+RECORD_RUNNING = "specfleet:pool_running_requests_per_replica"
+
+
+def _seconds(value: int) -> str:
+    return f"{value}s"
+
+
+def _milli(value: int) -> str:
+    """A milli-unit as a PromQL number without float noise (1400 -> 1.4)."""
+    return f"{value / 1000:g}"
+
+
+def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
+    """The rule groups of one resource: what a Prometheus rule file holds under `groups`.
+
+    Thresholds come from the resource itself: the policy's acceptance stop value, load limit and
+    flip budget, and `monitoring.alerts` for the rest.
+    """
+    spec = sd.spec
+    alerts = spec.monitoring.alerts
+    thresholds = spec.policy.thresholds
+    window = _seconds(spec.policy.window_seconds)
+    hold = _seconds(alerts.for_seconds)
+    ns, name = sd.namespace, sd.name
+    engines = f'namespace="{ns}",specfleet_io_deployment="{name}",specfleet_io_speculation="On"'
+    router = f'namespace="{ns}",specfleet_io_deployment="{name}"'
+    resource = f'namespace="{ns}",name="{name}"'
+    ids = {"specfleet_io_deployment": name}
+
+    def by_pool(metric: str, selector: str = engines) -> str:
+        return f"sum by ({_BY_POOL}) (rate({metric}{{{selector}}}[{window}]))"
+
+    drafts = by_pool(vm.SPEC_DRAFTS)
+    recording = [
+        {
+            "record": RECORD_ACCEPTANCE,
+            "expr": f"(1 + {by_pool(vm.SPEC_ACCEPTED_TOKENS)} / {drafts})"
+            f" and {drafts} * {spec.policy.window_seconds} >= {MIN_DRAFTS_IN_WINDOW}",
+        },
+        {
+            "record": RECORD_RUNNING,
+            "expr": f"avg by ({_BY_POOL}) ({vm.REQUESTS_RUNNING}{{{engines}}})",
+        },
+        {
+            "record": RECORD_REJECTED,
+            "expr": f"({by_pool(vm.SPEC_DRAFT_TOKENS)} - {by_pool(vm.SPEC_ACCEPTED_TOKENS)})"
+            f" / count by ({_BY_POOL}) ({vm.REQUESTS_RUNNING}{{{engines}}})",
+        },
+    ]
+    own = f'namespace="{ns}",specfleet_io_deployment="{name}"'
+    stop = _milli(thresholds.stop_below_acceptance_length_milli)
+    drop = alerts.acceptance_drop_percent
+    budget = spec.policy.max_flips_per_hour
+    near_budget = max(1, budget - 1)
+    rules: list[dict[str, Any]] = [
+        _alert(
+            "SpecfleetAcceptanceBelowStop",
+            f"{RECORD_ACCEPTANCE}{{{own}}} < {stop}",
+            hold,
+            "warning",
+            f'{{{{ $labels.specfleet_io_pool }}}} pool of {ns}/{name} accepts {{{{ $value | printf "%.2f" }}}} '
+            f"tokens per step, below its stop value {stop}",
+            "A speculating pool's mean acceptance length stayed below policy.thresholds."
+            "stopBelowAcceptanceLengthMilli: the drafter no longer fits the traffic or the target.",
+        ),
+        _alert(
+            "SpecfleetAcceptanceBelowBaseline",
+            f"{RECORD_ACCEPTANCE}{{{own}}} < {1 - drop / 100:g} * quantile_over_time(0.5, "
+            f"{RECORD_ACCEPTANCE}{{{own}}}[{_seconds(alerts.acceptance_baseline_seconds)}])",
+            hold,
+            "warning",
+            f'{{{{ $labels.specfleet_io_pool }}}} pool of {ns}/{name} accepts {{{{ $value | printf "%.2f" }}}} '
+            f"tokens per step, more than {drop}% below its baseline",
+            "Acceptance drifted below the pool's own median: traffic or the target changed; the drafter "
+            "may need retraining.",
+        ),
+        _alert(
+            "SpecfleetPolicyMetricsUnavailable",
+            f'{CONDITION}{{{resource},type="{METRICS_AVAILABLE}",status="False"}} == 1',
+            hold,
+            "warning",
+            f"The speculation policy of {ns}/{name} has no usable metrics and holds every pool",
+            "MetricsAvailable is False: Prometheus is unreachable, or engine samples are missing or stale.",
+        ),
+        _alert(
+            "SpecfleetFlipBudgetNearlySpent",
+            f"changes({POOL_SPECULATING}{{{resource}}}[1h]) >= {near_budget}",
+            "0s",
+            "info",
+            f"{{{{ $labels.pool }}}} pool of {ns}/{name} flipped {{{{ $value }}}} times in the last hour "
+            f"(budget {budget})",
+            "The pool is close to policy.maxFlipsPerHour; once spent, the policy holds the pool's mode.",
+        ),
+        _alert(
+            "SpecfleetDegraded",
+            f'{CONDITION}{{{resource},type="{DEGRADED}",status="True"}} == 1',
+            hold,
+            "critical",
+            f"{ns}/{name} is Degraded",
+            "The operator cannot realise the spec: see the Degraded condition's message and Events.",
+        ),
+        _alert(
+            "SpecfleetEnginesNotReady",
+            f"{POOL_READY_REPLICAS}{{{resource}}} < {POOL_REPLICAS}{{{resource}}}",
+            hold,
+            "warning",
+            f"{{{{ $labels.pool }}}} pool of {ns}/{name} has fewer ready engines than replicas",
+            "Engine pods are not ready (scheduling, image pull, model load or crashes).",
+        ),
+        _alert(
+            "SpecfleetRouterErrors",
+            f'sum by (namespace, specfleet_io_deployment) (rate({ROUTER_REQUESTS}{{{router},code=~"5.."}}'
+            f"[{window}])) / sum by (namespace, specfleet_io_deployment) "
+            f"(rate({ROUTER_REQUESTS}{{{router}}}[{window}])) * 100 > {alerts.router_error_percent}",
+            hold,
+            "critical",
+            f'The router of {ns}/{name} answers {{{{ $value | printf "%.1f" }}}}% of requests with 5xx',
+            "More than monitoring.alerts.routerErrorPercent of router answers are server errors.",
+        ),
+        _alert(
+            "SpecfleetRejectedDraftTokensHigh",
+            f"{RECORD_REJECTED}{{{own}}} > {alerts.rejected_draft_tokens_per_second_per_replica}"
+            f" and on ({_BY_POOL}) {RECORD_RUNNING}{{{own}}} > {thresholds.stop_above_concurrency_per_replica}",
+            hold,
+            "warning",
+            f"{{{{ $labels.specfleet_io_pool }}}} pool of {ns}/{name} rejects "
+            f'{{{{ $value | printf "%.0f" }}}} drafted tokens/s per replica under high load',
+            "The pool speculates above policy.thresholds.stopAboveConcurrencyPerReplica running requests "
+            "per replica: verification of rejected drafts costs compute the batch needs.",
+        ),
+    ]
+    for rule in rules:
+        rule["labels"].update(ids)
+    return [
+        {"name": f"specfleet.{ns}.{name}.recording", "rules": recording},
+        {"name": f"specfleet.{ns}.{name}.alerts", "rules": rules},
+    ]
+
+
+def _alert(name: str, expr: str, hold: str, severity: str, summary: str, description: str) -> dict[str, Any]:
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": hold,
+        "labels": {"severity": severity},
+        "annotations": {"summary": summary, "description": description},
+    }
+
+
+def render_prometheus_rule(sd: SpeculativeDeployment) -> Manifest:
+    """One PrometheusRule with this resource's recording rules and alerts (labels as the PodMonitor's)."""
+    meta = metadata(sd, sd.name, "monitoring")
+    meta["labels"].update(sd.spec.monitoring.labels)
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": meta,
+        "spec": {"groups": alert_groups(sd)},
     }

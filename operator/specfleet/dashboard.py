@@ -1,0 +1,211 @@
+"""The Grafana dashboard for specfleet fleets, built in Python from the shared metric names (pure).
+
+`charts/specfleet/dashboards/specfleet.json` is generated from it (`make dashboard`; a unit test
+compares the committed file with a fresh build) and shipped by the chart as a ConfigMap the Grafana
+sidecar picks up. Engine series are selected by the labels the PodMonitor (or a Kubernetes SD
+labelmap) copies from the pods; the operator's per-resource gauges by `namespace` and `name`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from specfleet import resource_metrics as rm
+from specfleet_runtime import vllm_metrics as vm
+
+UID = "specfleet-fleet"
+ENGINES = 'namespace=~"$namespace",specfleet_io_deployment=~"$deployment"'
+RESOURCES = 'namespace=~"$namespace",name=~"$deployment"'
+BY_POOL = "namespace, specfleet_io_deployment, specfleet_io_pool"
+POOL_LEGEND = "{{specfleet_io_deployment}} {{specfleet_io_pool}}"
+RATE = "$__rate_interval"
+ROUTER_REQUESTS = "specfleet_router_requests_total"
+FLIPS = "specfleet_speculation_flips_total"
+DECISIONS = "specfleet_policy_decisions_total"
+
+
+def _rate_by_pool(metric: str, extra: str = "") -> str:
+    return f"sum by ({BY_POOL}{extra}) (rate({metric}{{{ENGINES}}}[{RATE}]))"
+
+
+def _quantile(q: float, histogram: str) -> str:
+    return f"histogram_quantile({q}, sum by ({BY_POOL}, le) (rate({histogram}_bucket{{{ENGINES}}}[{RATE}])))"
+
+
+def _target(expr: str, legend: str) -> dict[str, Any]:
+    return {"expr": expr, "legendFormat": legend}
+
+
+def _panel(
+    title: str, description: str, targets: list[dict[str, Any]], unit: str = "short"
+) -> dict[str, Any]:
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+        "targets": targets,
+    }
+
+
+def panels() -> list[dict[str, Any]]:
+    """Every panel, in reading order (two per row)."""
+    drafts = _rate_by_pool(vm.SPEC_DRAFTS)
+    return [
+        _panel(
+            "Acceptance length per pool",
+            "Mean tokens per speculative step (1 + accepted / drafts): the first-class signal of a drafter.",
+            [_target(f"1 + {_rate_by_pool(vm.SPEC_ACCEPTED_TOKENS)} / {drafts}", POOL_LEGEND)],
+        ),
+        _panel(
+            "Acceptance per draft position",
+            "Share of drafts whose token at each position was accepted (falls with position).",
+            [
+                _target(
+                    f"{_rate_by_pool(vm.SPEC_ACCEPTED_PER_POS, ', ' + vm.LABEL_POSITION)}\n"
+                    f"/ on ({BY_POOL}) group_left {drafts}",
+                    POOL_LEGEND + " position {{position}}",
+                )
+            ],
+            unit="percentunit",
+        ),
+        _panel(
+            "Drafted vs accepted tokens/s",
+            "Draft tokens proposed and accepted per second; the gap is verification work thrown away.",
+            [
+                _target(_rate_by_pool(vm.SPEC_DRAFT_TOKENS), POOL_LEGEND + " drafted"),
+                _target(_rate_by_pool(vm.SPEC_ACCEPTED_TOKENS), POOL_LEGEND + " accepted"),
+            ],
+        ),
+        _panel(
+            "Speculation mode and K per pool",
+            "From the operator: 1 while a pool speculates, 0 without; K is the tokens drafted per step.",
+            [
+                _target(f"{rm.POOL_SPECULATING}{{{RESOURCES}}}", "{{name}} {{pool}} speculating"),
+                _target(f"{rm.POOL_K}{{{RESOURCES}}}", "{{name}} {{pool}} K"),
+            ],
+        ),
+        _panel(
+            "Flips and decisions by reason",
+            "Speculation flips and policy decisions per interval, from the operator's counters.",
+            [
+                _target(f"sum by (pool, to) (increase({FLIPS}[{RATE}]))", "flip {{pool}} to {{to}}"),
+                _target(f"sum by (pool, reason) (increase({DECISIONS}[{RATE}]))", "{{pool}} {{reason}}"),
+            ],
+        ),
+        _panel(
+            "Running and waiting requests per replica",
+            "vLLM's running and waiting requests of every engine: the load the policy weighs.",
+            [
+                _target(f"{vm.REQUESTS_RUNNING}{{{ENGINES}}}", "{{specfleet_io_pool}} {{pod}} running"),
+                _target(f"{vm.REQUESTS_WAITING}{{{ENGINES}}}", "{{specfleet_io_pool}} {{pod}} waiting"),
+            ],
+        ),
+        _panel(
+            "KV-cache usage",
+            "Fraction of each engine's KV cache in use (a drafter takes some of it).",
+            [_target(f"{vm.KV_CACHE_USAGE}{{{ENGINES}}}", "{{specfleet_io_pool}} {{pod}}")],
+            unit="percentunit",
+        ),
+        _panel(
+            "Time to first token p50 / p99",
+            "Per pool, from vLLM's histogram.",
+            [
+                _target(_quantile(0.5, vm.TIME_TO_FIRST_TOKEN), POOL_LEGEND + " p50"),
+                _target(_quantile(0.99, vm.TIME_TO_FIRST_TOKEN), POOL_LEGEND + " p99"),
+            ],
+            unit="s",
+        ),
+        _panel(
+            "Inter-token latency p50 / p99",
+            "Per pool, from vLLM's histogram: what speculation is meant to lower.",
+            [
+                _target(_quantile(0.5, vm.INTER_TOKEN_LATENCY), POOL_LEGEND + " p50"),
+                _target(_quantile(0.99, vm.INTER_TOKEN_LATENCY), POOL_LEGEND + " p99"),
+            ],
+            unit="s",
+        ),
+        _panel(
+            "Router requests by class and pool",
+            "Requests per second by the pool a request was classified into and the pool that served it.",
+            [
+                _target(
+                    f"sum by (specfleet_io_deployment, class, pool, code) (rate({ROUTER_REQUESTS}{{{ENGINES}}}[{RATE}]))",
+                    "{{specfleet_io_deployment}} class {{class}} pool {{pool}} {{code}}",
+                )
+            ],
+            unit="reqps",
+        ),
+        _panel(
+            "Acceptance the policy last measured",
+            "From the operator's status: the acceptance length each decision used.",
+            [_target(f"{rm.POOL_ACCEPTANCE}{{{RESOURCES}}}", "{{name}} {{pool}}")],
+        ),
+    ]
+
+
+def _variable(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "query": {"query": query, "refId": name},
+        "definition": query,
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+    }
+
+
+def dashboard() -> dict[str, Any]:
+    """The whole dashboard document."""
+    laid_out = []
+    for index, panel in enumerate(panels()):
+        refs = [{**t, "refId": chr(ord("A") + i)} for i, t in enumerate(panel["targets"])]
+        grid = {"h": 8, "w": 12, "x": 12 * (index % 2), "y": 8 * (index // 2)}
+        laid_out.append({**panel, "id": index + 1, "gridPos": grid, "targets": refs})
+    return {
+        "uid": UID,
+        "title": "specfleet: speculative-decoding fleet",
+        "description": "Acceptance, speculation mode and K, load, latency and routing of SpeculativeDeployments.",
+        "tags": ["specfleet", "vllm", "speculative-decoding"],
+        "editable": True,
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "browser",
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Prometheus",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                },
+                _variable("namespace", "Namespace", f"label_values({vm.REQUESTS_RUNNING}, namespace)"),
+                _variable(
+                    "deployment",
+                    "SpeculativeDeployment",
+                    f'label_values({vm.REQUESTS_RUNNING}{{namespace=~"$namespace"}}, specfleet_io_deployment)',
+                ),
+            ]
+        },
+        "panels": laid_out,
+    }
+
+
+def dashboard_json() -> str:
+    """The dashboard as committed in the chart (stable key order, trailing newline)."""
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    print(dashboard_json(), end="")

@@ -1,0 +1,101 @@
+"""The operator's per-resource gauges, as a pure function of a SpeculativeDeployment (no I/O).
+
+These are the series the rendered PrometheusRule and the Grafana dashboard read for what only the
+operator knows: conditions, each pool's mode and K, replicas and the last measured acceptance.
+`specfleet.metrics.resources` exports them with prometheus_client; both share the names below.
+
+Series carry `namespace` and `name` of the resource (kube-state-metrics' convention), so the
+operator's ServiceMonitor scrapes with `honorLabels: true`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from specfleet.api.constants import POOLS
+from specfleet.api.models import SpeculativeDeploymentStatus
+
+CONDITION: Final = "specfleet_condition"
+POOL_SPECULATING: Final = "specfleet_pool_speculating"
+POOL_K: Final = "specfleet_pool_num_speculative_tokens"
+POOL_REPLICAS: Final = "specfleet_pool_replicas"
+POOL_READY_REPLICAS: Final = "specfleet_pool_ready_replicas"
+POOL_ACCEPTANCE: Final = "specfleet_pool_acceptance_length"
+
+HELP: Final[dict[str, str]] = {
+    CONDITION: "1 for the status a resource's condition has now, 0 for the other two (True, False, Unknown).",
+    POOL_SPECULATING: "1 while the pool's engines run with speculation, 0 without.",
+    POOL_K: "Tokens the pool drafts per step while speculating (K).",
+    POOL_REPLICAS: "Engine replicas the spec asks for, per pool.",
+    POOL_READY_REPLICAS: "Ready engine pods of the pool's Deployment.",
+    POOL_ACCEPTANCE: "Last mean acceptance length the policy measured for the pool (tokens per step).",
+}
+LABELS: Final[dict[str, tuple[str, ...]]] = {
+    CONDITION: ("namespace", "name", "type", "status"),
+    POOL_SPECULATING: ("namespace", "name", "pool"),
+    POOL_K: ("namespace", "name", "pool"),
+    POOL_REPLICAS: ("namespace", "name", "pool"),
+    POOL_READY_REPLICAS: ("namespace", "name", "pool"),
+    POOL_ACCEPTANCE: ("namespace", "name", "pool"),
+}
+CONDITION_STATUSES: Final = ("True", "False", "Unknown")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One gauge value: metric name, label values (in LABELS order) and the value."""
+
+    name: str
+    labels: tuple[str, ...]
+    value: float
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _float(text: Any) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def resource_samples(body: Mapping[str, Any]) -> list[Sample]:
+    """Every gauge value for one resource (a body as the API returns it); tolerant of a damaged status."""
+    meta = _mapping(body.get("metadata"))
+    ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    spec = _mapping(body.get("spec"))
+    try:
+        status = SpeculativeDeploymentStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        status = SpeculativeDeploymentStatus()
+    samples: list[Sample] = []
+    for cond in status.conditions:
+        for value in CONDITION_STATUSES:
+            samples.append(Sample(CONDITION, (ns, name, cond.type, value), float(cond.status == value)))
+    drafter = _mapping(spec.get("drafter"))
+    pools_spec = _mapping(spec.get("pools"))
+    for pool in POOLS:
+        pool_status = getattr(status.pools, pool)
+        pool_spec = _mapping(pools_spec.get(pool))
+        labels = (ns, name, pool)
+        k = pool_status.num_speculative_tokens or _int(drafter.get("numSpeculativeTokens"), 3)
+        samples += [
+            Sample(POOL_SPECULATING, labels, float(pool_status.speculation == "On")),
+            Sample(POOL_K, labels, float(k)),
+            Sample(POOL_REPLICAS, labels, float(_int(pool_spec.get("replicas"), 1))),
+            Sample(POOL_READY_REPLICAS, labels, float(pool_status.ready_replicas)),
+        ]
+        acceptance = _float(pool_status.acceptance_length)
+        if acceptance is not None:
+            samples.append(Sample(POOL_ACCEPTANCE, labels, acceptance))
+    return samples

@@ -1,0 +1,67 @@
+"""The operator's per-resource gauges: a pure function of the resource, exported without stale series."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from specfleet.metrics.resources import ResourceGauges
+from specfleet.resource_metrics import CONDITION, POOL_ACCEPTANCE, POOL_K, POOL_SPECULATING, resource_samples
+
+
+def _body(**status):
+    return {
+        "metadata": {"namespace": "inference", "name": "assistant"},
+        "spec": {"drafter": {"numSpeculativeTokens": 4}, "pools": {"latency": {"replicas": 3}}},
+        "status": status,
+    }
+
+
+READY = {
+    "type": "Ready",
+    "status": "True",
+    "reason": "AllPoolsReady",
+    "lastTransitionTime": "2026-01-01T00:00:00Z",
+}
+
+
+def test_samples_from_status():
+    body = _body(
+        conditions=[READY],
+        pools={
+            "latency": {"speculation": "On", "readyReplicas": 3, "acceptanceLength": "2.41"},
+            "batch": {"speculation": "Off", "numSpeculativeTokens": 2},
+        },
+    )
+    got = {(s.name, s.labels): s.value for s in resource_samples(body)}
+    assert got[(CONDITION, ("inference", "assistant", "Ready", "True"))] == 1.0
+    assert got[(CONDITION, ("inference", "assistant", "Ready", "False"))] == 0.0
+    assert got[(POOL_SPECULATING, ("inference", "assistant", "latency"))] == 1.0
+    assert got[(POOL_SPECULATING, ("inference", "assistant", "batch"))] == 0.0
+    assert got[(POOL_K, ("inference", "assistant", "latency"))] == 4.0
+    assert got[(POOL_K, ("inference", "assistant", "batch"))] == 2.0
+    assert got[(POOL_ACCEPTANCE, ("inference", "assistant", "latency"))] == 2.41
+    assert (POOL_ACCEPTANCE, ("inference", "assistant", "batch")) not in got
+
+
+def test_damaged_status_gives_pool_gauges_and_no_crash():
+    body = _body(conditions="garbage", pools={"latency": {"acceptanceLength": "n/a"}})
+    names = {s.name for s in resource_samples(body)}
+    assert CONDITION not in names
+    assert POOL_ACCEPTANCE not in names
+    assert POOL_SPECULATING in names
+
+
+def test_exporter_drops_series_that_disappeared():
+    registry = CollectorRegistry()
+    gauges = ResourceGauges(registry)
+    gauges.publish(_body(conditions=[READY], pools={"latency": {"acceptanceLength": "2.0"}}))
+    text = generate_latest(registry).decode()
+    assert (
+        'specfleet_pool_acceptance_length{name="assistant",namespace="inference",pool="latency"} 2.0' in text
+    )
+    gauges.publish(_body(conditions=[], pools={}))
+    text = generate_latest(registry).decode()
+    assert "specfleet_pool_acceptance_length{" not in text
+    assert "specfleet_condition{" not in text
+    gauges.forget("inference", "assistant")
+    assert "specfleet_pool_speculating{" not in generate_latest(registry).decode()
