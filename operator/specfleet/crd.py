@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from specfleet.api.constants import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from specfleet.api.models import SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+from specfleet.api.validation import NAME_RULES
 
 # JSON Schema keywords that a structural schema does not take (or that only add noise).
 _DROPPED_KEYS = frozenset({"title", "$defs", "additionalProperties", "anyOf", "$ref"})
@@ -183,6 +184,9 @@ def build_crd() -> dict[str, Any]:
                             "description": "A speculative-decoding vLLM fleet: pools, router and the "
                             "policy that turns speculation on or off per pool.",
                             "required": ["spec"],
+                            "x-kubernetes-validations": [
+                                {"rule": r.cel, "message": r.message} for r in NAME_RULES
+                            ],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

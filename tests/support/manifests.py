@@ -50,6 +50,7 @@ def invalid_cases() -> list[InvalidCase]:
     cases = []
     for entry in table["cases"]:
         manifest = merge(base, {"spec": entry["spec"]})
-        manifest["metadata"] = {**manifest["metadata"], "name": entry["name"]}
+        # A case about the name itself gives it as metadataName; the others are named after the case.
+        manifest["metadata"] = {**manifest["metadata"], "name": entry.get("metadataName", entry["name"])}
         cases.append(InvalidCase(entry["name"], entry["message"], manifest))
     return cases

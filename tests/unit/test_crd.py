@@ -7,6 +7,7 @@ from typing import Any
 
 from specfleet.api import models
 from specfleet.api.base import ApiModel
+from specfleet.api.validation import NAME_RULES
 from specfleet.crd import build_crd, crd_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ def test_every_rule_is_emitted_as_cel():
         for cls in vars(models).values()
         if isinstance(cls, type) and issubclass(cls, ApiModel)
         for r in cls.rules
-    ]
+    ] + list(NAME_RULES)
     emitted = [n for _, node in _walk(build_crd()) for n in node.get("x-kubernetes-validations", [])]
     # A model used twice (the two pools) carries its rules in both places.
     assert {(n["rule"], n["message"]) for n in emitted} == {(r.cel, r.message) for r in rules}

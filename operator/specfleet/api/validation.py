@@ -7,14 +7,36 @@ check fires first.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
+from specfleet.api.base import Rule
 from specfleet.api.constants import API_VERSION, KIND
 from specfleet.api.models import SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+
+# The longest child name is "<name>-latency-canary" (15 more characters), and a Service name is a
+# DNS-1035 label of at most 63: so the resource's own name is one, of at most 48.
+MAX_NAME_LENGTH = 63 - len("-latency-canary")
+_DNS_1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# Rules on the whole object (CEL at the schema's root may read metadata.name), checked here too.
+NAME_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        message=f"metadata.name must be at most {MAX_NAME_LENGTH} characters: children are named "
+        "<name>-latency-canary and Service names are limited to 63",
+        check=lambda name: len(name) <= MAX_NAME_LENGTH,
+    ),
+    Rule(
+        cel=f"self.metadata.name.matches('{_DNS_1035}')",
+        message="metadata.name must start with a letter and hold only lowercase letters, digits and '-': "
+        "it names the fleet's Services (DNS-1035 labels)",
+        check=lambda name: re.fullmatch(_DNS_1035, name) is not None,
+    ),
+)
 
 
 class InvalidResourceError(ValueError):
@@ -66,6 +88,12 @@ def parse_resource(body: Mapping[str, Any]) -> SpeculativeDeployment:
     if not isinstance(meta, Mapping) or not meta.get("name"):
         problems.append("metadata.name: Required value")
         meta = {}
+    else:
+        problems += [
+            f'<nil>: Invalid value: "object": {r.message}'
+            for r in NAME_RULES
+            if not r.check(str(meta["name"]))
+        ]
     spec_doc = body.get("spec")
     if not isinstance(spec_doc, Mapping):
         problems.append("spec: Required value")
