@@ -17,6 +17,7 @@ from specfleet import __version__
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
 from specfleet.crd import crd_yaml
+from specfleet.logs import configure_json_logging
 from specfleet.reconcile import decided_plan
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import to_yaml
@@ -75,10 +76,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","message":"%(message)s"}',
-    )
+    configure_json_logging(logging.DEBUG if args.verbose else logging.INFO)
     # Imported here: the other commands need neither Kopf nor a Kubernetes client.
     import kopf
     from prometheus_client import start_http_server

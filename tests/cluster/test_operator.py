@@ -34,12 +34,22 @@ def operator(crd, tmp_path, request) -> Iterator[OperatorProcess]:
     proc = OperatorProcess(crd.kubeconfig, tmp_path / "operator.log").start()
     yield proc
     proc.stop()
+    # Whatever happened, the operator wrote one JSON object per line (log pipelines parse them).
+    not_json = [line for line in proc.log().splitlines() if not _json_object(line)]
+    assert not not_json, f"operator log lines that are not JSON objects: {not_json[:5]}"
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:
         ns = request.node.funcargs.get("namespace")
         print(f"\n===== operator log (pid {proc.pid}) =====\n{proc.log()[-20000:]}")
         if ns:
             print(f"\n===== events in {ns}, by time =====\n{events_by_time(crd.kubectl, ns)}")
+
+
+def _json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def _get(cluster, kind: str, name: str, ns: str) -> dict[str, Any] | None:
