@@ -122,6 +122,40 @@ class KubeCluster:
             raise
         return _decode(live)
 
+    def list_children(
+        self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str]
+    ) -> list[Manifest]:
+        try:
+            resource = self._resource({"apiVersion": api_version, "kind": kind})
+        except ResourceNotFoundError:
+            return []  # e.g. no prometheus-operator CRDs: nothing of that kind can exist
+        response = resource.get(
+            namespace=namespace,
+            label_selector=",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+            serialize=False,
+            _request_timeout=REQUEST_TIMEOUT_SECONDS,
+        )
+        items: list[Manifest] = _decode(response).get("items") or []
+        return items
+
+    def delete_child(self, manifest: Manifest) -> None:
+        resource = self._resource(manifest)
+        meta = manifest["metadata"]
+        try:
+            resource.delete(
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                # Only the object we looked at: a newer one of the same name is left alone.
+                body={"preconditions": {"uid": meta["uid"]}} if meta.get("uid") else None,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        except NotFoundError:
+            return
+        except ApiException as err:
+            if err.status in _PERMANENT_STATUSES:
+                raise ApplyRejectedError(_reason(err)) from None
+            raise
+
     def patch_status(self, manifest: Mapping[str, Any], patch: Mapping[str, Any]) -> None:
         """JSON merge patch of the status subresource (only the keys that changed are sent)."""
         resource = self._resource(manifest)

@@ -33,7 +33,15 @@ from specfleet.api.validation import (
     parse_resource,
     parse_status,
 )
-from specfleet.render import POOLS, Manifest, PoolPlan, RenderOptions, render_children
+from specfleet.render import (
+    MANAGED_KINDS,
+    POOLS,
+    Manifest,
+    PoolPlan,
+    RenderOptions,
+    owner_labels,
+    render_children,
+)
 
 EventType = Literal["Normal", "Warning"]
 
@@ -50,6 +58,14 @@ class Cluster(Protocol):
 
     def apply(self, manifest: Manifest) -> Manifest:
         """Server-side apply under the operator's field manager; returns the live object."""
+
+    def list_children(
+        self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str]
+    ) -> list[Manifest]:
+        """Objects of one kind in a namespace carrying all `labels` ([] if the kind does not exist)."""
+
+    def delete_child(self, manifest: Manifest) -> None:
+        """Delete the object (gone already is fine)."""
 
 
 @dataclass(frozen=True)
@@ -240,6 +256,7 @@ class AppliedChildren:
     applied: list[str] = field(default_factory=list)
     drift: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
 
 
 def apply_children(children: list[Manifest], cluster: Cluster, *, reconciled_before: bool) -> AppliedChildren:
@@ -265,6 +282,42 @@ def apply_children(children: list[Manifest], cluster: Cluster, *, reconciled_bef
                 out.drift.append(_describe(child))
         out.live[_describe(child)] = live
     return out
+
+
+def stale_children(rendered: list[Manifest], live: list[Manifest], owner_uid: str) -> list[Manifest]:
+    """Live objects this resource owns that the render no longer produces (pure).
+
+    Only objects whose owner reference names the resource's uid count: a look-alike someone else made
+    with the same labels is never deleted.
+    """
+    wanted = {(m["kind"], m["metadata"]["name"]) for m in rendered}
+    return [
+        obj
+        for obj in live
+        if (obj.get("kind"), obj["metadata"]["name"]) not in wanted
+        and any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences") or [])
+    ]
+
+
+def prune_children(desired: DesiredState, cluster: Cluster) -> tuple[list[str], list[str]]:
+    """Delete what the resource owns but no longer renders (the I/O step); (pruned, errors)."""
+    assert desired.sd is not None
+    sd = desired.sd
+    pruned: list[str] = []
+    errors: list[str] = []
+    for api_version, kind in MANAGED_KINDS:
+        live = [
+            {**obj, "kind": kind, "apiVersion": api_version}
+            for obj in cluster.list_children(api_version, kind, sd.namespace, owner_labels(sd))
+        ]
+        for obj in stale_children(desired.children, live, sd.uid):
+            try:
+                cluster.delete_child(obj)
+            except ApplyRejectedError as err:
+                errors.append(f"{_describe(obj)}: {err}")
+                continue
+            pruned.append(_describe(obj))
+    return pruned, errors
 
 
 def _pool_statuses(desired: DesiredState, applied: AppliedChildren) -> PoolStatuses:
@@ -344,7 +397,7 @@ def _conditions(
 
 
 def _events(desired: DesiredState, applied: AppliedChildren) -> list[Event]:
-    """Degraded on a new apply error, Recovered, ChildrenApplied, DriftCorrected."""
+    """Degraded on a new apply error, Recovered, ChildrenApplied, DriftCorrected, ChildrenPruned."""
     events: list[Event] = []
     previous = desired.previous
     if applied.errors:
@@ -359,6 +412,9 @@ def _events(desired: DesiredState, applied: AppliedChildren) -> list[Event]:
     if applied.drift:
         message = f"restored children changed by hand: {', '.join(applied.drift)}"
         events.append(Event("Normal", reasons.EVENT_RESTORED, message))
+    if applied.pruned:
+        message = f"deleted {len(applied.pruned)} the spec no longer asks for: {', '.join(applied.pruned)}"
+        events.append(Event("Normal", reasons.EVENT_PRUNED, message))
     return events
 
 
@@ -389,6 +445,11 @@ def reconcile(
         return desired.stopped
     reconciled_before = desired.previous.observed_generation is not None
     applied = apply_children(desired.children, cluster, reconciled_before=reconciled_before)
+    if reconciled_before and desired.previous.observed_generation != desired.generation:
+        # Only a spec change can make the render produce fewer children: prune then, not every resync
+        # (a list per managed kind per resource would dominate the API load of a large fleet).
+        applied.pruned, prune_errors = prune_children(desired, cluster)
+        applied.errors += prune_errors
     return reported_status(desired, applied, now)
 
 

@@ -320,3 +320,21 @@ def test_unrunnable_spec_is_degraded_without_retry_storm(crd, operator, namespac
         ),
         timeout=30,
     )
+
+
+def test_a_child_the_spec_no_longer_wants_is_deleted(crd, operator, namespace):
+    _apply(crd, _manifest(namespace))
+    _ready(crd, namespace)
+    assert "Deployment/assistant-latency-canary" in _children(crd, namespace)
+    # Turning the canaries off must remove them: a forgotten canary keeps a GPU and keeps speculating.
+    _apply(crd, _manifest(namespace, {"spec": {"policy": {"reentry": {"canaryReplicas": 0}}}}))
+    wait_for(
+        "canaries pruned",
+        lambda: not any(name.endswith("-canary") for name in _children(crd, namespace)),
+        timeout=60,
+    )
+    children = _children(crd, namespace)
+    assert "Deployment/assistant-latency" in children
+    assert "Deployment/assistant-batch" in children
+    assert "ChildrenPruned" in events_by_time(crd.kubectl, namespace)
+    _ready(crd, namespace)

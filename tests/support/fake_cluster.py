@@ -59,6 +59,21 @@ class FakeCluster:
     def delete(self, kind: str, namespace: str, name: str) -> None:
         del self.objects[(kind, namespace, name)]
 
+    def list_children(
+        self, api_version: str, kind: str, namespace: str, labels: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(obj)
+            for (k, ns, _), obj in sorted(self.objects.items())
+            if k == kind
+            and ns == namespace
+            and all((obj["metadata"].get("labels") or {}).get(key) == v for key, v in labels.items())
+        ]
+
+    def delete_child(self, manifest: dict[str, Any]) -> None:
+        self.objects.pop(self.key(manifest), None)
+        self.writes.append(f"delete {manifest['kind']}/{manifest['metadata']['name']}")
+
     def roll_out(self) -> None:
         """What the controller-manager and kwok would do: every Deployment becomes fully ready."""
         for (kind, _, _), obj in self.objects.items():

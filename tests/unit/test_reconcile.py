@@ -220,3 +220,41 @@ def test_degraded_resource_has_no_desired_children():
     assert desired.children == []
     assert desired.stopped is not None
     assert _conditions(desired.stopped.status)["Degraded"]["reason"] == "UnsupportedConfiguration"
+
+
+def _names(cluster, kind):
+    return sorted(name for (k, _, name) in cluster.objects if k == kind)
+
+
+def test_children_the_spec_no_longer_wants_are_pruned_on_the_spec_change(cluster):
+    first = reconcile(_body(), cluster, NOW)
+    assert "assistant-latency-canary" in _names(cluster, "Deployment")
+    assert _names(cluster, "PodMonitor") == ["assistant"]
+    # A look-alike with our labels but another owner must survive the prune.
+    stranger = dict(cluster.objects[("Deployment", "inference", "assistant-batch-canary")])
+    stranger = {**stranger, "metadata": {**stranger["metadata"], "name": "assistant-other"}}
+    stranger["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]
+    cluster.objects[("Deployment", "inference", "assistant-other")] = stranger
+    cluster.roll_out()
+    patch = {"spec": {"policy": {"reentry": {"canaryReplicas": 0}}, "monitoring": {"podMonitor": False}}}
+    second = reconcile(_body(patch, status=first.status, generation=2), cluster, NOW + timedelta(seconds=30))
+    assert "assistant-latency-canary" not in _names(cluster, "Deployment")
+    assert "assistant-batch-canary" not in _names(cluster, "Deployment")
+    assert "assistant-other" in _names(cluster, "Deployment")
+    assert _names(cluster, "PodMonitor") == []
+    pruned = [e for e in second.events if e.reason == "ChildrenPruned"]
+    assert len(pruned) == 1
+    assert "Deployment/assistant-latency-canary" in pruned[0].message
+    assert "PodMonitor/assistant" in pruned[0].message
+
+
+def test_no_prune_without_a_spec_change(cluster):
+    first = reconcile(_body(), cluster, NOW)
+    cluster.roll_out()
+    extra = dict(cluster.objects[("Service", "inference", "assistant-latency")])
+    extra = {**extra, "metadata": {**extra["metadata"], "name": "assistant-left-over"}}
+    cluster.objects[("Service", "inference", "assistant-left-over")] = extra
+    reconcile(_body(status=first.status), cluster, NOW + timedelta(seconds=30))
+    assert "assistant-left-over" in _names(cluster, "Service"), (
+        "a resync with the same generation lists nothing"
+    )

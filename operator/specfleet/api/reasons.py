@@ -30,6 +30,7 @@ POOLS_TRANSITIONING: Final = "PoolsTransitioning"
 # Event reasons.
 EVENT_APPLIED: Final = "ChildrenApplied"
 EVENT_RESTORED: Final = "DriftCorrected"
+EVENT_PRUNED: Final = "ChildrenPruned"
 EVENT_DEGRADED: Final = "Degraded"
 EVENT_RECOVERED: Final = "Recovered"
 EVENT_SPECULATION_ON: Final = "SpeculationOn"

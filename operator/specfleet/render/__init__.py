@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from specfleet.api.constants import POOLS, PoolName
+from specfleet.api.constants import LABEL_INSTANCE, LABEL_MANAGED_BY, POOLS, PoolName
 from specfleet.api.models import SpeculationMode
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.render.common import Manifest, RenderOptions, with_render_hash
+from specfleet.render.common import MANAGED_BY, Manifest, RenderOptions, with_render_hash
 from specfleet.render.engine import (
     canary_replicas,
     render_pool_deployment,
@@ -29,7 +29,35 @@ from specfleet.render.router import (
     render_routing_config_map,
 )
 
-__all__ = ["POOLS", "Manifest", "PoolPlan", "RenderOptions", "plan_of", "render_children"]
+__all__ = [
+    "MANAGED_KINDS",
+    "POOLS",
+    "Manifest",
+    "PoolPlan",
+    "RenderOptions",
+    "owner_labels",
+    "plan_of",
+    "render_children",
+]
+
+# Every (apiVersion, kind) render_children can produce: what the operator may prune when the render no
+# longer produces an object it made (and the only kinds its RBAC may delete).
+MANAGED_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "ConfigMap"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("v1", "Service"),
+    ("apps/v1", "Deployment"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+)
+
+
+def owner_labels(sd: SpeculativeDeployment) -> dict[str, str]:
+    """Labels every child of `sd` carries: selects what the operator made for this resource."""
+    return {LABEL_INSTANCE: sd.name, LABEL_MANAGED_BY: MANAGED_BY}
 
 
 @dataclass(frozen=True)
