@@ -33,6 +33,7 @@ from specfleet.api.validation import (
     parse_resource,
     parse_status,
 )
+from specfleet.pod_failures import PoolFailure, pool_failure
 from specfleet.render import (
     MANAGED_KINDS,
     POOLS,
@@ -257,6 +258,8 @@ class AppliedChildren:
     drift: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
+    # Why a pool short of ready replicas is short, from its pods and Deployments (read only then).
+    failures: dict[str, PoolFailure] = field(default_factory=dict)
 
 
 def apply_children(children: list[Manifest], cluster: Cluster, *, reconciled_before: bool) -> AppliedChildren:
@@ -318,6 +321,25 @@ def prune_children(desired: DesiredState, cluster: Cluster) -> tuple[list[str], 
                 continue
             pruned.append(_describe(obj))
     return pruned, errors
+
+
+def read_pool_failures(desired: DesiredState, applied: AppliedChildren, cluster: Cluster) -> None:
+    """For each pool short of ready replicas, why (pods are listed only then: a healthy fleet costs nothing)."""
+    assert desired.sd is not None
+    sd = desired.sd
+    for pool in POOLS:
+        deployments = [
+            applied.live.get(_describe(child))
+            for child in desired.children
+            if child["kind"] == "Deployment" and child["metadata"]["labels"].get(LABEL_POOL) == pool
+        ]
+        ready = sum(int(((d or {}).get("status") or {}).get("readyReplicas", 0)) for d in deployments)
+        if ready >= getattr(sd.spec.pools, pool).replicas:
+            continue
+        pods = cluster.list_children("v1", "Pod", sd.namespace, {**owner_labels(sd), LABEL_POOL: pool})
+        failure = pool_failure(pods, deployments)
+        if failure is not None:
+            applied.failures[pool] = failure
 
 
 def _pool_statuses(desired: DesiredState, applied: AppliedChildren) -> PoolStatuses:
@@ -383,17 +405,23 @@ def _conditions(
         else "every pool runs its decided mode: " + ", ".join(f"{p} {modes[p]}" for p in POOLS),
     )
     ready = not not_ready and not applied.errors
-    return set_(
-        conditions,
-        reasons.READY,
-        ready,
-        reasons.ALL_POOLS_READY if ready else reasons.POOLS_NOT_READY,
-        "all pools have their replicas ready"
-        if ready
-        else "ready replicas: " + ", ".join(not_ready)
-        if not_ready
-        else "some children could not be applied",
-    )
+    failure = next(iter(applied.failures.values()), None)
+    if ready:
+        reason, message = reasons.ALL_POOLS_READY, "all pools have their replicas ready"
+    elif not not_ready:
+        reason, message = reasons.POOLS_NOT_READY, "some children could not be applied"
+    elif failure is not None:
+        # Kubernetes' own words for why: the scheduler's message, the image pull error, the deadline.
+        reason = failure.reason
+        message = (
+            "ready replicas: "
+            + ", ".join(not_ready)
+            + "; "
+            + "; ".join(f"{pool}: {f.message}" for pool, f in applied.failures.items())
+        )
+    else:
+        reason, message = reasons.POOLS_NOT_READY, "ready replicas: " + ", ".join(not_ready)
+    return set_(conditions, reasons.READY, ready, reason, message)
 
 
 def _events(desired: DesiredState, applied: AppliedChildren) -> list[Event]:
@@ -412,6 +440,10 @@ def _events(desired: DesiredState, applied: AppliedChildren) -> list[Event]:
     if applied.drift:
         message = f"restored children changed by hand: {', '.join(applied.drift)}"
         events.append(Event("Normal", reasons.EVENT_RESTORED, message))
+    for pool, failure in applied.failures.items():
+        seen = any(c.type == reasons.READY and failure.message in c.message for c in previous.conditions)
+        if not seen:
+            events.append(Event("Warning", reasons.EVENT_POOL_FAILING, f"{pool}: {failure.message}"))
     if applied.pruned:
         message = f"deleted {len(applied.pruned)} the spec no longer asks for: {', '.join(applied.pruned)}"
         events.append(Event("Normal", reasons.EVENT_PRUNED, message))
@@ -450,6 +482,8 @@ def reconcile(
         # (a list per managed kind per resource would dominate the API load of a large fleet).
         applied.pruned, prune_errors = prune_children(desired, cluster)
         applied.errors += prune_errors
+    if reconciled_before:  # a first reconcile has just created the pods' Deployments
+        read_pool_failures(desired, applied, cluster)
     return reported_status(desired, applied, now)
 
 

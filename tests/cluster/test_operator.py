@@ -338,3 +338,34 @@ def test_a_child_the_spec_no_longer_wants_is_deleted(crd, operator, namespace):
     assert "Deployment/assistant-batch" in children
     assert "ChildrenPruned" in events_by_time(crd.kubectl, namespace)
     _ready(crd, namespace)
+
+
+def test_a_pool_the_scheduler_cannot_place_says_why(crd, operator, namespace):
+    # Three fake nodes with 8 GPUs each: four 8-GPU engines cannot all be placed, by the real scheduler.
+    patch = {
+        "spec": {
+            "engine": {"resources": {"gpus": 8}},
+            "pools": {"latency": {"replicas": 4}, "batch": {"replicas": 0}},
+            "policy": {"reentry": {"canaryReplicas": 0}},
+        }
+    }
+    _apply(crd, _manifest(namespace, patch))
+    ready = wait_for(
+        "Ready=False with the scheduler's reason",
+        lambda: (
+            (c := _conditions(_get(crd, "sd", "assistant", namespace)).get("Ready", {})).get("reason")
+            == "Unschedulable"
+            and c
+        ),
+        timeout=90,
+    )
+    assert "Insufficient nvidia.com/gpu" in ready["message"]
+    assert "latency" in ready["message"]
+    assert "PoolNotReady" in events_by_time(crd.kubectl, namespace)
+    # Give the GPUs back before other tests schedule their pods.
+    crd.kubectl("delete", "sd", "assistant", "-n", namespace, "--wait=true", "--timeout=60s")
+    wait_for(
+        "pods gone",
+        lambda: not json.loads(crd.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"],
+        timeout=90,
+    )

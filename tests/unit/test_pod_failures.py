@@ -1,0 +1,118 @@
+"""Why a pool is not ready, from pod and Deployment shapes the apiserver returns."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from specfleet.pod_failures import pool_failure
+from specfleet.reconcile import reconcile
+from support.fake_cluster import FakeCluster
+from support.manifests import ROOT, load_yaml
+
+UNSCHEDULABLE = {
+    "metadata": {"name": "a-latency-1"},
+    "status": {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    },
+}
+
+
+def _waiting(reason: str, message: str = "") -> dict:  # type: ignore[type-arg]
+    return {
+        "metadata": {"name": "a-latency-2"},
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "vllm",
+                    "state": {"waiting": {"reason": reason, "message": message}},
+                    "lastState": {},
+                }
+            ]
+        },
+    }
+
+
+def test_scheduler_message_is_reported_as_is() -> None:
+    failure = pool_failure([UNSCHEDULABLE], [])
+    assert failure is not None
+    assert failure.reason == "Unschedulable"
+    assert "0/3 nodes are available: 3 Insufficient nvidia.com/gpu." in failure.message
+
+
+def test_image_pull_beats_unschedulable_and_names_the_container() -> None:
+    failure = pool_failure(
+        [UNSCHEDULABLE, _waiting("ImagePullBackOff", 'Back-off pulling image "vllm:nope"')], []
+    )
+    assert failure is not None
+    assert failure.reason == "ImagePullFailed"
+    assert 'container vllm: ImagePullBackOff: Back-off pulling image "vllm:nope"' in failure.message
+
+
+def test_oom_kill_in_last_state_and_crash_loop() -> None:
+    pod = _waiting("CrashLoopBackOff", "back-off 5m0s restarting failed container")
+    pod["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"reason": "OOMKilled"}}
+    failure = pool_failure([pod], [])
+    assert failure is not None
+    assert failure.reason == "OOMKilled"
+
+
+def test_progress_deadline_of_the_deployment() -> None:
+    deployment = {
+        "metadata": {"name": "a-latency"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "Progressing",
+                    "status": "False",
+                    "reason": "ProgressDeadlineExceeded",
+                    "message": 'ReplicaSet "a-latency-5d9" has timed out progressing.',
+                }
+            ]
+        },
+    }
+    failure = pool_failure([_waiting("ContainerCreating")], [deployment, None])
+    assert failure is not None
+    assert failure.reason == "ProgressDeadlineExceeded"
+    assert "timed out progressing" in failure.message
+
+
+def test_slow_but_healthy_pods_are_no_failure() -> None:
+    assert pool_failure([_waiting("ContainerCreating")], [{"status": {"conditions": []}}]) is None
+
+
+def test_reconcile_puts_the_reason_in_ready_and_warns_once() -> None:
+    cluster = FakeCluster()
+    body = load_yaml(ROOT / "examples" / "02-two-pools-routing-policy.yaml")
+    body["metadata"].update(uid="uid-1", generation=1)
+    now = datetime(2026, 11, 30, tzinfo=UTC)
+    first = reconcile(body, cluster, now)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "assistant-latency-abc",
+            "namespace": "inference",
+            "labels": {
+                "app.kubernetes.io/instance": "assistant",
+                "app.kubernetes.io/managed-by": "specfleet-operator",
+                "specfleet.io/pool": "latency",
+            },
+        },
+        "status": UNSCHEDULABLE["status"],
+    }
+    cluster.objects[("Pod", "inference", "assistant-latency-abc")] = pod
+    second = reconcile({**body, "status": first.status}, cluster, now + timedelta(seconds=30))
+    ready = {c["type"]: c for c in second.status["conditions"]}["Ready"]
+    assert ready["reason"] == "Unschedulable"
+    assert "3 Insufficient nvidia.com/gpu" in ready["message"]
+    assert [e.reason for e in second.events if e.type == "Warning"] == ["PoolNotReady"]
+    third = reconcile({**body, "status": second.status}, cluster, now + timedelta(seconds=60))
+    assert [e.reason for e in third.events if e.type == "Warning"] == [], "warned once, not every resync"
