@@ -82,6 +82,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from specfleet.handlers import OperatorConfig, build_registry
+    from specfleet.metrics.prometheus import PrometheusAuth
 
     if args.kubeconfig:
         # Kopf logs in through the Kubernetes client library, which reads this variable.
@@ -92,6 +93,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         router_image=args.router_image or RenderOptions().router_image,
         max_workers=args.max_workers,
         resync_workers=args.resync_workers,
+        prometheus_auth=PrometheusAuth(
+            ca_file=args.prometheus_ca_file,
+            insecure_skip_verify=args.prometheus_insecure_skip_verify,
+            bearer_token_file=args.prometheus_bearer_token_file,
+            basic_auth_file=args.prometheus_basic_auth_file,
+        ),
     )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_address)
@@ -170,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--leader-election-name", default="specfleet-operator", help="the Lease's name")
     run.add_argument("--identity", help="this replica's name in the Lease (default: hostname-pid)")
+    run.add_argument("--prometheus-ca-file", help="CA bundle that signs Prometheus' certificate")
+    run.add_argument(
+        "--prometheus-insecure-skip-verify",
+        action="store_true",
+        help="do not verify Prometheus' TLS certificate (verification is on by default)",
+    )
+    run.add_argument("--prometheus-bearer-token-file", help="send this file's token to Prometheus")
+    run.add_argument("--prometheus-basic-auth-file", help="file with one line 'username:password'")
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=_cmd_run)
 

@@ -19,7 +19,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -30,7 +30,7 @@ from urllib3.exceptions import HTTPError
 from specfleet.api.constants import GROUP, PLURAL, VERSION
 from specfleet.control import Controller, Outcome
 from specfleet.kube import KubeCluster, load_kube_config
-from specfleet.metrics.prometheus import PrometheusQuerier, QueryFn
+from specfleet.metrics.prometheus import PrometheusAuth, PrometheusQuerier, QueryError, QueryFn
 from specfleet.metrics.resources import ResourceGauges
 from specfleet.render import RenderOptions
 from specfleet.scheduler import PolicyScheduler, SweepReport
@@ -75,6 +75,8 @@ class OperatorConfig:
     # Periodic resyncs that may run at once, in their own pool: hundreds of timers falling due together
     # queue there and never in front of a user's change.
     resync_workers: int = 2
+    # TLS verification and credentials for every Prometheus the resources name.
+    prometheus_auth: PrometheusAuth = field(default_factory=PrometheusAuth)
 
 
 def _observe_query(seconds: float, ok: bool) -> None:
@@ -83,8 +85,19 @@ def _observe_query(seconds: float, ok: bool) -> None:
         QUERY_ERRORS.inc()
 
 
-def _querier(url: str, timeout_seconds: int) -> QueryFn:
-    return PrometheusQuerier(url, timeout_seconds, on_query=_observe_query)
+def _querier_factory(auth: PrometheusAuth) -> Callable[[str, int], QueryFn]:
+    def querier(url: str, timeout_seconds: int) -> QueryFn:
+        try:
+            return PrometheusQuerier(url, timeout_seconds, on_query=_observe_query, auth=auth)
+        except (OSError, ValueError) as err:  # an unreadable token or CA file: no answer, the policy holds
+            message = f"Prometheus credentials: {err}"
+
+            def fail(_: str) -> list[dict[str, Any]]:
+                raise QueryError(message)
+
+            return fail
+
+    return querier
 
 
 def _count(outcome: Outcome, log: logging.Logger | kopf.Logger) -> None:
@@ -157,7 +170,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Log
     settings.peering.standalone = True
 
     cluster = KubeCluster(load_kube_config(config.kubeconfig))
-    controller = Controller(cluster, RenderOptions(router_image=config.router_image), _querier)
+    controller = Controller(
+        cluster, RenderOptions(router_image=config.router_image), _querier_factory(config.prometheus_auth)
+    )
     scheduler = PolicyScheduler(controller, _policy_emitter(cluster))
     memo.controller, memo.scheduler = controller, scheduler
     memo.resync_pool = ThreadPoolExecutor(max_workers=config.resync_workers, thread_name_prefix="resync")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.parse
@@ -96,7 +97,17 @@ def _free_port() -> int:
 class PrometheusProcess:
     """Start, stop and restart one Prometheus; the data dir survives a restart (like a real outage)."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        config: dict[str, Any],
+        *,
+        extra_args: list[str] | None = None,
+        tls_ca_file: Path | None = None,
+    ) -> None:
+        """`extra_args` go to the binary (e.g. a --web.config.file serving TLS, whose CA is `tls_ca_file`)."""
+        self.extra_args = extra_args or []
+        self.tls_ca_file = tls_ca_file
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = workdir / "prometheus.yml"
@@ -106,7 +117,8 @@ class PrometheusProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls_ca_file is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> PrometheusProcess:
         log = (self.workdir / "prometheus.log").open("ab")
@@ -118,16 +130,18 @@ class PrometheusProcess:
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--storage.tsdb.retention.time=1h",
                 "--log.level=warn",
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         log.close()
+        context = ssl.create_default_context(cafile=str(self.tls_ca_file)) if self.tls_ca_file else None
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2, context=context) as response:
                     if response.status == 200:
                         return self
             except OSError:

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CertPair", "Pki", "make_pki"]
+__all__ = ["CertPair", "Pki", "make_pki", "make_server_tls"]
 
 
 @dataclass(frozen=True)
@@ -196,3 +196,10 @@ def make_pki(directory: Path, *, service_ip: str) -> Pki:
         service_account_key=sa_key,
         service_account_pub=sa_pub,
     )
+
+
+def make_server_tls(directory: Path, name: str, *, sans: tuple[str, ...]) -> tuple[CertPair, CertPair]:
+    """A private CA and a server certificate it signs for `sans` (e.g. "IP:127.0.0.1"): (ca, server)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = _make_ca(directory, f"{name}-ca")
+    return ca, _make_leaf(directory, ca, name, f"/CN={name}", server=True, sans=sans)

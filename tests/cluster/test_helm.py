@@ -106,6 +106,30 @@ def test_lint_and_template(cluster):
     assert "logLevel" in bad.stderr
 
 
+def test_prometheus_credentials_are_mounted_files_and_tls_is_verified(cluster):
+    def operator_container(*values: str) -> tuple[dict, dict]:  # type: ignore[type-arg]
+        args = [a for v in values for a in ("--set", v)]
+        out = helm(cluster, "template", RELEASE, str(CHART), "-n", SYSTEM_NS, *args).stdout
+        deploy = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment")
+        return deploy["spec"]["template"]["spec"]["containers"][0], deploy["spec"]["template"]["spec"]
+
+    container, _ = operator_container()
+    assert not [a for a in container["args"] if a.startswith("--prometheus-")], "verification on by default"
+    container, pod = operator_container(
+        "prometheus.caSecret=prom-ca",
+        "prometheus.tokenSecret=prom-token",
+        "prometheus.basicAuthSecret=prom-auth",
+    )
+    assert "--prometheus-ca-file=/etc/specfleet/prometheus/ca/ca.crt" in container["args"]
+    assert "--prometheus-bearer-token-file=/etc/specfleet/prometheus/token/token" in container["args"]
+    assert "--prometheus-basic-auth-file=/etc/specfleet/prometheus/basic-auth/auth" in container["args"]
+    secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"prom-ca", "prom-token", "prom-auth"}
+    assert all(m.get("readOnly") for m in container["volumeMounts"] if m["name"].startswith("prometheus-"))
+    container, _ = operator_container("prometheus.insecureSkipVerify=true")
+    assert "--prometheus-insecure-skip-verify" in container["args"]
+
+
 def test_chart_crd_is_the_generated_one():
     assert (CHART / "crds" / "specfleet.io_speculativedeployments.yaml").read_text() == (
         ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"

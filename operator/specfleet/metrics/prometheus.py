@@ -206,17 +206,68 @@ def observe(
     )
 
 
+@dataclass(frozen=True)
+class PrometheusAuth:
+    """How the operator talks to Prometheus over TLS and authenticates, from files mounted into its pod
+    (a Secret or the projected service-account token: the operator reads no Secret through the API).
+
+    Certificates are verified by default, against `ca_file` when given (else the system's CAs);
+    `insecure_skip_verify` turns verification off and must be asked for. Files are read again for each
+    querier, so rotated tokens and certificates are picked up.
+    """
+
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+    bearer_token_file: str | None = None
+    # One line, "username:password".
+    basic_auth_file: str | None = None
+
+    def verify(self) -> bool | str:
+        """requests' `verify`: False, a CA bundle path, or True (the system's CAs)."""
+        if self.insecure_skip_verify:
+            return False
+        return self.ca_file or True
+
+    def headers(self) -> dict[str, str]:
+        if self.bearer_token_file is None:
+            return {}
+        with open(self.bearer_token_file, encoding="utf-8") as f:
+            return {"Authorization": f"Bearer {f.read().strip()}"}
+
+    def basic_auth(self) -> tuple[str, str] | None:
+        if self.basic_auth_file is None:
+            return None
+        with open(self.basic_auth_file, encoding="utf-8") as f:
+            user, sep, password = f.read().strip().partition(":")
+        if not sep:
+            raise ValueError(f"{self.basic_auth_file} must hold one line 'username:password'")
+        return user, password
+
+
 class PrometheusQuerier:
     """A `QueryFn` over a real Prometheus, with a timeout and no hidden retries (the policy holds instead)."""
 
     def __init__(
-        self, url: str, timeout_seconds: float, on_query: Callable[[float, bool], None] | None = None
+        self,
+        url: str,
+        timeout_seconds: float,
+        on_query: Callable[[float, bool], None] | None = None,
+        auth: PrometheusAuth | None = None,
     ):
+        import requests
         from prometheus_api_client import PrometheusConnect
         from urllib3.util.retry import Retry
 
+        auth = auth or PrometheusAuth()
+        session = requests.Session()
+        session.verify = auth.verify()
         self._client = PrometheusConnect(
-            url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_seconds
+            url=url,
+            headers=auth.headers() or None,
+            auth=auth.basic_auth(),
+            retry=Retry(total=0),
+            timeout=timeout_seconds,
+            session=session,
         )
         self._timeout = timeout_seconds
         self._url = url
