@@ -256,6 +256,11 @@ def test_operator_works_with_only_the_charts_rbac(installed, tmp_path, namespace
         assert "became leader" in operator.log()
         events = events_by_time(cluster.kubectl, namespace)
         assert "ChildrenApplied" in events
+        # No finalizer: with the operator gone (helm uninstall), deleting a resource must not hang.
+        obj = json.loads(cluster.kubectl("get", "sd", "llama", "-n", namespace, "-o", "json").stdout)
+        assert not obj["metadata"].get("finalizers"), obj["metadata"].get("finalizers")
+        operator.stop()
+        cluster.kubectl("delete", "sd", "llama", "-n", namespace, "--timeout=30s")
     except BaseException:
         print(f"\n===== operator log =====\n{operator.log()[-20000:]}")
         print(f"\n===== events =====\n{events_by_time(cluster.kubectl, namespace)}")
