@@ -129,12 +129,17 @@ class KubeCluster:
             resource = self._resource({"apiVersion": api_version, "kind": kind})
         except ResourceNotFoundError:
             return []  # e.g. no prometheus-operator CRDs: nothing of that kind can exist
-        response = resource.get(
-            namespace=namespace,
-            label_selector=",".join(f"{k}={v}" for k, v in sorted(labels.items())),
-            serialize=False,
-            _request_timeout=REQUEST_TIMEOUT_SECONDS,
-        )
+        try:
+            response = resource.get(
+                namespace=namespace,
+                label_selector=",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+                serialize=False,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        except ApiException as err:
+            if err.status in _PERMANENT_STATUSES:  # e.g. RBAC without list on that kind
+                raise ApplyRejectedError(_reason(err)) from None
+            raise
         items: list[Manifest] = _decode(response).get("items") or []
         return items
 

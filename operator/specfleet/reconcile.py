@@ -309,10 +309,12 @@ def prune_children(desired: DesiredState, cluster: Cluster) -> tuple[list[str], 
     pruned: list[str] = []
     errors: list[str] = []
     for api_version, kind in MANAGED_KINDS:
-        live = [
-            {**obj, "kind": kind, "apiVersion": api_version}
-            for obj in cluster.list_children(api_version, kind, sd.namespace, owner_labels(sd))
-        ]
+        try:
+            listed = cluster.list_children(api_version, kind, sd.namespace, owner_labels(sd))
+        except ApplyRejectedError as err:
+            errors.append(f"listing {kind}: {err}")
+            continue
+        live = [{**obj, "kind": kind, "apiVersion": api_version} for obj in listed]
         for obj in stale_children(desired.children, live, sd.uid):
             try:
                 cluster.delete_child(obj)
@@ -336,7 +338,10 @@ def read_pool_failures(desired: DesiredState, applied: AppliedChildren, cluster:
         ready = sum(int(((d or {}).get("status") or {}).get("readyReplicas", 0)) for d in deployments)
         if ready >= getattr(sd.spec.pools, pool).replicas:
             continue
-        pods = cluster.list_children("v1", "Pod", sd.namespace, {**owner_labels(sd), LABEL_POOL: pool})
+        try:
+            pods = cluster.list_children("v1", "Pod", sd.namespace, {**owner_labels(sd), LABEL_POOL: pool})
+        except ApplyRejectedError:
+            pods = []  # no permission to read pods: the Deployments alone still tell a deadline
         failure = pool_failure(pods, deployments)
         if failure is not None:
             applied.failures[pool] = failure

@@ -182,6 +182,7 @@ def test_install_brings_the_operator_deployment_to_ready(installed):
         ("list", "secrets", False),
         ("delete", "deployments.apps", True),  # pruning what the spec no longer asks for
         ("delete", "pods", False),
+        ("list", "pods", True),  # to say why a pool is not ready
         ("delete", "speculativedeployments.specfleet.io", False),
         ("delete", "secrets", False),
         ("update", "speculativedeployments.specfleet.io", False),
