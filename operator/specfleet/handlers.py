@@ -13,12 +13,9 @@ Settings arrive explicitly: `build_registry(config)` registers the handlers for 
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import functools
 import logging
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +30,7 @@ from specfleet.kube import KubeCluster, load_kube_config
 from specfleet.metrics.prometheus import PrometheusAuth, PrometheusQuerier, QueryError, QueryFn
 from specfleet.metrics.resources import ResourceGauges
 from specfleet.render import RenderOptions
+from specfleet.resync import ResyncScheduler
 from specfleet.scheduler import PolicyScheduler, SweepReport
 
 logger = logging.getLogger(__name__)
@@ -173,9 +171,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Log
     controller = Controller(
         cluster, RenderOptions(router_image=config.router_image), _querier_factory(config.prometheus_auth)
     )
-    scheduler = PolicyScheduler(controller, _policy_emitter(cluster))
-    memo.controller, memo.scheduler = controller, scheduler
-    memo.resync_pool = ThreadPoolExecutor(max_workers=config.resync_workers, thread_name_prefix="resync")
+    emit = _policy_emitter(cluster)
+    scheduler = PolicyScheduler(controller, emit)
+    memo.controller, memo.scheduler, memo.emit = controller, scheduler, emit
+    memo.resyncs = ResyncScheduler(
+        config.resync_seconds, functools.partial(_resync, memo), workers=config.resync_workers
+    )
+    memo.resyncs.start()
     scheduler.start(on_sweep=_log_sweep)
     logger.info("specfleet operator configured (resync every %ss)", config.resync_seconds)
 
@@ -185,9 +187,9 @@ def stop_scheduler(memo: kopf.Memo, **_: Any) -> None:
     scheduler: PolicyScheduler | None = memo.get("scheduler")
     if scheduler is not None:
         scheduler.stop()
-    pool: ThreadPoolExecutor | None = memo.get("resync_pool")
-    if pool is not None:
-        pool.shutdown(wait=False, cancel_futures=True)
+    resyncs: ResyncScheduler | None = memo.get("resyncs")
+    if resyncs is not None:
+        resyncs.stop()
 
 
 def probe_controller(memo: kopf.Memo, **_: Any) -> bool:
@@ -223,17 +225,22 @@ def on_change(
     _reconcile("change", memo, body, name, namespace, logger)
 
 
-async def resync(
-    memo: kopf.Memo, body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger, **_: Any
-) -> None:
-    """Periodic reconcile: restores drifted children and refreshes pool status.
+def _resync(memo: kopf.Memo, body: Mapping[str, Any]) -> None:
+    """Periodic reconcile (ResyncScheduler's pool): restores drifted children and refreshes status.
 
-    Runs in the small resync pool, not Kopf's: a change waits for a free worker behind other
-    changes only. The context is copied so kopf.event() still finds this object's event queue.
+    Outside Kopf's handler context, so events are posted directly, as the policy scheduler does.
     """
-    pool: ThreadPoolExecutor = memo.resync_pool
-    call = functools.partial(_reconcile, "resync", memo, body, name, namespace, logger)
-    await asyncio.get_running_loop().run_in_executor(pool, contextvars.copy_context().run, call)
+    meta = body["metadata"]
+    with RECONCILE_SECONDS.labels("resync").time():
+        try:
+            outcome = _controller(memo).reconcile_object(meta.get("namespace") or "default", meta["name"])
+        except (ApiException, HTTPError, OSError) as err:
+            RECONCILE_ERRORS.labels("resync").inc()
+            logger.warning(
+                "resync of %s failed, next one in %ss: %s", meta["name"], memo.config.resync_seconds, err
+            )
+            return
+    memo.emit(body, outcome)
 
 
 async def track(memo: kopf.Memo, event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
@@ -242,11 +249,15 @@ async def track(memo: kopf.Memo, event: Mapping[str, Any], body: kopf.Body, **_:
     if scheduler is None:
         return
     meta = body.get("metadata") or {}
+    resyncs: ResyncScheduler = memo.resyncs
     if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
         scheduler.forget(meta.get("namespace") or "default", meta["name"])
+        resyncs.forget(meta.get("namespace") or "default", meta["name"])
         RESOURCE_GAUGES.forget(meta.get("namespace") or "default", meta["name"])
     else:
-        scheduler.track({k: body.get(k) for k in ("apiVersion", "kind", "metadata", "spec")})
+        tracked = {k: body.get(k) for k in ("apiVersion", "kind", "metadata", "spec")}
+        scheduler.track(tracked)
+        resyncs.track(tracked)
         RESOURCE_GAUGES.publish(body)
     TRACKED.set(scheduler.tracked())
 
@@ -263,8 +274,6 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.resume(*resource, registry=registry)(on_change)
     kopf.on.create(*resource, registry=registry)(on_change)
     kopf.on.update(*resource, registry=registry)(on_change)
-    kopf.timer(
-        *resource, interval=config.resync_seconds, initial_delay=config.resync_seconds, registry=registry
-    )(resync)
+    # No kopf.timer: timers put a finalizer on every resource (see resync.py); resyncs are ours.
     kopf.on.event(*resource, registry=registry)(track)
     return registry

@@ -194,7 +194,13 @@ def test_reconciles_example_to_ready(crd, operator, namespace):
 def test_no_writes_when_nothing_changed_even_across_restart(crd, operator, namespace):
     _apply(crd, _manifest(namespace))
     _ready(crd, namespace)
-    # Let the status settle, then take a snapshot of every resourceVersion.
+    # Let the status settle (the policy's first evaluation included: it records MetricsAvailable,
+    # on its own interval's grid), then take a snapshot of every resourceVersion.
+    wait_for(
+        "the policy's first evaluation",
+        lambda: "MetricsAvailable" in _conditions(_get(crd, "sd", "assistant", namespace)),
+        timeout=60,
+    )
     time.sleep(4)
     before = _versions(_children(crd, namespace))
     sd_before = _get(crd, "sd", "assistant", namespace)["metadata"]["resourceVersion"]

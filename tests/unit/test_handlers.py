@@ -1,33 +1,66 @@
-"""The Kopf registry the CLI builds: settings arrive explicitly, and nothing holds a thread per resource."""
+"""The Kopf registry the CLI builds: settings arrive explicitly, nothing holds a thread per resource,
+and nothing puts a finalizer on resources (deleting one must never wait for the operator)."""
 
 from __future__ import annotations
 
 import inspect
+import threading
+from typing import Any
 
 import kopf
 
 from specfleet.handlers import OperatorConfig, build_registry
+from specfleet.resync import ResyncScheduler
 
 
-def test_the_resync_interval_comes_from_the_config():
-    registry = build_registry(OperatorConfig(resync_seconds=7))
-    timers = registry._spawning.get_all_handlers()
-    assert [(h.id, h.interval, h.initial_delay) for h in timers] == [("resync", 7, 7)]
-
-
-def test_no_daemon_per_resource_and_no_blocking_handler_outside_the_worker_pools():
+def test_no_daemon_no_timer_and_no_handler_that_needs_a_finalizer():
     registry = build_registry(OperatorConfig())
-    spawning = registry._spawning.get_all_handlers()
-    # Timers only: a daemon would hold a thread (sync) or a task for each resource's whole life.
-    assert all(type(h).__name__ == "TimerHandler" for h in spawning)
-    # The event feed and the resync are coroutines: neither takes one of Kopf's sync workers.
+    # Daemons hold a task for each resource's life; timers and daemons both require Kopf's finalizer.
+    assert registry._spawning.get_all_handlers() == []
+    assert not any(h.requires_finalizer for h in registry._changing.get_all_handlers())
+    # The event feed is a coroutine: it never takes one of Kopf's sync workers.
     assert all(inspect.iscoroutinefunction(h.fn) for h in registry._watching.get_all_handlers())
-    assert all(inspect.iscoroutinefunction(h.fn) for h in spawning)
     assert {h.id for h in registry._changing.get_all_handlers()} == {"on_change"}
 
 
 def test_each_registry_is_its_own():
-    a, b = build_registry(OperatorConfig(resync_seconds=3)), build_registry(OperatorConfig(resync_seconds=9))
+    a = build_registry(OperatorConfig(resync_seconds=3))
     assert a is not kopf.get_default_registry()
-    assert [h.interval for h in a._spawning.get_all_handlers()] == [3]
-    assert [h.interval for h in b._spawning.get_all_handlers()] == [9]
+    assert a is not build_registry(OperatorConfig(resync_seconds=9))
+
+
+def _body(name: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": name}}
+
+
+def test_resyncs_are_due_one_interval_after_tracking_and_never_queued_twice():
+    now = [100.0]
+    started, release = [], threading.Event()
+
+    def reconcile(body: Any) -> None:
+        started.append(body["metadata"]["name"])
+        release.wait(5)
+
+    resyncs = ResyncScheduler(30, reconcile, workers=2, clock=lambda: now[0])
+    try:
+        resyncs.track(_body("a"))
+        assert resyncs.submit_due() == 0
+        now[0] += 30
+        resyncs.track(_body("b"))  # tracked later: due later
+        assert resyncs.submit_due() == 1
+        now[0] += 30
+        # "a" is still running (blocked): it is not queued again; "b" is due now.
+        assert resyncs.submit_due() == 1
+        release.set()
+        resyncs.forget("ns", "a")
+        now[0] += 60
+        for _ in range(500):  # wait (bounded) until the released runs have finished
+            if not resyncs._running:
+                break
+            threading.Event().wait(0.01)
+        assert resyncs.submit_due() == 1  # only "b" is left
+        assert resyncs.tracked() == 1
+    finally:
+        release.set()
+        resyncs.stop()
+    assert started[:2] == ["a", "b"]
