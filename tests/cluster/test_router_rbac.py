@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specfleet.api.validation import parse_resource
-from specfleet.render import render_children
+from specfleet.render import plan_of, render_children
 from specfleet.render.common import routing_config_map_name
 from support.manifests import ROOT, load_yaml
 
@@ -19,7 +19,7 @@ def test_router_role_reaches_only_its_config_map(cluster, namespace):
     doc = load_yaml(ROOT / "examples" / "01-minimal-eagle3.yaml")
     doc["metadata"]["namespace"] = namespace
     sd = parse_resource(doc)
-    children = render_children(sd, {"latency": "On", "batch": "Off"})
+    children = render_children(sd, plan_of({"latency": "On", "batch": "Off"}))
     wanted = {"ServiceAccount", "Role", "RoleBinding", "ConfigMap"}
     for child in children:
         if child["kind"] in wanted and child["metadata"]["name"].startswith(sd.name):
