@@ -69,7 +69,8 @@ def test_trace_parses_azure_columns_and_optional_ones() -> None:
     assert first.acceptance == ACCEPTANCE_PROFILES["weak"]
     assert first.requested_tokens == 100  # min(50, 64) per completion, n=2
     assert second.acceptance == (0.5, 0.2)
-    assert third.stream is True and third.tenant is None
+    assert third.stream is True
+    assert third.tenant is None
 
 
 @pytest.mark.parametrize(
@@ -194,7 +195,8 @@ def test_a_flip_rolls_out_by_surge_and_costs_gpu_seconds() -> None:
     load = ClosedLoop(points=((0, 3 * 250), (900, 3 * 250)), sizes=((200, 300),))
     result = simulate(sd, load, options=SimOptions(startup_seconds=60))
     flips = [c for c in result.changes if c.kind == "flip" and c.pool == "latency"]
-    assert flips and flips[0].to_mode == "Off"
+    assert flips
+    assert flips[0].to_mode == "Off"
     off_bins = [row for row in result.timeline if row["latency"]["mode"] == "Off"]
     assert off_bins, "the pool should run without speculation after the rollout"
     # During the surge the pool holds more than its 3 replicas (maxSurge 1), never fewer.
@@ -291,4 +293,5 @@ def test_rate_extrapolates_like_prometheus() -> None:
     # A series that began 30 s before the end is not extrapolated back to the window's start.
     young = [(90.0, 0.0), (105.0, 30.0), (120.0, 60.0)]
     rate = prom.extrapolated_rate(young, 120.0, 120.0)
-    assert rate is not None and rate < 1.0
+    assert rate is not None
+    assert rate < 1.0
