@@ -730,6 +730,14 @@ def simulate(
     return fleet.run()
 
 
+def load_per_replica(run: RunResult, pool: str) -> list[float]:
+    """Per window: requests in the system (running and queued), time-averaged, per replica of the pool."""
+    out = []
+    for row, reqsec in zip(run.timeline, run.bin_request_seconds[pool], strict=False):
+        out.append(float(reqsec) / run.bin_seconds / max(1, row[pool]["replicas"]))
+    return out
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values), q)) if len(values) else None
 
