@@ -239,6 +239,9 @@ class _Fleet:
         self.facts_memo: dict[tuple[Any, ...], Any] = {}
         self.done: list[SimRequest] = []
         self.last_decisions: dict[str, dict[str, Any]] = {}
+        self.endpoint_cache: dict[str, list[Replica]] = {}
+        self.endpoint_cache_until = 0.0
+        self.size_draws: list[int] = []
         # Closed loop
         self.clients_active = 0
         self.clients_retiring = 0
@@ -318,6 +321,7 @@ class _Fleet:
             ready_at=ready_at,
         )
         self.replicas[rep.serial] = rep
+        self.endpoint_cache.clear()
         self.series[rep.serial] = prom.Series(pool=dep.pool)
         dep.pods.append(rep)
         if ready_at > now:
@@ -352,6 +356,7 @@ class _Fleet:
             self.remove(p, now)
 
     def remove(self, rep: Replica, now: float) -> None:
+        self.endpoint_cache.clear()
         if rep.ready_at > now:
             rep.gone_at = now
             self.series[rep.serial].deleted_at = now
@@ -376,7 +381,16 @@ class _Fleet:
         return [p for (pl, _), d in self.deployments.items() if pl == pool for p in d.pods]
 
     def endpoints(self, pool: str, now: float) -> list[Replica]:
-        return [p for p in self.pool_pods(pool) if p.ready and p.ready_at <= now]
+        """Ready, not draining engines of the pool (cached until a pod starts, becomes ready or goes)."""
+        cached = self.endpoint_cache.get(pool)
+        if cached is None or now >= self.endpoint_cache_until:
+            cached = [p for p in self.pool_pods(pool) if p.ready and p.ready_at <= now]
+            self.endpoint_cache[pool] = cached
+            self.endpoint_cache_until = min(
+                (p.ready_at for p in self.replicas.values() if p.ready_at > now and p.gone_at is None),
+                default=math.inf,
+            )
+        return cached
 
     def update_status(self, now: float) -> None:
         pools = self.status.pools.model_copy()
@@ -427,10 +441,14 @@ class _Fleet:
     def arrive(self, req: TraceRequest, now: float, index: int, client: str | None = None) -> None:
         client_id = f"tenant:{req.tenant}" if req.tenant else (client or f"request:{index}")
         wanted = self.pool_for(req, client_id, now)
-        pods = {p: self.endpoints(p, now) for p in POOLS}
-        pool = resolve_pool(
-            wanted, {p: [str(r.serial) for r in v] for p, v in pods.items()}, self.routing.fallback
-        )
+        candidates = self.endpoints(wanted, now)
+        pool: PoolName | None = wanted
+        if not candidates:
+            pods = {p: self.endpoints(p, now) for p in POOLS}
+            pool = resolve_pool(
+                wanted, {p: [str(r.serial) for r in v] for p, v in pods.items()}, self.routing.fallback
+            )
+            candidates = pods[pool] if pool is not None else []
         acceptance = req.acceptance or self.acceptance_at(now)
         tokens = req.requested_tokens // req.n
         for _ in range(req.n):
@@ -441,7 +459,6 @@ class _Fleet:
             if pool is None:
                 self.reject(sim, wanted)
                 continue
-            candidates = pods[pool]
             count = len(candidates)
             best = candidates[self.turn % count]
             for offset in range(1, count):
@@ -509,7 +526,9 @@ class _Fleet:
     def closed_loop_request(self, client: int, now: float) -> None:
         assert isinstance(self.workload, ClosedLoop)
         sizes = self.workload.sizes
-        prompt, tokens = sizes[int(self.rng.integers(len(sizes)))]
+        if not self.size_draws:
+            self.size_draws = self.rng.integers(len(sizes), size=4096).tolist()
+        prompt, tokens = sizes[self.size_draws.pop()]
         req = TraceRequest(arrival=now, prompt_tokens=prompt, output_tokens=tokens, pool=self.workload.pool)
         self.arrive(req, now, self.submitted, client=f"client:{client}")
 
