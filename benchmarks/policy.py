@@ -10,7 +10,8 @@ issue 12 next to the measured ratios) and PNG timelines next to it. Scenarios ar
   200 -> 2 over 10 min, hold 10 min; request sizes drawn from the Azure conversation trace;
 - azure-conv / azure-code: the Azure traces replayed with their own sizes and inter-arrival gaps,
   compressed by a factor that ramps 1x -> peak -> 1x on the same 10-minute shape (rows cycle), so the
-  fleet passes through low and high load;
+  fleet passes through low and high load; the peaks (8x conversation, 12x code) put the fleet near
+  what its prefill can serve (their long prompts bound it before decode does);
 - acceptance-shift: closed loop at 96 running per replica for 40 min; at minute 20 the drafter's
   acceptance changes to the weak profile (the weak drafter's to the published one);
 - stationary: closed loop held at the drafter's break-even concurrency for an hour (flips per hour);
@@ -144,7 +145,7 @@ def main() -> None:
 
     scenarios: dict[str, Callable[[str], Trace | ClosedLoop]] = {
         "ramp": lambda d: ClosedLoop(per_replica(RAMP, replicas), conv_sizes, name="ramp"),
-        "azure-conv": lambda d: warped(conv, 40.0, "azure-conv"),
+        "azure-conv": lambda d: warped(conv, 8.0, "azure-conv"),
         "azure-code": lambda d: warped(code, 12.0, "azure-code"),
         "acceptance-shift": lambda d: ClosedLoop(
             per_replica(((0.0, 96.0), (2400.0, 96.0)), replicas),

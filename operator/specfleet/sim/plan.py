@@ -97,9 +97,12 @@ def plan(
                 "recommendation": "no traffic in this trace: keep the spec's setting",
             }
             continue
-        gain_low, k_low = best_speedup(profile, load["p5"], acceptance, ks)
-        gain_high, k_high = best_speedup(profile, load["p95"], acceptance, ks)
-        gain_mid, k_mid = best_speedup(profile, load["p50"], acceptance, ks)
+        # An engine runs at most maxNumSeqs requests; the rest of the load queues.
+        cap = float(pool_engine(spec, pool).max_num_seqs or 256)  # type: ignore[arg-type]
+        low, mid, high = (min(cap, load[q]) for q in ("p5", "p50", "p95"))
+        gain_low, k_low = best_speedup(profile, low, acceptance, ks)
+        gain_high, k_high = best_speedup(profile, high, acceptance, ks)
+        gain_mid, k_mid = best_speedup(profile, mid, acceptance, ks)
         if gain_high > 1 + margin:
             setting, why = "On", f"speculation pays even at its p95 load ({gain_high:.2f}x at K={k_high})"
         elif gain_low < 1 - margin:
@@ -109,8 +112,8 @@ def plan(
                 "Auto",
                 f"load crosses the break-even point: {gain_low:.2f}x at p5 (K={k_low}), {gain_high:.2f}x at p95",
             )
-        stop_len = acceptance_break_even(profile, acceptance, ks, load["p50"], 1 - margin)
-        resume_len = acceptance_break_even(profile, acceptance, ks, load["p50"], 1 + margin)
+        stop_len = acceptance_break_even(profile, acceptance, ks, mid, 1 - margin)
+        resume_len = acceptance_break_even(profile, acceptance, ks, mid, 1 + margin)
         pools[pool] = {
             "load": {"requestsPerReplica": load},
             "predictedSpeedupAtP50": round(gain_mid, 3),
