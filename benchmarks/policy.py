@@ -10,7 +10,7 @@ issue 12 next to the measured ratios) and PNG timelines next to it. Scenarios ar
   200 -> 2 over 10 min, hold 10 min; request sizes drawn from the Azure conversation trace;
 - azure-conv / azure-code: the Azure traces replayed with their own sizes and inter-arrival gaps,
   compressed by a factor that ramps 1x -> peak -> 1x on the same 10-minute shape (rows cycle), so the
-  fleet passes through low and high load; the peaks (8x conversation, 12x code) put the fleet near
+  fleet passes through low and high load; the peaks (6x conversation, 9x code) take the fleet to about 220 requests per replica, near
   what its prefill can serve (their long prompts bound it before decode does);
 - acceptance-shift: closed loop at 96 running per replica for 40 min; at minute 20 the drafter's
   acceptance changes to the weak profile (the weak drafter's to the published one);
@@ -145,8 +145,8 @@ def main() -> None:
 
     scenarios: dict[str, Callable[[str], Trace | ClosedLoop]] = {
         "ramp": lambda d: ClosedLoop(per_replica(RAMP, replicas), conv_sizes, name="ramp"),
-        "azure-conv": lambda d: warped(conv, 8.0, "azure-conv"),
-        "azure-code": lambda d: warped(code, 12.0, "azure-code"),
+        "azure-conv": lambda d: warped(conv, 6.0, "azure-conv"),
+        "azure-code": lambda d: warped(code, 9.0, "azure-code"),
         "acceptance-shift": lambda d: ClosedLoop(
             per_replica(((0.0, 96.0), (2400.0, 96.0)), replicas),
             conv_sizes,

@@ -29,6 +29,7 @@ from specfleet.sim.fleet import (
     SimOptions,
     Strategy,
     histogram_percentile,
+    load_per_replica,
     percentile,
     simulate,
 )
@@ -157,6 +158,8 @@ class Comparison:
         if run is not None:
             doc["gpuSeconds"] = round(sum(p.gpu_seconds for p in run.pools.values()), 1)
             doc["pools"] = {pool: _pool_json(run, pool) for pool in POOLS}
+            if name == "policy":
+                doc["timeline"] = self.timeline_json(run)
             if run.changes:
                 doc["changes"] = [
                     {
@@ -171,6 +174,25 @@ class Comparison:
                     for c in run.changes
                 ]
         return doc
+
+    def timeline_json(self, run: RunResult) -> list[dict[str, Any]]:
+        """Per window: each pool's mode, K, replicas, load and tokens/s, and the oracle's tokens/s."""
+        loads = {pool: load_per_replica(run, pool) for pool in POOLS}
+        rows = []
+        for i, row in enumerate(run.timeline):
+            entry: dict[str, Any] = {"timeSeconds": round(row["t"], 1)}
+            for pool in POOLS:
+                state = row[pool]
+                entry[pool] = {
+                    "mode": state["mode"],
+                    "k": state["k"] if state["mode"] == "On" else None,
+                    "replicas": state["replicas"],
+                    "requestsPerReplica": round(loads[pool][i], 2),
+                    "tokensPerSecond": round(float(run.bin_tokens[pool][i]) / self.bin_seconds, 1),
+                    "oracleTokensPerSecond": round(float(self.oracle_tokens[pool][i]) / self.bin_seconds, 1),
+                }
+            rows.append(entry)
+        return rows
 
     def to_json(self) -> dict[str, Any]:
         return {
