@@ -4,7 +4,8 @@ Strategies: `policy` (the operator's), `alwaysOff`, `alwaysOnK<k>` for every K t
 to the drafter's (`alwaysOn` is the drafter's own K), `engineDynamicSD` (vLLM's in-engine K per batch
 size, K=0 penalised), `bestStatic` (the static setting with the most tokens per request-second over the
 whole run, in hindsight) and `perLevelOracle` (per pool and per evaluation window, the best static
-setting's window, in hindsight, with no rollout cost).
+setting's window, in hindsight, with no rollout cost; "best" judged over the window and two on each
+side, so that sampling luck in one window does not inflate it).
 
 The measure all ratios use is generated tokens per request-second (tokens a pool generated in a window
 over the time its requests spent in the system in that window, queueing included): under a closed
@@ -35,6 +36,9 @@ from specfleet.sim.fleet import (
 )
 from specfleet.sim.workload import ClosedLoop, Trace
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
+
+# Windows on each side over which the per-level oracle judges which static setting is best.
+SMOOTH = 2
 
 
 def static_ks(profile: StepTimeProfile, drafter_k: int) -> list[int]:
@@ -250,13 +254,21 @@ def compare(
     oracle_tokens = {p: np.zeros(nbins) for p in POOLS}
     oracle_reqsec = {p: np.zeros(nbins) for p in POOLS}
     oracle_choice: dict[str, list[str]] = {p: [""] * nbins for p in POOLS}
+    # Which setting is best in a window is judged over that window and its neighbours (+-SMOOTH), so
+    # that the oracle picks the setting that suits the load level, not the run that was luckiest in
+    # one window's sampling; the window's own numbers of that setting are then used.
+    kernel = np.ones(2 * SMOOTH + 1)
     for pool in POOLS:
+        smoothed = {}
+        for name in statics:
+            run = runs[name]
+            tokens = np.convolve(run.bin_tokens[pool], kernel, mode="same")
+            reqsec = np.convolve(run.bin_request_seconds[pool], kernel, mode="same")
+            smoothed[name] = np.where(reqsec > 0, tokens / np.where(reqsec > 0, reqsec, 1), -1.0)
         for b in range(nbins):
             best, best_value = None, -1.0
             for name in statics:
-                run = runs[name]
-                rs = run.bin_request_seconds[pool][b]
-                value = run.bin_tokens[pool][b] / rs if rs > 0 else -1.0
+                value = smoothed[name][b] if runs[name].bin_request_seconds[pool][b] > 0 else -1.0
                 if value > best_value:
                     best, best_value = name, value
             if best is not None and best_value >= 0:
