@@ -10,8 +10,8 @@ issue 12 next to the measured ratios) and PNG timelines next to it. Scenarios ar
   200 -> 2 over 10 min, hold 10 min; request sizes drawn from the Azure conversation trace;
 - azure-conv / azure-code: the Azure traces replayed with their own sizes and inter-arrival gaps,
   compressed by a factor that ramps 1x -> peak -> 1x on the same 10-minute shape (rows cycle), so the
-  fleet passes through low and high load; the peaks (6x conversation, 9x code) take the fleet to about 220 requests per replica, near
-  what its prefill can serve (their long prompts bound it before decode does);
+  fleet passes through low and high load; the peaks (6x conversation, 9x code) take the latency pool
+  to about 220 requests per replica, near what its prefill can serve (long prompts bound it first);
 - acceptance-shift: closed loop at 96 running per replica for 40 min; at minute 20 the drafter's
   acceptance changes to the weak profile (the weak drafter's to the published one);
 - stationary: closed loop held at the drafter's break-even concurrency for an hour (flips per hour);
@@ -134,6 +134,10 @@ def main() -> None:
     data = data_dir()
     profile = default_profile()
     sd = resource()
+    threshold_sd = dataclasses.replace(
+        sd,
+        spec=sd.spec.model_copy(update={"policy": sd.spec.policy.model_copy(update={"mode": "Threshold"})}),
+    )
     replicas = sd.spec.pools.latency.replicas
     conv = data / "AzureLLMInferenceTrace_conv.csv"
     code = data / "AzureLLMInferenceTrace_code.csv"
@@ -164,7 +168,10 @@ def main() -> None:
             workload = make(drafter)
             workloads[name] = workload
             log(f"{name} / {drafter}")
-            comp = compare(sd, workload, SimOptions(seed=0, acceptance=ACCEPTANCE_PROFILES[drafter]), profile)
+            options = SimOptions(seed=0, acceptance=ACCEPTANCE_PROFILES[drafter])
+            comp = compare(sd, workload, options, profile)
+            # The same policy in Threshold mode with its default thresholds: what that mode costs.
+            comp.runs["policyThreshold"] = simulate(threshold_sd, workload, options=options, profile=profile)
             comps[(name, drafter)] = comp
             if drafter == "published" or name == "ramp":
                 plot_timeline(comp, out / f"policy-{name}-{drafter}.png", title=f"{name}, {drafter} drafter")
@@ -238,7 +245,8 @@ def render(
         "tokens/s; under the traces it is the speed a request sees. `perLevelOracle` takes, per pool and "
         "window, the best static setting (off, K=1, K=3) in hindsight with no rollout cost; `bestStatic` is "
         "the best single static setting over the whole run. Worst minute: from one window plus one "
-        "evaluation after the start.",
+        "evaluation after the start. `policy` is the resource's own mode (Goodput); `Threshold mode` is "
+        "the same resource with `policy.mode: Threshold` and default thresholds.",
         "",
         "Drafters (per-position cumulative acceptance): published "
         f"{ACCEPTANCE_PROFILES['published']}, weak {ACCEPTANCE_PROFILES['weak']}, strong "
@@ -249,10 +257,10 @@ def render(
     for scenario in scenario_names:
         lines += [f"## {scenario}", ""]
         lines.append(
-            "| drafter | policy | worst minute | alwaysOff | alwaysOnK1 | alwaysOnK3 | engineDynamicSD | "
+            "| drafter | policy | worst minute | Threshold mode | alwaysOff | alwaysOnK1 | alwaysOnK3 | engineDynamicSD | "
             "bestStatic | oracle / bestStatic | flips | retunes | policy tokens/s | load p5-p95 |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for drafter in DRAFTERS:
             comp = comps.get((scenario, drafter))
             if comp is None:
@@ -263,6 +271,7 @@ def render(
             load = load_range(comp)
             lines.append(
                 f"| {drafter} | {fmt(comp.ratio('policy'))} | {fmt(comp.worst_minute('policy'))} | "
+                f"{fmt(comp.ratio('policyThreshold'))} (worst {fmt(comp.worst_minute('policyThreshold'))}) | "
                 f"{fmt(doc['alwaysOff']['ratioToPerLevelOracle'])} | {fmt(doc.get('alwaysOnK1', {}).get('ratioToPerLevelOracle'))} | "
                 f"{fmt(doc.get('alwaysOnK3', {}).get('ratioToPerLevelOracle'))} | "
                 f"{fmt(doc['engineDynamicSD']['ratioToPerLevelOracle'])} | {best['setting']} "
