@@ -17,7 +17,7 @@ from specfleet import __version__
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
 from specfleet.crd import crd_yaml
-from specfleet.reconcile import decided_ks, decided_modes
+from specfleet.reconcile import decided_canaries, decided_ks, decided_modes
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import to_yaml
 
@@ -66,7 +66,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
                 print(f"  * {problem}", file=sys.stderr)
             failed = True
             continue
-        rendered += render_children(sd, decided_modes(sd), options, decided_ks(sd))
+        rendered += render_children(sd, decided_modes(sd), options, decided_ks(sd), decided_canaries(sd))
     if failed:
         return 1
     sys.stdout.write(to_yaml(rendered))

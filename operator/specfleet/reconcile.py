@@ -91,6 +91,15 @@ def decided_ks(sd: SpeculativeDeployment) -> dict[PoolName, int | None]:
     return ks
 
 
+def decided_canaries(sd: SpeculativeDeployment) -> dict[PoolName, int | None]:
+    """Canary replicas of each Auto pool while off, where the policy scaled them (None: the spec's)."""
+    out: dict[PoolName, int | None] = {}
+    for pool in POOLS:
+        auto = getattr(sd.spec.pools, pool).speculation == "Auto"
+        out[pool] = getattr(sd.status.pools, pool).canary_replicas if auto else None
+    return out
+
+
 def _describe(manifest: Manifest) -> str:
     return f"{manifest['kind']}/{manifest['metadata']['name']}"
 
@@ -218,7 +227,7 @@ def reconcile(
         return ReconcileResult(status=status.to_wire(), events=events)
 
     modes = decided_modes(sd)
-    children = render_children(sd, modes, options, decided_ks(sd))
+    children = render_children(sd, modes, options, decided_ks(sd), decided_canaries(sd))
     result = ReconcileResult(status={})
     live_by_name: dict[str, Manifest | None] = {}
     apply_errors: list[str] = []

@@ -37,14 +37,17 @@ def render_children(
     modes: Mapping[PoolName, SpeculationMode],
     options: RenderOptions | None = None,
     ks: Mapping[PoolName, int | None] | None = None,
+    canaries: Mapping[PoolName, int | None] | None = None,
 ) -> list[Manifest]:
     """Every child object of `sd`, in apply order (config and RBAC before the pods that use them).
 
-    `modes` and `ks` are the decided state: each pool's speculation mode and, where the policy chose
-    one, the K it drafts (default: the drafter's).
+    `modes`, `ks` and `canaries` are the decided state: each pool's speculation mode and, where the
+    policy chose them, the K it drafts (default: the drafter's) and its canary replicas while off
+    (default: policy.reentry.canaryReplicas).
     """
     options = options or RenderOptions()
     ks = ks or {}
+    canaries = canaries or {}
     children: list[Manifest] = [
         render_routing_config_map(sd),
         render_router_service_account(sd),
@@ -55,10 +58,14 @@ def render_children(
         children += [
             render_pool_service(sd, pool),
             render_pool_pdb(sd, pool),
-            render_pool_deployment(sd, pool, modes[pool], k=ks.get(pool)),
+            render_pool_deployment(sd, pool, modes[pool], k=ks.get(pool), canaries=canaries.get(pool)),
         ]
         if canary_replicas(sd, pool) is not None:
-            children.append(render_pool_deployment(sd, pool, modes[pool], track="canary", k=ks.get(pool)))
+            children.append(
+                render_pool_deployment(
+                    sd, pool, modes[pool], track="canary", k=ks.get(pool), canaries=canaries.get(pool)
+                )
+            )
     children += [render_router_service(sd, options), render_router_deployment(sd, options)]
     if sd.spec.monitoring.pod_monitor:
         children.append(render_pod_monitor(sd))
