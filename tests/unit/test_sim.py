@@ -203,6 +203,9 @@ def test_a_flip_rolls_out_by_surge_and_costs_gpu_seconds() -> None:
     assert max(row["latency"]["replicas"] for row in result.timeline) == 4
     assert min(row["latency"]["replicas"] for row in result.timeline) == 3
     assert result.pools["latency"].gpu_seconds > 3 * 900
+    # Every rollout runs to the end: one surge pod at a time replaces all three old ones.
+    last = result.timeline[-1]["latency"]
+    assert last["updatedReplicas"] == last["replicas"] == 3
 
 
 def test_router_classification_sends_tenants_and_shapes_to_their_pools() -> None:

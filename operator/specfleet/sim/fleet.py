@@ -43,8 +43,10 @@ from specfleet.api.validation import SpeculativeDeployment, parse_spec
 from specfleet.policy.decide import decide
 from specfleet.policy.observations import PoolObservation
 from specfleet.policy.record import auto_pools, pool_states, record
-from specfleet.reconcile import decided_ks, decided_modes
-from specfleet.render.engine import canary_replicas, render_pool_deployment
+from specfleet.reconcile import decided_canaries, decided_ks, decided_modes
+from specfleet.render import RenderOptions, render_children
+from specfleet.render.common import pool_name
+from specfleet.render.engine import canary_name
 from specfleet.render.router import routing_config
 from specfleet.sim import prom
 from specfleet.sim.engine import EngineConfig, MemoryModel, Replica, SimRequest, itl_bin_seconds
@@ -284,13 +286,17 @@ class _Fleet:
     def render(self, now: float, initial: bool = False) -> None:
         """Render every pool's Deployments from spec + status and move the simulated ones toward them."""
         sd = self.current_sd()
-        modes = decided_modes(sd)
-        ks = decided_ks(sd)
+        # Exactly what reconcile renders from this spec and status; the engine Deployments are the pools.
+        children = render_children(
+            sd, decided_modes(sd), RenderOptions(), decided_ks(sd), decided_canaries(sd)
+        )
+        by_name = {m["metadata"]["name"]: m for m in children if m["kind"] == "Deployment"}
         names: tuple[PoolName, ...] = ("latency", "batch")
         for pool in names:
-            tracks = ["stable"] + (["canary"] if canary_replicas(sd, pool) is not None else [])
-            for track in tracks:
-                manifest = render_pool_deployment(sd, pool, modes[pool], track=track, k=ks.get(pool))
+            for track, name in (("stable", pool_name(sd, pool)), ("canary", canary_name(sd, pool))):
+                manifest = by_name.get(name)
+                if manifest is None:
+                    continue
                 dspec = manifest["spec"]
                 args = dspec["template"]["spec"]["containers"][0]["args"]
                 template = json.dumps(args)
@@ -347,13 +353,20 @@ class _Fleet:
             for p in sorted(new, key=lambda p: (p.ready_at <= now, -p.serial))[:excess]:
                 self.remove(p, now)
                 new.remove(p)
-        total = len(new) + len(old)
-        room = dep.replicas + dep.max_surge - total
-        for _ in range(max(0, min(dep.replicas - len(new), room))):
-            new.append(self.new_pod(dep, now, now + self.options.startup_seconds))
-        ready = sum(1 for p in new if p.ready_at <= now) + len(old)
-        for p in sorted(old, key=lambda p: p.serial)[: max(0, ready - dep.replicas)]:
-            self.remove(p, now)
+        while True:
+            # Surge new pods while the total stays within replicas + maxSurge ...
+            room = dep.replicas + dep.max_surge - len(new) - len(old)
+            created = max(0, min(dep.replicas - len(new), room))
+            for _ in range(created):
+                new.append(self.new_pod(dep, now, now + self.options.startup_seconds))
+            # ... and retire old ones while the ready pods stay at least `replicas` (maxUnavailable 0).
+            ready = sum(1 for p in new if p.ready_at <= now) + len(old)
+            retired = sorted(old, key=lambda p: p.serial)[: max(0, ready - dep.replicas)]
+            for p in retired:
+                self.remove(p, now)
+                old.remove(p)
+            if not created and not retired:
+                return
 
     def remove(self, rep: Replica, now: float) -> None:
         self.endpoint_cache.clear()
@@ -595,6 +608,7 @@ class _Fleet:
                 "mode": "On" if stable.config.speculative else "Off",
                 "k": stable.config.k,
                 "replicas": sum(len(d.active()) for d in deps),
+                "updatedReplicas": sum(1 for d in deps for p in d.active() if p.template == d.template),
                 "running": sum(p.running for p in self.pool_pods(pool) if p.gone_at is None),
                 **self.last_decisions.get(pool, {}),
             }
