@@ -192,7 +192,7 @@ def main() -> None:
                 profile=profile,
             )
             flips = sum(1 for ch in run.changes if ch.kind == "flip")
-            stationary[drafter] = (c, flips, len(run.changes) - flips)
+            stationary[drafter] = (c, flips, sum(1 for ch in run.changes if ch.kind == "retune"))
 
     # Speed: one hour, 16 replicas at 200 running each, the policy run alone.
     log("speed")
@@ -258,9 +258,9 @@ def render(
         lines += [f"## {scenario}", ""]
         lines.append(
             "| drafter | policy | worst minute | Threshold mode | alwaysOff | alwaysOnK1 | alwaysOnK3 | engineDynamicSD | "
-            "bestStatic | oracle / bestStatic | flips | retunes | policy tokens/s | load p5-p95 |"
+            "bestStatic | oracle / bestStatic | flips | retunes | canary changes | policy tokens/s | load p5-p95 |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for drafter in DRAFTERS:
             comp = comps.get((scenario, drafter))
             if comp is None:
@@ -276,7 +276,8 @@ def render(
                 f"{fmt(doc.get('alwaysOnK3', {}).get('ratioToPerLevelOracle'))} | "
                 f"{fmt(doc['engineDynamicSD']['ratioToPerLevelOracle'])} | {best['setting']} "
                 f"{fmt(best['ratioToPerLevelOracle'])} | {fmt(oracle_gain)} | {doc['policy']['flips']} | "
-                f"{doc['policy']['retunes']} | {doc['policy']['tokensPerSecond']:.0f} | {load} |"
+                f"{doc['policy']['retunes']} | {doc['policy']['canaryChanges']} | "
+                f"{doc['policy']['tokensPerSecond']:.0f} | {load} |"
             )
         lines.append("")
         changes = comps.get((scenario, "published"))
@@ -284,8 +285,7 @@ def render(
             lines.append(
                 "Policy changes (published drafter): "
                 + "; ".join(
-                    f"{c.time / 60:.1f} min {c.pool} {c.from_mode if c.kind == 'flip' else f'K{c.from_k}'} -> "
-                    f"{c.to_mode if c.kind == 'flip' else f'K{c.to_k}'} ({c.reason})"
+                    f"{c.time / 60:.1f} min {c.pool} {describe(c)} ({c.reason})"
                     for c in changes.runs["policy"].changes
                 )
             )
@@ -312,6 +312,14 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def describe(c: Any) -> str:
+    if c.kind == "flip":
+        return f"{c.from_mode} -> {c.to_mode}"
+    if c.kind == "retune":
+        return f"K{c.from_k} -> K{c.to_k}"
+    return f"canaries -> {c.canaries}"
 
 
 def load_range(comp: Comparison) -> str:

@@ -152,6 +152,7 @@ class Comparison:
             ),
             "flips": sum(1 for c in run.changes if c.kind == "flip") if run else 0,
             "retunes": sum(1 for c in run.changes if c.kind == "retune") if run else 0,
+            "canaryChanges": sum(1 for c in run.changes if c.kind == "canaries") if run else 0,
         }
         if name == "bestStatic":
             doc["setting"] = self.best_static
@@ -171,7 +172,9 @@ class Comparison:
                         "pool": c.pool,
                         "kind": c.kind,
                         "from": c.from_mode if c.kind == "flip" else f"K{c.from_k}",
-                        "to": c.to_mode if c.kind == "flip" else f"K{c.to_k}",
+                        "to": c.to_mode
+                        if c.kind == "flip"
+                        else (f"K{c.to_k}" if c.kind == "retune" else f"{c.canaries} canaries"),
                         "k": c.to_k,
                         "reason": c.reason,
                     }

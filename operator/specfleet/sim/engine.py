@@ -13,8 +13,9 @@ in that span are drawn at once (one multinomial), and each of those requests adv
 so requests of one acceptance progress in lockstep rather than each with its own luck. A span ends at
 the step where the next request is expected to finish; a request that, by the draw, finishes a step
 or two earlier or later finishes at the step its share of the draw puts it. KV-cache blocks for a
-request's prompt and whole output are reserved at admission (no preemption), a chunked prefill is
-charged to the admitting step as a whole.
+request's prompt and whole output are reserved at admission (no preemption). Chunked prefill is
+approximated by admitting prompts per step up to `max_batched_tokens` (vLLM's
+max_num_batched_tokens), each whole prompt charged to the step that admits it.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class EngineConfig:
     kv_capacity_tokens: int = 400_000
     max_model_len: int | None = None
     k0_penalty: float = 0.10
+    # Prompt tokens one step may prefill (vLLM's max_num_batched_tokens; its V1 default on large GPUs).
+    max_batched_tokens: int = 8192
 
     def k_for_batch(self, batch: int) -> int:
         if not self.speculative:
@@ -270,10 +273,13 @@ class Replica:
                 return
             admitted: list[SimRequest] = []
             kv_cap = self.config.kv_capacity_tokens
+            budget = self.config.max_batched_tokens
+            prompts = 0
             while self.waiting and self.running < self.config.max_num_seqs:
                 head = self.waiting[0]
-                if self.kv_used + head.kv > kv_cap:
+                if self.kv_used + head.kv > kv_cap or (admitted and prompts + head.prompt > budget):
                     break
+                prompts += head.prompt
                 self.waiting.popleft()
                 self.kv_used += head.kv
                 self.running += 1

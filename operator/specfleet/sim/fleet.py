@@ -113,9 +113,13 @@ class Change:
     to_k: int | None
     reason: str
 
+    canaries: int | None = None
+
     @property
     def kind(self) -> str:
-        return "flip" if self.from_mode != self.to_mode else "retune"
+        if self.from_mode != self.to_mode:
+            return "flip"
+        return "retune" if self.to_k is not None and self.to_k != self.from_k else "canaries"
 
 
 @dataclass
@@ -645,8 +649,11 @@ class _Fleet:
                 "predictedSpeedup": d.observations.get("predictedSpeedup"),
             }
         for d in recorded.flipped:
-            to_k = d.target_k if d.target_k is not None else (d.current_k if d.target == "On" else None)
-            self.changes.append(Change(now, d.pool, d.current, d.target, d.current_k, to_k, d.reason))
+            to_k = d.target_k if d.target_k is not None else d.current_k
+            canaries = getattr(d, "canary_replicas", None)
+            self.changes.append(
+                Change(now, d.pool, d.current, d.target, d.current_k, to_k, d.reason, canaries)
+            )
         if recorded.flipped:
             self.render(now)
             self.update_status(now)
