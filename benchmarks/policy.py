@@ -295,6 +295,17 @@ def render(
             if (scenario, drafter) in comps and (drafter == "published" or scenario == "ramp"):
                 lines.append(f"![{scenario}, {drafter}]({png})")
         lines.append("")
+    lines += [
+        "## Reading the worst minutes",
+        "",
+        "The policy's worst minutes fall on its own changes (listed under each scenario, dotted lines in "
+        "the timelines): every change is a rollout, and the rendered Deployments open a gap there. A flip "
+        "to Off with canaries sets the stable Deployment to replicas - canaries at once while the canary "
+        "pod is still starting, and a canary scale-down removes the canary while the stable replacement "
+        "starts, so the pool serves with one replica fewer for the start-up time (60 s here). The "
+        "per-level oracle pays no rollout cost by definition.",
+        "",
+    ]
     lines += targets(comps, stationary, profile, ks, sd)
     lines += [
         "## Speed",
@@ -307,8 +318,9 @@ def render(
         "Aggregated for speed (see `specfleet/sim/engine.py`): the steps between two batch changes are "
         "simulated at once, the accepted drafts of all requests of one acceptance in that span are drawn "
         "together (one multinomial, exact in total) and those requests advance in lockstep; KV blocks are "
-        "reserved for prompt and output at admission (no preemption); a prompt's prefill is charged to its "
-        "admitting step (no chunking); ITL quantiles are step-time quantiles; one router.",
+        "reserved for prompt and output at admission (no preemption); prompts are admitted per step up to "
+        "max_num_batched_tokens (8192), each charged whole to its admitting step; ITL quantiles are "
+        "step-time quantiles; one router.",
         "",
     ]
     return "\n".join(lines)
