@@ -267,3 +267,31 @@ def test_default_policy_on_the_issue_ramp(name, acceptance):
     assert result.worst_minute() >= 0.93, result.summary()
     for static in result.static_tokens:
         assert result.ratio >= result.static_ratio(static) - 0.005, result.summary()
+
+
+def test_the_renderer_scales_canaries_from_the_decided_status():
+    from specfleet.api.validation import SpeculativeDeployment, parse_status
+    from specfleet.reconcile import decided_canaries, decided_ks, decided_modes
+    from specfleet.render import render_children
+
+    status = parse_status({"pools": {"latency": {"speculation": "Off", "numSpeculativeTokens": 1}}})
+
+    def replicas(st: SpeculativeDeploymentStatus) -> dict[str, tuple[int, str]]:
+        sd = SpeculativeDeployment("a", "ns", "u", 1, speclike(), st)
+        out = {}
+        for child in render_children(sd, decided_modes(sd), None, decided_ks(sd), decided_canaries(sd)):
+            if child["kind"] == "Deployment" and child["metadata"]["name"].startswith("a-latency"):
+                args = child["spec"]["template"]["spec"]["containers"][0]["args"]
+                spec = args[args.index("--speculative-config") + 1] if "--speculative-config" in args else ""
+                out[child["metadata"]["name"]] = (child["spec"]["replicas"], spec)
+        return out
+
+    running = replicas(status)
+    assert running["a-latency"][0] == 2
+    assert running["a-latency-canary"][0] == 1
+    assert '"num_speculative_tokens":1' in running["a-latency-canary"][1].replace(" ", "")
+    pools = status.pools.model_copy(deep=True)
+    pools.latency = pools.latency.model_copy(update={"canary_replicas": 0})
+    scaled = replicas(status.model_copy(update={"pools": pools}))
+    assert scaled["a-latency"][0] == 3
+    assert scaled["a-latency-canary"][0] == 0
