@@ -37,7 +37,6 @@ value left unset is derived from the cost profile's break-even point (`threshold
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,7 +46,13 @@ from specfleet.api import reasons as r
 from specfleet.api.models import PolicySpec
 from specfleet.policy.acceptance import Estimate, estimate
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
-from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, StepTimeProfile, best_k, speedup
+from specfleet_runtime.cost_profile import (
+    PUBLISHED_ACCEPTANCE,
+    StepTimeProfile,
+    best_k,
+    concurrency_at_speedup,
+    speedup,
+)
 
 # Re-exported for callers that used the names from here (the values live in specfleet.api.reasons).
 METRICS_UNAVAILABLE = r.METRICS_UNAVAILABLE
@@ -57,9 +62,6 @@ COOLDOWN = r.COOLDOWN
 FLIP_BUDGET_EXHAUSTED = r.FLIP_BUDGET_EXHAUSTED
 OTHER_POOL_FLIPPING = r.OTHER_POOL_FLIPPING
 GOODPUT_RETUNE = r.GOODPUT_RETUNE
-
-# The largest concurrency a derived threshold can take (the API's upper bound).
-MAX_CONCURRENCY = 100000.0
 
 
 @dataclass(frozen=True)
@@ -194,29 +196,6 @@ class ThresholdValues:
     stop_concurrency: float
     resume_concurrency: float
     derived: tuple[str, ...] = ()
-
-
-@functools.lru_cache(maxsize=256)
-def concurrency_at_speedup(
-    profile: StepTimeProfile, k: int, per_position: tuple[float, ...], target: float
-) -> float:
-    """The highest running requests per engine where drafting `k` still predicts `target` speedup.
-
-    0 when even one request does not reach it; MAX_CONCURRENCY when every load does. Speedup falls
-    with load (verification costs more per step as batches grow), so a bisection finds it.
-    """
-    if speedup(profile, 1.0, k, per_position) < target:
-        return 0.0
-    if speedup(profile, MAX_CONCURRENCY, k, per_position) >= target:
-        return MAX_CONCURRENCY
-    lo, hi = 1.0, MAX_CONCURRENCY
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if speedup(profile, mid, k, per_position) >= target:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def threshold_values(policy: PolicySpec, k: int, profile: StepTimeProfile) -> ThresholdValues:
