@@ -1,4 +1,4 @@
-"""`specfleet`: print the CRD, render manifests, simulate and plan a fleet, run the operator, print the version."""
+"""`specfleet`: print the CRD, render manifests, simulate and plan a fleet, measure a profile, run the operator, print the version."""
 
 from __future__ import annotations
 
@@ -99,6 +99,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
         else None,
         standalone=True,
     )
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from specfleet.profiling import ProfileError, config_map, measure, profile_document
+
+    options = ["--model", args.model, "--method", args.method, "--name", args.name]
+    options += ["--ks", args.ks, "--batch-sizes", args.batch_sizes, "--tokens", str(args.tokens)]
+    options += ["--repeats", str(args.repeats), "--load-format", args.load_format]
+    options += ["--max-model-len", str(args.max_model_len), "--engine-args", args.engine_args]
+    if args.drafter:
+        options += ["--drafter", args.drafter]
+    if args.dtype:
+        options += ["--dtype", args.dtype]
+    if args.enforce_eager:
+        options.append("--enforce-eager")
+    try:
+        profile, doc = measure(args.vllm_python, options, timeout_seconds=args.timeout_seconds)
+    except ProfileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    text = profile_document(profile, doc.get("measuredWith"))
+    if args.config_map:
+        text = to_yaml([config_map(args.config_map, args.namespace, text)])
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -312,6 +340,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-address", default="0.0.0.0")
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=_cmd_run)
+
+    profile = sub.add_parser(
+        "profile",
+        help="measure a step-time profile (batch sizes x K) with vLLM and print it in the policy's format",
+    )
+    profile.add_argument("--vllm-python", required=True, help="python of a vLLM installation (venv or image)")
+    profile.add_argument("--model", required=True, help="target model (HF id or local folder)")
+    profile.add_argument("--method", default="eagle3", help="vLLM speculative method (default eagle3)")
+    profile.add_argument("--drafter", help="drafter model (eagle3, eagle, draft_model, medusa)")
+    profile.add_argument("--ks", default="0,1,3,5", help="K values, comma-separated, 0 first")
+    profile.add_argument("--batch-sizes", default="1,8,32,64,128,256", help="comma-separated")
+    profile.add_argument("--tokens", type=int, default=32, help="decode steps of the short run")
+    profile.add_argument("--repeats", type=int, default=3, help="measurements per point (median)")
+    profile.add_argument("--load-format", default="dummy", help="'dummy' (random weights) or 'auto'")
+    profile.add_argument("--max-model-len", type=int, default=1024)
+    profile.add_argument("--dtype", help="model dtype (default: the model's)")
+    profile.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile")
+    profile.add_argument("--engine-args", default="{}", help="more vllm.LLM keyword arguments, as JSON")
+    profile.add_argument("--name", default="measured", help="profile name")
+    profile.add_argument("--timeout-seconds", type=float, default=3600)
+    profile.add_argument("--config-map", help="print a ConfigMap of this name holding the profile")
+    profile.add_argument("-n", "--namespace", help="namespace of the ConfigMap")
+    profile.add_argument("-o", "--output", help="write to this file instead of stdout")
+    profile.set_defaults(func=_cmd_profile)
 
     simulate = sub.add_parser(
         "simulate", help="replay a trace through a simulated fleet: the policy against baselines and oracles"

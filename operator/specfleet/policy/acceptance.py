@@ -20,7 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from specfleet.api.models import MAX_SPECULATIVE_TOKENS
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
+
+# The most positions remembered (the API's largest K).
+MAX_POSITIONS = MAX_SPECULATIVE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ def merge(
     values = [min(1.0, max(0.0, float(p))) for p in measured]
     times = [now] * n
     if memory is not None and len(memory.per_position) > n:
-        old = memory.per_position
+        old = memory.per_position[:MAX_POSITIONS]
         scale = values[-1] / old[n - 1] if n and old[n - 1] > 0 else (1.0 if n == 0 else 0.0)
         ceiling = values[-1] if n else 1.0
         for i in range(n, len(old)):
@@ -96,7 +100,7 @@ def estimate(
     length: int,
 ) -> Estimate | None:
     """Acceptance for `length` positions from this window and the memory; None when nothing is fresh."""
-    n = trusted_positions(state, obs, now, window_seconds)
+    n = min(trusted_positions(state, obs, now, window_seconds), length)
     memory = state.last_acceptance
     remember = None
     if n > 0:

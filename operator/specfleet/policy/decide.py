@@ -7,7 +7,7 @@ stability gates and changes a pool only when every gate is open. There are three
   minimum dwell since its last flip, the deployment's cooldown since any flip, the per-pool hourly
   flip budget, and one pool of a deployment changing at a time;
 - an **adjustment** that keeps the mode: a new K (Goodput), or the canaries of an Off pool scaled
-  down far past break-even and back up near it. Adjustments have their own, lighter budget
+  up to measure an expired acceptance and down again far past break-even. Adjustments have their own, lighter budget
   (`minRetuneIntervalSeconds` since the pool's last change, `maxRetunesPerHour`) and never spend
   dwell, cooldown or flips, so a K retune cannot delay a needed flip;
 - a **revert**: a change whose rollout has not settled after `rolloutDeadlineSeconds` (a surge pod
@@ -24,12 +24,14 @@ Acceptance is per position and never shrinks (see `specfleet.policy.acceptance`)
 does not draft now come from memory, and positions unknown or older than
 `reentry.maxAcceptanceAgeSeconds` are extrapolated, so a lowered K is raised again when load falls.
 
-Re-entry (a pool without speculation cannot measure acceptance): the policy uses canary replicas
-that keep speculating (`reentry.canaryReplicas`), else the remembered acceptance if young enough.
-When neither exists it judges with the published acceptance and, if that says speculation pays,
-turns it on to measure ("probe"); the dwell bounds how often. Canaries cost throughput when the pool
-is far past break-even: they are scaled to zero below 1 - 2 x margin and back up above 1 - margin
-(Threshold mode: above the stop concurrency plus the hysteresis band, and back below the stop value).
+Re-entry (a pool without speculation cannot measure acceptance): the policy uses the acceptance the
+pool remembers while it is younger than `reentry.maxAcceptanceAgeSeconds`. Once it expires, canary
+replicas (`reentry.canaryReplicas`) start to measure it again, and go back down once far past
+break-even (below 1 - 2 x margin); without canaries, or when they get no traffic for a whole window,
+the policy judges with the published acceptance and, if that says speculation pays, turns the pool
+on to measure ("probe"; the dwell bounds how often). A pool turning off starts without canaries: a
+canary scaling resizes two Deployments and costs a replica's start-up of capacity (measured on the
+fleet simulator's surge rollouts), so canaries run only when the policy lacks a measurement.
 
 Threshold mode compares acceptance length and running requests per replica with fixed values; any
 value left unset is derived from the cost profile's break-even point (`threshold_values`).
@@ -37,7 +39,6 @@ value left unset is derived from the cost profile's break-even point (`threshold
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,7 +48,13 @@ from specfleet.api import reasons as r
 from specfleet.api.models import PolicySpec
 from specfleet.policy.acceptance import Estimate, estimate
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
-from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, StepTimeProfile, best_k, speedup
+from specfleet_runtime.cost_profile import (
+    PUBLISHED_ACCEPTANCE,
+    StepTimeProfile,
+    best_k,
+    concurrency_at_speedup,
+    speedup,
+)
 
 # Re-exported for callers that used the names from here (the values live in specfleet.api.reasons).
 METRICS_UNAVAILABLE = r.METRICS_UNAVAILABLE
@@ -57,9 +64,6 @@ COOLDOWN = r.COOLDOWN
 FLIP_BUDGET_EXHAUSTED = r.FLIP_BUDGET_EXHAUSTED
 OTHER_POOL_FLIPPING = r.OTHER_POOL_FLIPPING
 GOODPUT_RETUNE = r.GOODPUT_RETUNE
-
-# The largest concurrency a derived threshold can take (the API's upper bound).
-MAX_CONCURRENCY = 100000.0
 
 
 @dataclass(frozen=True)
@@ -194,29 +198,6 @@ class ThresholdValues:
     stop_concurrency: float
     resume_concurrency: float
     derived: tuple[str, ...] = ()
-
-
-@functools.lru_cache(maxsize=256)
-def concurrency_at_speedup(
-    profile: StepTimeProfile, k: int, per_position: tuple[float, ...], target: float
-) -> float:
-    """The highest running requests per engine where drafting `k` still predicts `target` speedup.
-
-    0 when even one request does not reach it; MAX_CONCURRENCY when every load does. Speedup falls
-    with load (verification costs more per step as batches grow), so a bisection finds it.
-    """
-    if speedup(profile, 1.0, k, per_position) < target:
-        return 0.0
-    if speedup(profile, MAX_CONCURRENCY, k, per_position) >= target:
-        return MAX_CONCURRENCY
-    lo, hi = 1.0, MAX_CONCURRENCY
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if speedup(profile, mid, k, per_position) >= target:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def threshold_values(policy: PolicySpec, k: int, profile: StepTimeProfile) -> ThresholdValues:
@@ -569,11 +550,14 @@ def _canary_target(
     profile: StepTimeProfile,
     known: bool = True,
 ) -> tuple[int, str, str] | None:
-    """Scale an Off pool's canaries to 0 far past break-even and back up near it: (replicas, reason, why).
+    """Scale an Off pool's canaries: (replicas, reason, why), or None to keep them.
 
-    `loads` and `gains` are (expected, observed): canaries go down on the expected load (a ramp
-    moving away) and come back only when both the expected and the observed load say so, so that
-    a noisy load does not scale them up and down.
+    A canary scaling is a scale of two Deployments (the pool's and its canary's) and costs a
+    replica's start-up of capacity, so canaries run only to measure what the policy lacks: they come
+    up when the remembered acceptance has expired (or was never measured), and go down again once
+    they have measured it and the pool is far past break-even (expected speedup of the best K below
+    1 - 2 x margin; Threshold mode: load above the stop value plus the hysteresis band). A pool
+    turning off starts without them: it has just measured its acceptance.
     """
     spec = policy.reentry.canary_replicas
     if spec == 0 or state.mode != "Off" or wanted.mode != "Off":
@@ -585,8 +569,8 @@ def _canary_target(
             return spec, r.CANARIES_SCALED_UP, "acceptance is unknown: the canaries measure it"
         return None
     if gains is not None:
-        far, near = 1 - 2 * _margin(policy), 1.0
-        expected, observed = gains
+        far = 1 - 2 * _margin(policy)
+        expected = gains[0]
         if active > 0 and expected.gain_best < far:
             return (
                 0,
@@ -596,25 +580,11 @@ def _canary_target(
                     "break-even"
                 ),
             )
-        gain = min(expected.gain_best, observed.gain_best)
-        if active < spec and gain >= near:
-            return (
-                spec,
-                r.CANARIES_SCALED_UP,
-                f"predicted speedup {gain:.2f}x at the best K is back at break-even",
-            )
         return None
     v = threshold_values(policy, k, profile)
     far_load = v.stop_concurrency + (v.stop_concurrency - v.resume_concurrency)
-    load = max(loads)
     if active > 0 and loads[0] > far_load:
         return 0, r.CANARIES_SCALED_DOWN, f"{loads[0]:.1f} running per replica is above {far_load:.0f}"
-    if active < spec and load < v.stop_concurrency:
-        return (
-            spec,
-            r.CANARIES_SCALED_UP,
-            f"{load:.1f} running per replica is back below {v.stop_concurrency:.0f}",
-        )
     return None
 
 
@@ -723,13 +693,11 @@ def _flip(
         return p.decision(reason, f"wants {wanted.mode} ({wanted.reason}: {wanted.message}) but holds: {why}")
     message = wanted.message
     canaries = None
-    if wanted.mode == "Off":
-        # A pool turning off far past break-even does not start its canaries at all.
-        off = replace(p.state, mode="Off", canary_replicas=None)
-        far = _canary_target(policy, k, off, wanted, p.loads, p.gains, profile)
-        if far is not None:
-            canaries = far[0]
-            message += f"; canaries -> {canaries}: {far[2]}"
+    if wanted.mode == "Off" and policy.reentry.canary_replicas:
+        # The pool just measured its acceptance: that memory decides re-entry. Canaries start only
+        # once it expires (a canary scaling costs a replica's start-up of capacity).
+        canaries = 0
+        message += "; canaries start when the remembered acceptance expires"
     target_k = wanted.k if policy.mode == "Goodput" else None
     return p.decision(wanted.reason, message, target=wanted.mode, target_k=target_k, canaries=canaries)
 
