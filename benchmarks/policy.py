@@ -298,12 +298,10 @@ def render(
     lines += [
         "## Reading the worst minutes",
         "",
-        "The policy's worst minutes fall on its own changes (listed under each scenario, dotted lines in "
-        "the timelines): every change is a rollout, and the rendered Deployments open a gap there. A flip "
-        "to Off with canaries sets the stable Deployment to replicas - canaries at once while the canary "
-        "pod is still starting, and a canary scale-down removes the canary while the stable replacement "
-        "starts, so the pool serves with one replica fewer for the start-up time (60 s here). The "
-        "per-level oracle pays no rollout cost by definition.",
+        "The per-level oracle pays no rollout cost by definition: each of the policy's changes is a surge "
+        "rollout (a new pod takes 60 s to start, then an old one drains), during which the pool runs a mix "
+        "of old and new engines. The targets table gives, for each worst minute, when it began and when "
+        "the policy changed something.",
         "",
     ]
     lines += targets(comps, stationary, profile, ks, sd)
@@ -362,10 +360,14 @@ def targets(
     for (scenario, drafter), comp in comps.items():
         r = comp.ratio("policy")
         w = comp.worst_minute("policy")
+        at = comp.worst_minute_start("policy")
+        times = ", ".join(f"{c.time / 60:.1f}" for c in comp.runs["policy"].changes)
+        changes = f"changes at {times} min" if times else "no changes"
         row(
             "policy >= 0.97 of per-level oracle, >= 0.95 every minute",
             f"{scenario} / {drafter}",
-            f"{fmt(r)} / worst minute {fmt(w)}",
+            f"{fmt(r)} / worst minute {fmt(w)} (from {fmt(None if at is None else at / 60, 1)} min; "
+            f"{changes})",
             r is not None and w is not None and r >= 0.97 and w >= 0.95,
         )
     for (scenario, drafter), comp in comps.items():
@@ -424,14 +426,18 @@ def targets(
             up = 600 * (be - 2) / 198
             down = 1200 + 600 * (200 - be) / 198
             changes = comp.runs["policy"].changes
-            first_off = next((c.time for c in changes if c.time >= up and c.to_mode == "Off"), None)
-            first_on = next((c.time for c in changes if c.time >= down and c.to_mode == "On"), None)
+            # The flip that answers each crossing: the first Off while load rises (it may anticipate the
+            # crossing: the policy projects the load's trend), the first On once it falls.
+            first_off = next((c.time for c in changes if c.time < 1200 and c.to_mode == "Off"), None)
+            first_on = next((c.time for c in changes if c.time >= 1200 and c.to_mode == "On"), None)
             for label, cross, when in (("up", up, first_off), ("down", down, first_on)):
                 delay = None if when is None else (when - cross) / every
                 row(
                     "decision within 2 evaluation intervals of a sustained crossing",
                     f"ramp / {drafter} ({label} through c={be} at {cross / 60:.1f} min)",
-                    "no flip" if delay is None else f"{delay:.1f} intervals",
+                    "no flip"
+                    if delay is None
+                    else (f"{delay:.1f} intervals after" if delay >= 0 else f"{-delay:.1f} intervals before"),
                     delay is not None and delay <= 2,
                 )
     for drafter, (c, flips, retunes) in stationary.items():

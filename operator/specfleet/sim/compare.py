@@ -107,6 +107,11 @@ class Comparison:
         values = [v for t, v in self.minute_ratios(name) if t >= self.first_reaction]
         return min(values) if values else None
 
+    def worst_minute_start(self, name: str) -> float | None:
+        """When the worst minute (see `worst_minute`) began, in seconds."""
+        values = [(v, t) for t, v in self.minute_ratios(name) if t >= self.first_reaction]
+        return min(values)[1] if values else None
+
     def tokens_per_second(self, name: str) -> float:
         tokens, _ = self._bins(name)
         return float(tokens.sum()) / self.duration if self.duration else 0.0
