@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint crd dashboard golden test test-unit test-cluster test-vllm test-e2e ci-fresh demo demo-down lock bench-scale
+.PHONY: help venv deps lint crd dashboard golden test test-unit test-cluster test-vllm test-e2e ci-fresh demo demo-down lock bench-scale bench-policy
 
 help:
 	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
@@ -19,6 +19,7 @@ help:
 	@echo "make deps          install every external component now (tests and demo also do it on demand)"
 	@echo "make ci-fresh      run .ci/run on a fresh clone with nothing installed by hand (before submitting)"
 	@echo "make crd           regenerate crds/ from the models"
+	@echo "make bench-policy  simulate the policy against static settings and oracles (docs/benchmarks/policy.md)"
 
 venv:
 	@echo $(VENV)
@@ -67,6 +68,10 @@ ci-fresh:
 # One operator, 500 SpeculativeDeployments in 20 namespaces, on the test bed and Debian's Prometheus.
 bench-scale:
 	$(PY) benchmarks/scale.py --out docs/benchmarks/scale.md
+
+# The fleet simulator's policy benchmark: writes docs/benchmarks/policy.md and its PNG timelines.
+bench-policy:
+	$(PY) benchmarks/policy.py
 
 demo:
 	bash scripts/demo.sh

@@ -1,8 +1,10 @@
-"""`specfleet`: print the CRD, render manifests, run the operator, show status, run the sandbox, print the version."""
+"""`specfleet`: print the CRD, render manifests, simulate and plan a fleet, measure a profile, run the operator,
+show status, run the sandbox, print the version."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -137,6 +139,211 @@ def _cmd_sandbox(args: argparse.Namespace) -> int:
     return sandbox_main(args.sandbox_args)
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from specfleet.profiling import ProfileError, config_map, measure, profile_document
+
+    options = ["--model", args.model, "--method", args.method, "--name", args.name]
+    options += ["--ks", args.ks, "--batch-sizes", args.batch_sizes, "--tokens", str(args.tokens)]
+    options += ["--repeats", str(args.repeats), "--load-format", args.load_format]
+    options += ["--max-model-len", str(args.max_model_len), "--engine-args", args.engine_args]
+    if args.drafter:
+        options += ["--drafter", args.drafter]
+    if args.dtype:
+        options += ["--dtype", args.dtype]
+    if args.enforce_eager:
+        options.append("--enforce-eager")
+    try:
+        profile, doc = measure(args.vllm_python, options, timeout_seconds=args.timeout_seconds)
+    except ProfileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    text = profile_document(profile, doc.get("measuredWith"))
+    if args.config_map:
+        text = to_yaml([config_map(args.config_map, args.namespace, text)])
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+class _UsageError(Exception):
+    """Bad input to a command: printed as one `error:` line, never a traceback."""
+
+
+def _load_one_resource(path: str) -> Any:
+    """The first SpeculativeDeployment in a file, validated as the apiserver and operator would."""
+    try:
+        documents = _load_documents(path)
+    except (OSError, yaml.YAMLError) as err:
+        raise _UsageError(f"cannot read {path}: {err}") from None
+    docs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "SpeculativeDeployment"]
+    if not docs:
+        raise _UsageError(f"{path} holds no SpeculativeDeployment")
+    try:
+        sd = parse_resource(docs[0])
+    except InvalidResourceError as err:
+        raise _UsageError("the SpeculativeDeployment is invalid: " + "; ".join(err.messages)) from None
+    problems = find_problems(sd.spec)
+    if problems:
+        raise _UsageError("the SpeculativeDeployment cannot work: " + "; ".join(problems))
+    return sd
+
+
+def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    from specfleet.sim.fleet import SimOptions
+    from specfleet.sim.workload import WorkloadError, parse_acceptance, read_trace
+    from specfleet_runtime.cost_profile import default_profile, load_profile
+
+    sd = _load_one_resource(args.filename)
+    try:
+        acceptance = parse_acceptance(args.acceptance)
+        trace = read_trace(args.trace, time_scale=args.time_scale)
+    except WorkloadError as err:
+        raise _UsageError(str(err)) from None
+    try:
+        profile = load_profile(args.profile) if args.profile else default_profile()
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        raise _UsageError(f"cannot use cost profile {args.profile}: {err}") from None
+    for name in ("startup_seconds", "scrape_interval"):
+        if not getattr(args, name) > 0:
+            raise _UsageError(f"--{name.replace('_', '-')} must be > 0")
+    if not 0 <= args.k0_penalty < 10:
+        raise _UsageError("--k0-penalty must be within [0, 10)")
+    options = SimOptions(
+        seed=args.seed,
+        acceptance=acceptance,
+        startup_seconds=args.startup_seconds,
+        scrape_interval=args.scrape_interval,
+        k0_penalty=args.k0_penalty,
+    )
+    return sd, trace, options, profile
+
+
+def _progress(quiet: bool) -> Any:
+    if quiet:
+        return None
+    return lambda name: print(f"simulating {name} ...", file=sys.stderr)
+
+
+def _simulation_table(doc: dict[str, Any]) -> str:
+    lines = [
+        f"{'strategy':<16} {'tokens/s':>10} {'tok/req-s':>10} {'vs oracle':>9} {'worst min':>9} "
+        f"{'flips':>5} {'retunes':>7} {'GPU-s':>9}"
+    ]
+    for name, r in doc["results"].items():
+        setting = f" ({r['setting']})" if "setting" in r else ""
+
+        def num(value: Any, fmt: str) -> str:
+            return "-" if value is None else format(value, fmt)
+
+        lines.append(
+            f"{name:<16} {r['tokensPerSecond']:>10.1f} {num(r['tokensPerRequestSecond'], '.2f'):>10} "
+            f"{num(r['ratioToPerLevelOracle'], '.3f'):>9} {num(r['worstMinuteRatioToPerLevelOracle'], '.3f'):>9} "
+            f"{r['flips']:>5} {r['retunes']:>7} {num(r.get('gpuSeconds'), '.0f'):>9}{setting}"
+        )
+    policy = doc["results"]["policy"]
+    lines.append("")
+    lines.append("policy, per pool:")
+    for pool, p in policy["pools"].items():
+        lines.append(
+            f"  {pool:<8} {p['tokensPerSecond']:>9.1f} tokens/s  {p['requests']} requests ({p['rejected']} rejected)  "
+            f"TTFT p50/p99 {p['ttftP50Seconds']}/{p['ttftP99Seconds']} s  ITL p50/p99 "
+            f"{p['itlP50Seconds']}/{p['itlP99Seconds']} s  {p['gpuSeconds']:.0f} GPU-s"
+        )
+    for change in policy.get("changes", []):
+        lines.append(
+            f"  t={change['timeSeconds']:>7.0f}s {change['pool']:<8} {change['kind']:<6} "
+            f"{change['from']} -> {change['to']} ({change['reason']})"
+        )
+    lines.append("")
+    lines.append(
+        "Ratios compare generated tokens per request-second with the per-level oracle (best static setting "
+        "per evaluation window, in hindsight)."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from specfleet.sim.compare import compare
+
+    try:
+        sd, trace, options, profile = _simulation_inputs(args)
+    except _UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    comparison = compare(sd, trace, options, profile, progress=_progress(args.output == "json"))
+    comparison.extra.update(
+        {
+            "trace": trace.name,
+            "requests": len(trace.requests),
+            "acceptance": list(options.acceptance),
+            "seed": args.seed,
+        }
+    )
+    doc = comparison.to_json()
+    if args.plot:
+        from specfleet.sim.plot import PlotUnavailableError, plot_timeline
+
+        try:
+            plot_timeline(comparison, args.plot, title=f"{sd.name}: {trace.name}")
+        except (PlotUnavailableError, OSError) as err:
+            print(f"error: cannot write {args.plot}: {err}", file=sys.stderr)
+            return 1
+    if args.output == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(_simulation_table(doc))
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from specfleet.sim.compare import compare
+    from specfleet.sim.plan import plan
+
+    try:
+        sd, trace, options, profile = _simulation_inputs(args)
+    except _UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    comparison = compare(sd, trace, options, profile, progress=_progress(True))
+    doc = plan(sd, comparison, profile, options.acceptance)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
+    return 0
+
+
+def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-f", "--filename", required=True, help="YAML file with a SpeculativeDeployment")
+    parser.add_argument(
+        "--trace", required=True, help="CSV trace: TIMESTAMP,ContextTokens,GeneratedTokens[,tenant,pool,...]"
+    )
+    parser.add_argument(
+        "--acceptance",
+        default="published",
+        help="drafter acceptance: published, weak, strong, or per-position values like 0.7;0.4;0.2",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0, help="divide arrival times by this (2 = twice the rate)"
+    )
+    parser.add_argument("--profile", help="step-time profile file (default: published H100 Llama-3.1-8B)")
+    parser.add_argument(
+        "--startup-seconds", type=float, default=60.0, help="engine start-up time (default 60)"
+    )
+    parser.add_argument(
+        "--scrape-interval", type=float, default=15.0, help="Prometheus scrape interval (default 15)"
+    )
+    parser.add_argument(
+        "--k0-penalty",
+        type=float,
+        default=0.10,
+        help="step-time penalty of K=0 in a speculating engine (0.10)",
+    )
+
+
 def _cmd_version(_: argparse.Namespace) -> int:
     print(__version__)
     return 0
@@ -197,6 +404,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sandbox.add_argument("sandbox_args", nargs=argparse.REMAINDER)
     sandbox.set_defaults(func=_cmd_sandbox)
+
+    profile = sub.add_parser(
+        "profile",
+        help="measure a step-time profile (batch sizes x K) with vLLM and print it in the policy's format",
+    )
+    profile.add_argument("--vllm-python", required=True, help="python of a vLLM installation (venv or image)")
+    profile.add_argument("--model", required=True, help="target model (HF id or local folder)")
+    profile.add_argument("--method", default="eagle3", help="vLLM speculative method (default eagle3)")
+    profile.add_argument("--drafter", help="drafter model (eagle3, eagle, draft_model, medusa)")
+    profile.add_argument("--ks", default="0,1,3,5", help="K values, comma-separated, 0 first")
+    profile.add_argument("--batch-sizes", default="1,8,32,64,128,256", help="comma-separated")
+    profile.add_argument("--tokens", type=int, default=32, help="decode steps of the short run")
+    profile.add_argument("--repeats", type=int, default=3, help="measurements per point (median)")
+    profile.add_argument("--load-format", default="dummy", help="'dummy' (random weights) or 'auto'")
+    profile.add_argument("--max-model-len", type=int, default=1024)
+    profile.add_argument("--dtype", help="model dtype (default: the model's)")
+    profile.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile")
+    profile.add_argument("--engine-args", default="{}", help="more vllm.LLM keyword arguments, as JSON")
+    profile.add_argument("--name", default="measured", help="profile name")
+    profile.add_argument("--timeout-seconds", type=float, default=3600)
+    profile.add_argument("--config-map", help="print a ConfigMap of this name holding the profile")
+    profile.add_argument("-n", "--namespace", help="namespace of the ConfigMap")
+    profile.add_argument("-o", "--output", help="write to this file instead of stdout")
+    profile.set_defaults(func=_cmd_profile)
+
+    simulate = sub.add_parser(
+        "simulate", help="replay a trace through a simulated fleet: the policy against baselines and oracles"
+    )
+    _add_simulation_arguments(simulate)
+    simulate.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    simulate.add_argument("--plot", help="write a PNG timeline to this file")
+    simulate.set_defaults(func=_cmd_simulate)
+
+    plan_cmd = sub.add_parser("plan", help="recommend speculation settings for a workload (simulated)")
+    _add_simulation_arguments(plan_cmd)
+    plan_cmd.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    plan_cmd.set_defaults(func=_cmd_plan)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)

@@ -229,8 +229,9 @@ class Controller:
 def _keep_recent_measurement_times(
     previous: SpeculativeDeploymentStatus, recorded: SpeculativeDeploymentStatus, now: datetime
 ) -> SpeculativeDeploymentStatus:
-    """`recorded` with each pool's acceptanceMeasuredAt kept from `previous` where the measured numbers
-    did not change and the previous time is younger than ACCEPTANCE_REFRESH_SECONDS."""
+    """`recorded` with each pool's acceptanceMeasuredAt (and per-position times) kept from `previous`
+    where the measured numbers did not change and the previous time is younger than
+    ACCEPTANCE_REFRESH_SECONDS: the same measurement again writes no status."""
     pools = recorded.pools.model_copy()
     kept = False
     for pool in POOLS:
@@ -243,9 +244,11 @@ def _keep_recent_measurement_times(
             == (old.acceptance_length, old.per_position_acceptance)
             and (now - measured).total_seconds() < ACCEPTANCE_REFRESH_SECONDS
         ):
-            setattr(
-                pools, pool, new.model_copy(update={"acceptance_measured_at": old.acceptance_measured_at})
-            )
+            keep = {
+                "acceptance_measured_at": old.acceptance_measured_at,
+                "per_position_measured_at": old.per_position_measured_at,
+            }
+            setattr(pools, pool, new.model_copy(update=keep))
             kept = True
     return recorded.model_copy(update={"pools": pools}) if kept else recorded
 

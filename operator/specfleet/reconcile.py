@@ -102,7 +102,12 @@ def decided_plan(
         mode: SpeculationMode = decided.speculation if setting == "Auto" else setting
         k = decided.num_speculative_tokens
         goodput = setting == "Auto" and sd.spec.policy.mode == "Goodput"
-        plan[pool] = PoolPlan(mode, k if goodput and k is not None and 1 <= k <= limit else None)
+        plan[pool] = PoolPlan(
+            mode,
+            k if goodput and k is not None and 1 <= k <= limit else None,
+            # Canaries of an Auto pool while off, where the policy scaled them (None: the spec's).
+            decided.canary_replicas if setting == "Auto" else None,
+        )
     return plan
 
 

@@ -30,6 +30,7 @@ Profile file format (YAML or JSON; one row per batch size, one column per K; K=0
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -240,3 +241,31 @@ def best_k(
     if not ks:
         raise ValueError("no candidate K")
     return max(ks, key=lambda k: (goodput(profile, batch, k, per_position_acceptance), -k))
+
+
+# The largest concurrency `concurrency_at_speedup` reports.
+MAX_CONCURRENCY: Final = 100000.0
+
+
+@functools.lru_cache(maxsize=256)
+def concurrency_at_speedup(
+    profile: StepTimeProfile, k: int, per_position_acceptance: tuple[float, ...], target: float
+) -> float:
+    """The highest running requests per engine at which drafting `k` still predicts `target` speedup.
+
+    `target` 1.0 gives the break-even point. 0 when even one request does not reach it;
+    MAX_CONCURRENCY when every load does. Speedup falls with load (verifying K drafts costs more per
+    step as batches grow compute-bound), so a bisection finds it.
+    """
+    if speedup(profile, 1.0, k, per_position_acceptance) < target:
+        return 0.0
+    if speedup(profile, MAX_CONCURRENCY, k, per_position_acceptance) >= target:
+        return MAX_CONCURRENCY
+    lo, hi = 1.0, MAX_CONCURRENCY
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if speedup(profile, mid, k, per_position_acceptance) >= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -7,6 +7,7 @@ Durations are seconds-scale (evaluation every 2 s, 6 s rate windows, 15 s dwell)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import socket
@@ -400,3 +401,88 @@ def test_operator_restart_mid_rollout_does_not_flip_twice(env):
     assert "--speculative-config" not in _engine_args(env, name)
     assert settled_at_restart == "False", "the restart came after the rollout ended; the test proved less"
     assert stats.failed == 0, stats.errors
+
+
+def _sim_truth_workload(points: list[tuple[float, int]], max_tokens: int) -> Any:
+    """The LoadGenerator's requests as the simulator sees them: its prompts, the emulator's lengths."""
+    from specfleet.sim.workload import ClosedLoop
+    from specfleet_runtime.emulator.config import EmulatorConfig
+    from specfleet_runtime.emulator.text import Prompt, natural_length
+
+    shortest, longest = EmulatorConfig(served_model_name="x").natural_length
+    sizes = []
+    for n in range(1, 4001):
+        prompt = Prompt.from_chat([("user", f"request {n}: tell me a story")])
+        sizes.append((prompt.num_tokens, min(max_tokens, natural_length(prompt.seed, shortest, longest))))
+    return ClosedLoop(points=tuple((t, float(c)) for t, c in points), sizes=tuple(sizes), name="e2e")
+
+
+def test_simulator_tells_the_truth_about_this_loop(env):
+    """The same fleet and load, run here and in the simulator: tokens/s within 10%, flips within 2
+    evaluation intervals of each other."""
+    from datetime import UTC, datetime
+
+    from specfleet.api.validation import parse_resource
+    from specfleet.policy.record import parse_time
+    from specfleet.sim.fleet import SimOptions, simulate
+    from specfleet_runtime.cost_profile import default_profile
+
+    name = _fleet(env, "truth")
+    max_tokens = 48
+    phases = [(2, 20.0), (28, 60.0), (2, 60.0)]
+    load = LoadGenerator(env.router_url(name), "llama", max_tokens=max_tokens).start(concurrency=2)
+    try:
+        _wait_metrics(env, name)
+        start_wall = datetime.now(UTC)
+        start = time.monotonic()
+        points: list[tuple[float, int]] = []
+        for concurrency, seconds in phases:
+            at = time.monotonic() - start
+            load.set_concurrency(concurrency)
+            points += [(at, concurrency), (at + seconds - 0.001, concurrency)]
+            time.sleep(seconds)
+        elapsed = time.monotonic() - start
+        assert env.prometheus is not None
+        selector = f'namespace="{env.namespace}",specfleet_io_deployment="{name}",specfleet_io_pool="latency"'
+        window = f"{int(elapsed)}s"
+        answer = env.prometheus.query(
+            f"sum(max_over_time(vllm:generation_tokens_total{{{selector}}}[{window}]) - "
+            f"min_over_time(vllm:generation_tokens_total{{{selector}}}[{window}]))"
+        )
+    finally:
+        stats = load.stop()
+    assert stats.failed == 0, stats.errors
+    real_tps = float(answer[0]["value"][1]) / elapsed
+    body = env.sd(name)
+    real_flips = [
+        ((t - start_wall).total_seconds(), h["to"])
+        for h in body["status"]["history"]
+        if (t := parse_time(h["time"])) is not None and t >= start_wall
+    ]
+
+    # The simulator: the same resource, the emulator's pace (its profile x --time-scale 10), the
+    # e2e Prometheus' 1 s scrape, no prefill cost (the emulator charges none).
+    base = default_profile()
+    profile = dataclasses.replace(base, step_ms=tuple(tuple(t * 10 for t in row) for row in base.step_ms))
+    body.pop("status", None)
+    sim = simulate(
+        parse_resource(body),
+        _sim_truth_workload(points, max_tokens),
+        options=SimOptions(
+            seed=0,
+            scrape_interval=1.0,
+            startup_seconds=5.0,
+            prefill_ms_per_token=0.0,
+            acceptance=tuple(PUBLISHED_ACCEPTANCE),
+        ),
+        profile=profile,
+    )
+    sim_tps = sim.pools["latency"].tokens / sim.duration
+    sim_flips = [(c.time, c.to_mode) for c in sim.changes if c.kind == "flip"]
+    evidence = f"real {real_tps:.1f} tokens/s, flips {real_flips}; simulated {sim_tps:.1f}, flips {sim_flips}"
+    print(evidence)
+    assert abs(sim_tps - real_tps) <= 0.10 * real_tps, evidence
+    assert [m for _, m in sim_flips] == [m for _, m in real_flips], evidence
+    every = 2.0  # evaluationIntervalSeconds of _fleet
+    for (t_sim, _), (t_real, _) in zip(sim_flips, real_flips, strict=True):
+        assert abs(t_sim - t_real) <= 2 * every, evidence

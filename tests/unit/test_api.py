@@ -47,7 +47,9 @@ def test_defaults_are_filled():
     assert spec.drafter.method == "eagle3"
     assert spec.drafter.num_speculative_tokens == 3
     assert spec.pools.latency.speculation == "Auto"
-    assert spec.policy.thresholds.stop_below_acceptance_length_milli == 1400
+    assert spec.policy.mode == "Goodput"
+    # Threshold values left unset are derived from the cost profile's break-even point.
+    assert spec.policy.thresholds.stop_below_acceptance_length_milli is None
     assert spec.engine.resources.gpus == 1
 
 

@@ -38,6 +38,14 @@ def world():
             "spec": {
                 "pools": {"latency": {"replicas": 2}, "batch": {"replicas": 1, "speculation": "Off"}},
                 "policy": {
+                    # The controller's plumbing, with the simplest rule to script.
+                    "mode": "Threshold",
+                    "thresholds": {
+                        "stopBelowAcceptanceLengthMilli": 1400,
+                        "resumeAboveAcceptanceLengthMilli": 1700,
+                        "stopAboveConcurrencyPerReplica": 48,
+                        "resumeBelowConcurrencyPerReplica": 32,
+                    },
                     "evaluationIntervalSeconds": 5,
                     "windowSeconds": 30,
                     "minDwellSeconds": 60,
@@ -86,7 +94,7 @@ def test_high_load_flips_off_then_holds_then_back_on(world):
     controller.reconcile_object("default", "llama")
     assert "--speculative-config" in _latency_args(cluster)
 
-    prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=80.0)
+    prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[8.0, 4.0, 2.0], running=80.0)
     outcome = controller.evaluate_policy("default", "llama")
     assert [d.flip for d in outcome.decisions] == [True]
     assert outcome.next_seconds == 5
@@ -142,7 +150,7 @@ def test_restart_between_decision_and_rollout_end_does_not_flip_again(world):
     controller.reconcile_object("default", "llama")
     cluster.roll_out()
     controller.reconcile_object("default", "llama")
-    prom.set_pool("latency", drafts=10.0, accepted=20.0, per_pos=[0.8, 0.7, 0.5], running=80.0)
+    prom.set_pool("latency", drafts=10.0, accepted=20.0, per_pos=[8.0, 7.0, 5.0], running=80.0)
     assert controller.evaluate_policy("default", "llama").decisions[0].reason == "ConcurrencyAboveThreshold"
     # Load falls right after the decision, so the numbers would ask to flip back.
     prom.set_pool("latency", drafts=0.0, accepted=0.0, running=2.0)

@@ -169,3 +169,19 @@ def test_validate_acceptance() -> None:
         validate_acceptance([0.4, 0.5])
     with pytest.raises(ValueError, match="within"):
         validate_acceptance([-0.1])
+
+
+def test_break_even_concurrency_of_the_published_profile():
+    from specfleet_runtime.cost_profile import MAX_CONCURRENCY, concurrency_at_speedup
+
+    profile = default_profile()
+    published = tuple(PUBLISHED_ACCEPTANCE)
+    c = concurrency_at_speedup(profile, 1, published, 1.0)
+    assert speedup(profile, c, 1, published) == pytest.approx(1.0, abs=1e-6)
+    assert 160 < c < 175  # the measurement: about 169
+    assert concurrency_at_speedup(profile, 3, (0.0, 0.0, 0.0), 1.0) == 0.0
+    # Even perfect acceptance stops paying once verifying doubles the step (K=1 at about 343 here) ...
+    assert 300 < concurrency_at_speedup(profile, 1, (1.0,), 1.0) < 400
+    # ... while free verification pays at any load.
+    flat = StepTimeProfile(batch_sizes=(1, 256), speculative_tokens=(0, 1), step_ms=((5.0, 5.0), (9.0, 9.0)))
+    assert concurrency_at_speedup(flat, 1, (0.5,), 1.0) == MAX_CONCURRENCY

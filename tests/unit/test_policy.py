@@ -15,8 +15,14 @@ from specfleet_runtime.cost_profile import default_profile
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 PROFILE = default_profile()
-THRESHOLD = PolicySpec.model_validate({})
-GOODPUT = PolicySpec.model_validate({"mode": "Goodput"})
+CLASSIC_THRESHOLDS = {
+    "stopBelowAcceptanceLengthMilli": 1400,
+    "resumeAboveAcceptanceLengthMilli": 1700,
+    "stopAboveConcurrencyPerReplica": 48,
+    "resumeBelowConcurrencyPerReplica": 32,
+}
+THRESHOLD = PolicySpec.model_validate({"mode": "Threshold", "thresholds": CLASSIC_THRESHOLDS})
+GOODPUT = PolicySpec.model_validate({})
 LONG_AGO = NOW - timedelta(days=1)
 
 
@@ -148,14 +154,16 @@ def test_cooldown_spans_pools():
         "latency": state("On"),
         "batch": state("On", flips=[NOW - timedelta(seconds=400)], last=NOW - timedelta(seconds=400)),
     }
-    policy = PolicySpec.model_validate({"minDwellSeconds": 60, "cooldownSeconds": 600})
+    policy = THRESHOLD.model_copy(update={"min_dwell_seconds": 60, "cooldown_seconds": 600})
     decisions = decide(policy, 3, states, {"latency": obs(load=99), "batch": obs("batch")}, NOW, PROFILE)
     assert decisions[0].reason == "Cooldown"
 
 
 def test_flip_budget():
     flips = [NOW - timedelta(minutes=m) for m in (50, 40, 30, 20)]
-    policy = PolicySpec.model_validate({"minDwellSeconds": 0, "cooldownSeconds": 0, "maxFlipsPerHour": 4})
+    policy = THRESHOLD.model_copy(
+        update={"min_dwell_seconds": 0, "cooldown_seconds": 0, "max_flips_per_hour": 4}
+    )
     d = one(policy, state("On", last=flips[-1], flips=flips), obs(load=99))
     assert d.reason == "FlipBudgetExhausted"
 
@@ -258,21 +266,24 @@ def test_goodput_retunes_k_when_a_smaller_k_pays_more():
     assert d.changes
 
 
-def test_goodput_keeps_k_inside_the_margin():
-    # At 64, K=1 beats K=3 by ~3%: inside the 5% margin, no rollout for it.
-    d = one(GOODPUT, state("On"), obs(load=64, per_position=(0.68, 0.39, 0.2)), k=3)
+def test_goodput_keeps_k_inside_the_retune_margin():
+    # At 48, K=1 beats K=3 by ~0.4%: inside the 2% retune margin, no rollout for it.
+    d = one(GOODPUT, state("On"), obs(load=48, per_position=(0.68, 0.39, 0.2)), k=3)
     assert not d.changes
+    # At 64 it is ~3% better: past the retune margin.
+    d = one(GOODPUT, state("On"), obs(load=64, per_position=(0.68, 0.39, 0.2)), k=3)
+    assert (d.reason, d.target_k) == ("GoodputRetune", 1)
 
 
-def test_goodput_retune_respects_dwell():
-    d = one(
-        GOODPUT,
-        state("On", last=NOW - timedelta(seconds=30)),
-        obs(load=128, per_position=(0.68, 0.39, 0.2)),
-        k=3,
-    )
-    assert (d.changes, d.reason) == (False, "MinDwell")
+def test_goodput_retune_has_its_own_interval_not_the_flip_dwell():
+    # 30 s after a flip: the retune waits for minRetuneIntervalSeconds (120 s), not the 300 s dwell.
+    recent = state("On", last=NOW - timedelta(seconds=30), flips=[NOW - timedelta(seconds=30)])
+    d = one(GOODPUT, recent, obs(load=128, per_position=(0.68, 0.39, 0.2)), k=3)
+    assert (d.changes, d.reason) == (False, "MinRetuneInterval")
     assert "K 3 -> 1" in d.message
+    later = state("On", last=NOW - timedelta(seconds=150), flips=[NOW - timedelta(seconds=150)])
+    d = one(GOODPUT, later, obs(load=128, per_position=(0.68, 0.39, 0.2)), k=3)
+    assert (d.reason, d.target_k) == ("GoodputRetune", 1)
 
 
 def test_goodput_pool_at_small_k_grows_back_when_load_falls():

@@ -97,8 +97,8 @@ def test_one_round_of_queries_per_prometheus_serves_every_resource(world):
     names = [(f"ns-{i % 3}", f"fleet-{i}") for i in range(30)]
     for ns, name in names:
         world.add(ns, name)
-        # Heavy load on every latency pool: each one should flip Off.
-        world.prom().set_pool("latency", namespace=ns, deployment=name, running=80.0)
+        # Load far past any break-even point on every latency pool: each one should flip Off.
+        world.prom().set_pool("latency", namespace=ns, deployment=name, running=400.0)
     world.cluster.roll_out()
     for ns, name in names:
         world.controller.reconcile_object(ns, name)

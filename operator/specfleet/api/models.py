@@ -28,6 +28,8 @@ SpeculationMode = Literal["On", "Off"]
 PoolName = constants.PoolName
 MAX_SPECULATIVE_TOKENS = 10
 MAX_SCHEDULE_RANGES = 16
+# Flips (and adjustments) the status remembers per pool: the most an hourly budget may allow.
+MAX_CHANGES_PER_HOUR = 60
 
 # A Kubernetes resource quantity ("8", "500m", "64Gi").
 Quantity = Annotated[
@@ -472,38 +474,64 @@ class PrometheusSpec(ApiModel):
 
 
 class Thresholds(ApiModel):
-    """Threshold mode: stop past the stop values, resume only past the resume values (hysteresis)."""
+    """Threshold mode: stop past the stop values, resume only past the resume values (hysteresis).
+
+    An unset value is derived from the break-even point of the cost profile at the drafter's K, with
+    `goodput.marginPercent` as the hysteresis: the concurrency values where the published acceptance
+    (EAGLE, Llama-3.1-8B) predicts a speedup of 1 - margin (stop) and 1 + margin (resume), and the
+    acceptance lengths that break even at batch size 1, times 1 - margin (stop) and 1 + margin (resume).
+    """
 
     rules = (
         Rule(
-            cel="self.resumeAboveAcceptanceLengthMilli > self.stopBelowAcceptanceLengthMilli",
+            cel="!has(self.resumeAboveAcceptanceLengthMilli) || !has(self.stopBelowAcceptanceLengthMilli) "
+            "|| self.resumeAboveAcceptanceLengthMilli > self.stopBelowAcceptanceLengthMilli",
             message="resumeAboveAcceptanceLengthMilli must be greater than stopBelowAcceptanceLengthMilli",
-            check=lambda t: t.resume_above_acceptance_length_milli > t.stop_below_acceptance_length_milli,
+            check=lambda t: (
+                t.resume_above_acceptance_length_milli is None
+                or t.stop_below_acceptance_length_milli is None
+                or t.resume_above_acceptance_length_milli > t.stop_below_acceptance_length_milli
+            ),
         ),
         Rule(
-            cel="self.resumeBelowConcurrencyPerReplica < self.stopAboveConcurrencyPerReplica",
+            cel="!has(self.resumeBelowConcurrencyPerReplica) || !has(self.stopAboveConcurrencyPerReplica) "
+            "|| self.resumeBelowConcurrencyPerReplica < self.stopAboveConcurrencyPerReplica",
             message="resumeBelowConcurrencyPerReplica must be less than stopAboveConcurrencyPerReplica",
-            check=lambda t: t.resume_below_concurrency_per_replica < t.stop_above_concurrency_per_replica,
+            check=lambda t: (
+                t.resume_below_concurrency_per_replica is None
+                or t.stop_above_concurrency_per_replica is None
+                or t.resume_below_concurrency_per_replica < t.stop_above_concurrency_per_replica
+            ),
         ),
     )
 
-    stop_below_acceptance_length_milli: int = Field(
-        default=1400,
+    stop_below_acceptance_length_milli: int | None = Field(
+        default=None,
         ge=1000,
         le=11000,
-        description="Stop speculating when mean acceptance length (tokens/step x1000) falls below this.",
+        description="Stop speculating when mean acceptance length (tokens/step x1000) falls below this. "
+        "Default: break-even at batch size 1 for the drafter's K, times 1 - margin.",
     )
-    resume_above_acceptance_length_milli: int = Field(
-        default=1700, ge=1000, le=11000, description="Resume only when acceptance length x1000 exceeds this."
+    resume_above_acceptance_length_milli: int | None = Field(
+        default=None,
+        ge=1000,
+        le=11000,
+        description="Resume only when acceptance length x1000 exceeds this. "
+        "Default: break-even at batch size 1 for the drafter's K, times 1 + margin.",
     )
-    stop_above_concurrency_per_replica: int = Field(
-        default=48, ge=1, le=100000, description="Stop when running requests per replica rise above this."
+    stop_above_concurrency_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        le=100000,
+        description="Stop when running requests per replica rise above this. Default: where the "
+        "cost profile and the published acceptance predict a speedup of 1 - margin.",
     )
-    resume_below_concurrency_per_replica: int = Field(
-        default=32,
+    resume_below_concurrency_per_replica: int | None = Field(
+        default=None,
         ge=0,
         le=100000,
-        description="Resume only when running requests per replica fall below this.",
+        description="Resume only when running requests per replica fall below this. Default: where "
+        "the cost profile and the published acceptance predict a speedup of 1 + margin.",
     )
 
 
@@ -512,6 +540,12 @@ class GoodputPolicy(ApiModel):
 
     margin_percent: int = Field(
         default=5, ge=0, le=50, description="Turn off below 1 - margin, on above 1 + margin (hysteresis)."
+    )
+    retune_margin_percent: int = Field(
+        default=2,
+        ge=0,
+        le=50,
+        description="Retune K when another K predicts more than this much above the current one.",
     )
     cost_profile_config_map: str | None = Field(
         default=None,
@@ -537,7 +571,11 @@ class Reentry(ApiModel):
 class PolicySpec(ApiModel):
     """When the operator turns speculation on or off for Auto pools."""
 
-    mode: Literal["Threshold", "Goodput"] = Field(default="Threshold", description="Decision rule.")
+    mode: Literal["Threshold", "Goodput"] = Field(
+        default="Goodput",
+        description="Decision rule: Goodput predicts the speedup of each K from measured acceptance, load "
+        "and the cost profile; Threshold compares acceptance length and concurrency with fixed values.",
+    )
     prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="Metrics source.")
     evaluation_interval_seconds: int = Field(default=30, ge=1, le=3600, description="How often to decide.")
     window_seconds: int = Field(default=120, ge=5, le=3600, description="Rate window of the queries.")
@@ -549,7 +587,27 @@ class PolicySpec(ApiModel):
     cooldown_seconds: int = Field(
         default=600, ge=0, le=86400, description="Minimum time between two flips of the same deployment."
     )
-    max_flips_per_hour: int = Field(default=4, ge=1, le=60, description="Cap on flips per pool per hour.")
+    max_flips_per_hour: int = Field(
+        default=4, ge=1, le=MAX_CHANGES_PER_HOUR, description="Cap on flips per pool per hour."
+    )
+    min_retune_interval_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=86400,
+        description="Minimum time between a pool's last change and an adjustment that keeps its mode "
+        "(a new K, canaries scaled down or up). Adjustments have their own budget: they do not spend "
+        "dwell, cooldown or flips.",
+    )
+    max_retunes_per_hour: int = Field(
+        default=6, ge=1, le=MAX_CHANGES_PER_HOUR, description="Cap on adjustments per pool per hour."
+    )
+    rollout_deadline_seconds: int = Field(
+        default=1200,
+        ge=60,
+        le=86400,
+        description="A change the policy made that has not finished rolling out after this long (a "
+        "surge pod that finds no free GPU) is reverted, with reason RolloutFailed.",
+    )
     reentry: Reentry = Field(default_factory=Reentry, description="Re-entry into speculation.")
 
 
@@ -663,6 +721,27 @@ class Condition(StatusModel):
     last_transition_time: str = Field(description="When status last changed (RFC 3339).")
 
 
+class PoolRollout(StatusModel):
+    """The policy's last change of a pool: what it replaced (to revert it) and when it settled."""
+
+    time: str = Field(description="When the change was decided (RFC 3339).")
+    reason: str = Field(default="", description="Reason of the change.")
+    from_mode: SpeculationMode = Field(default="On", description="Mode before the change.")
+    from_num_speculative_tokens: int | None = Field(default=None, description="K before the change.")
+    from_canary_replicas: int | None = Field(
+        default=None, description="Canary replicas the policy ran before the change (unset: spec's)."
+    )
+    drafted_before: int = Field(
+        default=0, description="Fewest positions any speculating engine of the pool drafted before (0: none)."
+    )
+    drafted_after: int = Field(
+        default=0, description="Fewest positions any speculating engine of the pool drafts after (0: none)."
+    )
+    settled_time: str | None = Field(
+        default=None, description="When the policy saw the pool settled after the change (RFC 3339)."
+    )
+
+
 class PoolStatus(StatusModel):
     """Observed state of one pool."""
 
@@ -691,9 +770,42 @@ class PoolStatus(StatusModel):
     generation_tokens_per_second: str | None = Field(
         default=None, description="Last observed generated tokens per second of the whole pool, as text."
     )
+    recent_load: list[str] | None = Field(
+        default=None,
+        max_length=16,
+        description="Running requests per replica of the last evaluations, as 'RFC3339=value' (the "
+        "policy's view of the load's trend).",
+    )
     last_transition_time: str | None = Field(default=None, description="When speculation last flipped.")
     reason: str | None = Field(default=None, description="Why the pool is in this mode.")
     message: str | None = Field(default=None, description="Details of the last decision.")
+    per_position_measured_at: list[str] | None = Field(
+        default=None,
+        max_length=MAX_SPECULATIVE_TOKENS,
+        description="When each position of perPositionAcceptance was last measured (RFC 3339): a pool "
+        "drafting fewer positions keeps the deeper ones it measured before.",
+    )
+    recent_flip_times: list[str] | None = Field(
+        default=None,
+        max_length=MAX_CHANGES_PER_HOUR,
+        description="This pool's flips in the last hour (RFC 3339), for policy.maxFlipsPerHour.",
+    )
+    last_retune_time: str | None = Field(
+        default=None, description="When the policy last adjusted the pool without flipping it."
+    )
+    recent_retune_times: list[str] | None = Field(
+        default=None,
+        max_length=MAX_CHANGES_PER_HOUR,
+        description="This pool's adjustments in the last hour (RFC 3339), for policy.maxRetunesPerHour.",
+    )
+    canary_replicas: int | None = Field(
+        default=None,
+        description="Canary replicas the policy runs while the pool is off, when it scaled them below "
+        "policy.reentry.canaryReplicas (far past break-even); unset: the spec's count.",
+    )
+    rollout: PoolRollout | None = Field(
+        default=None, description="The policy's last change of the pool and how its rollout went."
+    )
 
 
 class PoolStatuses(StatusModel):

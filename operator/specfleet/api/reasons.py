@@ -45,3 +45,32 @@ EVENT_SPECULATION_ON: Final = "SpeculationOn"
 EVENT_SPECULATION_OFF: Final = "SpeculationOff"
 EVENT_SPECULATION_RETUNED: Final = "SpeculationRetuned"
 EVENT_METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
+EVENT_ROLLOUT_FAILED: Final = "RolloutFailed"
+EVENT_CANARIES_SCALED: Final = "CanariesScaled"
+
+# Policy decision reasons (status history, pool status `reason`, Events, the decisions metric).
+# Holds: a gate is closed.
+ROLLOUT_IN_PROGRESS: Final = "RolloutInProgress"
+MIN_DWELL: Final = "MinDwell"
+COOLDOWN: Final = "Cooldown"
+FLIP_BUDGET_EXHAUSTED: Final = "FlipBudgetExhausted"
+MIN_RETUNE_INTERVAL: Final = "MinRetuneInterval"
+RETUNE_BUDGET_EXHAUSTED: Final = "RetuneBudgetExhausted"
+OTHER_POOL_FLIPPING: Final = "OtherPoolFlipping"
+# Threshold mode.
+ACCEPTANCE_BELOW_THRESHOLD: Final = "AcceptanceBelowThreshold"
+CONCURRENCY_ABOVE_THRESHOLD: Final = "ConcurrencyAboveThreshold"
+CONDITIONS_RECOVERED: Final = "ConditionsRecovered"
+ACCEPTANCE_STILL_LOW: Final = "AcceptanceStillLow"
+CONCURRENCY_STILL_HIGH: Final = "ConcurrencyStillHigh"
+SPECULATION_PAYS: Final = "SpeculationPays"
+# Both modes.
+PROBE_ACCEPTANCE: Final = "ProbeAcceptance"
+ROLLOUT_FAILED: Final = "RolloutFailed"
+CANARIES_SCALED_DOWN: Final = "CanariesScaledDown"
+CANARIES_SCALED_UP: Final = "CanariesScaledUp"
+# Goodput mode.
+GOODPUT_BELOW_BREAK_EVEN: Final = "GoodputBelowBreakEven"
+GOODPUT_ABOVE_BREAK_EVEN: Final = "GoodputAboveBreakEven"
+GOODPUT_WITHIN_MARGIN: Final = "GoodputWithinMargin"
+GOODPUT_RETUNE: Final = "GoodputRetune"

@@ -1,50 +1,69 @@
 """The speculation policy: observations in, per-pool decisions out. Pure and deterministic.
 
-Two steps per pool. `wanted_mode` says what the numbers ask for (Threshold or Goodput rule, with
-hysteresis). `decide` then applies the stability gates, in this order, and flips only when every gate
-is open: usable observations, the pool's rollout finished, minimum dwell since its last flip, the
-deployment's cooldown since any flip, the per-pool flip budget for the last hour, and one pool of a
-deployment changing at a time.
+Per pool, the rule (Goodput or Threshold) says what the numbers ask for; `decide` then applies the
+stability gates and changes a pool only when every gate is open. There are three kinds of change:
 
-Goodput mode also chooses K: a speculating pool whose best K (among the profile's measured K values,
-up to the drafter's) beats its current K by more than the margin is retuned to it, through the
-same gates; a pool turning speculation on starts at the best K for its load.
+- a **flip** (speculation On <-> Off): gated by usable observations, the pool's rollout finished,
+  minimum dwell since its last flip, the deployment's cooldown since any flip, the per-pool hourly
+  flip budget, and one pool of a deployment changing at a time;
+- an **adjustment** that keeps the mode: a new K (Goodput), or the canaries of an Off pool scaled
+  up to measure an expired acceptance and down again far past break-even. Adjustments have their own, lighter budget
+  (`minRetuneIntervalSeconds` since the pool's last change, `maxRetunesPerHour`) and never spend
+  dwell, cooldown or flips, so a K retune cannot delay a needed flip;
+- a **revert**: a change whose rollout has not settled after `rolloutDeadlineSeconds` (a surge pod
+  that finds no free GPU) is undone, with reason RolloutFailed, whatever the gates say. A revert
+  counts as a flip (or an adjustment), so the same change is retried only after dwell and cooldown.
 
-Re-entry (a pool without speculation cannot measure acceptance): the policy uses, in order, the
-acceptance of canary replicas that keep speculating (`reentry.canaryReplicas`), else the last
-acceptance the pool measured while it speculated, if younger than `reentry.maxAcceptanceAgeSeconds`.
-When neither exists and load is low enough, it turns speculation back on to measure ("probe"); the
-dwell time then bounds how often a probe can happen.
+Goodput mode predicts the speedup of every K the profile measured (up to the drafter's) from the
+per-position acceptance and the observed load. A speculating pool turns off only when even its best
+K does not pay (below 1 - margin); when another K beats its current one by more than the margin, or
+its current K no longer pays while another does, it is retuned. A pool turning on starts at the best
+K; a pool turning off records the best K, which its canaries draft while it is off.
+
+Acceptance is per position and never shrinks (see `specfleet.policy.acceptance`): positions a pool
+does not draft now come from memory, and positions unknown or older than
+`reentry.maxAcceptanceAgeSeconds` are extrapolated, so a lowered K is raised again when load falls.
+
+Re-entry (a pool without speculation cannot measure acceptance): the policy uses the acceptance the
+pool remembers while it is younger than `reentry.maxAcceptanceAgeSeconds`. Once it expires, canary
+replicas (`reentry.canaryReplicas`) start to measure it again, and go back down once far past
+break-even (below 1 - 2 x margin); without canaries, or when they get no traffic for a whole window,
+the policy judges with the published acceptance and, if that says speculation pays, turns the pool
+on to measure ("probe"; the dwell bounds how often). A pool turning off starts without canaries: a
+canary scaling resizes two Deployments and costs a replica's start-up of capacity (measured on the
+fleet simulator's surge rollouts), so canaries run only when the policy lacks a measurement.
+
+Threshold mode compares acceptance length and running requests per replica with fixed values; any
+value left unset is derived from the cost profile's break-even point (`threshold_values`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
+from specfleet.api import reasons as r
 from specfleet.api.models import PolicySpec
-from specfleet.policy.observations import PoolObservation, PoolState
-from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, StepTimeProfile, best_k, speedup
+from specfleet.policy.acceptance import Estimate, estimate
+from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
+from specfleet_runtime.cost_profile import (
+    PUBLISHED_ACCEPTANCE,
+    StepTimeProfile,
+    best_k,
+    concurrency_at_speedup,
+    speedup,
+)
 
-# Reasons (CamelCase, shown in status history and Events).
-METRICS_UNAVAILABLE = "MetricsUnavailable"
-ROLLOUT_IN_PROGRESS = "RolloutInProgress"
-MIN_DWELL = "MinDwell"
-COOLDOWN = "Cooldown"
-FLIP_BUDGET_EXHAUSTED = "FlipBudgetExhausted"
-OTHER_POOL_FLIPPING = "OtherPoolFlipping"
-ACCEPTANCE_BELOW_THRESHOLD = "AcceptanceBelowThreshold"
-CONCURRENCY_ABOVE_THRESHOLD = "ConcurrencyAboveThreshold"
-CONDITIONS_RECOVERED = "ConditionsRecovered"
-ACCEPTANCE_STILL_LOW = "AcceptanceStillLow"
-CONCURRENCY_STILL_HIGH = "ConcurrencyStillHigh"
-PROBE_ACCEPTANCE = "ProbeAcceptance"
-SPECULATION_PAYS = "SpeculationPays"
-GOODPUT_BELOW_BREAK_EVEN = "GoodputBelowBreakEven"
-GOODPUT_ABOVE_BREAK_EVEN = "GoodputAboveBreakEven"
-GOODPUT_WITHIN_MARGIN = "GoodputWithinMargin"
-GOODPUT_RETUNE = "GoodputRetune"
+# Re-exported for callers that used the names from here (the values live in specfleet.api.reasons).
+METRICS_UNAVAILABLE = r.METRICS_UNAVAILABLE
+ROLLOUT_IN_PROGRESS = r.ROLLOUT_IN_PROGRESS
+MIN_DWELL = r.MIN_DWELL
+COOLDOWN = r.COOLDOWN
+FLIP_BUDGET_EXHAUSTED = r.FLIP_BUDGET_EXHAUSTED
+OTHER_POOL_FLIPPING = r.OTHER_POOL_FLIPPING
+GOODPUT_RETUNE = r.GOODPUT_RETUNE
 
 
 @dataclass(frozen=True)
@@ -55,11 +74,13 @@ class Wanted:
     reason: str
     message: str
     numbers: dict[str, str] = field(default_factory=dict)
+    # K to run after a flip (Goodput: the best K; None keeps the pool's).
+    k: int | None = None
 
 
 @dataclass(frozen=True)
 class PoolDecision:
-    """The outcome for one pool: flip (to `target`), retune K (to `target_k`), or hold; and why."""
+    """The outcome for one pool: flip (to `target`), adjust (K, canaries), revert, or hold; and why."""
 
     pool: str
     current: str
@@ -70,73 +91,23 @@ class PoolDecision:
     observations: dict[str, str] = field(default_factory=dict)
     current_k: int | None = None
     target_k: int | None = None
+    # Canary replicas the pool runs while off after this decision (None: unchanged).
+    canary_replicas: int | None = None
+    # The acceptance to remember (None: nothing new was measured in a window the policy trusts).
+    acceptance: MeasuredAcceptance | None = None
 
     @property
     def changes(self) -> bool:
-        """The decision rolls the pool out (a flip, or a new K while speculating)."""
-        return self.flip or self.target_k is not None
+        """The decision rolls the pool out (a flip, a new K, canaries scaled, or a revert)."""
+        return self.flip or self.target_k is not None or self.canary_replicas is not None
+
+    @property
+    def adjusts(self) -> bool:
+        """A change that keeps the mode (spends the adjustment budget, not a flip)."""
+        return self.changes and not self.flip
 
 
-def _acceptance_for_reentry(
-    policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime
-) -> tuple[float | None, tuple[float, ...], str]:
-    """Acceptance to judge a pool that runs without speculation: canary, else recent memory."""
-    if obs.acceptance_length is not None:
-        return obs.acceptance_length, obs.per_position, obs.acceptance_source or "canary"
-    last = state.last_acceptance
-    max_age = timedelta(seconds=policy.reentry.max_acceptance_age_seconds)
-    if last is not None and now - last.at <= max_age:
-        return last.acceptance_length, last.per_position, "lastMeasured"
-    return None, (), "none"
-
-
-def _threshold(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> Wanted:
-    t = policy.thresholds
-    stop_accept = t.stop_below_acceptance_length_milli / 1000
-    resume_accept = t.resume_above_acceptance_length_milli / 1000
-    load = obs.running_per_replica or 0.0
-    if state.mode == "On":
-        accept = obs.acceptance_length
-        if accept is not None and accept < stop_accept:
-            return Wanted(
-                "Off",
-                ACCEPTANCE_BELOW_THRESHOLD,
-                f"mean acceptance length {accept:.2f} fell below {stop_accept:.2f}",
-            )
-        if load > t.stop_above_concurrency_per_replica:
-            return Wanted(
-                "Off",
-                CONCURRENCY_ABOVE_THRESHOLD,
-                f"{load:.1f} running requests per replica exceed {t.stop_above_concurrency_per_replica}",
-            )
-        return Wanted("On", SPECULATION_PAYS, "acceptance and concurrency are inside the stop thresholds")
-    accept, _, source = _acceptance_for_reentry(policy, state, obs, now)
-    numbers = {"reentryAcceptanceSource": source}
-    if load >= t.resume_below_concurrency_per_replica:
-        return Wanted(
-            "Off",
-            CONCURRENCY_STILL_HIGH,
-            f"{load:.1f} running requests per replica, resume below {t.resume_below_concurrency_per_replica}",
-            numbers,
-        )
-    if accept is None:
-        return Wanted(
-            "On", PROBE_ACCEPTANCE, "load is low and acceptance is unknown: speculate to measure it", numbers
-        )
-    if accept <= resume_accept:
-        return Wanted(
-            "Off",
-            ACCEPTANCE_STILL_LOW,
-            f"acceptance length {accept:.2f} ({source}) not above {resume_accept:.2f}",
-            numbers,
-        )
-    return Wanted(
-        "On",
-        CONDITIONS_RECOVERED,
-        f"load {load:.1f} per replica below {t.resume_below_concurrency_per_replica} and acceptance "
-        f"{accept:.2f} ({source}) above {resume_accept:.2f}",
-        numbers,
-    )
+# ---- shared numbers ----------------------------------------------------------------------------
 
 
 def predicted_speedup(
@@ -146,57 +117,282 @@ def predicted_speedup(
     return speedup(profile, max(1.0, concurrency), k, list(per_position))
 
 
-def _goodput(
+def candidate_ks(profile: StepTimeProfile, max_k: int) -> list[int]:
+    """K values the policy may choose: those the profile measured (interpolation is a guess), <= max_k."""
+    return [c for c in profile.speculative_tokens if 1 <= c <= max_k] or [max_k]
+
+
+# The load's trend is fitted over this many windows of past evaluations.
+TREND_SPAN_WINDOWS = 1.0
+
+
+def rollout_seconds(policy: PolicySpec, state: PoolState) -> float:
+    """How long the pool's last rollout took (0 when unknown), capped at one window."""
+    rollout = state.rollout
+    if rollout is None or rollout.settled_at is None:
+        return 0.0
+    return min(float(policy.window_seconds), max(0.0, (rollout.settled_at - rollout.at).total_seconds()))
+
+
+def expected_load(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> float:
+    """Running requests per replica to decide with: the load when a change decided now takes effect.
+
+    The observed value is an average over the window, so on a ramp it trails the load by half a
+    window, and a change takes effect only after its rollout. The trend of the last evaluations
+    (least squares over one window) projects the observed value over both (the rollout's duration
+    is the pool's last one). A running count fluctuates by about its square root (Poisson), so a
+    projection within that band is noise and is dropped, as is that much of a larger one.
+    """
+    load = obs.running_per_replica or 0.0
+    span = timedelta(seconds=TREND_SPAN_WINDOWS * policy.window_seconds + 1)
+    points = [(t, v) for t, v in state.recent_load if timedelta(0) < now - t <= span]
+    points.append((now, load))
+    if len(points) < 3:
+        return load
+    xs = [(t - now).total_seconds() for t, _ in points]
+    ys = [v for _, v in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    fitted = my - slope * mx
+    projection = slope * (policy.window_seconds / 2 + rollout_seconds(policy, state))
+    band = math.sqrt(max(fitted, 1.0))
+    return max(0.0, load + math.copysign(max(0.0, abs(projection) - band), projection))
+
+
+def _margin(policy: PolicySpec) -> float:
+    return policy.goodput.margin_percent / 100
+
+
+def _estimate(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime, length: int
+) -> Estimate | None:
+    return estimate(
+        state,
+        obs,
+        now,
+        window_seconds=policy.window_seconds,
+        max_age_seconds=policy.reentry.max_acceptance_age_seconds,
+        length=length,
+    )
+
+
+def _estimate_numbers(est: Estimate | None) -> dict[str, str]:
+    if est is None:
+        return {}
+    out = {"acceptanceEstimate": ",".join(f"{p:.2f}" for p in est.per_position)}
+    if est.extrapolated:
+        out["extrapolatedPositions"] = str(est.extrapolated)
+    return out
+
+
+# ---- Threshold mode ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ThresholdValues:
+    """Threshold mode's four values, as used (spec values, or derived from break-even)."""
+
+    stop_acceptance: float
+    resume_acceptance: float
+    stop_concurrency: float
+    resume_concurrency: float
+    derived: tuple[str, ...] = ()
+
+
+def threshold_values(policy: PolicySpec, k: int, profile: StepTimeProfile) -> ThresholdValues:
+    """Threshold mode's values: the spec's where set, else derived from the profile's break-even point.
+
+    Acceptance: drafting K pays at batch size 1 when the acceptance length exceeds
+    step(1, K) / step(1, 0); stop below that times 1 - margin, resume above it times 1 + margin.
+    Concurrency: where the published acceptance predicts a speedup of 1 - margin (stop) and
+    1 + margin (resume) at the drafter's K.
+    """
+    t = policy.thresholds
+    m = _margin(policy)
+    derived: list[str] = []
+    break_even = profile.step_time_ms(1, k) / profile.step_time_ms(1, 0)
+    if t.stop_below_acceptance_length_milli is not None:
+        stop_a = t.stop_below_acceptance_length_milli / 1000
+    else:
+        stop_a = break_even * (1 - m)
+        derived.append("stopBelowAcceptanceLength")
+    if t.resume_above_acceptance_length_milli is not None:
+        resume_a = t.resume_above_acceptance_length_milli / 1000
+    else:
+        resume_a = max(break_even * (1 + m), stop_a + 0.01)
+        derived.append("resumeAboveAcceptanceLength")
+    published = tuple(PUBLISHED_ACCEPTANCE)
+    if t.stop_above_concurrency_per_replica is not None:
+        stop_c = float(t.stop_above_concurrency_per_replica)
+    else:
+        stop_c = max(1.0, concurrency_at_speedup(profile, k, published, 1 - m))
+        derived.append("stopAboveConcurrency")
+    if t.resume_below_concurrency_per_replica is not None:
+        resume_c = float(t.resume_below_concurrency_per_replica)
+    else:
+        resume_c = concurrency_at_speedup(profile, k, published, 1 + m)
+        derived.append("resumeBelowConcurrency")
+    resume_c = min(resume_c, stop_c * 0.9)  # a derived value never closes the hysteresis band
+    return ThresholdValues(stop_a, resume_a, stop_c, resume_c, tuple(derived))
+
+
+def _threshold_acceptance_length(
+    est: Estimate | None, obs: PoolObservation, k: int
+) -> tuple[float | None, str]:
+    """Mean acceptance length at K: as measured when the window measured every position, else estimated."""
+    if est is None:
+        return None, "none"
+    if obs.acceptance_length is not None and est.measured == len(obs.per_position) and est.measured > 0:
+        return obs.acceptance_length, est.source
+    return 1 + sum(est.per_position[:k]), est.source
+
+
+def _threshold(
     policy: PolicySpec,
     k: int,
     state: PoolState,
     obs: PoolObservation,
-    now: datetime,
+    est: Estimate | None,
     profile: StepTimeProfile,
-    max_k: int,
 ) -> Wanted:
-    margin = policy.goodput.margin_percent / 100
+    v = threshold_values(policy, k, profile)
     load = obs.running_per_replica or 0.0
-    if state.mode == "On":
-        per_position, source = obs.per_position, "pool"
-    else:
-        _, per_position, source = _acceptance_for_reentry(policy, state, obs, now)
-    if not per_position:
-        if state.mode == "On":
-            return Wanted("On", SPECULATION_PAYS, "no drafts in the window: nothing says speculation hurts")
-        # Prior: the published acceptance profile; a probe measures the real one.
-        per_position, source = PUBLISHED_ACCEPTANCE, "publishedPrior"
-    # Only K values the profile measured (interpolated columns are a guess), and no more than the spec's K.
-    measured = [c for c in profile.speculative_tokens if 1 <= c <= max_k] or [k]
-    best = best_k(profile, max(1.0, load), list(per_position), candidates=measured)
-    # Off -> On is judged at the best K (what turning on would run); On at the K the pool runs.
-    gain = predicted_speedup(profile, load, best if state.mode == "Off" else k, per_position)
+    accept, source = _threshold_acceptance_length(est, obs, k)
     numbers = {
-        "predictedSpeedup": f"{gain:.3f}",
-        "bestK": str(best),
-        "acceptanceSource": source,
+        "stopAboveConcurrency": f"{v.stop_concurrency:.0f}",
+        "resumeBelowConcurrency": f"{v.resume_concurrency:.0f}",
+        "stopBelowAcceptanceLength": f"{v.stop_acceptance:.2f}",
+        "resumeAboveAcceptanceLength": f"{v.resume_acceptance:.2f}",
     }
-    if state.mode == "On" and gain < 1 - margin:
+    if v.derived:
+        numbers["derivedFromBreakEven"] = ",".join(v.derived)
+    if state.mode == "On":
+        if accept is not None and accept < v.stop_acceptance:
+            return Wanted(
+                "Off",
+                r.ACCEPTANCE_BELOW_THRESHOLD,
+                f"mean acceptance length {accept:.2f} fell below {v.stop_acceptance:.2f}",
+                numbers,
+            )
+        if load > v.stop_concurrency:
+            return Wanted(
+                "Off",
+                r.CONCURRENCY_ABOVE_THRESHOLD,
+                f"{load:.1f} running requests per replica exceed {v.stop_concurrency:.0f}",
+                numbers,
+            )
+        return Wanted(
+            "On", r.SPECULATION_PAYS, "acceptance and concurrency are inside the stop thresholds", numbers
+        )
+    numbers["reentryAcceptanceSource"] = source
+    if load >= v.resume_concurrency:
         return Wanted(
             "Off",
-            GOODPUT_BELOW_BREAK_EVEN,
-            f"predicted speedup {gain:.2f}x at {load:.1f} running per replica is below {1 - margin:.2f}",
+            r.CONCURRENCY_STILL_HIGH,
+            f"{load:.1f} running requests per replica, resume below {v.resume_concurrency:.0f}",
             numbers,
         )
-    if state.mode == "Off" and gain > 1 + margin:
-        reason = PROBE_ACCEPTANCE if source == "publishedPrior" else GOODPUT_ABOVE_BREAK_EVEN
+    if accept is None:
         return Wanted(
             "On",
-            reason,
-            f"predicted speedup {gain:.2f}x at {load:.1f} running per replica is above {1 + margin:.2f}",
+            r.PROBE_ACCEPTANCE,
+            "load is low and acceptance is unknown: speculate to measure it",
+            numbers,
+        )
+    if accept <= v.resume_acceptance:
+        return Wanted(
+            "Off",
+            r.ACCEPTANCE_STILL_LOW,
+            f"acceptance length {accept:.2f} ({source}) not above {v.resume_acceptance:.2f}",
             numbers,
         )
     return Wanted(
-        state.mode,
-        GOODPUT_WITHIN_MARGIN,
-        f"predicted speedup {gain:.2f}x keeps the pool {state.mode} (margin {margin:.0%})",
+        "On",
+        r.CONDITIONS_RECOVERED,
+        f"load {load:.1f} per replica below {v.resume_concurrency:.0f} and acceptance "
+        f"{accept:.2f} ({source}) above {v.resume_acceptance:.2f}",
         numbers,
     )
+
+
+# ---- Goodput mode ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Goodput:
+    """Goodput mode's prediction for one pool."""
+
+    per_position: tuple[float, ...]
+    source: str
+    best: int
+    gain_best: float
+    gain_now: float | None
+
+
+def _goodput_prediction(
+    k_now: int | None,
+    load: float,
+    est: Estimate | None,
+    profile: StepTimeProfile,
+    max_k: int,
+) -> _Goodput:
+    if est is None:
+        # Prior: the published acceptance profile; a probe measures the real one.
+        per_position, source = tuple(PUBLISHED_ACCEPTANCE), "publishedPrior"
+    else:
+        per_position, source = est.per_position, est.source
+    best = best_k(profile, max(1.0, load), list(per_position), candidates=candidate_ks(profile, max_k))
+    gain_best = predicted_speedup(profile, load, best, per_position)
+    gain_now = None if k_now is None else predicted_speedup(profile, load, k_now, per_position)
+    return _Goodput(per_position, source, best, gain_best, gain_now)
+
+
+def _goodput(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, g: _Goodput, est: Estimate | None
+) -> Wanted:
+    margin = _margin(policy)
+    load = obs.running_per_replica or 0.0
+    shown = g.gain_now if state.mode == "On" and g.gain_now is not None else g.gain_best
+    numbers = {
+        "predictedSpeedup": f"{shown:.3f}",
+        "bestK": str(g.best),
+        "bestKSpeedup": f"{g.gain_best:.3f}",
+        "acceptanceSource": g.source,
+        **_estimate_numbers(est),
+    }
+    if state.mode == "On" and g.gain_best < 1 - margin:
+        return Wanted(
+            "Off",
+            r.GOODPUT_BELOW_BREAK_EVEN,
+            f"predicted speedup {g.gain_best:.2f}x at the best K ({g.best}) at {load:.1f} running per "
+            f"replica is below {1 - margin:.2f}",
+            numbers,
+            k=g.best,
+        )
+    if state.mode == "Off" and g.gain_best > 1 + margin:
+        reason = r.PROBE_ACCEPTANCE if g.source == "publishedPrior" else r.GOODPUT_ABOVE_BREAK_EVEN
+        return Wanted(
+            "On",
+            reason,
+            f"predicted speedup {g.gain_best:.2f}x at K {g.best} at {load:.1f} running per replica is "
+            f"above {1 + margin:.2f}",
+            numbers,
+            k=g.best,
+        )
+    return Wanted(
+        state.mode,
+        r.GOODPUT_WITHIN_MARGIN,
+        f"predicted speedup {shown:.2f}x keeps the pool {state.mode} (margin {margin:.0%})",
+        numbers,
+    )
+
+
+def _pool_k(policy: PolicySpec, state: PoolState, k: int) -> int:
+    """The K the pool drafts while speculating (Goodput may have chosen one; Threshold runs the drafter's)."""
+    if policy.mode == "Goodput" and state.k is not None and 1 <= state.k <= k:
+        return state.k
+    return k
 
 
 def wanted_mode(
@@ -210,35 +406,325 @@ def wanted_mode(
 ) -> Wanted:
     """The mode the numbers ask for, with hysteresis, before any stability gate.
 
-    `k` is the K the pool drafts now; `max_k` (default `k`) bounds the best K that Goodput reports.
+    `k` is the K the pool drafts now; `max_k` (default `k`) bounds the K that Goodput may choose.
     """
+    limit = max_k or k
+    est = _estimate(policy, state, obs, now, limit)
     if policy.mode == "Goodput":
-        return _goodput(policy, k, state, obs, now, profile, max_k or k)
-    return _threshold(policy, state, obs, now)
+        load = obs.running_per_replica or 0.0
+        g = _goodput_prediction(k if state.mode == "On" else None, load, est, profile, limit)
+        return _goodput(policy, state, obs, g, est)
+    return _threshold(policy, k, state, obs, est, profile)
 
 
-def _gate(
+# ---- gates -------------------------------------------------------------------------------------
+
+
+def _flip_gate(
     policy: PolicySpec,
     state: PoolState,
     now: datetime,
     last_flip_any: datetime | None,
     other_pool_busy: bool,
 ) -> tuple[str, str] | None:
-    """The first closed stability gate (reason, message), or None when a flip may proceed."""
+    """The first closed gate for a flip (reason, message), or None when it may proceed."""
     if not state.settled:
-        return ROLLOUT_IN_PROGRESS, "the pool's last rollout has not finished"
+        return r.ROLLOUT_IN_PROGRESS, "the pool's last rollout has not finished"
     if state.last_transition is not None:
         dwell = timedelta(seconds=policy.min_dwell_seconds)
         if now - state.last_transition < dwell:
-            return MIN_DWELL, f"the pool flipped less than {policy.min_dwell_seconds}s ago"
+            return r.MIN_DWELL, f"the pool flipped less than {policy.min_dwell_seconds}s ago"
     if last_flip_any is not None and now - last_flip_any < timedelta(seconds=policy.cooldown_seconds):
-        return COOLDOWN, f"a pool of this deployment flipped less than {policy.cooldown_seconds}s ago"
+        return r.COOLDOWN, f"a pool of this deployment flipped less than {policy.cooldown_seconds}s ago"
     hour_ago = now - timedelta(hours=1)
     if sum(1 for t in state.recent_flips if t > hour_ago) >= policy.max_flips_per_hour:
-        return FLIP_BUDGET_EXHAUSTED, f"already {policy.max_flips_per_hour} flips in the last hour"
+        return r.FLIP_BUDGET_EXHAUSTED, f"already {policy.max_flips_per_hour} flips in the last hour"
     if other_pool_busy:
-        return OTHER_POOL_FLIPPING, "another pool of this deployment is flipping"
+        return r.OTHER_POOL_FLIPPING, "another pool of this deployment is changing"
     return None
+
+
+def _adjust_gate(
+    policy: PolicySpec, state: PoolState, now: datetime, other_pool_busy: bool
+) -> tuple[str, str] | None:
+    """The first closed gate for an adjustment (new K, canaries), or None when it may proceed."""
+    if not state.settled:
+        return r.ROLLOUT_IN_PROGRESS, "the pool's last rollout has not finished"
+    last = state.last_change
+    interval = policy.min_retune_interval_seconds
+    if last is not None and now - last < timedelta(seconds=interval):
+        return r.MIN_RETUNE_INTERVAL, f"the pool changed less than {interval}s ago"
+    hour_ago = now - timedelta(hours=1)
+    if sum(1 for t in state.recent_retunes if t > hour_ago) >= policy.max_retunes_per_hour:
+        return (
+            r.RETUNE_BUDGET_EXHAUSTED,
+            f"already {policy.max_retunes_per_hour} adjustments in the last hour",
+        )
+    if other_pool_busy:
+        return r.OTHER_POOL_FLIPPING, "another pool of this deployment is changing"
+    return None
+
+
+def _revert(
+    policy: PolicySpec, pool: str, state: PoolState, now: datetime, k: int, numbers: dict[str, str]
+) -> PoolDecision | None:
+    """Undo the policy's last change when its rollout missed the deadline (None: no revert due)."""
+    rollout = state.rollout
+    if state.settled or rollout is None or rollout.settled_at is not None:
+        return None
+    if now - rollout.at <= timedelta(seconds=policy.rollout_deadline_seconds):
+        return None
+    if rollout.reason == r.ROLLOUT_FAILED:
+        return None  # a revert that does not settle either: hold (RolloutInProgress), never ping-pong
+    current_k = _pool_k(policy, state, k)
+    target_k = rollout.from_k if rollout.from_k is not None else k
+    canaries = rollout.from_canaries
+    if canaries is None and state.canary_replicas is not None:
+        canaries = policy.reentry.canary_replicas
+    flip = rollout.from_mode != state.mode
+    waited = int((now - rollout.at).total_seconds())
+    message = (
+        f"the change at {rollout.at:%H:%M:%S} ({rollout.reason or 'policy'}) has not finished rolling out "
+        f"after {waited}s (deadline {policy.rollout_deadline_seconds}s): back to {rollout.from_mode}"
+        + (f" at K {target_k}" if rollout.from_mode == "On" else "")
+    )
+    return PoolDecision(
+        pool,
+        state.mode,
+        rollout.from_mode,
+        flip,
+        r.ROLLOUT_FAILED,
+        message,
+        numbers,
+        current_k,
+        target_k if (target_k != current_k or flip) else None,
+        canaries if canaries != state.canary_replicas else None,
+    )
+
+
+# ---- adjustments -------------------------------------------------------------------------------
+
+
+def _retune(
+    policy: PolicySpec, state: PoolState, current_k: int, wanted: Wanted, g: _Goodput | None
+) -> tuple[int, str] | None:
+    """A better K for a speculating Goodput pool, and why; None to keep its K."""
+    if g is None or state.mode != "On" or wanted.mode != "On" or g.gain_now is None:
+        return None
+    if g.best == current_k:
+        return None
+    margin = policy.goodput.retune_margin_percent / 100
+    if g.gain_now < 1 - _margin(policy):
+        return g.best, (
+            f"K {current_k} no longer pays ({g.gain_now:.2f}x) but K {g.best} does ({g.gain_best:.2f}x)"
+        )
+    if g.gain_best > g.gain_now * (1 + margin):
+        return g.best, (
+            f"K {g.best} predicts {g.gain_best:.2f}x against {g.gain_now:.2f}x at K {current_k} "
+            f"(margin {margin:.0%})"
+        )
+    return None
+
+
+def _settling(policy: PolicySpec, state: PoolState, now: datetime) -> bool:
+    """The pool's last change has not been measured over a whole window since it settled."""
+    rollout = state.rollout
+    if rollout is None:
+        return False
+    settled = rollout.settled_at
+    return settled is None or now - settled < timedelta(seconds=policy.window_seconds)
+
+
+def _active_canaries(policy: PolicySpec, state: PoolState) -> int:
+    spec = policy.reentry.canary_replicas
+    return spec if state.canary_replicas is None else max(0, min(state.canary_replicas, spec))
+
+
+def _canary_target(
+    policy: PolicySpec,
+    k: int,
+    state: PoolState,
+    wanted: Wanted,
+    loads: tuple[float, float],
+    gains: tuple[_Goodput, _Goodput] | None,
+    profile: StepTimeProfile,
+    known: bool = True,
+) -> tuple[int, str, str] | None:
+    """Scale an Off pool's canaries: (replicas, reason, why), or None to keep them.
+
+    A canary scaling is a scale of two Deployments (the pool's and its canary's) and costs a
+    replica's start-up of capacity, so canaries run only to measure what the policy lacks: they come
+    up when the remembered acceptance has expired (or was never measured), and go down again once
+    they have measured it and the pool is far past break-even (expected speedup of the best K below
+    1 - 2 x margin; Threshold mode: load above the stop value plus the hysteresis band). A pool
+    turning off starts without them: it has just measured its acceptance.
+    """
+    spec = policy.reentry.canary_replicas
+    if spec == 0 or state.mode != "Off" or wanted.mode != "Off":
+        return None
+    active = _active_canaries(policy, state)
+    if not known:
+        # Acceptance unknown (memory expired while the canaries were down): measure it with them.
+        if active < spec:
+            return spec, r.CANARIES_SCALED_UP, "acceptance is unknown: the canaries measure it"
+        return None
+    if gains is not None:
+        far = 1 - 2 * _margin(policy)
+        expected = gains[0]
+        if active > 0 and expected.gain_best < far:
+            return (
+                0,
+                r.CANARIES_SCALED_DOWN,
+                (
+                    f"predicted speedup {expected.gain_best:.2f}x at the best K is below {far:.2f}: far past "
+                    "break-even"
+                ),
+            )
+        return None
+    v = threshold_values(policy, k, profile)
+    far_load = v.stop_concurrency + (v.stop_concurrency - v.resume_concurrency)
+    if active > 0 and loads[0] > far_load:
+        return 0, r.CANARIES_SCALED_DOWN, f"{loads[0]:.1f} running per replica is above {far_load:.0f}"
+    return None
+
+
+# ---- decide ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """Everything decided about one pool before the gates."""
+
+    pool: str
+    state: PoolState
+    obs: PoolObservation  # with the expected load
+    current_k: int
+    est: Estimate | None
+    wanted: Wanted
+    loads: tuple[float, float]  # (expected, observed)
+    gains: tuple[_Goodput, _Goodput] | None  # Goodput: (at the expected load, at the observed load)
+    numbers: dict[str, str]
+
+    @property
+    def memory(self) -> MeasuredAcceptance | None:
+        return self.est.remember if self.est is not None else None
+
+    def decision(
+        self,
+        reason: str,
+        message: str,
+        *,
+        target: str | None = None,
+        target_k: int | None = None,
+        canaries: int | None = None,
+    ) -> PoolDecision:
+        mode = self.state.mode
+        to = target or mode
+        return PoolDecision(
+            self.pool,
+            mode,
+            to,
+            to != mode,
+            reason,
+            message,
+            self.numbers,
+            self.current_k,
+            target_k,
+            canaries,
+            self.memory,
+        )
+
+
+def _assess(
+    policy: PolicySpec,
+    k: int,
+    pool: str,
+    state: PoolState,
+    observed: PoolObservation,
+    now: datetime,
+    profile: StepTimeProfile,
+) -> _Pool:
+    current_k = _pool_k(policy, state, k)
+    est = _estimate(policy, state, observed, now, k)
+    load = expected_load(policy, state, observed, now)
+    obs = replace(observed, running_per_replica=load)
+    gains = None
+    if policy.mode == "Goodput":
+        g = _goodput_prediction(current_k if state.mode == "On" else None, load, est, profile, k)
+        g_observed = _goodput_prediction(None, observed.running_per_replica or 0.0, est, profile, k)
+        gains = (g, g_observed)
+        wanted = _goodput(policy, state, obs, g, est)
+    else:
+        wanted = _threshold(policy, k, state, obs, est, profile)
+    numbers = {**observed.as_text(), **wanted.numbers}
+    if load != observed.running_per_replica:
+        numbers["expectedRunningPerReplica"] = f"{load:.3g}"
+    if (
+        est is None
+        and state.mode == "Off"
+        and wanted.mode == "On"
+        and policy.reentry.canary_replicas
+        and (
+            _active_canaries(policy, state) < policy.reentry.canary_replicas or _settling(policy, state, now)
+        )
+    ):
+        # Acceptance unknown: canaries measure it (brought back up if they are down) before the pool
+        # turns on to probe; the probe stays for when they cannot (no traffic in a whole window).
+        wanted = Wanted(
+            "Off", r.PROBE_ACCEPTANCE, "acceptance is unknown: the canaries measure it first", wanted.numbers
+        )
+    loads = (load, observed.running_per_replica or 0.0)
+    return _Pool(pool, state, obs, current_k, est, wanted, loads, gains, numbers)
+
+
+def _flip(
+    policy: PolicySpec,
+    k: int,
+    p: _Pool,
+    now: datetime,
+    last_flip_any: datetime | None,
+    other_busy: bool,
+    profile: StepTimeProfile,
+) -> PoolDecision:
+    wanted = p.wanted
+    gate = _flip_gate(policy, p.state, now, last_flip_any, other_busy)
+    if gate is not None:
+        reason, why = gate
+        return p.decision(reason, f"wants {wanted.mode} ({wanted.reason}: {wanted.message}) but holds: {why}")
+    message = wanted.message
+    canaries = None
+    if wanted.mode == "Off" and policy.reentry.canary_replicas:
+        # The pool just measured its acceptance: that memory decides re-entry. Canaries start only
+        # once it expires (a canary scaling costs a replica's start-up of capacity).
+        canaries = 0
+        message += "; canaries start when the remembered acceptance expires"
+    target_k = wanted.k if policy.mode == "Goodput" else None
+    return p.decision(wanted.reason, message, target=wanted.mode, target_k=target_k, canaries=canaries)
+
+
+def _adjust(
+    policy: PolicySpec, k: int, p: _Pool, now: datetime, other_busy: bool, profile: StepTimeProfile
+) -> PoolDecision | None:
+    """A retune or a canary scaling for a pool that keeps its mode; None when neither is wanted."""
+    retune = _retune(policy, p.state, p.current_k, p.wanted, p.gains[0] if p.gains else None)
+    if retune is not None:
+        target_k, why = retune
+        what, reason, message = f"K {p.current_k} -> {target_k}", r.GOODPUT_RETUNE, why
+        canaries = None
+    else:
+        canary = _canary_target(
+            policy, k, p.state, p.wanted, p.loads, p.gains, profile, known=p.est is not None
+        )
+        if canary is None:
+            return None
+        target_k = None
+        canaries, reason, message = canary
+        what = f"canaries -> {canaries}"
+    gate = _adjust_gate(policy, p.state, now, other_busy)
+    if gate is not None:
+        held, why_held = gate
+        return p.decision(held, f"wants {what} ({reason}: {message}) but holds: {why_held}")
+    return p.decision(reason, f"{what}: {message}", target_k=target_k, canaries=canaries)
 
 
 def decide(
@@ -249,80 +735,33 @@ def decide(
     now: datetime,
     profile: StepTimeProfile,
 ) -> list[PoolDecision]:
-    """Decisions for the given (Auto) pools, in order; at most one of them flips."""
-    flips = [t for s in states.values() for t in s.recent_flips]
-    last_flip_any = max(flips, default=None)
+    """Decisions for the given (Auto) pools, in order; at most one of them changes its pool.
+
+    `k` is the drafter's K (spec.drafter.numSpeculativeTokens), the most a pool may draft.
+    """
+    last_flip_any = max((s.last_transition for s in states.values() if s.last_transition), default=None)
     busy = any(not s.settled for s in states.values())
     changed = False
     out: list[PoolDecision] = []
     for pool, state in states.items():
         obs = observations[pool]
-        current_k = state.k or k
+        revert = _revert(policy, pool, state, now, k, obs.as_text() if obs.usable else {})
+        if revert is not None:
+            changed = True
+            out.append(revert)
+            continue
         if not obs.usable:
             out.append(
-                PoolDecision(pool, state.mode, state.mode, False, METRICS_UNAVAILABLE, obs.problem or "")
+                PoolDecision(pool, state.mode, state.mode, False, r.METRICS_UNAVAILABLE, obs.problem or "")
             )
             continue
-        wanted = wanted_mode(policy, current_k, state, obs, now, profile, max_k=k)
-        numbers = {**obs.as_text(), **wanted.numbers}
-        retune = _retune(policy, state, obs, current_k, wanted, profile)
-        if wanted.mode == state.mode and retune is None:
-            out.append(
-                PoolDecision(
-                    pool, state.mode, state.mode, False, wanted.reason, wanted.message, numbers, current_k
-                )
-            )
-            continue
-        what = f"K {current_k} -> {retune}" if wanted.mode == state.mode else wanted.mode
-        gate = _gate(policy, state, now, last_flip_any, changed or (busy and state.settled))
-        if gate is not None:
-            reason, why = gate
-            message = f"wants {what} ({wanted.reason}: {wanted.message}) but holds: {why}"
-            out.append(PoolDecision(pool, state.mode, state.mode, False, reason, message, numbers, current_k))
-            continue
-        changed = True
-        if wanted.mode == state.mode:
-            message = f"K {current_k} -> {retune}: {wanted.message}"
-            out.append(
-                PoolDecision(
-                    pool, state.mode, state.mode, False, GOODPUT_RETUNE, message, numbers, current_k, retune
-                )
-            )
-            continue
-        # Turning speculation on in Goodput mode starts at the best K for the load.
-        start_k = int(numbers["bestK"]) if wanted.mode == "On" and "bestK" in numbers else None
-        out.append(
-            PoolDecision(
-                pool,
-                state.mode,
-                wanted.mode,
-                True,
-                wanted.reason,
-                wanted.message,
-                numbers,
-                current_k,
-                start_k,
-            )
-        )
+        p = _assess(policy, k, pool, state, obs, now, profile)
+        other_busy = changed or (busy and state.settled)
+        if p.wanted.mode != state.mode:
+            decision = _flip(policy, k, p, now, last_flip_any, other_busy, profile)
+        else:
+            adjusted = _adjust(policy, k, p, now, other_busy, profile)
+            decision = adjusted or p.decision(p.wanted.reason, p.wanted.message)
+        changed = changed or decision.changes
+        out.append(decision)
     return out
-
-
-def _retune(
-    policy: PolicySpec,
-    state: PoolState,
-    obs: PoolObservation,
-    current_k: int,
-    wanted: Wanted,
-    profile: StepTimeProfile,
-) -> int | None:
-    """A better K for a speculating Goodput pool, if it beats the current K by more than the margin."""
-    if policy.mode != "Goodput" or state.mode != "On" or wanted.mode != "On" or not obs.per_position:
-        return None
-    best = int(wanted.numbers.get("bestK", current_k))
-    if best == current_k:
-        return None
-    load = obs.running_per_replica or 0.0
-    gain_best = predicted_speedup(profile, load, best, obs.per_position)
-    gain_now = predicted_speedup(profile, load, current_k, obs.per_position)
-    margin = policy.goodput.margin_percent / 100
-    return best if gain_best > gain_now * (1 + margin) else None

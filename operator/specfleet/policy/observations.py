@@ -63,11 +63,38 @@ class PoolObservation:
 
 @dataclass(frozen=True)
 class MeasuredAcceptance:
-    """The last acceptance measured while a pool speculated (kept for re-entry decisions)."""
+    """The acceptance a pool measured while it (or its canaries) speculated, kept for later decisions.
+
+    `per_position` is the longest vector measured: a pool drafting fewer positions refreshes the
+    first ones and keeps the deeper ones (rescaled), each with the time it was last measured in
+    `per_position_at` (empty: all at `at`).
+    """
 
     acceptance_length: float
     per_position: tuple[float, ...]
     at: datetime
+    per_position_at: tuple[datetime, ...] = ()
+
+    def measured_at(self, position: int) -> datetime:
+        """When `position` was last measured."""
+        if position < len(self.per_position_at):
+            return self.per_position_at[position]
+        return self.at
+
+
+@dataclass(frozen=True)
+class PoolRolloutState:
+    """The policy's last change of a pool (from status): what it replaced, and whether it settled."""
+
+    at: datetime
+    reason: str = ""
+    from_mode: str = "On"
+    from_k: int | None = None
+    from_canaries: int | None = None
+    # Fewest positions any speculating engine of the pool drafted before / after the change (0: none).
+    drafted_before: int = 0
+    drafted_after: int = 0
+    settled_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -75,9 +102,26 @@ class PoolState:
     """The policy-relevant part of a pool's status."""
 
     mode: str  # "On" or "Off"
+    # When the pool last flipped (On <-> Off).
     last_transition: datetime | None = None
+    # This pool's flips in the last hour.
     recent_flips: tuple[datetime, ...] = field(default_factory=tuple)
     settled: bool = True
     last_acceptance: MeasuredAcceptance | None = None
     # K the pool drafts while speculating, if the policy chose one (None: the drafter's K).
     k: int | None = None
+    # Adjustments that keep the mode (a new K, canaries scaled): the last one and those of the last hour.
+    last_retune: datetime | None = None
+    recent_retunes: tuple[datetime, ...] = field(default_factory=tuple)
+    # Canary replicas the policy runs while the pool is off (None: policy.reentry.canaryReplicas).
+    canary_replicas: int | None = None
+    # The policy's last change and its rollout (None: none recorded).
+    rollout: PoolRolloutState | None = None
+    # (when, running per replica) of the last evaluations, oldest first (for the load's trend).
+    recent_load: tuple[tuple[datetime, float], ...] = field(default_factory=tuple)
+
+    @property
+    def last_change(self) -> datetime | None:
+        """The pool's last change of any kind (flip or adjustment)."""
+        times = [t for t in (self.last_transition, self.last_retune) if t is not None]
+        return max(times, default=None)

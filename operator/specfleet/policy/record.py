@@ -8,6 +8,7 @@ emit. Status is the operator's memory: a restarted operator resumes from it with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -15,11 +16,22 @@ from datetime import UTC, datetime, timedelta
 from specfleet.api import reasons
 from specfleet.api.conditions import ConditionStatus, rfc3339, set_condition
 from specfleet.api.constants import POOLS
-from specfleet.api.models import Decision, PoolName, SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+from specfleet.api.models import (
+    MAX_CHANGES_PER_HOUR,
+    Decision,
+    PoolName,
+    PoolRollout,
+    PoolStatus,
+    SpeculativeDeploymentSpec,
+    SpeculativeDeploymentStatus,
+)
 from specfleet.policy.decide import PoolDecision
-from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
+from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolRolloutState, PoolState
 
 HISTORY_LIMIT = 20
+# Loads kept for the trend: the last few evaluations within this long.
+LOAD_SAMPLES = 8
+LOAD_MEMORY = timedelta(minutes=10)
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -37,6 +49,61 @@ def auto_pools(spec: SpeculativeDeploymentSpec) -> list[PoolName]:
     return [p for p in POOLS if getattr(spec.pools, p).speculation == "Auto"]
 
 
+def _times(values: Sequence[str] | None) -> tuple[datetime, ...]:
+    return tuple(t for v in values or () if (t := parse_time(v)) is not None)
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
+
+
+def _loads(entries: Sequence[str] | None) -> tuple[tuple[datetime, float], ...]:
+    out = []
+    for entry in entries or ():
+        when, _, value = entry.partition("=")
+        t, v = parse_time(when), _float(value)
+        if t is not None and v is not None:
+            out.append((t, v))
+    return tuple(sorted(out))
+
+
+def _memory(ps: PoolStatus) -> MeasuredAcceptance | None:
+    measured_at = parse_time(ps.acceptance_measured_at)
+    if not ps.acceptance_length or measured_at is None:
+        return None
+    try:
+        per_position = tuple(float(x) for x in (ps.per_position_acceptance or "").split(",") if x)
+        length = float(ps.acceptance_length)
+    except ValueError:
+        return None
+    times = _times(ps.per_position_measured_at)
+    if len(times) != len(per_position):
+        times = ()
+    return MeasuredAcceptance(
+        acceptance_length=length, per_position=per_position, at=measured_at, per_position_at=times
+    )
+
+
+def _rollout(ps: PoolStatus) -> PoolRolloutState | None:
+    ch = ps.rollout
+    at = parse_time(ch.time) if ch is not None else None
+    if ch is None or at is None:
+        return None
+    return PoolRolloutState(
+        at=at,
+        reason=ch.reason,
+        from_mode=ch.from_mode,
+        from_k=ch.from_num_speculative_tokens,
+        from_canaries=ch.from_canary_replicas,
+        drafted_before=ch.drafted_before,
+        drafted_after=ch.drafted_after,
+        settled_at=parse_time(ch.settled_time),
+    )
+
+
 def pool_states(
     spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus, now: datetime
 ) -> dict[str, PoolState]:
@@ -45,29 +112,29 @@ def pool_states(
     out: dict[str, PoolState] = {}
     for pool in auto_pools(spec):
         ps = getattr(status.pools, pool)
-        flips = tuple(
-            t
-            for d in status.history
-            if d.pool == pool and (t := parse_time(d.time)) is not None and t > hour_ago
-        )
-        memory = None
-        measured_at = parse_time(ps.acceptance_measured_at)
-        if ps.acceptance_length and measured_at is not None:
-            try:
-                memory = MeasuredAcceptance(
-                    acceptance_length=float(ps.acceptance_length),
-                    per_position=tuple(float(x) for x in (ps.per_position_acceptance or "").split(",") if x),
-                    at=measured_at,
-                )
-            except ValueError:
-                memory = None
+        if ps.recent_flip_times is not None:
+            flips = tuple(t for t in _times(ps.recent_flip_times) if t > hour_ago)
+        else:  # a status written before the pool kept its own flip memory: read the history
+            flips = tuple(
+                t
+                for d in status.history
+                if d.pool == pool
+                and d.from_mode != d.to_mode
+                and (t := parse_time(d.time)) is not None
+                and t > hour_ago
+            )
         out[pool] = PoolState(
             mode=ps.speculation,
             last_transition=parse_time(ps.last_transition_time),
             recent_flips=flips,
             settled=ps.settled,
-            last_acceptance=memory,
+            last_acceptance=_memory(ps),
             k=ps.num_speculative_tokens,
+            last_retune=parse_time(ps.last_retune_time),
+            recent_retunes=tuple(t for t in _times(ps.recent_retune_times) if t > hour_ago),
+            canary_replicas=ps.canary_replicas,
+            rollout=_rollout(ps),
+            recent_load=_loads(ps.recent_load),
         )
     return out
 
@@ -87,6 +154,33 @@ def _numbers(decision: PoolDecision) -> str:
     return f" [{', '.join(shown)}]" if shown else ""
 
 
+def _drafted(mode: str, k: int | None, canaries: int | None) -> int:
+    """Fewest positions any speculating engine drafts in this state (0: none speculates).
+
+    Canaries (while the pool is off) draft the pool's K; `canaries` None means the spec's count.
+    """
+    if mode == "On" or canaries is None or canaries > 0:
+        return k or 0
+    return 0
+
+
+def _load_moved(kept: Sequence[str], load: float, now: datetime) -> bool:
+    """Worth a new trend sample: the load left the last sample's noise band (a running count varies by
+    about its square root), or that sample is half the memory old. A steady pool then writes no
+    status at every evaluation; a moving one gets a sample each time, which is all the trend needs."""
+    if not kept:
+        return True
+    stamp, _, value = kept[-1].partition("=")
+    last_t = parse_time(stamp)
+    try:
+        last = float(value)
+    except ValueError:
+        return True
+    if last_t is None or now - last_t >= LOAD_MEMORY / 2:
+        return True
+    return abs(load - last) > math.sqrt(max(last, 1.0))
+
+
 def record(
     status: SpeculativeDeploymentStatus,
     decisions: Sequence[PoolDecision],
@@ -98,6 +192,7 @@ def record(
     pools = status.pools.model_copy(deep=True)
     history = list(status.history)
     out = Recorded(status=status)
+    hour_ago = now - timedelta(hours=1)
     for pool, obs in observations.items():
         if not obs.usable:
             continue
@@ -105,13 +200,40 @@ def record(
         update: dict[str, object] = {}
         if obs.running_per_replica is not None:
             update["running_per_replica"] = f"{obs.running_per_replica:.3g}"
+            kept = [
+                e
+                for e in ps.recent_load or []
+                if (t := parse_time(e.partition("=")[0])) and now - t <= LOAD_MEMORY
+            ]
+            if _load_moved(kept, obs.running_per_replica, now):
+                update["recent_load"] = [*kept, f"{rfc3339(now)}={obs.running_per_replica:.4g}"][
+                    -LOAD_SAMPLES:
+                ]
+            elif kept != list(ps.recent_load or []):
+                update["recent_load"] = kept
         if obs.generation_tokens_per_second is not None:
             update["generation_tokens_per_second"] = f"{obs.generation_tokens_per_second:.4g}"
-        if obs.acceptance_length is not None:
-            update["acceptance_length"] = f"{obs.acceptance_length:.2f}"
-            update["per_position_acceptance"] = ",".join(f"{p:.3f}" for p in obs.per_position)
-            update["acceptance_measured_at"] = rfc3339(now)
         setattr(pools, pool, ps.model_copy(update=update))
+    for pool in POOLS:
+        ps = getattr(pools, pool)
+        # The rollout of the policy's last change has finished once the pool reads settled.
+        if ps.rollout is not None and ps.rollout.settled_time is None and ps.settled:
+            rollout = ps.rollout.model_copy(update={"settled_time": rfc3339(now)})
+            setattr(pools, pool, ps.model_copy(update={"rollout": rollout}))
+    for decision in decisions:
+        memory = decision.acceptance
+        if memory is None:
+            continue
+        ps = getattr(pools, decision.pool)
+        update = {
+            "acceptance_length": f"{memory.acceptance_length:.2f}",
+            "per_position_acceptance": ",".join(f"{p:.3f}" for p in memory.per_position),
+            "acceptance_measured_at": rfc3339(memory.at),
+            "per_position_measured_at": [
+                rfc3339(memory.measured_at(i)) for i in range(len(memory.per_position))
+            ],
+        }
+        setattr(pools, decision.pool, ps.model_copy(update=update))
     for decision in decisions:
         if not decision.changes:
             continue
@@ -119,15 +241,45 @@ def record(
         ps = getattr(pools, decision.pool)
         change: dict[str, object] = {
             "speculation": decision.target,
-            "last_transition_time": rfc3339(now),
             "reason": decision.reason,
             "message": decision.message,
             "settled": False,
         }
         numbers = dict(decision.observations)
+        if decision.flip:
+            change["last_transition_time"] = rfc3339(now)
+            kept = [
+                t for t in ps.recent_flip_times or [] if (p := parse_time(t)) is not None and p > hour_ago
+            ]
+            change["recent_flip_times"] = [*kept, rfc3339(now)][-MAX_CHANGES_PER_HOUR:]
+            # Canaries start again at the spec's count on every flip (the pool is near break-even).
+            change["canary_replicas"] = None
+        else:
+            change["last_retune_time"] = rfc3339(now)
+            kept = [
+                t for t in ps.recent_retune_times or [] if (p := parse_time(t)) is not None and p > hour_ago
+            ]
+            change["recent_retune_times"] = [*kept, rfc3339(now)][-MAX_CHANGES_PER_HOUR:]
         if decision.target_k is not None:
             change["num_speculative_tokens"] = decision.target_k
             numbers["numSpeculativeTokens"] = f"{decision.current_k}->{decision.target_k}"
+        if decision.canary_replicas is not None:
+            change["canary_replicas"] = decision.canary_replicas
+            before = "spec" if ps.canary_replicas is None else str(ps.canary_replicas)
+            numbers["canaryReplicas"] = f"{before}->{decision.canary_replicas}"
+        after_k = decision.target_k if decision.target_k is not None else decision.current_k
+        after_canaries = change.get("canary_replicas", ps.canary_replicas)
+        change["rollout"] = PoolRollout(
+            time=rfc3339(now),
+            reason=decision.reason,
+            from_mode=decision.current,
+            from_num_speculative_tokens=ps.num_speculative_tokens,
+            from_canary_replicas=ps.canary_replicas,
+            drafted_before=_drafted(decision.current, decision.current_k, ps.canary_replicas),
+            drafted_after=_drafted(
+                decision.target, after_k, after_canaries if isinstance(after_canaries, int) else None
+            ),
+        )
         setattr(pools, decision.pool, ps.model_copy(update=change))
         history.append(
             Decision.model_validate(
@@ -142,16 +294,23 @@ def record(
                 }
             )
         )
-        if decision.flip:
+        event_type = "Normal"
+        if decision.reason == reasons.ROLLOUT_FAILED:
+            event_type, event_reason = "Warning", reasons.EVENT_ROLLOUT_FAILED
+            what = f"speculation {decision.current} -> {decision.target}"
+        elif decision.flip:
             on = decision.target == "On"
             event_reason = reasons.EVENT_SPECULATION_ON if on else reasons.EVENT_SPECULATION_OFF
             what = f"speculation {decision.current} -> {decision.target}"
-        else:
+        elif decision.target_k is not None:
             event_reason = reasons.EVENT_SPECULATION_RETUNED
             what = f"K {decision.current_k} -> {decision.target_k}"
+        else:
+            event_reason = reasons.EVENT_CANARIES_SCALED
+            what = f"canaries -> {decision.canary_replicas}"
         out.events.append(
             (
-                "Normal",
+                event_type,
                 event_reason,
                 f"pool {decision.pool}: {what} ({decision.reason}): {decision.message}{_numbers(decision)}",
             )

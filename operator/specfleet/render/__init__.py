@@ -62,11 +62,13 @@ def owner_labels(sd: SpeculativeDeployment) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class PoolPlan:
-    """The decided state of one pool: its speculation mode and, where the policy chose one, the K it
-    drafts (None: the drafter's). Decided by reconcile (spec or the policy's status), drawn here."""
+    """The decided state of one pool: its speculation mode and, where the policy chose them, the K it
+    drafts (None: the drafter's) and its canary replicas while off (None: policy.reentry's).
+    Decided by reconcile (spec or the policy's status), drawn here."""
 
     mode: SpeculationMode
     k: int | None = None
+    canaries: int | None = None
 
 
 def plan_of(
@@ -93,10 +95,14 @@ def render_children(
         children += [
             render_pool_service(sd, pool),
             render_pool_pdb(sd, pool),
-            render_pool_deployment(sd, pool, plan[pool].mode, k=plan[pool].k),
+            render_pool_deployment(sd, pool, plan[pool].mode, k=plan[pool].k, canaries=plan[pool].canaries),
         ]
         if canary_replicas(sd, pool) is not None:
-            children.append(render_pool_deployment(sd, pool, plan[pool].mode, track="canary", k=plan[pool].k))
+            children.append(
+                render_pool_deployment(
+                    sd, pool, plan[pool].mode, track="canary", k=plan[pool].k, canaries=plan[pool].canaries
+                )
+            )
     children += [render_router_service(sd, options), render_router_deployment(sd, options)]
     if sd.spec.monitoring.pod_monitor:
         children.append(render_pod_monitor(sd))

@@ -171,15 +171,17 @@ def _probes(sd: SpeculativeDeployment) -> dict[str, Any]:
     }
 
 
-def canary_replicas(sd: SpeculativeDeployment, pool: PoolName) -> int | None:
-    """Replicas of the pool's canary Deployment, or None when the pool has none.
+def canary_replicas(sd: SpeculativeDeployment, pool: PoolName, decided: int | None = None) -> int | None:
+    """Replicas of the pool's canary Deployment while the pool is off, or None when it has none.
 
     Only Auto pools with `policy.reentry.canaryReplicas` get one. It exists (possibly at 0 replicas)
     for as long as that holds, so a pool turning speculation back on scales it down declaratively.
+    `decided` is the count the policy chose (fewer far past break-even; None: the spec's).
     """
     if getattr(sd.spec.pools, pool).speculation != "Auto" or sd.spec.policy.reentry.canary_replicas == 0:
         return None
-    return sd.spec.policy.reentry.canary_replicas
+    spec = sd.spec.policy.reentry.canary_replicas
+    return spec if decided is None else max(0, min(decided, spec))
 
 
 def canary_name(sd: SpeculativeDeployment, pool: PoolName) -> str:
@@ -192,16 +194,18 @@ def render_pool_deployment(
     mode: SpeculationMode,
     track: str = "stable",
     k: int | None = None,
+    canaries: int | None = None,
 ) -> Manifest:
     """The pool's Deployment of vLLM servers, with or without --speculative-config.
 
     track "stable" is the pool itself; track "canary" is the few replicas of an Auto pool that keep
-    speculating while the pool is off, so acceptance stays measurable for re-entry.
+    speculating while the pool is off, so acceptance stays measurable for re-entry; they draft the
+    pool's K. `canaries` is the policy's canary count (None: the spec's).
     """
     spec = sd.spec
     pool_spec = getattr(spec.pools, pool)
     eng = pool_engine(spec, pool)
-    canaries = canary_replicas(sd, pool)
+    canaries = canary_replicas(sd, pool, canaries)
     if track == "canary":
         name = canary_name(sd, pool)
         replicas = (canaries or 0) if mode == "Off" else 0

@@ -14,9 +14,11 @@ from specfleet.api.constants import (
 )
 from specfleet.api.reasons import DEGRADED, METRICS_AVAILABLE
 from specfleet.api.validation import SpeculativeDeployment
+from specfleet.policy.decide import threshold_values
 from specfleet.render.common import Manifest, metadata
 from specfleet.resource_metrics import CONDITION, POOL_READY_REPLICAS, POOL_REPLICAS, POOL_SPECULATING
 from specfleet_runtime import vllm_metrics as vm
+from specfleet_runtime.cost_profile import default_profile
 
 # The router's request counter as exposed (prometheus_client adds _total).
 ROUTER_REQUESTS = "specfleet_router_requests_total"
@@ -55,11 +57,6 @@ def _seconds(value: int) -> str:
     return f"{value}s"
 
 
-def _milli(value: int) -> str:
-    """A milli-unit as a PromQL number without float noise (1400 -> 1.4)."""
-    return f"{value / 1000:g}"
-
-
 def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
     """The rule groups of one resource: what a Prometheus rule file holds under `groups`.
 
@@ -68,7 +65,8 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
     """
     spec = sd.spec
     alerts = spec.monitoring.alerts
-    thresholds = spec.policy.thresholds
+    # Threshold values as the policy uses them: the spec's, or derived from the cost profile's break-even.
+    thresholds = threshold_values(spec.policy, spec.drafter.num_speculative_tokens, default_profile())
     window = _seconds(spec.policy.window_seconds)
     hold = _seconds(alerts.for_seconds)
     ns, name = sd.namespace, sd.name
@@ -98,7 +96,7 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
         },
     ]
     own = f'namespace="{ns}",specfleet_io_deployment="{name}"'
-    stop = _milli(thresholds.stop_below_acceptance_length_milli)
+    stop = f"{thresholds.stop_acceptance:.3g}"
     drop = alerts.acceptance_drop_percent
     budget = spec.policy.max_flips_per_hour
     near_budget = max(1, budget - 1)
@@ -170,7 +168,7 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
         _alert(
             "SpecfleetRejectedDraftTokensHigh",
             f"{RECORD_REJECTED}{{{own}}} > {alerts.rejected_draft_tokens_per_second_per_replica}"
-            f" and on ({_BY_POOL}) {RECORD_RUNNING}{{{own}}} > {thresholds.stop_above_concurrency_per_replica}",
+            f" and on ({_BY_POOL}) {RECORD_RUNNING}{{{own}}} > {thresholds.stop_concurrency:g}",
             hold,
             "warning",
             f"{{{{ $labels.specfleet_io_pool }}}} pool of {ns}/{name} rejects "

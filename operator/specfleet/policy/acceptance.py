@@ -1,0 +1,130 @@
+"""Per-position acceptance the policy can trust: measured, remembered, or extrapolated (pure).
+
+A pool drafting K tokens reports K per-position values. Deeper positions are not "never accepted":
+they are unmeasured. So the memory keeps the longest vector it ever measured and a shorter
+measurement refreshes only its first positions; the deeper ones are rescaled by the same factor as
+the deepest refreshed one (the conditional acceptance beyond it is assumed unchanged) and keep the
+time they were measured. A position older than `reentry.maxAcceptanceAgeSeconds`, or never
+measured, is extrapolated from the fresh ones with their last conditional acceptance (p_i/p_{i-1};
+p_0 itself when only one is known): an optimistic guess, so a K that might pay gets tried and
+measured, rather than a K that was lowered never being raised again.
+
+A window that overlaps a rollout mixes engines drafting different K: position i is then divided by
+the drafts of every engine while only engines drafting more than i count its accepts. Only the
+positions that every engine of the window drafted are trusted then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from specfleet.api.models import MAX_SPECULATIVE_TOKENS
+from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
+
+# The most positions remembered (the API's largest K).
+MAX_POSITIONS = MAX_SPECULATIVE_TOKENS
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The per-position acceptance to decide with, and where it came from."""
+
+    per_position: tuple[float, ...]
+    # "pool", "canary" (measured in the window), "lastMeasured" (memory only).
+    source: str
+    # Positions taken from this window's measurement.
+    measured: int
+    # Positions extrapolated (never measured, or measured too long ago).
+    extrapolated: int
+    # What to remember after this evaluation (None: nothing new was measured).
+    remember: MeasuredAcceptance | None = None
+
+
+def trusted_positions(state: PoolState, obs: PoolObservation, now: datetime, window_seconds: int) -> int:
+    """How many leading positions of the observation measure acceptance (see the module docstring)."""
+    n = len(obs.per_position) if obs.acceptance_length is not None else 0
+    rollout = state.rollout
+    if n == 0 or rollout is None:
+        return n
+    clean = rollout.settled_at is not None and now - rollout.settled_at >= timedelta(seconds=window_seconds)
+    if clean:
+        return n
+    for drafted in (rollout.drafted_before, rollout.drafted_after):
+        if drafted > 0:
+            n = min(n, drafted)
+    return n
+
+
+def merge(
+    memory: MeasuredAcceptance | None,
+    measured: Sequence[float],
+    now: datetime,
+    acceptance_length: float,
+) -> MeasuredAcceptance:
+    """The memory after a measurement of the first `len(measured)` positions (never shorter)."""
+    n = len(measured)
+    values = [min(1.0, max(0.0, float(p))) for p in measured]
+    times = [now] * n
+    if memory is not None and len(memory.per_position) > n:
+        old = memory.per_position[:MAX_POSITIONS]
+        scale = values[-1] / old[n - 1] if n and old[n - 1] > 0 else (1.0 if n == 0 else 0.0)
+        ceiling = values[-1] if n else 1.0
+        for i in range(n, len(old)):
+            values.append(min(ceiling, old[i] * scale))
+            times.append(memory.measured_at(i))
+            ceiling = values[-1]
+    return MeasuredAcceptance(acceptance_length, tuple(values), now, tuple(times))
+
+
+def extend(values: Sequence[float], length: int) -> tuple[float, ...]:
+    """`values` continued to `length` positions with their last conditional acceptance."""
+    out = [min(1.0, max(0.0, float(p))) for p in values[:length]]
+    if not out:
+        return ()
+    ratio = out[-1] / out[-2] if len(out) >= 2 and out[-2] > 0 else out[0]
+    ratio = min(1.0, max(0.0, ratio))
+    while len(out) < length:
+        out.append(out[-1] * ratio)
+    return tuple(out)
+
+
+def estimate(
+    state: PoolState,
+    obs: PoolObservation,
+    now: datetime,
+    *,
+    window_seconds: int,
+    max_age_seconds: int,
+    length: int,
+) -> Estimate | None:
+    """Acceptance for `length` positions from this window and the memory; None when nothing is fresh."""
+    n = min(trusted_positions(state, obs, now, window_seconds), length)
+    memory = state.last_acceptance
+    remember = None
+    if n > 0:
+        source = obs.acceptance_source or "pool"
+        remember = merge(memory, obs.per_position[:n], now, obs.acceptance_length or 1.0)
+        known = remember
+    elif memory is not None:
+        source = "lastMeasured"
+        known = memory
+    else:
+        return None
+    max_age = timedelta(seconds=max_age_seconds)
+    fresh: list[float] = []
+    for i, p in enumerate(known.per_position[:length]):
+        if now - known.measured_at(i) > max_age:
+            break
+        fresh.append(p)
+    if not fresh:
+        return None
+    per_position = extend(fresh, length)
+    return Estimate(
+        per_position=per_position,
+        source=source,
+        measured=min(n, length),
+        extrapolated=max(0, length - len(fresh)),
+        remember=remember,
+    )

@@ -1,0 +1,91 @@
+"""`specfleet profile`: measure a step-time profile with vLLM and write it in the policy's format.
+
+The measurement itself (`specfleet_runtime/vllm_profile.py`) runs with the Python of a vLLM
+installation, which need not have specfleet installed: this module launches it by file path, reads
+the JSON it prints, checks it with `StepTimeProfile.from_dict` and renders the profile file (or a
+ConfigMap holding it, under `PROFILE_KEY`, for `policy.goodput.costProfileConfigMap`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import specfleet_runtime
+from specfleet_runtime.cost_profile import StepTimeProfile
+
+# The measurement script, run by file path with the vLLM installation's python.
+SCRIPT = Path(specfleet_runtime.__file__).resolve().parent / "vllm_profile.py"
+# Key of the profile in a cost-profile ConfigMap.
+PROFILE_KEY = "profile.yaml"
+
+
+class ProfileError(RuntimeError):
+    """The measurement failed or printed something that is not a valid profile."""
+
+
+def measure(
+    python: str,
+    options: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_seconds: float = 3600,
+) -> tuple[StepTimeProfile, dict[str, Any]]:
+    """Run the measurement with `python` and return the profile and the document it printed."""
+    argv = [python, str(SCRIPT), *options]
+    try:
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_seconds,
+            check=False,
+            env=dict(env) if env is not None else None,
+        )
+    except FileNotFoundError:
+        raise ProfileError(f"cannot run {python}: no such interpreter") from None
+    except subprocess.TimeoutExpired:
+        raise ProfileError(f"the measurement did not finish within {timeout_seconds:.0f} s") from None
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-20:])
+        raise ProfileError(f"the measurement failed (exit {done.returncode}):\n{tail}")
+    return parse_output(done.stdout)
+
+
+def parse_output(stdout: str) -> tuple[StepTimeProfile, dict[str, Any]]:
+    """The profile in the measurement's output (its last JSON line; vLLM may log to stdout too)."""
+    for raw in reversed(stdout.strip().splitlines()):
+        line = raw.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(doc, dict) and "stepTimeMs" in doc:
+            try:
+                return StepTimeProfile.from_dict(doc), doc
+            except ValueError as err:
+                raise ProfileError(f"the measurement printed an invalid profile: {err}") from None
+    raise ProfileError("the measurement printed no profile")
+
+
+def profile_document(profile: StepTimeProfile, measured_with: Mapping[str, Any] | None = None) -> str:
+    """The profile file (YAML), with how it was measured as a comment-free extra key."""
+    doc = profile.to_dict()
+    if measured_with:
+        doc["measuredWith"] = dict(measured_with)
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def config_map(name: str, namespace: str | None, text: str) -> dict[str, Any]:
+    """A ConfigMap holding the profile file, for policy.goodput.costProfileConfigMap."""
+    meta: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/part-of": "specfleet"}}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {PROFILE_KEY: text}}

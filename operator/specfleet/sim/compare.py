@@ -1,0 +1,307 @@
+"""The policy against baselines and oracles, on one workload, in one run.
+
+Strategies: `policy` (the operator's), `alwaysOff`, `alwaysOnK<k>` for every K the profile measured up
+to the drafter's (`alwaysOn` is the drafter's own K), `engineDynamicSD` (vLLM's in-engine K per batch
+size, K=0 penalised), `bestStatic` (the static setting with the most tokens per request-second over the
+whole run, in hindsight) and `perLevelOracle` (per pool and per evaluation window, the best static
+setting's window, in hindsight, with no rollout cost; "best" judged over the window and two on each
+side, so that sampling luck in one window does not inflate it).
+
+The measure all ratios use is generated tokens per request-second (tokens a pool generated in a window
+over the time its requests spent in the system in that window, queueing included): under a closed
+loop, where the running requests are fixed, it is proportional to tokens/s; under an open loop it is
+the speed a request sees. `worstMinuteRatioToPerLevelOracle` is the lowest one-minute ratio from the
+earliest time the policy can react on (one window plus one evaluation interval after the start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specfleet.api.validation import SpeculativeDeployment
+from specfleet.sim.engine import schedule_from_profile
+from specfleet.sim.fleet import (
+    POOLS,
+    RunResult,
+    SimOptions,
+    Strategy,
+    histogram_percentile,
+    load_per_replica,
+    percentile,
+    simulate,
+)
+from specfleet.sim.workload import ClosedLoop, Trace
+from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
+
+# Windows on each side over which the per-level oracle judges which static setting is best.
+SMOOTH = 2
+
+
+def static_ks(profile: StepTimeProfile, drafter_k: int) -> list[int]:
+    """The K values a static baseline runs: those the profile measured, up to the drafter's."""
+    ks = [k for k in profile.speculative_tokens if 1 <= k <= drafter_k]
+    return ks or [drafter_k]
+
+
+def strategies(profile: StepTimeProfile, drafter_k: int) -> list[Strategy]:
+    out = [Strategy("policy", "policy"), Strategy("alwaysOff", "static", "Off")]
+    out += [Strategy(f"alwaysOnK{k}", "static", "On", k) for k in static_ks(profile, drafter_k)]
+    out.append(Strategy("engineDynamicSD", "engineDynamicSD", "On"))
+    return out
+
+
+@dataclass
+class Comparison:
+    """Every strategy's run and the derived oracles."""
+
+    runs: dict[str, RunResult]
+    oracle_tokens: dict[str, np.ndarray]
+    oracle_reqsec: dict[str, np.ndarray]
+    oracle_choice: dict[str, list[str]]
+    best_static: str
+    always_on: str
+    first_reaction: float
+    bin_seconds: float
+    duration: float
+    schedule: tuple[tuple[int, int, int], ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- measures -----------------------------------------------------------------------------------
+
+    def _bins(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        if name == "perLevelOracle":
+            return sum(self.oracle_tokens.values()), sum(self.oracle_reqsec.values())  # type: ignore[return-value]
+        run = self.runs[self.best_static if name == "bestStatic" else name]
+        return sum(run.bin_tokens.values()), sum(run.bin_request_seconds.values())  # type: ignore[return-value]
+
+    def bin_ratio(self, name: str) -> np.ndarray:
+        """Per window: tokens per request-second of `name` over the per-level oracle's (NaN when idle)."""
+        tokens, reqsec = self._bins(name)
+        o_tokens, o_reqsec = self._bins("perLevelOracle")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            value = np.where(reqsec > 0, tokens / reqsec, np.nan)
+            oracle = np.where(o_reqsec > 0, o_tokens / o_reqsec, np.nan)
+            return np.where(oracle > 0, value / oracle, np.nan)
+
+    def ratio(self, name: str) -> float | None:
+        r = self.bin_ratio(name)
+        r = r[~np.isnan(r)]
+        return float(r.mean()) if r.size else None
+
+    def minute_ratios(self, name: str) -> list[tuple[float, float]]:
+        r = self.bin_ratio(name)
+        per_minute = max(1, round(60 / self.bin_seconds))
+        out = []
+        for start in range(0, len(r), per_minute):
+            chunk = r[start : start + per_minute]
+            chunk = chunk[~np.isnan(chunk)]
+            if chunk.size:
+                out.append((start * self.bin_seconds, float(chunk.mean())))
+        return out
+
+    def worst_minute(self, name: str) -> float | None:
+        values = [v for t, v in self.minute_ratios(name) if t >= self.first_reaction]
+        return min(values) if values else None
+
+    def worst_minute_start(self, name: str) -> float | None:
+        """When the worst minute (see `worst_minute`) began, in seconds."""
+        values = [(v, t) for t, v in self.minute_ratios(name) if t >= self.first_reaction]
+        return min(values)[1] if values else None
+
+    def tokens_per_second(self, name: str) -> float:
+        tokens, _ = self._bins(name)
+        return float(tokens.sum()) / self.duration if self.duration else 0.0
+
+    def per_request(self, name: str) -> float | None:
+        tokens, reqsec = self._bins(name)
+        total = float(reqsec.sum())
+        return float(tokens.sum()) / total if total > 0 else None
+
+    # -- report -------------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        statics = [n for n in self.runs if n.startswith("alwaysOnK")]
+        return [
+            "policy",
+            "alwaysOff",
+            "alwaysOn",
+            *statics,
+            "engineDynamicSD",
+            "bestStatic",
+            "perLevelOracle",
+        ]
+
+    def run_for(self, name: str) -> RunResult | None:
+        if name == "alwaysOn":
+            return self.runs[self.always_on]
+        if name == "bestStatic":
+            return self.runs[self.best_static]
+        return self.runs.get(name)
+
+    def strategy_json(self, name: str) -> dict[str, Any]:
+        run = self.run_for(name)
+        doc: dict[str, Any] = {
+            "tokensPerSecond": round(
+                self.tokens_per_second(name if name != "alwaysOn" else self.always_on), 2
+            ),
+            "tokensPerRequestSecond": _round(
+                self.per_request(name if name != "alwaysOn" else self.always_on)
+            ),
+            "ratioToPerLevelOracle": _round(self.ratio(name if name != "alwaysOn" else self.always_on)),
+            "worstMinuteRatioToPerLevelOracle": _round(
+                self.worst_minute(name if name != "alwaysOn" else self.always_on)
+            ),
+            "flips": sum(1 for c in run.changes if c.kind == "flip") if run else 0,
+            "retunes": sum(1 for c in run.changes if c.kind == "retune") if run else 0,
+            "canaryChanges": sum(1 for c in run.changes if c.kind == "canaries") if run else 0,
+        }
+        if name == "bestStatic":
+            doc["setting"] = self.best_static
+        if name == "alwaysOn":
+            doc["setting"] = self.always_on
+        if name == "perLevelOracle":
+            doc["settingsUsed"] = sorted({c for choices in self.oracle_choice.values() for c in choices if c})
+        if run is not None:
+            doc["gpuSeconds"] = round(sum(p.gpu_seconds for p in run.pools.values()), 1)
+            doc["pools"] = {pool: _pool_json(run, pool) for pool in POOLS}
+            if name == "policy":
+                doc["timeline"] = self.timeline_json(run)
+            if run.changes:
+                doc["changes"] = [
+                    {
+                        "timeSeconds": round(c.time, 1),
+                        "pool": c.pool,
+                        "kind": c.kind,
+                        "from": c.from_mode if c.kind == "flip" else f"K{c.from_k}",
+                        "to": c.to_mode
+                        if c.kind == "flip"
+                        else (f"K{c.to_k}" if c.kind == "retune" else f"{c.canaries} canaries"),
+                        "k": c.to_k,
+                        "reason": c.reason,
+                    }
+                    for c in run.changes
+                ]
+        return doc
+
+    def timeline_json(self, run: RunResult) -> list[dict[str, Any]]:
+        """Per window: each pool's mode, K, replicas, load and tokens/s, and the oracle's tokens/s."""
+        loads = {pool: load_per_replica(run, pool) for pool in POOLS}
+        rows = []
+        for i, row in enumerate(run.timeline):
+            entry: dict[str, Any] = {"timeSeconds": round(row["t"], 1)}
+            for pool in POOLS:
+                state = row[pool]
+                entry[pool] = {
+                    "mode": state["mode"],
+                    "k": state["k"] if state["mode"] == "On" else None,
+                    "replicas": state["replicas"],
+                    "requestsPerReplica": round(loads[pool][i], 2),
+                    "tokensPerSecond": round(float(run.bin_tokens[pool][i]) / self.bin_seconds, 1),
+                    "oracleTokensPerSecond": round(float(self.oracle_tokens[pool][i]) / self.bin_seconds, 1),
+                }
+            rows.append(entry)
+        return rows
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "durationSeconds": round(self.duration, 1),
+            "windowSeconds": self.bin_seconds,
+            "firstReactionSeconds": round(self.first_reaction, 1),
+            "engineDynamicSDSchedule": [list(r) for r in self.schedule],
+            **self.extra,
+            "results": {name: self.strategy_json(name) for name in self.names()},
+        }
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _pool_json(run: RunResult, pool: str) -> dict[str, Any]:
+    res = run.pools[pool]
+    duration = run.duration or 1.0
+    return {
+        "tokensPerSecond": round(res.tokens / duration, 2),
+        "requests": res.requests,
+        "rejected": res.rejected,
+        "ttftP50Seconds": _round(percentile(res.ttft, 50)),
+        "ttftP99Seconds": _round(percentile(res.ttft, 99)),
+        "itlP50Seconds": _round(histogram_percentile(res.itl, 50)),
+        "itlP99Seconds": _round(histogram_percentile(res.itl, 99)),
+        "gpuSeconds": round(res.gpu_seconds, 1),
+    }
+
+
+def compare(
+    sd: SpeculativeDeployment,
+    workload: Trace | ClosedLoop,
+    options: SimOptions | None = None,
+    profile: StepTimeProfile | None = None,
+    progress: Callable[[str], None] | None = None,
+    only: Sequence[str] | None = None,
+) -> Comparison:
+    """Run every strategy on the same workload and seed, and derive bestStatic and perLevelOracle."""
+    options = options or SimOptions()
+    profile = profile or default_profile()
+    drafter_k = sd.spec.drafter.num_speculative_tokens
+    schedule = schedule_from_profile(profile, options.acceptance, drafter_k)
+    runs: dict[str, RunResult] = {}
+    for strategy in strategies(profile, drafter_k):
+        if only is not None and strategy.name not in only and strategy.kind != "static":
+            continue
+        if progress:
+            progress(strategy.name)
+        runs[strategy.name] = simulate(sd, workload, strategy, options, profile, schedule)
+    statics = [n for n in runs if runs[n].strategy.kind == "static"]
+    any_run = runs[statics[0]]
+    nbins = len(any_run.bin_tokens["latency"])
+    oracle_tokens = {p: np.zeros(nbins) for p in POOLS}
+    oracle_reqsec = {p: np.zeros(nbins) for p in POOLS}
+    oracle_choice: dict[str, list[str]] = {p: [""] * nbins for p in POOLS}
+    # Which setting is best in a window is judged over that window and its neighbours (+-SMOOTH), so
+    # that the oracle picks the setting that suits the load level, not the run that was luckiest in
+    # one window's sampling; the window's own numbers of that setting are then used.
+    kernel = np.ones(2 * SMOOTH + 1)
+    for pool in POOLS:
+        smoothed = {}
+        for name in statics:
+            run = runs[name]
+            tokens = np.convolve(run.bin_tokens[pool], kernel, mode="same")
+            reqsec = np.convolve(run.bin_request_seconds[pool], kernel, mode="same")
+            smoothed[name] = np.where(reqsec > 0, tokens / np.where(reqsec > 0, reqsec, 1), -1.0)
+        for b in range(nbins):
+            best, best_value = None, -1.0
+            for name in statics:
+                value = smoothed[name][b] if runs[name].bin_request_seconds[pool][b] > 0 else -1.0
+                if value > best_value:
+                    best, best_value = name, value
+            if best is not None and best_value >= 0:
+                oracle_tokens[pool][b] = runs[best].bin_tokens[pool][b]
+                oracle_reqsec[pool][b] = runs[best].bin_request_seconds[pool][b]
+                oracle_choice[pool][b] = best
+
+    def overall(name: str) -> float:
+        run = runs[name]
+        reqsec = sum(float(a.sum()) for a in run.bin_request_seconds.values())
+        return sum(float(a.sum()) for a in run.bin_tokens.values()) / reqsec if reqsec else 0.0
+
+    best_static = max(statics, key=overall)
+    always_on = f"alwaysOnK{drafter_k}" if f"alwaysOnK{drafter_k}" in runs else statics[-1]
+    # The earliest the policy can react: one full window, then one evaluation.
+    window = sd.spec.policy.window_seconds + sd.spec.policy.evaluation_interval_seconds
+    return Comparison(
+        runs=runs,
+        oracle_tokens=oracle_tokens,
+        oracle_reqsec=oracle_reqsec,
+        oracle_choice=oracle_choice,
+        best_static=best_static,
+        always_on=always_on,
+        first_reaction=float(window),
+        bin_seconds=any_run.bin_seconds,
+        duration=any_run.duration,
+        schedule=schedule,
+    )

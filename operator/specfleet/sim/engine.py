@@ -1,0 +1,387 @@
+"""One simulated vLLM replica: continuous batching on the cost profile, with aggregated sampling.
+
+Exact parts: FCFS admission up to `max_num_seqs` while the KV cache has room; a step's time is
+`profile.step_time(batch, K)` (plus `k0_penalty` for K=0 inside a speculating engine, plus the prefill
+cost of the prompts admitted in that step); a request's first step is its prefill and yields one
+token; the number of accepted drafts is sampled per draft from the per-position cumulative acceptance
+(a draft of K tokens accepts j of them with probability p_{j-1} - p_j), so the engine's counters
+(drafts, draft tokens, accepted, accepted per position) are the sums vLLM would export.
+
+Aggregated (the approximation that makes an hour of a 16-replica fleet take seconds): the steps between
+two batch changes are simulated together. The accepted drafts of all requests of the same acceptance
+in that span are drawn at once (one multinomial), and each of those requests advances by their mean,
+so requests of one acceptance progress in lockstep rather than each with its own luck. A span ends at
+the step where the next request is expected to finish; a request that, by the draw, finishes a step
+or two earlier or later finishes at the step its share of the draw puts it. KV-cache blocks for a
+request's prompt and whole output are reserved at admission (no preemption). Chunked prefill is
+approximated by admitting prompts per step up to `max_batched_tokens` (vLLM's
+max_num_batched_tokens), each whole prompt charged to the step that admits it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specfleet_runtime.cost_profile import StepTimeProfile
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """GPU memory of one replica, to size its KV cache (defaults: Llama-3.1-8B, EAGLE-3, H100 80GB).
+
+    - GPU memory 81559 MiB: what nvidia-smi reports for an H100 80GB HBM3.
+    - Target weights: 8.03e9 parameters x 2 bytes (bf16).
+    - KV per token (target): 2 (K and V) x 32 layers x 8 KV heads x 128 head dim x 2 bytes = 128 KiB.
+    - Drafter (EAGLE-3 for Llama-3.1-8B): one decoder layer whose attention reads 2 x hidden, a 3 x
+      hidden -> hidden fusion layer and a 32k-token draft vocabulary head: about 0.42e9 parameters,
+      0.85 GB in bf16 (an estimate from the architecture; the checkpoint is of that size); its KV is
+      one layer's: 4 KiB per token.
+    - Runtime overhead (activations, CUDA graphs, allocator): 2 GiB, an estimate.
+    """
+
+    gpu_bytes: float = 81559 * 2**20
+    target_weight_bytes: float = 8.03e9 * 2
+    target_kv_bytes_per_token: float = 2 * 32 * 8 * 128 * 2
+    drafter_weight_bytes: float = 0.85e9
+    drafter_kv_bytes_per_token: float = 2 * 1 * 8 * 128 * 2
+    overhead_bytes: float = 2 * 2**30
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float, speculative: bool) -> int:
+        """Tokens of KV cache one engine holds (what bounds its running sequences)."""
+        free = gpu_memory_utilization * self.gpu_bytes - self.target_weight_bytes - self.overhead_bytes
+        per_token = self.target_kv_bytes_per_token
+        if speculative:
+            free -= self.drafter_weight_bytes
+            per_token += self.drafter_kv_bytes_per_token
+        return max(0, int(free // per_token))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What a replica runs, as its rendered command line says."""
+
+    speculative: bool
+    k: int
+    schedule: tuple[tuple[int, int, int], ...] = ()
+    max_num_seqs: int = 256
+    kv_capacity_tokens: int = 400_000
+    max_model_len: int | None = None
+    k0_penalty: float = 0.10
+    # Prompt tokens one step may prefill (vLLM's max_num_batched_tokens; its V1 default on large GPUs).
+    max_batched_tokens: int = 8192
+
+    def k_for_batch(self, batch: int) -> int:
+        if not self.speculative:
+            return 0
+        for start, end, k in self.schedule:
+            if start <= batch <= end:
+                return min(k, self.k)
+        if self.schedule:
+            return min(self.schedule[-1][2], self.k)
+        return self.k
+
+
+class SimRequest:
+    """A request inside the simulated fleet."""
+
+    __slots__ = (
+        "acceptance",
+        "arrival",
+        "client",
+        "finish",
+        "first_token",
+        "index",
+        "kv",
+        "pool",
+        "prompt",
+        "replica",
+        "tokens",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        arrival: float,
+        prompt: int,
+        tokens: int,
+        acceptance: tuple[float, ...],
+        pool: str,
+        client: str | None,
+    ) -> None:
+        self.index = index
+        self.arrival = arrival
+        self.prompt = prompt
+        self.tokens = tokens
+        self.acceptance = acceptance
+        self.pool = pool
+        self.client = client
+        self.kv = prompt + tokens
+        self.first_token = -1.0
+        self.finish = -1.0
+        self.replica = -1
+
+
+class _Group:
+    """The running requests of one acceptance vector: a shared progress counter and their finish lines."""
+
+    __slots__ = ("acceptance", "heap", "level", "pmf", "size")
+
+    def __init__(self, acceptance: tuple[float, ...]) -> None:
+        self.acceptance = acceptance
+        self.level = 0.0  # tokens each member has gained since the group began (shared progress)
+        self.heap: list[tuple[float, int, SimRequest]] = []  # (level at which it has all its tokens, ...)
+        self.size = 0
+        self.pmf: dict[int, tuple[np.ndarray, float]] = {}
+
+    def distribution(self, k: int) -> tuple[np.ndarray, float]:
+        """P(j drafts accepted), j = 0..k, and the expected tokens per step (1 + accepted)."""
+        cached = self.pmf.get(k)
+        if cached is None:
+            p = [1.0, *[self.acceptance[i] if i < len(self.acceptance) else 0.0 for i in range(k)], 0.0]
+            probs = np.array([max(0.0, p[j] - p[j + 1]) for j in range(k + 1)], dtype=float)
+            probs /= probs.sum()
+            cached = (probs, 1.0 + sum(p[1 : k + 1]))
+            self.pmf[k] = cached
+        return cached
+
+
+# Log-spaced bins for the step-time (inter-token latency) histogram: 40 bins per decade from 0.1 ms.
+_ITL_BINS_PER_DECADE = 40
+
+
+def itl_bin(seconds: float) -> int:
+    return max(0, int(math.log10(max(seconds, 1e-4) / 1e-4) * _ITL_BINS_PER_DECADE))
+
+
+def itl_bin_seconds(index: int) -> float:
+    return float(1e-4 * 10 ** ((index + 0.5) / _ITL_BINS_PER_DECADE))
+
+
+class Replica:
+    """One engine pod's step loop, simulated span by span (see the module docstring)."""
+
+    def __init__(
+        self,
+        serial: int,
+        pool: str,
+        track: str,
+        template: str,
+        config: EngineConfig,
+        profile: StepTimeProfile,
+        prefill_s_per_token: float,
+        seed: int,
+        created: float,
+        ready_at: float,
+    ) -> None:
+        self.serial = serial
+        self.pool = pool
+        self.track = track
+        self.template = template
+        self.config = config
+        self.profile = profile
+        self.prefill_s = prefill_s_per_token
+        self.rng = np.random.default_rng([seed, serial])
+        self.created = created
+        self.ready_at = ready_at
+        self.draining_since: float | None = None
+        self.gone_at: float | None = None
+        self.t = ready_at
+        self.waiting: deque[SimRequest] = deque()
+        self.running = 0
+        self.outstanding = 0
+        self.kv_used = 0
+        self.groups: dict[tuple[float, ...], _Group] = {}
+        self._dt: dict[tuple[int, int], float] = {}
+        self._seq = 0
+        # Counters, named after the vLLM metrics they stand for.
+        self.drafts = 0.0
+        self.draft_tokens = 0.0
+        self.accepted = 0.0
+        self.accepted_pos = [0.0] * max(1, config.k)
+        self.generation_tokens = 0.0
+        self.prompt_tokens = 0.0
+        self.itl: dict[int, float] = {}
+        self.steps = 0
+
+    # -- state -------------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self.draining_since is None and self.gone_at is None
+
+    @property
+    def idle(self) -> bool:
+        return self.running == 0 and not self.waiting
+
+    def fits(self, req: SimRequest) -> bool:
+        """The request can ever run here (prompt + output within max_model_len and the KV cache)."""
+        limit = self.config.max_model_len
+        return req.kv <= self.config.kv_capacity_tokens and (limit is None or req.kv <= limit)
+
+    def submit(self, req: SimRequest, now: float) -> None:
+        """Queue a request that arrives at `now` (the replica must have been advanced to `now`)."""
+        self.t = max(self.t, now)  # idle until now
+        req.replica = self.serial
+        self.waiting.append(req)
+        self.outstanding += 1
+
+    # -- time ----------------------------------------------------------------------------------------
+
+    def step_seconds(self, batch: int, k: int) -> float:
+        key = (batch, k)
+        dt = self._dt.get(key)
+        if dt is None:
+            dt = self.profile.step_time_s(batch, k)
+            if k == 0 and self.config.speculative:
+                dt *= 1.0 + self.config.k0_penalty
+            self._dt[key] = dt
+        return dt
+
+    def _can_admit(self) -> bool:
+        if not self.waiting or self.running >= self.config.max_num_seqs:
+            return False
+        return self.kv_used + self.waiting[0].kv <= self.config.kv_capacity_tokens
+
+    def next_event(self) -> float | None:
+        """When this replica next changes its batch (admits or finishes a request), if it will."""
+        if self._can_admit():
+            return self.t
+        if self.running == 0:
+            return None
+        k = self.config.k_for_batch(self.running)
+        dt = self.step_seconds(self.running, k)
+        steps = math.inf
+        for g in self.groups.values():
+            if g.heap:
+                _, m = g.distribution(k)
+                steps = min(steps, max(1, math.ceil((g.heap[0][0] - g.level) / m - EPS)))
+        return self.t + steps * dt
+
+    def advance_to(self, until: float, done: list[SimRequest]) -> None:
+        """Run every step that starts before `until`; finished requests are appended to `done`."""
+        while self.t < until:
+            if self.running == 0 and not self._can_admit():
+                self.t = until
+                return
+            admitted: list[SimRequest] = []
+            kv_cap = self.config.kv_capacity_tokens
+            budget = self.config.max_batched_tokens
+            prompts = 0
+            while self.waiting and self.running < self.config.max_num_seqs:
+                head = self.waiting[0]
+                if self.kv_used + head.kv > kv_cap or (admitted and prompts + head.prompt > budget):
+                    break
+                prompts += head.prompt
+                self.waiting.popleft()
+                self.kv_used += head.kv
+                self.running += 1
+                admitted.append(head)
+            batch = self.running
+            k = self.config.k_for_batch(batch)
+            dt = self.step_seconds(batch, k)
+            t0 = self.t
+            if admitted:
+                prompt = sum(r.prompt for r in admitted)
+                dt += self.prefill_s * prompt
+                self.prompt_tokens += prompt
+                steps = 1
+            else:
+                steps = max(1, math.ceil((until - t0) / dt - EPS))
+                for g in self.groups.values():
+                    if g.heap:
+                        _, m = g.distribution(k)
+                        steps = min(steps, max(1, math.ceil((g.heap[0][0] - g.level) / m - EPS)))
+            end = t0 + steps * dt
+            tokens = 0.0
+            decoding = 0
+            for g in self.groups.values():
+                if g.size == 0:
+                    continue
+                decoding += g.size
+                before = g.level
+                if k > 0:
+                    probs, _ = g.distribution(k)
+                    draws = g.size * steps
+                    counts = self.rng.multinomial(draws, probs)
+                    accepted = float(np.dot(counts, np.arange(k + 1)))
+                    self.drafts += draws
+                    self.draft_tokens += draws * k
+                    self.accepted += accepted
+                    tail = float(draws)
+                    pos = self.accepted_pos
+                    if len(pos) < k:
+                        pos.extend([0.0] * (k - len(pos)))
+                    for i in range(k):
+                        tail -= counts[i]
+                        pos[i] += tail
+                    g.level += steps + accepted / g.size
+                else:
+                    g.level += steps
+                gained = g.level - before
+                tokens += g.size * gained
+                heap = g.heap
+                while heap and heap[0][0] <= g.level + EPS:
+                    line, _, req = heapq.heappop(heap)
+                    g.size -= 1
+                    tokens -= g.level - line
+                    share = (line - before) / gained if gained > 0 else 1.0
+                    j = min(steps, max(1, math.ceil(share * steps - EPS)))
+                    self._finish(req, t0 + j * dt, done)
+            for req in admitted:
+                group = self.groups.get(req.acceptance)
+                if group is None:
+                    group = self.groups[req.acceptance] = _Group(req.acceptance)
+                g = group
+                req.first_token = t0 + dt
+                tokens += 1.0
+                if req.tokens <= 1:
+                    self._finish(req, t0 + dt, done)
+                    continue
+                self._seq += 1
+                heapq.heappush(g.heap, (g.level + req.tokens - 1, self._seq, req))
+                g.size += 1
+            self.generation_tokens += tokens
+            if decoding:
+                b = itl_bin(dt)
+                self.itl[b] = self.itl.get(b, 0.0) + decoding * steps
+            self.steps += steps
+            self.t = end
+
+    def _finish(self, req: SimRequest, at: float, done: list[SimRequest]) -> None:
+        req.finish = at
+        self.running -= 1
+        self.outstanding -= 1
+        self.kv_used -= req.kv
+        done.append(req)
+
+    def take_waiting(self) -> list[SimRequest]:
+        """Remove the queued (not yet running) requests, e.g. to re-route them."""
+        out = list(self.waiting)
+        self.outstanding -= len(out)
+        self.waiting.clear()
+        return out
+
+
+def schedule_from_profile(
+    profile: StepTimeProfile, acceptance: Sequence[float], max_k: int, max_batch: int = 1024
+) -> tuple[tuple[int, int, int], ...]:
+    """A Dynamic SD table (batch ranges -> best K, 0 where speculation loses) from acceptance and profile."""
+    from specfleet_runtime.cost_profile import goodput
+
+    ks = [k for k in profile.speculative_tokens if k <= max_k]
+    rows: list[tuple[int, int, int]] = []
+    for b in range(1, max_batch + 1):
+        best = max(ks, key=lambda k: (goodput(profile, b, k, list(acceptance)), -k))
+        if rows and rows[-1][2] == best:
+            rows[-1] = (rows[-1][0], b, best)
+        else:
+            rows.append((b, b, best))
+    return tuple(rows)

@@ -1,0 +1,167 @@
+"""`specfleet plan`: should this workload speculate, with which K, and with which thresholds.
+
+From the cost profile and the acceptance: the break-even concurrency (running requests per replica
+where the best K stops beating no speculation), the Dynamic SD table (best K per batch size), and
+Threshold-mode values derived from them (stop above the concurrency where the predicted speedup falls
+below 1 - margin, resume below the one where it is above 1 + margin; stop below the acceptance length
+at which speculation stops paying at the pool's typical load). From a simulation of the workload: each
+pool's load, and the predicted gain of the policy against always-on and always-off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from specfleet.api.effective import pool_engine
+from specfleet.api.models import PoolName
+from specfleet.api.validation import SpeculativeDeployment
+from specfleet.sim.compare import Comparison, static_ks
+from specfleet.sim.engine import schedule_from_profile
+from specfleet.sim.fleet import POOLS, load_per_replica
+from specfleet_runtime.cost_profile import StepTimeProfile, speedup
+
+MAX_CONCURRENCY = 1024
+
+
+def best_speedup(
+    profile: StepTimeProfile, c: float, acceptance: Sequence[float], ks: Sequence[int]
+) -> tuple[float, int]:
+    """The best predicted speedup at `c` running per replica, and its K."""
+    return max(
+        ((speedup(profile, max(1.0, c), k, list(acceptance)), k) for k in ks), key=lambda x: (x[0], -x[1])
+    )
+
+
+def crossing(
+    profile: StepTimeProfile, acceptance: Sequence[float], ks: Sequence[int], level: float
+) -> int | None:
+    """The smallest concurrency at which the best speedup falls below `level` (None: never up to 1024)."""
+    for c in range(1, MAX_CONCURRENCY + 1):
+        if best_speedup(profile, c, acceptance, ks)[0] < level:
+            return c
+    return None
+
+
+def acceptance_break_even(
+    profile: StepTimeProfile, acceptance: Sequence[float], ks: Sequence[int], c: float, level: float
+) -> float | None:
+    """The mean acceptance length at which speculation at load `c` predicts `level` (scaling the vector)."""
+    lo, hi = 0.0, 1.0
+    if best_speedup(profile, c, acceptance, ks)[0] < level:
+        return None  # even the measured acceptance does not reach it at this load
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if best_speedup(profile, c, [p * mid for p in acceptance], ks)[0] < level:
+            lo = mid
+        else:
+            hi = mid
+    k = best_speedup(profile, c, [p * hi for p in acceptance], ks)[1]
+    return 1.0 + hi * sum(acceptance[:k])
+
+
+def pool_load(comparison: Comparison, pool: str) -> dict[str, float] | None:
+    """Requests in the system per replica (time-averaged per window) over the policy run, as percentiles."""
+    run = comparison.runs.get("policy") or comparison.runs[comparison.best_static]
+    values = load_per_replica(run, pool)
+    if not values or max(values) == 0:
+        return None
+    arr = np.asarray(values)
+    return {q: round(float(np.percentile(arr, p)), 1) for q, p in (("p5", 5), ("p50", 50), ("p95", 95))}
+
+
+def plan(
+    sd: SpeculativeDeployment,
+    comparison: Comparison,
+    profile: StepTimeProfile,
+    acceptance: Sequence[float],
+) -> dict[str, Any]:
+    """The recommendation as a document (printed as YAML or JSON by the CLI)."""
+    spec = sd.spec
+    margin = spec.policy.goodput.margin_percent / 100
+    ks = static_ks(profile, spec.drafter.num_speculative_tokens)
+    break_even = crossing(profile, acceptance, ks, 1.0)
+    stop_c = crossing(profile, acceptance, ks, 1 - margin)
+    resume_c = crossing(profile, acceptance, ks, 1 + margin)
+    names: tuple[PoolName, ...] = ("latency", "batch")
+    max_batch = max(pool_engine(spec, p).max_num_seqs or 256 for p in names)
+    schedule = schedule_from_profile(profile, acceptance, spec.drafter.num_speculative_tokens, max_batch)
+    pools: dict[str, Any] = {}
+    for pool in POOLS:
+        load = pool_load(comparison, pool)
+        if load is None:
+            pools[pool] = {
+                "load": None,
+                "recommendation": "no traffic in this trace: keep the spec's setting",
+            }
+            continue
+        # An engine runs at most maxNumSeqs requests; the rest of the load queues.
+        cap = float(pool_engine(spec, pool).max_num_seqs or 256)  # type: ignore[arg-type]
+        low, mid, high = (min(cap, load[q]) for q in ("p5", "p50", "p95"))
+        gain_low, k_low = best_speedup(profile, low, acceptance, ks)
+        gain_high, k_high = best_speedup(profile, high, acceptance, ks)
+        gain_mid, k_mid = best_speedup(profile, mid, acceptance, ks)
+        if gain_high > 1 + margin:
+            setting, why = "On", f"speculation pays even at its p95 load ({gain_high:.2f}x at K={k_high})"
+        elif gain_low < 1 - margin:
+            setting, why = "Off", f"speculation loses even at its p5 load ({gain_low:.2f}x)"
+        else:
+            setting, why = (
+                "Auto",
+                f"load crosses the break-even point: {gain_low:.2f}x at p5 (K={k_low}), {gain_high:.2f}x at p95",
+            )
+        stop_len = acceptance_break_even(profile, acceptance, ks, mid, 1 - margin)
+        resume_len = acceptance_break_even(profile, acceptance, ks, mid, 1 + margin)
+        pools[pool] = {
+            "load": {"requestsPerReplica": load},
+            "predictedSpeedupAtP50": round(gain_mid, 3),
+            "speculation": setting,
+            "numSpeculativeTokens": k_mid if setting != "Off" else None,
+            "why": why,
+            "thresholds": {
+                "stopBelowAcceptanceLengthMilli": None if stop_len is None else round(stop_len * 1000),
+                "resumeAboveAcceptanceLengthMilli": None if resume_len is None else round(resume_len * 1000),
+            },
+        }
+    results = comparison.to_json()["results"]
+
+    def gain(a: str, b: str) -> float | None:
+        x, y = results[a]["tokensPerRequestSecond"], results[b]["tokensPerRequestSecond"]
+        return round(x / y - 1, 4) if x and y else None
+
+    busiest = max(
+        (p for p in pools if pools[p].get("load")),
+        key=lambda p: pools[p]["load"]["requestsPerReplica"]["p50"],
+        default=None,
+    )
+    lengths = pools[busiest]["thresholds"] if busiest else {}
+    return {
+        "acceptance": list(acceptance),
+        "profile": profile.name,
+        "breakEvenConcurrencyPerReplica": break_even,
+        "pools": pools,
+        "policy": {
+            "mode": "Goodput",
+            # For mode Threshold: concurrency from the break-even point, lengths at the busiest pool's load.
+            "thresholds": {
+                "stopAboveConcurrencyPerReplica": stop_c or MAX_CONCURRENCY,
+                "resumeBelowConcurrencyPerReplica": resume_c or MAX_CONCURRENCY,
+                **{k: v for k, v in lengths.items() if v is not None},
+            },
+        },
+        "drafter": {
+            "dynamicSchedule": [
+                {"minBatchSize": a, "maxBatchSize": b, "numSpeculativeTokens": k} for a, b, k in schedule
+            ]
+        },
+        "predicted": {
+            "policyVsAlwaysOn": gain("policy", "alwaysOn"),
+            "policyVsAlwaysOff": gain("policy", "alwaysOff"),
+            "bestStatic": results["bestStatic"]["setting"],
+            "bestStaticVsAlwaysOff": gain("bestStatic", "alwaysOff"),
+            "policyRatioToPerLevelOracle": results["policy"]["ratioToPerLevelOracle"],
+            "measure": "generated tokens per request-second (see `specfleet simulate`)",
+        },
+    }

@@ -1,0 +1,217 @@
+"""What Prometheus would hold about the simulated engines, and the policy's queries over it.
+
+Each ready or draining engine is scraped every `scrape_interval` seconds (a starting engine has no
+`/metrics` yet). A query at time t evaluates, per series, over the samples in (t - window, t]:
+
+- `rate(counter[w])` with Prometheus' extrapolation (`extrapolatedRate` in promql/functions.go:
+  extrapolate to the window's edges by at most 1.1 average sample intervals, and not below zero);
+- `avg_over_time(gauge[w])` as the mean of the samples; instant gauges (`count`, `sum`) from the
+  newest sample within the 5-minute lookback of series still scraped (a deleted pod's series is stale).
+
+`answers` returns them in the shape of Prometheus' instant-vector results, keyed by the names of
+`specfleet.metrics.prometheus.pool_queries`, and `observation` turns them into the `PoolObservation`
+that `specfleet.metrics.prometheus.observe_pool` builds from the same answers (a unit test feeds both
+the same answers and compares). Inter-token latency quantiles are not simulated (None), as the policy
+only reports them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from specfleet.policy.observations import PoolObservation
+
+# Mirrors of specfleet.metrics.prometheus (the sim may not import the metrics package: it is I/O).
+STALE_AFTER_SECONDS = 60.0
+MIN_DRAFTS_FOR_ACCEPTANCE = 100
+LOOKBACK_SECONDS = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    t: float
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    accepted_pos: tuple[float, ...]
+    generation_tokens: float
+    running: float
+    waiting: float
+
+
+@dataclass
+class Series:
+    """The samples of one engine (one pod)."""
+
+    pool: str
+    samples: list[Sample] = field(default_factory=list)
+    deleted_at: float | None = None
+
+
+def _window(samples: Sequence[Sample], t: float, window: float) -> list[Sample]:
+    # Samples are appended in time order; the window is short, so walk back from the end.
+    out: list[Sample] = []
+    for s in reversed(samples):
+        if s.t > t:
+            continue
+        if s.t <= t - window:
+            break
+        out.append(s)
+    out.reverse()
+    return out
+
+
+def extrapolated_rate(points: Sequence[tuple[float, float]], t: float, window: float) -> float | None:
+    """Prometheus' `rate()` of a counter over (t - window, t] from its (time, value) samples."""
+    if len(points) < 2:
+        return None
+    start, end = t - window, t
+    first_t, first_v = points[0]
+    last_t, last_v = points[-1]
+    delta = last_v - first_v
+    sampled = last_t - first_t
+    if sampled <= 0:
+        return None
+    to_start = first_t - start
+    to_end = end - last_t
+    average = sampled / (len(points) - 1)
+    threshold = average * 1.1
+    if delta > 0 and first_v >= 0:
+        to_zero = sampled * (first_v / delta)
+        to_start = min(to_start, to_zero)
+    extrapolate = sampled
+    extrapolate += to_start if to_start < threshold else average / 2
+    extrapolate += to_end if to_end < threshold else average / 2
+    return delta * (extrapolate / sampled) / window
+
+
+def _vector(value: float | None, t: float, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    return [{"metric": labels or {}, "value": [t, repr(float(value))]}]
+
+
+def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list[dict[str, Any]]]:
+    """The pool's query results at `t` (names as in `pool_queries`), from its engines' series."""
+    live = [
+        s
+        for s in series
+        if s.samples
+        and (s.deleted_at is None or s.deleted_at > t)
+        and s.samples[0].t <= t
+        and t - max(x.t for x in s.samples if x.t <= t) <= LOOKBACK_SECONDS
+    ]
+    rates: dict[str, list[float]] = {"drafts": [], "draft_tokens": [], "accepted": [], "generation_tps": []}
+    per_pos: dict[int, list[float]] = {}
+    running_avgs: list[float] = []
+    waiting = 0.0
+    newest = -math.inf
+    for s in live:
+        win = _window(s.samples, t, window)
+        latest = next(x for x in reversed(s.samples) if x.t <= t)
+        newest = max(newest, latest.t)
+        waiting += latest.waiting
+        if win:
+            running_avgs.append(sum(x.running for x in win) / len(win))
+        for name, attr in (
+            ("drafts", "drafts"),
+            ("draft_tokens", "draft_tokens"),
+            ("accepted", "accepted"),
+            ("generation_tps", "generation_tokens"),
+        ):
+            r = extrapolated_rate([(x.t, getattr(x, attr)) for x in win], t, window)
+            if r is not None:
+                rates[name].append(r)
+        positions = len(latest.accepted_pos)
+        for i in range(positions):
+            r = extrapolated_rate(
+                [(x.t, x.accepted_pos[i]) for x in win if len(x.accepted_pos) > i], t, window
+            )
+            if r is not None:
+                per_pos.setdefault(i, []).append(r)
+    out: dict[str, list[dict[str, Any]]] = {
+        name: _vector(sum(values) if values else None, t) for name, values in rates.items()
+    }
+    out["accepted_per_pos"] = [
+        {"metric": {"position": str(i)}, "value": [t, repr(float(sum(v)))]}
+        for i, v in sorted(per_pos.items())
+    ]
+    out["running_per_replica"] = _vector(sum(running_avgs) / len(running_avgs) if running_avgs else None, t)
+    out["replicas"] = _vector(float(len(live)) if live else None, t)
+    out["waiting"] = _vector(waiting if live else None, t)
+    out["itl_p50"] = []
+    out["itl_p99"] = []
+    out["sample_age"] = _vector(t - newest if live else None, t)
+    return out
+
+
+def _scalar(result: list[dict[str, Any]]) -> float | None:
+    if not result:
+        return None
+    value = float(result[0]["value"][1])
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+def observation(
+    pool: str,
+    result: dict[str, list[dict[str, Any]]],
+    window_seconds: int,
+    now: datetime,
+    *,
+    pool_mode: str = "On",
+    expected_replicas: int | None = None,
+) -> PoolObservation:
+    """The observation `observe_pool` builds from these answers (same rules, same order)."""
+    replicas = _scalar(result["replicas"])
+    if not replicas:
+        return PoolObservation(pool=pool, at=now, problem=f"no engine samples for pool {pool} in Prometheus")
+    if expected_replicas is not None and replicas < expected_replicas:
+        return PoolObservation(
+            pool=pool,
+            at=now,
+            problem=f"partial metrics for pool {pool}: {int(replicas)} of {expected_replicas} "
+            "ready engines have samples",
+            replicas_reporting=int(replicas),
+        )
+    age = _scalar(result["sample_age"])
+    if age is None or age > max(STALE_AFTER_SECONDS, window_seconds):
+        return PoolObservation(
+            pool=pool,
+            at=now,
+            problem=f"stale metrics for pool {pool}: newest sample is {age or float('nan'):.0f}s old",
+            replicas_reporting=int(replicas),
+        )
+    drafts = _scalar(result["drafts"])
+    accepted = _scalar(result["accepted"])
+    draft_tokens = _scalar(result["draft_tokens"])
+    acceptance_length = None
+    per_position: tuple[float, ...] = ()
+    rate = None
+    drafts_in_window = (drafts or 0.0) * window_seconds
+    if drafts and drafts_in_window >= MIN_DRAFTS_FOR_ACCEPTANCE and accepted is not None:
+        acceptance_length = 1 + accepted / drafts
+        by_pos = {
+            int(r["metric"].get("position", -1)): float(r["value"][1]) for r in result["accepted_per_pos"]
+        }
+        per_position = tuple(min(1.0, max(0.0, by_pos[i] / drafts)) for i in sorted(by_pos) if i >= 0)
+        if draft_tokens:
+            rate = accepted / draft_tokens
+    return PoolObservation(
+        pool=pool,
+        at=now,
+        acceptance_length=acceptance_length,
+        per_position=per_position,
+        draft_acceptance_rate=rate,
+        acceptance_source=None if acceptance_length is None else ("pool" if pool_mode == "On" else "canary"),
+        running_per_replica=_scalar(result["running_per_replica"]),
+        waiting=_scalar(result["waiting"]),
+        generation_tokens_per_second=_scalar(result["generation_tps"]),
+        itl_p50_seconds=_scalar(result["itl_p50"]),
+        itl_p99_seconds=_scalar(result["itl_p99"]),
+        replicas_reporting=int(replicas),
+        drafts_in_window=drafts_in_window,
+    )

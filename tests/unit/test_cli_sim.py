@@ -1,0 +1,146 @@
+"""`specfleet simulate` and `specfleet plan`: output shape, plot, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specfleet.cli import main
+
+EXAMPLE = str(Path(__file__).parents[2] / "examples" / "02-two-pools-routing-policy.yaml")
+
+
+def _trace(path: Path, rows: int = 400, gap: float = 0.05) -> str:
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens,tenant"]
+    for i in range(rows):
+        tenant = "nightly-evals" if i % 5 == 0 else ""
+        lines.append(f"{i * gap:.3f},{200 + i % 300},{50 + (i * 7) % 200},{tenant}")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_simulate_prints_one_json_object_with_every_strategy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace(tmp_path / "t.csv")
+    assert (
+        main(
+            ["simulate", "-f", EXAMPLE, "--trace", trace, "--acceptance", "weak", "--seed", "2", "-o", "json"]
+        )
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["acceptance"] == [0.3, 0.1, 0.03, 0.01, 0.0]
+    assert doc["requests"] == 400
+    for name in ("policy", "alwaysOff", "alwaysOn", "bestStatic", "perLevelOracle", "engineDynamicSD"):
+        result = doc["results"][name]
+        assert set(result) >= {
+            "tokensPerSecond",
+            "ratioToPerLevelOracle",
+            "worstMinuteRatioToPerLevelOracle",
+            "flips",
+        }
+    pools = doc["results"]["policy"]["pools"]
+    # The tenant rule of example 02 sends every fifth request to the batch pool.
+    assert pools["batch"]["requests"] == 80
+    assert pools["latency"]["requests"] == 320
+
+
+def test_simulate_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _trace(tmp_path / "t.csv")
+    png = tmp_path / "timeline.png"
+    assert main(["simulate", "-f", EXAMPLE, "--trace", trace, "--time-scale", "2", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "perLevelOracle" in out
+    assert "policy, per pool:" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_recommends_settings_schedule_and_thresholds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace(tmp_path / "t.csv")
+    assert main(["plan", "-f", EXAMPLE, "--trace", trace, "--acceptance", "published"]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    # The published profile's break-even point (issue 12 measured about 169 running per replica).
+    assert 160 <= doc["breakEvenConcurrencyPerReplica"] <= 180
+    schedule = doc["drafter"]["dynamicSchedule"]
+    assert schedule[0]["minBatchSize"] == 1
+    assert schedule[0]["numSpeculativeTokens"] == 3
+    assert schedule[-1]["numSpeculativeTokens"] == 0
+    thresholds = doc["policy"]["thresholds"]
+    assert thresholds["resumeBelowConcurrencyPerReplica"] < thresholds["stopAboveConcurrencyPerReplica"]
+    assert doc["pools"]["latency"]["speculation"] == "On"
+    assert doc["predicted"]["policyVsAlwaysOff"] > 0.3
+
+
+def test_plan_with_a_strong_drafter_never_breaks_even(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace(tmp_path / "t.csv", rows=100)
+    assert main(["plan", "-f", EXAMPLE, "--trace", trace, "--acceptance", "strong", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["breakEvenConcurrencyPerReplica"] is None or doc["breakEvenConcurrencyPerReplica"] > 256
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trace", "/nonexistent.csv"], "cannot read trace /nonexistent.csv"),
+        (["--acceptance", "excellent"], "not a profile name"),
+        (["--acceptance", "0.2;0.9"], "cannot increase"),
+        (["--time-scale", "0"], "time scale must be a positive number"),
+        (["--time-scale", "nan"], "time scale must be a positive number"),
+        (["--profile", "/nonexistent.yaml"], "cannot use cost profile"),
+        (["--startup-seconds", "-1"], "--startup-seconds must be > 0"),
+    ],
+)
+def test_bad_input_is_one_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    trace = _trace(tmp_path / "t.csv", rows=10)
+    base = ["simulate", "-f", EXAMPLE, "--trace", trace]
+    assert main(base + args) == 1
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("TIMESTAMP,Context\n1,2\n", "trace lacks column(s) ContextTokens, GeneratedTokens"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n1,x,2\n", "row 2: ContextTokens 'x' is not a number"),
+        (b"\xff\xfe\x00junk", "is not UTF-8 text"),
+    ],
+)
+def test_bad_trace_is_one_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | bytes, message: str
+) -> None:
+    path = tmp_path / "bad.csv"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    assert main(["plan", "-f", EXAMPLE, "--trace", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_bad_resource_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _trace(tmp_path / "t.csv", rows=10)
+    resource = tmp_path / "sd.yaml"
+    doc = yaml.safe_load(Path(EXAMPLE).read_text())
+    doc["spec"]["policy"]["evaluationIntervalSeconds"] = 0
+    resource.write_text(yaml.safe_dump(doc))
+    assert main(["simulate", "-f", str(resource), "--trace", trace]) == 1
+    err = capsys.readouterr().err
+    assert "error: the SpeculativeDeployment is invalid" in err
+    assert "evaluationIntervalSeconds" in err
+    (tmp_path / "empty.yaml").write_text("kind: ConfigMap\n")
+    assert main(["simulate", "-f", str(tmp_path / "empty.yaml"), "--trace", trace]) == 1
+    assert "holds no SpeculativeDeployment" in capsys.readouterr().err

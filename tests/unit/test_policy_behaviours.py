@@ -1,0 +1,301 @@
+"""Regressions for the policy behaviours of issue 12, each through the operator's own decide/record.
+
+Every test here failed on the policy before the fix (b4950c4); the scenario tests drive decide and
+record over a fluid model of one pool (tests/support/policy_harness.py), with the renderer deciding
+what the engines run.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from specfleet.api.models import PolicySpec, SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide, predicted_speedup
+from specfleet.policy.record import pool_states, record
+from specfleet_runtime.cost_profile import default_profile
+from support.policy_harness import PUBLISHED, STRONG, WEAK, example_spec, issue_ramp, ramp, simulate
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+PROFILE = default_profile()
+GOODPUT = PolicySpec.model_validate({"mode": "Goodput"})
+
+
+def obs(load: float, per_position: tuple[float, ...] | None, pool: str = "latency", at: datetime = NOW):
+    if per_position is None:
+        return PoolObservation(pool=pool, at=at, running_per_replica=load, replicas_reporting=2)
+    return PoolObservation(
+        pool=pool,
+        at=at,
+        acceptance_length=1 + sum(per_position),
+        per_position=per_position,
+        acceptance_source="pool",
+        running_per_replica=load,
+        replicas_reporting=2,
+        drafts_in_window=1000,
+    )
+
+
+def one(policy, st, ob, k=3, now=NOW):
+    return decide(policy, k, {ob.pool: st}, {ob.pool: ob}, now, PROFILE)[0]
+
+
+def goodput_spec(**policy):
+    """Example 02's pool and gates in Goodput mode (named: the default changed with these fixes)."""
+    return example_spec(**{"mode": "Goodput", **policy})
+
+
+def speclike(**policy) -> SpeculativeDeploymentSpec:
+    return SpeculativeDeploymentSpec.model_validate(goodput_spec(**policy))
+
+
+def settled(status: SpeculativeDeploymentStatus, pool: str = "latency") -> SpeculativeDeploymentStatus:
+    pools = status.pools.model_copy(deep=True)
+    setattr(pools, pool, getattr(pools, pool).model_copy(update={"settled": True}))
+    return status.model_copy(update={"pools": pools})
+
+
+def evaluate(spec, status, observation, now, k=3):
+    """One evaluation through status: pool_states -> decide -> record (the pool then settles)."""
+    states = pool_states(spec, status, now)
+    decisions = decide(spec.policy, k, states, {observation.pool: observation}, now, PROFILE)
+    recorded = record(status, decisions, {observation.pool: observation}, 1, now)
+    return decisions[0], settled(recorded.status)
+
+
+# ---- 1. K is raised again once lowered -----------------------------------------------------------
+
+
+def test_k_lowered_at_high_load_is_raised_again_when_load_falls():
+    # Published drafter: K=1 pays most at 100 running per replica, K=3 at 2.
+    result = simulate(goodput_spec(), ramp([(0, 100), (900, 100), (960, 2), (1800, 2)]), 1800, PUBLISHED)
+    ks = [(c.at, c.k) for c in result.changes]
+    assert ks[0][1] == 1, result.summary()
+    assert result.status.pools.latency.num_speculative_tokens == 3, result.summary()
+    # The memory kept the positions K=1 no longer drafted.
+    assert result.status.pools.latency.per_position_acceptance.count(",") == 2
+
+
+def test_a_pool_drafting_k1_keeps_its_remembered_deeper_positions():
+    memory = MeasuredAcceptance(2.27, PUBLISHED[:3], NOW - timedelta(minutes=5))
+    st = PoolState("On", last_transition=NOW - timedelta(days=1), last_acceptance=memory, k=1)
+    d = one(GOODPUT, st, obs(2, (0.68,)))
+    assert (d.reason, d.current_k, d.target_k) == ("GoodputRetune", 1, 3)
+    assert d.acceptance is not None
+    assert d.acceptance.per_position == pytest.approx(PUBLISHED[:3])
+
+
+def test_turning_back_on_picks_the_best_k_not_the_last_one():
+    # 100 (K=1) -> 300 (Off) -> 2: speculation comes back at K=3.
+    load = ramp([(0, 100), (600, 100), (660, 300), (1800, 300), (1860, 2), (3000, 2)])
+    result = simulate(goodput_spec(), load, 3000, PUBLISHED)
+    on = [c for c in result.changes if c.kind == "flip" and c.mode == "On"]
+    assert on, result.summary()
+    assert on[0].k == 3, result.summary()
+    assert result.status.pools.latency.num_speculative_tokens == 3
+
+
+# ---- 2. On -> Off is judged at the best K --------------------------------------------------------
+
+
+def test_speculation_stays_on_at_a_smaller_k_while_that_k_pays():
+    # Weak drafter at 64 running per replica: K=3 predicts 0.82x, K=1 still 1.05x.
+    assert predicted_speedup(PROFILE, 64, 3, WEAK) < 0.95
+    assert predicted_speedup(PROFILE, 64, 1, WEAK) > 1.0
+    d = one(GOODPUT, PoolState("On", last_transition=NOW - timedelta(days=1)), obs(64, WEAK[:3]))
+    assert (d.flip, d.target, d.reason, d.target_k) == (False, "On", "GoodputRetune", 1)
+
+
+def test_weak_drafter_between_24_and_48_retunes_once_instead_of_flipping_twice():
+    result = simulate(goodput_spec(), ramp([(0, 24), (600, 48), (1200, 48)]), 1200, WEAK)
+    assert result.flips == [], result.summary()
+    assert [c.k for c in result.changes] == [1], result.summary()
+
+
+# ---- 3. A K retune is not a flip -------------------------------------------------------------------
+
+
+def test_a_retune_spends_neither_dwell_nor_cooldown_nor_flips():
+    spec = speclike()
+    status = settled(SpeculativeDeploymentStatus())
+    # At 100 running per replica K=1 beats K=3: retune.
+    d, status = evaluate(spec, status, obs(100, PUBLISHED[:3]), NOW)
+    assert d.reason == "GoodputRetune"
+    assert status.pools.latency.last_transition_time is None
+    # 60 s later the load is far past break-even: the flip is not held by the retune.
+    later = NOW + timedelta(seconds=60)
+    d, status = evaluate(spec, status, obs(300, PUBLISHED[:1], at=later), later, k=3)
+    assert (d.flip, d.target, d.reason) == (True, "Off", "GoodputBelowBreakEven")
+
+
+# ---- 4. A rollout that never settles is reverted -------------------------------------------------
+
+
+def test_a_rollout_that_never_settles_is_reverted_with_a_reason():
+    load = ramp([(0, 2), (300, 2), (330, 300), (3600, 300)])
+    first = {"stuck": True}
+
+    def stuck(_: float) -> bool:
+        was, first["stuck"] = first["stuck"], False
+        return was
+
+    result = simulate(goodput_spec(), load, 3600, PUBLISHED, stuck=stuck)
+    reasons = [c.reason for c in result.changes]
+    assert "RolloutFailed" in reasons, result.summary()
+    failed = next(c for c in result.changes if c.reason == "RolloutFailed")
+    off = result.changes[reasons.index("RolloutFailed") - 1]
+    assert failed.at - off.at <= 1200 + 30
+    assert failed.mode == "On"
+    # Tried again later, the rollout went through: the pool ends off, settled.
+    assert result.status.pools.latency.speculation == "Off"
+    assert result.status.pools.latency.settled
+
+
+# ---- 5. Cooldown above an hour and more than 20 flips per hour are enforced -----------------------
+
+
+def test_cooldown_longer_than_an_hour_is_enforced():
+    spec = speclike(
+        mode="Threshold",
+        cooldownSeconds=7200,
+        minDwellSeconds=0,
+        reentry={"canaryReplicas": 0, "maxAcceptanceAgeSeconds": 86400},
+    )
+    status = settled(SpeculativeDeploymentStatus())
+    d, status = evaluate(spec, status, obs(300, PUBLISHED[:3]), NOW)
+    assert d.flip
+    later = NOW + timedelta(minutes=90)
+    d, status = evaluate(spec, status, obs(2, None, at=later), later)
+    assert (d.flip, d.reason) == (False, "Cooldown")
+
+
+def test_more_than_20_flips_per_hour_are_counted():
+    spec = speclike(
+        mode="Threshold",
+        minDwellSeconds=0,
+        cooldownSeconds=0,
+        maxFlipsPerHour=30,
+        thresholds={"stopAboveConcurrencyPerReplica": 48, "resumeBelowConcurrencyPerReplica": 32},
+        reentry={"canaryReplicas": 0},
+    )
+    status = settled(SpeculativeDeploymentStatus())
+    reasons = []
+    for i in range(32):
+        now = NOW + timedelta(seconds=60 * i)
+        high = i % 2 == 0
+        d, status = evaluate(
+            spec, status, obs(300 if high else 2, PUBLISHED[:3] if high else None, at=now), now
+        )
+        reasons.append(d.reason if not d.flip else "flip")
+    assert reasons[:30] == ["flip"] * 30
+    assert reasons[30] == "FlipBudgetExhausted"
+    assert len(status.pools.latency.recent_flip_times) == 30
+
+
+# ---- 6. Canaries stop speculating far past break-even --------------------------------------------
+
+
+def test_canaries_are_scaled_down_far_past_break_even():
+    result = simulate(goodput_spec(), ramp([(0, 300), (3600, 300)]), 3600, PUBLISHED)
+    # After the first ten minutes the pool does as well as always-off: no canary drafting at 300.
+    tail = slice(600, None)
+    assert sum(result.policy_tokens[tail]) >= 0.999 * sum(result.static_tokens["alwaysOff"][tail])
+    assert result.status.pools.latency.canary_replicas == 0, result.summary()
+
+
+def test_canaries_measure_again_when_the_remembered_acceptance_expires():
+    # Off at 300 without canaries; after maxAcceptanceAgeSeconds (one hour) they measure again, then
+    # go back down (still far past break-even), and the pool never turns on.
+    result = simulate(goodput_spec(), ramp([(0, 300), (7200, 300)]), 7200, PUBLISHED)
+    assert [c.mode for c in result.flips] == ["Off"], result.summary()
+    flip = next(d for _, d in result.decisions if d.flip)
+    assert flip.canary_replicas == 0  # decided with the flip: no canary starts
+    reasons = [(c.reason, c.at) for c in result.changes]
+    up = [t for reason, t in reasons if reason == "CanariesScaledUp"]
+    down = [t for reason, t in reasons if reason == "CanariesScaledDown"]
+    assert up, result.summary()
+    assert up[0] >= 3600
+    assert down, result.summary()
+    assert down[0] > up[0]
+    assert result.status.pools.latency.canary_replicas == 0
+
+
+# ---- 7. Threshold mode takes its defaults from the break-even point ------------------------------
+
+
+def test_threshold_defaults_come_from_the_break_even_point():
+    from specfleet.policy.decide import threshold_values
+
+    policy = PolicySpec.model_validate({"mode": "Threshold"})
+    for k in (1, 3, 5):
+        v = threshold_values(policy, k, PROFILE)
+        assert predicted_speedup(PROFILE, v.stop_concurrency, k, PUBLISHED) == pytest.approx(0.95, abs=0.005)
+        assert predicted_speedup(PROFILE, v.resume_concurrency, k, PUBLISHED) == pytest.approx(
+            1.05, abs=0.005
+        )
+        break_even = PROFILE.step_time_ms(1, k) / PROFILE.step_time_ms(1, 0)
+        assert v.stop_acceptance == pytest.approx(0.95 * break_even)
+        assert v.resume_acceptance == pytest.approx(1.05 * break_even)
+    # K matters: drafting more tokens breaks even at a lower load.
+    assert (
+        threshold_values(policy, 1, PROFILE).stop_concurrency
+        > threshold_values(policy, 3, PROFILE).stop_concurrency
+    )
+
+
+def test_threshold_mode_keeps_a_paying_drafter_on_past_the_old_fixed_cut_off():
+    # The published drafter at K=3 still predicts 1.1x at 100 running per replica; the old default stopped at 48.
+    policy = PolicySpec.model_validate({"mode": "Threshold"})
+    d = one(policy, PoolState("On", last_transition=NOW - timedelta(days=1)), obs(100, PUBLISHED[:3]))
+    assert (d.flip, d.target) == (False, "On")
+    d = one(policy, PoolState("On", last_transition=NOW - timedelta(days=1)), obs(160, PUBLISHED[:3]))
+    assert (d.flip, d.target, d.reason) == (True, "Off", "ConcurrencyAboveThreshold")
+
+
+# ---- the default mode, measured --------------------------------------------------------------------
+
+
+def test_goodput_is_the_default_mode():
+    assert PolicySpec().mode == "Goodput"
+
+
+@pytest.mark.parametrize(
+    ("name", "acceptance"), [("published", PUBLISHED), ("weak", WEAK), ("strong", STRONG)]
+)
+def test_default_policy_on_the_issue_ramp(name, acceptance):
+    """2 -> 200 -> 2 running per replica over 40 minutes, example 02's gates, 60 s rollouts."""
+    load, duration = issue_ramp()
+    result = simulate(example_spec(mode=PolicySpec().mode), load, duration, acceptance)
+    assert result.ratio >= 0.98, result.summary()
+    assert result.worst_minute() >= 0.92, result.summary()
+    for static in result.static_tokens:
+        assert result.ratio >= result.static_ratio(static) - 0.005, result.summary()
+
+
+def test_the_renderer_scales_canaries_from_the_decided_status():
+    from specfleet.api.validation import SpeculativeDeployment, parse_status
+    from specfleet.reconcile import decided_plan
+    from specfleet.render import render_children
+
+    status = parse_status({"pools": {"latency": {"speculation": "Off", "numSpeculativeTokens": 1}}})
+
+    def replicas(st: SpeculativeDeploymentStatus) -> dict[str, tuple[int, str]]:
+        sd = SpeculativeDeployment("a", "ns", "u", 1, speclike(), st)
+        out = {}
+        for child in render_children(sd, decided_plan(sd)):
+            if child["kind"] == "Deployment" and child["metadata"]["name"].startswith("a-latency"):
+                args = child["spec"]["template"]["spec"]["containers"][0]["args"]
+                spec = args[args.index("--speculative-config") + 1] if "--speculative-config" in args else ""
+                out[child["metadata"]["name"]] = (child["spec"]["replicas"], spec)
+        return out
+
+    running = replicas(status)
+    assert running["a-latency"][0] == 2
+    assert running["a-latency-canary"][0] == 1
+    assert '"num_speculative_tokens":1' in running["a-latency-canary"][1].replace(" ", "")
+    pools = status.pools.model_copy(deep=True)
+    pools.latency = pools.latency.model_copy(update={"canary_replicas": 0})
+    scaled = replicas(status.model_copy(update={"pools": pools}))
+    assert scaled["a-latency"][0] == 3
+    assert scaled["a-latency-canary"][0] == 0
