@@ -349,7 +349,11 @@ async def test_bad_input_is_a_400_like_vllms(name: str) -> None:
         async with http.post(f"{emu.url}/v1/completions", data=_bad_bodies()[name]) as resp:
             assert resp.status == 400
             body = await resp.json()
-            assert body["error"]["code"] == 400
-            assert body["error"]["message"]
+            if name in ("deep-nesting", "int-past-digit-limit"):
+                # Refused by FastAPI's body parsing in vLLM, in FastAPI's shape (the router rewrites it).
+                assert body == {"detail": "There was an error parsing the body"}
+            else:
+                assert body["error"]["code"] == 400
+                assert body["error"]["message"]
         async with http.post(f"{emu.url}/v1/completions", json={"model": MODEL, "prompt": "x"}) as resp:
             assert resp.status == 200

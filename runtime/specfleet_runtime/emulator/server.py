@@ -53,6 +53,16 @@ from specfleet_runtime.emulator.text import Prompt
 
 log = logging.getLogger(__name__)
 
+
+class FastApiError(Exception):
+    """An error vLLM's web framework answers itself, as `{"detail": ...}` rather than OpenAI's shape."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
 ENGINE_KEY = web.AppKey("engine", Engine)
 MAX_BODY_BYTES = 256 * 1024 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -93,6 +103,8 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     except ApiError as err:
         return web.json_response(err.body(), status=err.status)
+    except FastApiError as err:
+        return web.json_response({"detail": err.detail}, status=err.status)
     except web.HTTPException as err:
         if err.status < 400:
             raise
@@ -107,10 +119,12 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
         body = json.loads(await request.read())
-    except (ValueError, RecursionError) as err:
-        # ValueError: malformed JSON, bad UTF-8, integers past Python's digit limit; RecursionError:
-        # nesting too deep. vLLM (FastAPI) answers all of them 400, so does the emulator.
-        raise ApiError(400, f"There was an error parsing the body: {type(err).__name__}") from None
+    except json.JSONDecodeError as err:
+        raise ApiError(400, f"malformed JSON body: {err}") from None
+    except (ValueError, RecursionError):
+        # Bad UTF-8, integers past Python's digit limit, nesting too deep: FastAPI (so vLLM) answers
+        # these 400 in its own shape, not OpenAI's (tests/vllm compares the two).
+        raise FastApiError(400, "There was an error parsing the body") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body
