@@ -19,6 +19,7 @@ help:
 	@echo "make deps          install every external component now (tests and demo also do it on demand)"
 	@echo "make ci-fresh      run .ci/run on a fresh clone with nothing installed by hand (before submitting)"
 	@echo "make crd           regenerate crds/ from the models"
+	@echo "make dashboard     regenerate the chart's Grafana dashboard JSON"
 
 venv:
 	@echo $(VENV)
