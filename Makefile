@@ -20,6 +20,7 @@ help:
 	@echo "make ci-fresh      run .ci/run on a fresh clone with nothing installed by hand (before submitting)"
 	@echo "make crd           regenerate crds/ from the models"
 	@echo "make bench-policy  simulate the policy against static settings and oracles (docs/benchmarks/policy.md)"
+	@echo "make dashboard     regenerate the chart's Grafana dashboard JSON"
 
 venv:
 	@echo $(VENV)
