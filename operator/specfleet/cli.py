@@ -145,7 +145,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     options = ["--model", args.model, "--method", args.method, "--name", args.name]
     options += ["--ks", args.ks, "--batch-sizes", args.batch_sizes, "--tokens", str(args.tokens)]
     options += ["--repeats", str(args.repeats), "--load-format", args.load_format]
-    options += ["--max-model-len", str(args.max_model_len), "--engine-args", args.engine_args]
+    options += ["--engine-args", args.engine_args]
+    if args.max_model_len:
+        options += ["--max-model-len", str(args.max_model_len)]
     if args.drafter:
         options += ["--drafter", args.drafter]
     if args.dtype:
@@ -418,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--tokens", type=int, default=32, help="decode steps of the short run")
     profile.add_argument("--repeats", type=int, default=3, help="measurements per point (median)")
     profile.add_argument("--load-format", default="dummy", help="'dummy' (random weights) or 'auto'")
-    profile.add_argument("--max-model-len", type=int, default=1024)
+    profile.add_argument("--max-model-len", type=int, help="default: the model's")
     profile.add_argument("--dtype", help="model dtype (default: the model's)")
     profile.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile")
     profile.add_argument("--engine-args", default="{}", help="more vllm.LLM keyword arguments, as JSON")

@@ -87,7 +87,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         engine: dict[str, Any] = {
             "model": args.model,
             "max_num_seqs": max(batches),
-            "max_model_len": args.max_model_len,
             "load_format": args.load_format,
             "enforce_eager": args.enforce_eager,
             "disable_log_stats": False,
@@ -96,6 +95,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         }
         if args.dtype:
             engine["dtype"] = args.dtype
+        if args.max_model_len:
+            engine["max_model_len"] = args.max_model_len
         if speculative is not None:
             engine["speculative_config"] = speculative
         llm = LLM(**engine)
@@ -141,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens", type=int, default=32, help="decode steps of the short run")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per point (median)")
     parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
     parser.add_argument("--load-format", default="dummy", help="'dummy' (random weights) or 'auto'")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile")
