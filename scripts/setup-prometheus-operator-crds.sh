@@ -12,14 +12,16 @@ cache=${SPECFLEET_CACHE:-$HOME/.cache/specfleet}
 out="$cache/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION"
 
 if [ ! -f "$out/.complete" ]; then
-  command -v go >/dev/null || { echo "setup-prometheus-operator-crds: needs Go" >&2; exit 1; }
+  # Go from PATH, else where these machines install it (as testbed/build.sh finds it).
+  go=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+  [ -x "$go" ] || { echo "setup-prometheus-operator-crds: needs Go (set GO=/path/to/go)" >&2; exit 1; }
   mkdir -p "$out"
   exec 9>"$out/.lock"
   flock 9
   if [ ! -f "$out/.complete" ]; then
     echo "setup-prometheus-operator-crds: controller-gen $CONTROLLER_TOOLS_VERSION, $module@$PROMETHEUS_OPERATOR_VERSION" >&2
-    GOBIN="$out/bin" GOFLAGS=-buildvcs=false go install "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_TOOLS_VERSION" >&2
-    src_dir=$(go mod download -json "$module@$PROMETHEUS_OPERATOR_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+    GOBIN="$out/bin" GOFLAGS=-buildvcs=false "$go" install "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_TOOLS_VERSION" >&2
+    src_dir=$("$go" mod download -json "$module@$PROMETHEUS_OPERATOR_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
     [ -d "$src_dir" ] || { echo "setup-prometheus-operator-crds: module download failed" >&2; exit 1; }
     rm -rf "$out/src" "$out/crds"
     cp -r "$src_dir" "$out/src"
