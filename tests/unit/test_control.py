@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -220,8 +221,11 @@ def test_the_same_acceptance_measured_again_is_not_rewritten_every_evaluation(wo
     measured = _status(cluster)["pools"]["latency"]["acceptanceMeasuredAt"]
     cluster.writes.clear()
     clock.advance(30)
-    assert not controller.evaluate_policy("default", "llama").status_written
-    assert cluster.writes == []
+    before = copy.deepcopy(_status(cluster)["pools"]["latency"])
+    controller.evaluate_policy("default", "llama")
+    after = _status(cluster)["pools"]["latency"]
+    # Only the load's trend sample is new: the same measurement keeps its times and numbers.
+    assert {k for k in after if after.get(k) != before.get(k)} <= {"recentLoad"}
     # New numbers are written at once; the same numbers once the refresh period has passed.
     prom.set_pool("latency", drafts=10.0, accepted=15.0, per_pos=[0.8, 0.5, 0.2], running=4.0)
     clock.advance(5)

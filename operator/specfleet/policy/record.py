@@ -8,7 +8,6 @@ emit. Status is the operator's memory: a restarted operator resumes from it with
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -164,23 +163,6 @@ def _drafted(mode: str, k: int | None, canaries: int | None) -> int:
     return 0
 
 
-def _load_moved(kept: Sequence[str], load: float, now: datetime) -> bool:
-    """Worth a new trend sample: the load left the last sample's noise band (a running count varies by
-    about its square root), or that sample is half the memory old. A steady pool then writes no
-    status at every evaluation; a moving one gets a sample each time, which is all the trend needs."""
-    if not kept:
-        return True
-    stamp, _, value = kept[-1].partition("=")
-    last_t = parse_time(stamp)
-    try:
-        last = float(value)
-    except ValueError:
-        return True
-    if last_t is None or now - last_t >= LOAD_MEMORY / 2:
-        return True
-    return abs(load - last) > math.sqrt(max(last, 1.0))
-
-
 def record(
     status: SpeculativeDeploymentStatus,
     decisions: Sequence[PoolDecision],
@@ -205,12 +187,9 @@ def record(
                 for e in ps.recent_load or []
                 if (t := parse_time(e.partition("=")[0])) and now - t <= LOAD_MEMORY
             ]
-            if _load_moved(kept, obs.running_per_replica, now):
-                update["recent_load"] = [*kept, f"{rfc3339(now)}={obs.running_per_replica:.4g}"][
-                    -LOAD_SAMPLES:
-                ]
-            elif kept != list(ps.recent_load or []):
-                update["recent_load"] = kept
+            # Every evaluation's load: the trend needs them all (sparser samples measurably delayed the
+            # down-ramp decision on the fleet simulator), at the cost of one status write per evaluation.
+            update["recent_load"] = [*kept, f"{rfc3339(now)}={obs.running_per_replica:.4g}"][-LOAD_SAMPLES:]
         if obs.generation_tokens_per_second is not None:
             update["generation_tokens_per_second"] = f"{obs.generation_tokens_per_second:.4g}"
         setattr(pools, pool, ps.model_copy(update=update))
