@@ -90,9 +90,7 @@ def parse_resource(body: Mapping[str, Any]) -> SpeculativeDeployment:
         meta = {}
     else:
         problems += [
-            f'<nil>: Invalid value: "object": {r.message}'
-            for r in NAME_RULES
-            if not r.check(str(meta["name"]))
+            f"<nil>: Invalid value: {r.message}" for r in NAME_RULES if not r.check(str(meta["name"]))
         ]
     spec_doc = body.get("spec")
     if not isinstance(spec_doc, Mapping):
