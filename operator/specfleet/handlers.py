@@ -17,6 +17,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -80,7 +81,8 @@ def _observe_query(seconds: float, ok: bool) -> None:
 
 
 def _querier(url: str, timeout_seconds: int) -> QueryFn:
-    return PrometheusQuerier(url, timeout_seconds, on_query=_observe_query)
+    """A querier for one round of fleet queries (made per round), all evaluated at its creation."""
+    return PrometheusQuerier(url, timeout_seconds, on_query=_observe_query, evaluation_time=time.time())
 
 
 def _count(outcome: Outcome, log: logging.Logger | kopf.Logger) -> None:
