@@ -228,6 +228,15 @@ def versions(cluster: Cluster) -> tuple[dict[str, str], dict[str, dict[str, Any]
     return rv, statuses
 
 
+def deployments_behind(cluster: Cluster) -> int:
+    """Deployments the controller-manager has not caught up with yet (status.observedGeneration)."""
+    return sum(
+        1
+        for d in list_children(cluster, paths=CHILD_PATHS[:1])
+        if (d.get("status") or {}).get("observedGeneration", 0) < d["metadata"]["generation"]
+    )
+
+
 def all_settled(cluster: Cluster) -> bool:
     for sd in list_resources(cluster):
         status = sd.get("status") or {}
@@ -397,9 +406,13 @@ def run(args: argparse.Namespace) -> Result:
             # No-op resync: once every resource reports its rollout done (the controller-manager has
             # caught up, so status has nothing left to refresh), one full resync period passes.
             try:
-                wait_until("every resource settled", lambda: all_settled(cluster), 180, 2.0, rss.sample)
+                wait_until("every resource settled", lambda: all_settled(cluster), 420, 5.0, rss.sample)
             except TimeoutError:
                 result.notes.append("not every resource reported Progressing=False before the no-op window")
+            result.notes.append(
+                f"Deployments not yet observed by the controller-manager at the window's start: "
+                f"{deployments_behind(cluster)}"
+            )
             before, status_before = versions(cluster)
             window = args.resync_seconds + 5
             deadline = time.monotonic() + window
@@ -408,6 +421,7 @@ def run(args: argparse.Namespace) -> Result:
                 full_sweeps()
                 time.sleep(1)
             after, status_after = versions(cluster)
+            result.notes.append(f"... and at its end: {deployments_behind(cluster)}")
             result.noop_window_seconds = window
             changed = [k for k in before if after.get(k) != before[k]]
             result.noop_child_writes = sum(1 for k in changed if not k.startswith("SpeculativeDeployment/"))

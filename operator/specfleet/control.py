@@ -151,7 +151,9 @@ class Controller:
         return outcome
 
     def observe_target(self, target: PrometheusTarget) -> FleetAnswers:
-        """One round of fleet queries against one Prometheus (no lock held; may take the timeout)."""
+        """One round of fleet queries against one Prometheus (no lock held; may take the timeout).
+
+        `querier_for` is called for each round, so a querier may pin the round to one instant."""
         return query_fleet(self.querier_for(target.url, target.timeout_seconds), target.window_seconds)
 
     def decide_policy(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,8 +86,11 @@ def _observe_query(seconds: float, ok: bool) -> None:
 
 def _querier_factory(auth: PrometheusAuth) -> Callable[[str, int], QueryFn]:
     def querier(url: str, timeout_seconds: int) -> QueryFn:
+        """A querier for one round of fleet queries (made per round), all evaluated at its creation."""
         try:
-            return PrometheusQuerier(url, timeout_seconds, on_query=_observe_query, auth=auth)
+            return PrometheusQuerier(
+                url, timeout_seconds, on_query=_observe_query, auth=auth, evaluation_time=time.time()
+            )
         except (OSError, ValueError) as err:  # an unreadable token or CA file: no answer, the policy holds
             message = f"Prometheus credentials: {err}"
 

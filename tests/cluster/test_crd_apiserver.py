@@ -39,7 +39,8 @@ def test_examples_are_accepted(crd, namespace, path):
     stored = json.loads(out.stdout)
     # The schema's defaults are applied by the apiserver, as by the Python models.
     assert stored["spec"]["pools"]["latency"]["speculation"] in ("On", "Off", "Auto")
-    assert stored["spec"]["policy"]["thresholds"]["stopBelowAcceptanceLengthMilli"] >= 1000
+    assert stored["spec"]["policy"]["mode"] in ("Goodput", "Threshold")
+    assert stored["spec"]["policy"]["minDwellSeconds"] >= 0
 
 
 def test_apiserver_defaults_match_the_models(crd, namespace):

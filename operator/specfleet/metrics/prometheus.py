@@ -253,6 +253,7 @@ class PrometheusQuerier:
         timeout_seconds: float,
         on_query: Callable[[float, bool], None] | None = None,
         auth: PrometheusAuth | None = None,
+        evaluation_time: float | None = None,
     ):
         import requests
         from prometheus_api_client import PrometheusConnect
@@ -269,15 +270,19 @@ class PrometheusQuerier:
             timeout=timeout_seconds,
             session=session,
         )
-        self._timeout = timeout_seconds
         self._url = url
         self._on_query = on_query
+        # Every query evaluated at this instant (Unix seconds): one round is one consistent snapshot,
+        # so ratios of its answers (acceptance = accepted / drafts) do not drift between queries.
+        self._params = {"timeout": f"{timeout_seconds}s"}
+        if evaluation_time is not None:
+            self._params["time"] = f"{evaluation_time:.3f}"
 
     def __call__(self, promql: str) -> list[dict[str, Any]]:
         started = time.monotonic()
         ok = False
         try:
-            result = self._client.custom_query(query=promql, params={"timeout": f"{self._timeout}s"})
+            result = self._client.custom_query(query=promql, params=dict(self._params))
             ok = True
         except Exception as err:  # the client raises requests' and its own errors; all mean "no answer"
             raise QueryError(_short_reason(err, self._url)) from err
