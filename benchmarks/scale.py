@@ -251,7 +251,15 @@ def all_settled(cluster: Cluster) -> bool:
 
 
 # What the policy records from each measurement (policy/record.py), per pool.
-MEASURED_FIELDS = ("acceptanceMeasuredAt", "acceptanceLength", "perPositionAcceptance", "runningPerReplica")
+MEASURED_FIELDS = (
+    "acceptanceMeasuredAt",
+    "acceptanceLength",
+    "perPositionAcceptance",
+    "perPositionMeasuredAt",
+    "runningPerReplica",
+    "generationTokensPerSecond",
+    "recentLoad",
+)
 
 
 def _without_measurements(status: dict[str, Any]) -> str:
@@ -588,8 +596,9 @@ Notes from the run:
   every child (generation where the kind has one, so the controller-manager's status updates do not
   count; resourceVersion otherwise) and the resourceVersion of every resource are taken, and again
   after one full resync period; any difference is a write. Writes that changed only the policy's
-  measurements (`status.pools.*` acceptanceLength, perPositionAcceptance, runningPerReplica,
-  acceptanceMeasuredAt) come from the policy recording what it measured (`policy/record.py`; the
+  measurements (`status.pools.*` acceptanceLength, perPositionAcceptance and their times,
+  runningPerReplica, generationTokensPerSecond, and the load-trend sample recentLoad, one per
+  evaluation) come from the policy recording what it measured (`policy/record.py`; the
   same numbers are not rewritten, but a change in the last printed digit is), not from the resync.
 - "Change reconciled during a full sweep": the benchmark waits for the operator's "policy sweep
   started" line for a sweep of every resource, then patches one resource's spec and waits until its
