@@ -243,7 +243,7 @@ def test_comparison_reports_every_strategy_with_oracle_ratios() -> None:
     assert len(results["perLevelOracle"]["settingsUsed"]) >= 2
 
 
-# -- observations: the sim's PromQL mirror agrees with the operator's observe -----------------------------
+# -- observations: the sim feeds the operator's observe the answers Prometheus would give -------------
 
 
 def _series(k: int, offset: float) -> prom.Series:

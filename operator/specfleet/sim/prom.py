@@ -9,9 +9,9 @@ Each ready or draining engine is scraped every `scrape_interval` seconds (a star
   newest sample within the 5-minute lookback of series still scraped (a deleted pod's series is stale).
 
 `answers` returns them in the shape of Prometheus' instant-vector results, keyed by the names of
-`specfleet.metrics.prometheus.pool_queries`, and `observation` turns them into the `PoolObservation`
-that `specfleet.metrics.prometheus.observe_pool` builds from the same answers (a unit test feeds both
-the same answers and compares). Inter-token latency quantiles are not simulated (None), as the policy
+`specfleet.metrics.prometheus.fleet_queries`, and `observation` hands them to the operator's own
+`specfleet.policy.answers.observe`, so simulator and operator decide from one set of rules.
+Inter-token latency quantiles are not simulated (None), as the policy
 only reports them.
 """
 
@@ -23,11 +23,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from specfleet.policy.answers import POOL_LABELS, FleetAnswers, PoolSelector, observe
 from specfleet.policy.observations import PoolObservation
 
-# Mirrors of specfleet.metrics.prometheus (the sim may not import the metrics package: it is I/O).
-STALE_AFTER_SECONDS = 60.0
-MIN_DRAFTS_FOR_ACCEPTANCE = 100
 LOOKBACK_SECONDS = 300.0
 
 
@@ -149,13 +147,6 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
     return out
 
 
-def _scalar(result: list[dict[str, Any]]) -> float | None:
-    if not result:
-        return None
-    value = float(result[0]["value"][1])
-    return None if math.isnan(value) or math.isinf(value) else value
-
-
 def observation(
     pool: str,
     result: dict[str, list[dict[str, Any]]],
@@ -165,53 +156,19 @@ def observation(
     pool_mode: str = "On",
     expected_replicas: int | None = None,
 ) -> PoolObservation:
-    """The observation `observe_pool` builds from these answers (same rules, same order)."""
-    replicas = _scalar(result["replicas"])
-    if not replicas:
-        return PoolObservation(pool=pool, at=now, problem=f"no engine samples for pool {pool} in Prometheus")
-    if expected_replicas is not None and replicas < expected_replicas:
-        return PoolObservation(
-            pool=pool,
-            at=now,
-            problem=f"partial metrics for pool {pool}: {int(replicas)} of {expected_replicas} "
-            "ready engines have samples",
-            replicas_reporting=int(replicas),
-        )
-    age = _scalar(result["sample_age"])
-    if age is None or age > max(STALE_AFTER_SECONDS, window_seconds):
-        return PoolObservation(
-            pool=pool,
-            at=now,
-            problem=f"stale metrics for pool {pool}: newest sample is {age or float('nan'):.0f}s old",
-            replicas_reporting=int(replicas),
-        )
-    drafts = _scalar(result["drafts"])
-    accepted = _scalar(result["accepted"])
-    draft_tokens = _scalar(result["draft_tokens"])
-    acceptance_length = None
-    per_position: tuple[float, ...] = ()
-    rate = None
-    drafts_in_window = (drafts or 0.0) * window_seconds
-    if drafts and drafts_in_window >= MIN_DRAFTS_FOR_ACCEPTANCE and accepted is not None:
-        acceptance_length = 1 + accepted / drafts
-        by_pos = {
-            int(r["metric"].get("position", -1)): float(r["value"][1]) for r in result["accepted_per_pos"]
-        }
-        per_position = tuple(min(1.0, max(0.0, by_pos[i] / drafts)) for i in sorted(by_pos) if i >= 0)
-        if draft_tokens:
-            rate = accepted / draft_tokens
-    return PoolObservation(
-        pool=pool,
-        at=now,
-        acceptance_length=acceptance_length,
-        per_position=per_position,
-        draft_acceptance_rate=rate,
-        acceptance_source=None if acceptance_length is None else ("pool" if pool_mode == "On" else "canary"),
-        running_per_replica=_scalar(result["running_per_replica"]),
-        waiting=_scalar(result["waiting"]),
-        generation_tokens_per_second=_scalar(result["generation_tps"]),
-        itl_p50_seconds=_scalar(result["itl_p50"]),
-        itl_p99_seconds=_scalar(result["itl_p99"]),
-        replicas_reporting=int(replicas),
-        drafts_in_window=drafts_in_window,
+    """The observation the operator builds from these answers: its own `observe`, on answers labelled
+    as the fleet queries' `sum by (pool labels)` would label them."""
+    selector = PoolSelector("sim", "sim", pool)
+    labels = dict(zip(POOL_LABELS, selector.key, strict=True))
+    labelled = {
+        name: [{**sample, "metric": {**(sample.get("metric") or {}), **labels}} for sample in vector]
+        for name, vector in result.items()
+    }
+    return observe(
+        FleetAnswers.from_results(labelled),
+        selector,
+        window_seconds,
+        now,
+        pool_mode=pool_mode,
+        expected_replicas=expected_replicas,
     )
