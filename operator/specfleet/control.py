@@ -23,6 +23,7 @@ from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
 from specfleet.metrics.prometheus import FleetAnswers, PoolSelector, QueryFn, observe, query_fleet
 from specfleet.policy.decide import PoolDecision, decide
+from specfleet.policy.measurements import Measurements, measurements, with_measurements, worth_writing
 from specfleet.policy.observations import PoolObservation
 from specfleet.policy.record import auto_pools, parse_time, pool_states, record
 from specfleet.reconcile import Cluster, Event, reconcile, status_patch
@@ -53,6 +54,15 @@ class Outcome:
     decisions: list[PoolDecision] = field(default_factory=list)
     status_written: bool = False
     next_seconds: float = IDLE_RETRY_SECONDS
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """A resource's latest policy measurements, kept between status writes (policy/measurements.py)."""
+
+    uid: str | None
+    values: Measurements
+    written_at: datetime | None  # when measurements were last written to status (None: not by us)
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,7 @@ class Controller:
         self.profile = profile or default_profile()
         self.clock = clock
         self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._measured: dict[tuple[str, str], _Measured] = {}
         self._guard = threading.Lock()
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
@@ -126,9 +137,10 @@ class Controller:
             return self._locks.setdefault((namespace, name), threading.Lock())
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop the lock of a deleted resource."""
+        """Drop the lock and the unwritten measurements of a deleted resource."""
         with self._guard:
             self._locks.pop((namespace, name), None)
+            self._measured.pop((namespace, name), None)
 
     def _write_status(self, body: Mapping[str, Any], new_status: Mapping[str, Any], outcome: Outcome) -> None:
         changed = status_patch(body.get("status"), new_status)
@@ -180,7 +192,13 @@ class Controller:
             if _target(sd) != target:
                 outcome.next_seconds = 0.0
                 return outcome
-            states = pool_states(sd.spec, sd.status, now)
+            # The newest measurements are in memory when the last evaluations did not write them.
+            uid = body.get("metadata", {}).get("uid")
+            memory = self._measured.get((namespace, name))
+            if memory is not None and memory.uid != uid:
+                memory = None  # a new object under the same name
+            previous = sd.status if memory is None else with_measurements(sd.status, memory.values)
+            states = pool_states(sd.spec, previous, now)
             observations: dict[str, PoolObservation] = {
                 pool: observe(
                     answers,
@@ -201,8 +219,8 @@ class Controller:
                 self.profile,
             )
             outcome.decisions = decisions
-            recorded = record(sd.status, decisions, observations, sd.generation, now)
-            recorded.status = _keep_recent_measurement_times(sd.status, recorded.status, now)
+            recorded = record(previous, decisions, observations, sd.generation, now)
+            recorded.status = _keep_recent_measurement_times(previous, recorded.status, now)
             new_status = recorded.status.to_wire()
             outcome.events = [Event(t, r, m) for t, r, m in recorded.events]  # type: ignore[arg-type]
             if recorded.flipped:
@@ -211,7 +229,13 @@ class Controller:
                 new_status = result.status
                 outcome.events += result.events
                 outcome.applied = result.applied
-            self._write_status(body, new_status, outcome)
+            written_at = None if memory is None else memory.written_at
+            since = None if written_at is None else (now - written_at).total_seconds()
+            interval = float(sd.spec.policy.evaluation_interval_seconds)
+            if recorded.flipped or worth_writing(sd.status, recorded.status, since, interval):
+                self._write_status(body, new_status, outcome)
+                written_at = now
+            self._measured[(namespace, name)] = _Measured(uid, measurements(recorded.status), written_at)
         return outcome
 
     def evaluate_policy(self, namespace: str, name: str) -> Outcome:

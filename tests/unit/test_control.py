@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from specfleet.control import Controller
+from specfleet.policy.measurements import MEASUREMENT_WRITE_EVALUATIONS
 from specfleet.render import RenderOptions
 from support.fake_cluster import FakeCluster
 from support.fake_prometheus import FakePrometheus
@@ -210,29 +211,73 @@ def test_goodput_retune_rolls_out_the_chosen_k(world):
     assert any(e.reason == "SpeculationRetuned" for e in outcome.events)
 
 
-def test_the_same_acceptance_measured_again_is_not_rewritten_every_evaluation(world):
+def test_the_same_measurement_again_writes_nothing(world):
     cluster, prom, clock, controller = world
     controller.reconcile_object("default", "llama")
     cluster.roll_out()
     controller.reconcile_object("default", "llama")
     prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=4.0)
-    first = controller.evaluate_policy("default", "llama")
-    assert first.status_written
+    assert controller.evaluate_policy("default", "llama").status_written
+    before = copy.deepcopy(_status(cluster))
+    # Flat load for well past the measurement write period and the acceptance refresh period: the
+    # trend samples and refreshed times stay in the operator's memory, status is not written.
+    for _ in range(80):
+        clock.advance(5)
+        assert not controller.evaluate_policy("default", "llama").status_written
+    assert _status(cluster) == before
+
+
+def test_new_numbers_are_written_a_few_evaluations_after_the_last_write(world):
+    cluster, prom, clock, controller = world
+    controller.reconcile_object("default", "llama")
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=4.0)
+    assert controller.evaluate_policy("default", "llama").status_written
     measured = _status(cluster)["pools"]["latency"]["acceptanceMeasuredAt"]
-    cluster.writes.clear()
-    clock.advance(30)
-    before = copy.deepcopy(_status(cluster)["pools"]["latency"])
+    prom.set_pool("latency", drafts=10.0, accepted=15.0, per_pos=[0.8, 0.5, 0.2], running=6.0)
+    written = []
+    for _ in range(MEASUREMENT_WRITE_EVALUATIONS):
+        clock.advance(5)
+        written.append(controller.evaluate_policy("default", "llama").status_written)
+    # Written once MEASUREMENT_WRITE_EVALUATIONS intervals (5 s each) have passed since the last write.
+    assert written == [False] * (MEASUREMENT_WRITE_EVALUATIONS - 1) + [True]
+    pool = _status(cluster)["pools"]["latency"]
+    assert (pool["acceptanceLength"], pool["runningPerReplica"]) == ("2.50", "6")
+    assert pool["acceptanceMeasuredAt"] != measured
+    # The trend samples of the evaluations that wrote nothing were kept and are written along.
+    assert [v.partition("=")[2] for v in pool["recentLoad"]] == ["4"] + ["6"] * MEASUREMENT_WRITE_EVALUATIONS
+
+
+def test_a_restarted_operator_starts_from_the_written_measurements(world):
+    cluster, prom, clock, controller = world
+    controller.reconcile_object("default", "llama")
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=4.0)
     controller.evaluate_policy("default", "llama")
-    after = _status(cluster)["pools"]["latency"]
-    # Only the load's trend sample is new: the same measurement keeps its times and numbers.
-    assert {k for k in after if after.get(k) != before.get(k)} <= {"recentLoad"}
-    # New numbers are written at once; the same numbers once the refresh period has passed.
-    prom.set_pool("latency", drafts=10.0, accepted=15.0, per_pos=[0.8, 0.5, 0.2], running=4.0)
+    for _ in range(3):
+        clock.advance(5)
+        controller.evaluate_policy("default", "llama")
+    restarted = Controller(cluster, RenderOptions(), lambda url, timeout: prom, clock=clock)
+    prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=9.0)
     clock.advance(5)
-    assert controller.evaluate_policy("default", "llama").status_written
-    assert _status(cluster)["pools"]["latency"]["acceptanceLength"] == "2.50"
-    again = _status(cluster)["pools"]["latency"]["acceptanceMeasuredAt"]
-    assert again != measured
-    clock.advance(300)
-    assert controller.evaluate_policy("default", "llama").status_written
-    assert _status(cluster)["pools"]["latency"]["acceptanceMeasuredAt"] != again
+    # No memory of when measurements were last written: a changed number is written at once.
+    assert restarted.evaluate_policy("default", "llama").status_written
+    loads = [v.partition("=")[2] for v in _status(cluster)["pools"]["latency"]["recentLoad"]]
+    assert loads == ["4", "9"]  # the unwritten samples of the old process are gone, nothing else
+
+
+def test_a_jitter_in_the_last_digits_is_not_written(world):
+    cluster, prom, clock, controller = world
+    controller.reconcile_object("default", "llama")
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=40.0)
+    controller.evaluate_policy("default", "llama")
+    # Rates over a window move a little from one evaluation to the next: 41 running, 2.41 accepted.
+    prom.set_pool("latency", drafts=10.0, accepted=14.1, per_pos=[0.81, 0.4, 0.2], running=41.0)
+    for _ in range(3 * MEASUREMENT_WRITE_EVALUATIONS):
+        clock.advance(5)
+        assert not controller.evaluate_policy("default", "llama").status_written
+    assert _status(cluster)["pools"]["latency"]["runningPerReplica"] == "40"
