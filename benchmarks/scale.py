@@ -597,9 +597,10 @@ Notes from the run:
   count; resourceVersion otherwise) and the resourceVersion of every resource are taken, and again
   after one full resync period; any difference is a write. Writes that changed only the policy's
   measurements (`status.pools.*` acceptanceLength, perPositionAcceptance and their times,
-  runningPerReplica, generationTokensPerSecond, and the load-trend sample recentLoad, one per
-  evaluation) come from the policy recording what it measured (`policy/record.py`; the
-  same numbers are not rewritten, but a change in the last printed digit is), not from the resync.
+  runningPerReplica, generationTokensPerSecond, and the load-trend samples recentLoad) are counted
+  apart: the operator keeps those in memory between evaluations and writes them only when a shown
+  number has moved beyond noise (5%), at most every 4 evaluation intervals
+  (`policy/measurements.py`), so with the exporter's steady numbers there should be none.
 - "Change reconciled during a full sweep": the benchmark waits for the operator's "policy sweep
   started" line for a sweep of every resource, then patches one resource's spec and waits until its
   status reports the new generation and its batch Deployment carries the change (`kubectl patch` is
