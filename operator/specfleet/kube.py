@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError, ResourceNotFoundError
 
-from specfleet.api.constants import FIELD_MANAGER
+from specfleet.api.constants import FIELD_MANAGER, HANDOVER_MANAGER
 from specfleet.reconcile import ApplyRejectedError, Event
 from specfleet.render import Manifest
 
@@ -121,6 +121,31 @@ class KubeCluster:
                 raise ApplyRejectedError(_reason(err)) from None
             raise
         return _decode(live)
+
+    def hand_over_replicas(self, manifest: Manifest, replicas: int) -> None:
+        """Apply only `spec.replicas` (its live value) under the hand-over field manager (see
+        reconcile.apply_children): the operator's next apply then releases the field unchanged."""
+        meta = manifest["metadata"]
+        body = {
+            "apiVersion": manifest["apiVersion"],
+            "kind": manifest["kind"],
+            "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
+            "spec": {"replicas": replicas},
+        }
+        try:
+            self._resource(manifest).server_side_apply(
+                body=body,
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                field_manager=HANDOVER_MANAGER,
+                force_conflicts=True,
+                serialize=False,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        except ApiException as err:
+            if err.status in _PERMANENT_STATUSES:
+                raise ApplyRejectedError(_reason(err)) from None
+            raise
 
     def list_children(
         self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str]

@@ -17,10 +17,11 @@ from typing import Any, Literal, Protocol
 
 from specfleet.api import reasons
 from specfleet.api.conditions import ConditionStatus, set_condition
-from specfleet.api.constants import ANNOTATION_RENDER_HASH, LABEL_POOL
+from specfleet.api.constants import ANNOTATION_RENDER_HASH, FIELD_MANAGER, LABEL_POOL
 from specfleet.api.models import (
     Condition,
     PoolName,
+    PoolSpec,
     PoolStatus,
     PoolStatuses,
     SpeculationMode,
@@ -67,6 +68,9 @@ class Cluster(Protocol):
 
     def delete_child(self, manifest: Manifest) -> None:
         """Delete the object (gone already is fine)."""
+
+    def hand_over_replicas(self, manifest: Manifest, replicas: int) -> None:
+        """Server-side apply of only `spec.replicas` (at its live value) under `HANDOVER_MANAGER`."""
 
 
 @dataclass(frozen=True)
@@ -149,11 +153,31 @@ def write_reason(desired: Manifest, live: Manifest | None) -> Literal["missing",
     return None
 
 
+def wanted_replicas(desired: Manifest, live: Manifest | None) -> int | None:
+    """Replicas a Deployment asks for: the rendered count, or for an autoscaled one (rendered without
+    `replicas`) the live count its autoscaler set; None when an autoscaled one does not exist yet."""
+    if "replicas" in desired["spec"]:
+        return int(desired["spec"]["replicas"])
+    if live is None:
+        return None
+    return int((live.get("spec") or {}).get("replicas", 1))
+
+
+def owns_replicas(live: Manifest, manager: str = FIELD_MANAGER) -> bool:
+    """True when `manager` holds `spec.replicas` of the live object through server-side apply."""
+    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+        if entry.get("manager") != manager or entry.get("operation") != "Apply":
+            continue
+        if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
+            return True
+    return False
+
+
 def deployment_settled(desired: Manifest, live: Manifest | None) -> bool:
     """The Deployment runs its current template on exactly the desired number of ready pods."""
-    if live is None:
+    want = wanted_replicas(desired, live)
+    if live is None or want is None:
         return False
-    want = int(desired["spec"]["replicas"])
     status = live.get("status") or {}
     generation = live.get("metadata", {}).get("generation", 0)
     return (
@@ -173,6 +197,7 @@ def pool_status_from_deployments(
         update={
             "speculation": mode,
             "replicas": sum(int(s.get("replicas", 0)) for s in lives),
+            "desired_replicas": sum(wanted_replicas(d, live) or 0 for d, live in deployments),
             "ready_replicas": sum(int(s.get("readyReplicas", 0)) for s in lives),
             "updated_replicas": sum(int(s.get("updatedReplicas", 0)) for s in lives),
             "settled": all(deployment_settled(d, live) for d, live in deployments),
@@ -278,6 +303,16 @@ def apply_children(children: list[Manifest], cluster: Cluster, *, reconciled_bef
     for child in children:
         live = cluster.get(child) if reconciled_before else None
         why = write_reason(child, live)
+        if live is not None and _releases_replicas(child, live):
+            # Autoscaling was just turned on: an apply that leaves out a field only we own resets it
+            # (replicas to 1). A second manager takes the live count first, so ours is released
+            # without a change; the autoscaler's first scale then takes it over from that manager.
+            try:
+                cluster.hand_over_replicas(child, int(live["spec"].get("replicas", 1)))
+            except ApplyRejectedError as err:
+                out.errors.append(f"{_describe(child)}: {err}")
+                continue
+            why = why or "changed"
         if why is not None:
             try:
                 live = cluster.apply(child)
@@ -290,6 +325,11 @@ def apply_children(children: list[Manifest], cluster: Cluster, *, reconciled_bef
                 out.drift.append(_describe(child))
         out.live[_describe(child)] = live
     return out
+
+
+def _releases_replicas(desired: Manifest, live: Manifest) -> bool:
+    """A Deployment rendered without replicas (autoscaled) whose live replicas are still ours."""
+    return desired["kind"] == "Deployment" and "replicas" not in desired["spec"] and owns_replicas(live)
 
 
 def stale_children(rendered: list[Manifest], live: list[Manifest], owner_uid: str) -> list[Manifest]:
@@ -341,7 +381,7 @@ def read_pool_failures(desired: DesiredState, applied: AppliedChildren, cluster:
             if child["kind"] == "Deployment" and child["metadata"]["labels"].get(LABEL_POOL) == pool
         ]
         ready = sum(int(((d or {}).get("status") or {}).get("readyReplicas", 0)) for d in deployments)
-        if ready >= getattr(sd.spec.pools, pool).replicas:
+        if ready >= _needed_replicas(sd, pool, desired.children, applied.live):
             continue
         try:
             pods = cluster.list_children("v1", "Pod", sd.namespace, {**owner_labels(sd), LABEL_POOL: pool})
@@ -352,15 +392,33 @@ def read_pool_failures(desired: DesiredState, applied: AppliedChildren, cluster:
             applied.failures[pool] = failure
 
 
+def _pool_deployments(
+    children: list[Manifest], live: Mapping[str, Manifest | None], pool: PoolName
+) -> list[tuple[Manifest, Manifest | None]]:
+    return [
+        (child, live.get(_describe(child)))
+        for child in children
+        if child["kind"] == "Deployment" and child["metadata"]["labels"].get(LABEL_POOL) == pool
+    ]
+
+
+def _needed_replicas(
+    sd: SpeculativeDeployment, pool: PoolName, children: list[Manifest], live: Mapping[str, Manifest | None]
+) -> int:
+    """Ready engines the pool needs to be Ready: its fixed `replicas`, or for an autoscaled pool what
+    its Deployments ask for now (the autoscaler's count plus canaries), at least `minReplicas`."""
+    spec: PoolSpec = getattr(sd.spec.pools, pool)
+    if spec.autoscaling is None:
+        return spec.replicas
+    asked = sum(wanted_replicas(d, lv) or 0 for d, lv in _pool_deployments(children, live, pool))
+    return max(asked, spec.autoscaling.min_replicas)
+
+
 def _pool_statuses(desired: DesiredState, applied: AppliedChildren) -> PoolStatuses:
     """Each pool's status from its live Deployments (stable and canary)."""
     pools = desired.previous.pools.model_copy()
     for pool in POOLS:
-        deployments = [
-            (child, applied.live.get(_describe(child)))
-            for child in desired.children
-            if child["kind"] == "Deployment" and child["metadata"]["labels"].get(LABEL_POOL) == pool
-        ]
+        deployments = _pool_deployments(desired.children, applied.live, pool)
         updated = pool_status_from_deployments(getattr(pools, pool), desired.plan[pool].mode, deployments)
         setattr(pools, pool, updated)
     return pools
@@ -393,11 +451,8 @@ def _conditions(
     modes = {pool: desired.plan[pool].mode for pool in POOLS}
     states = [(p, getattr(pools, p)) for p in POOLS]
     unsettled = [p for p, s in states if not s.settled]
-    not_ready = [
-        f"{p} {s.ready_replicas}/{getattr(sd.spec.pools, p).replicas}"
-        for p, s in states
-        if s.ready_replicas < getattr(sd.spec.pools, p).replicas
-    ]
+    needed = {p: _needed_replicas(sd, p, desired.children, applied.live) for p in POOLS}
+    not_ready = [f"{p} {s.ready_replicas}/{needed[p]}" for p, s in states if s.ready_replicas < needed[p]]
     conditions = set_(
         conditions,
         reasons.PROGRESSING,

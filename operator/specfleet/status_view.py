@@ -57,6 +57,15 @@ def _text(value: Any, default: str = "-") -> str:
     return default if value is None or value == "" else str(value)
 
 
+def _wanted(pool_spec: Mapping[str, Any], pool_status: Mapping[str, Any]) -> str:
+    """Replicas asked for: the spec's, or an autoscaled pool's current count (with its range)."""
+    scaling = pool_spec.get("autoscaling")
+    if isinstance(scaling, Mapping):
+        low, high = scaling.get("minReplicas", 1), scaling.get("maxReplicas", "?")
+        return f"{pool_status.get('desiredReplicas', '?')} ({low}-{high})"
+    return str(pool_spec.get("replicas", 1))
+
+
 def _last_decision(history: Sequence[Mapping[str, Any]], pool: str, status: Mapping[str, Any]) -> str:
     for entry in reversed(history):
         if entry.get("pool") != pool:
@@ -94,7 +103,7 @@ def fleet_view(obj: Mapping[str, Any]) -> FleetView:
                 setting=setting,
                 mode=mode,
                 k=k,
-                replicas=f"{pool_status.get('readyReplicas', 0)}/{pool_spec.get('replicas', '?')}",
+                replicas=f"{pool_status.get('readyReplicas', 0)}/{_wanted(pool_spec, pool_status)}",
                 acceptance=_text(pool_status.get("acceptanceLength")),
                 running_per_replica=_text(pool_status.get("runningPerReplica")),
                 tokens_per_second=_text(pool_status.get("generationTokensPerSecond")),

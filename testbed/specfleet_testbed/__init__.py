@@ -21,7 +21,13 @@ from .cluster import (
     process_start_time,
 )
 from .stages import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
-from .tools import PrometheusTools, ToolError, ensure_prometheus, ensure_prometheus_operator_crds
+from .tools import (
+    PrometheusTools,
+    ToolError,
+    ensure_keda_crds,
+    ensure_prometheus,
+    ensure_prometheus_operator_crds,
+)
 
 __all__ = [
     "DEFAULT_POD_CIDR",
@@ -35,6 +41,7 @@ __all__ = [
     "PrometheusTools",
     "ToolError",
     "ensure_binaries",
+    "ensure_keda_crds",
     "ensure_prometheus",
     "ensure_prometheus_operator_crds",
     "local_address",

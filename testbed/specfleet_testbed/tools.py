@@ -14,12 +14,19 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PrometheusTools", "ToolError", "ensure_prometheus", "ensure_prometheus_operator_crds"]
+__all__ = [
+    "PrometheusTools",
+    "ToolError",
+    "ensure_keda_crds",
+    "ensure_prometheus",
+    "ensure_prometheus_operator_crds",
+]
 
 # testbed/specfleet_testbed/tools.py -> repository root
 REPO = Path(__file__).resolve().parents[2]
 SETUP_PROMETHEUS = REPO / "scripts" / "setup-prometheus.sh"
 SETUP_PROMETHEUS_OPERATOR_CRDS = REPO / "scripts" / "setup-prometheus-operator-crds.sh"
+SETUP_KEDA_CRDS = REPO / "scripts" / "setup-keda-crds.sh"
 
 
 class ToolError(RuntimeError):
@@ -69,4 +76,13 @@ def ensure_prometheus_operator_crds() -> Path:
     crd_dir = _run_setup(SETUP_PROMETHEUS_OPERATOR_CRDS)
     if not (crd_dir / "monitoring.coreos.com_prometheusrules.yaml").is_file():
         raise ToolError(f"no prometheus-operator CRDs in {crd_dir}")
+    return crd_dir
+
+
+@functools.cache
+def ensure_keda_crds() -> Path:
+    """The directory of KEDA's CRDs (ScaledObject, ...), generated first (controller-gen) if missing."""
+    crd_dir = _run_setup(SETUP_KEDA_CRDS)
+    if not (crd_dir / "keda.sh_scaledobjects.yaml").is_file():
+        raise ToolError(f"no KEDA CRDs in {crd_dir}")
     return crd_dir

@@ -181,6 +181,13 @@ def test_install_brings_the_operator_deployment_to_ready(installed):
         ("get", "secrets", False),
         ("list", "secrets", False),
         ("delete", "deployments.apps", True),  # pruning what the spec no longer asks for
+        ("create", "horizontalpodautoscalers.autoscaling", True),  # autoscaled pools
+        ("delete", "horizontalpodautoscalers.autoscaling", True),  # autoscaling turned off
+        ("update", "horizontalpodautoscalers.autoscaling", False),
+        ("patch", "scaledobjects.keda.sh", True),
+        ("delete", "scaledobjects.keda.sh", True),
+        ("create", "scaledjobs.keda.sh", False),
+        ("create", "triggerauthentications.keda.sh", False),
         ("delete", "pods", False),
         ("list", "pods", True),  # to say why a pool is not ready
         ("delete", "speculativedeployments.specfleet.io", False),

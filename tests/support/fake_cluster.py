@@ -1,8 +1,10 @@
 """An in-memory stand-in for the apiserver behind `reconcile.Cluster`, for unit tests.
 
 It copies the behaviours reconcile depends on: a write bumps resourceVersion, a spec change bumps a
-Deployment's generation, quantities come back as strings. The cluster tier checks the same
-reconcile against a real apiserver.
+Deployment's generation, quantities come back as strings, and server-side apply's rule for a
+Deployment's replicas (an apply that leaves out a field only it owned resets it to the default 1;
+another manager's hold, or a scale, keeps it). The cluster tier checks the same reconcile against a
+real apiserver.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from specfleet.api.constants import FIELD_MANAGER, HANDOVER_MANAGER
 from specfleet.reconcile import ApplyRejectedError
 
 
@@ -27,6 +30,8 @@ class FakeCluster:
         self.writes: list[str] = []
         self.reject_kinds: set[str] = set()
         self._rv = 0
+        # Managers holding each Deployment's spec.replicas.
+        self.replica_owners: dict[tuple[str, str, str], set[str]] = {}
 
     @staticmethod
     def key(manifest: dict[str, Any]) -> tuple[str, str, str]:
@@ -44,6 +49,17 @@ class FakeCluster:
         old = self.objects.get(key)
         new = copy.deepcopy(manifest)
         _stringify_quantities(new)
+        if manifest["kind"] == "Deployment":
+            owners = self.replica_owners.setdefault(key, set())
+            if "replicas" in new["spec"]:
+                owners.add(FIELD_MANAGER)
+            else:
+                owners.discard(FIELD_MANAGER)
+                new["spec"]["replicas"] = old["spec"]["replicas"] if old is not None and owners else 1
+            new["metadata"]["managedFields"] = [
+                {"manager": m, "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+                for m in sorted(owners)
+            ]
         self._rv += 1
         generation = (old or {}).get("metadata", {}).get("generation", 0)
         if old is None or old.get("spec") != new.get("spec"):
@@ -55,6 +71,19 @@ class FakeCluster:
         self.objects[key] = new
         self.writes.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
         return copy.deepcopy(new)
+
+    def hand_over_replicas(self, manifest: dict[str, Any], replicas: int) -> None:
+        key = self.key(manifest)
+        self.objects[key]["spec"]["replicas"] = replicas
+        self.replica_owners.setdefault(key, set()).add(HANDOVER_MANAGER)
+        self.writes.append(f"handover {manifest['kind']}/{manifest['metadata']['name']}")
+
+    def scale(self, namespace: str, name: str, replicas: int) -> None:
+        """What an autoscaler does through the scale subresource: an update that takes the field."""
+        key = ("Deployment", namespace, name)
+        self.objects[key]["spec"]["replicas"] = replicas
+        self.objects[key]["metadata"]["generation"] += 1
+        self.replica_owners[key] = {"autoscaler"}
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         del self.objects[(kind, namespace, name)]

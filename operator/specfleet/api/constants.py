@@ -16,6 +16,9 @@ SHORT_NAMES: Final = ("specdeploy", "sd")
 
 # The single field manager for every server-side apply the operator makes.
 FIELD_MANAGER: Final = "specfleet-operator"
+# Holds an autoscaled Deployment's replicas for a moment when autoscaling is turned on, so the
+# operator's apply without replicas releases them unchanged (the autoscaler's first scale takes them).
+HANDOVER_MANAGER: Final = "specfleet-replicas-handover"
 
 LABEL_NAME: Final = "app.kubernetes.io/name"
 LABEL_INSTANCE: Final = "app.kubernetes.io/instance"

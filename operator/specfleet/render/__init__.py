@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from specfleet.api.constants import LABEL_INSTANCE, LABEL_MANAGED_BY, POOLS, PoolName
 from specfleet.api.models import SpeculationMode
 from specfleet.api.validation import SpeculativeDeployment
+from specfleet.render.autoscaling import render_pool_autoscaler
 from specfleet.render.common import MANAGED_BY, Manifest, RenderOptions, with_render_hash
 from specfleet.render.engine import (
     canary_replicas,
@@ -52,6 +53,8 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("policy/v1", "PodDisruptionBudget"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
 )
 
 
@@ -103,6 +106,9 @@ def render_children(
                     sd, pool, plan[pool].mode, track="canary", k=plan[pool].k, canaries=plan[pool].canaries
                 )
             )
+        autoscaler = render_pool_autoscaler(sd, pool)
+        if autoscaler is not None:
+            children.append(autoscaler)
     children += [render_router_service(sd, options), render_router_deployment(sd, options)]
     if sd.spec.monitoring.pod_monitor:
         children.append(render_pod_monitor(sd))

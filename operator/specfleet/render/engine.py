@@ -198,6 +198,9 @@ def render_pool_deployment(
 ) -> Manifest:
     """The pool's Deployment of vLLM servers, with or without --speculative-config.
 
+    An autoscaled pool's stable Deployment has no `replicas`: its autoscaler sets them (canaries are
+    extra pods, never autoscaled, so the stable track keeps the autoscaler's count while off).
+
     track "stable" is the pool itself; track "canary" is the few replicas of an Auto pool that keep
     speculating while the pool is off, so acceptance stays measurable for re-entry; they draft the
     pool's K. `canaries` is the policy's canary count (None: the spec's).
@@ -212,6 +215,7 @@ def render_pool_deployment(
         mode = "On"
     else:
         name = pool_name(sd, pool)
+        # Canaries come out of a fixed pool's replicas (the total stays `replicas`).
         replicas = pool_spec.replicas - (canaries or 0) if mode == "Off" else pool_spec.replicas
     selector = {**selector_labels(sd, ENGINE_COMPONENT, pool), LABEL_TRACK: track}
     meta = metadata(sd, name, ENGINE_COMPONENT, pool)
@@ -257,12 +261,16 @@ def render_pool_deployment(
     template_meta: dict[str, Any] = {"labels": pod_labels}
     if pod_annotations:
         template_meta["annotations"] = pod_annotations
+    deployment_spec: dict[str, Any] = {"replicas": replicas}
+    if track == "stable" and pool_spec.autoscaling is not None:
+        # The autoscaler owns the count: a rendered value would undo its scale at every apply.
+        del deployment_spec["replicas"]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": meta,
         "spec": {
-            "replicas": replicas,
+            **deployment_spec,
             "selector": {"matchLabels": selector},
             # Surge only: ready capacity never drops below `replicas` while a pool flips.
             "strategy": {
@@ -293,15 +301,20 @@ def render_pool_service(sd: SpeculativeDeployment, pool: PoolName) -> Manifest:
 def render_pool_pdb(sd: SpeculativeDeployment, pool: PoolName) -> Manifest:
     """Voluntary disruptions (node drains) take at most one engine of a pool at a time by default."""
     pool_spec = getattr(sd.spec.pools, pool)
-    min_available = pool_spec.min_available
-    if min_available is None:
-        min_available = max(pool_spec.replicas - 1, 0)
+    budget: dict[str, int]
+    if pool_spec.min_available is not None:
+        budget = {"minAvailable": pool_spec.min_available}
+    elif pool_spec.autoscaling is not None:
+        # The replica count moves: one engine at a time holds at any count.
+        budget = {"maxUnavailable": 1}
+    else:
+        budget = {"minAvailable": max(pool_spec.replicas - 1, 0)}
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": metadata(sd, pool_name(sd, pool), ENGINE_COMPONENT, pool),
         "spec": {
-            "minAvailable": min_available,
+            **budget,
             "selector": {"matchLabels": selector_labels(sd, ENGINE_COMPONENT, pool)},
         },
     }
