@@ -361,7 +361,11 @@ def _pool_statuses(desired: DesiredState, applied: AppliedChildren) -> PoolStatu
             for child in desired.children
             if child["kind"] == "Deployment" and child["metadata"]["labels"].get(LABEL_POOL) == pool
         ]
-        updated = pool_status_from_deployments(getattr(pools, pool), desired.plan[pool].mode, deployments)
+        plan = desired.plan[pool]
+        updated = pool_status_from_deployments(getattr(pools, pool), plan.mode, deployments)
+        if desired.sd is not None:  # the K the engines are rendered with (kubectl's K column)
+            drafted = plan.k if plan.k is not None else desired.sd.spec.drafter.num_speculative_tokens
+            updated.k = drafted if plan.mode == "On" else 0
         setattr(pools, pool, updated)
     return pools
 

@@ -755,6 +755,11 @@ class PoolStatus(StatusModel):
         description="K the pool drafts while speculating, when the Goodput policy chose one below "
         "drafter.numSpeculativeTokens (unset: the drafter's K).",
     )
+    k: int | None = Field(
+        default=None,
+        description="Tokens the pool's engines draft per step now: the policy's K or "
+        "drafter.numSpeculativeTokens while the pool speculates, 0 while it does not (kubectl's K column).",
+    )
     acceptance_length: str | None = Field(
         default=None, description="Last measured mean acceptance length (tokens per step), as text."
     )

@@ -22,6 +22,8 @@ CONTAINER_CONFIG_ERROR: Final = "ContainerConfigError"
 CRASH_LOOP: Final = "CrashLoopBackOff"
 OOM_KILLED: Final = "OOMKilled"
 PROGRESS_DEADLINE_EXCEEDED: Final = "ProgressDeadlineExceeded"
+# The drafter preflight (the engine pod's init container) found the drafter does not fit the target.
+DRAFTER_INCOMPATIBLE: Final = "DrafterIncompatible"
 ROLLING_OUT: Final = "RollingOut"
 ROLLOUT_COMPLETE: Final = "RolloutComplete"
 INVALID_SPEC: Final = "InvalidSpec"

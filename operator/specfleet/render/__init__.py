@@ -95,12 +95,20 @@ def render_children(
         children += [
             render_pool_service(sd, pool),
             render_pool_pdb(sd, pool),
-            render_pool_deployment(sd, pool, plan[pool].mode, k=plan[pool].k, canaries=plan[pool].canaries),
+            render_pool_deployment(
+                sd, pool, plan[pool].mode, k=plan[pool].k, canaries=plan[pool].canaries, options=options
+            ),
         ]
         if canary_replicas(sd, pool) is not None:
             children.append(
                 render_pool_deployment(
-                    sd, pool, plan[pool].mode, track="canary", k=plan[pool].k, canaries=plan[pool].canaries
+                    sd,
+                    pool,
+                    plan[pool].mode,
+                    track="canary",
+                    k=plan[pool].k,
+                    canaries=plan[pool].canaries,
+                    options=options,
                 )
             )
     children += [render_router_service(sd, options), render_router_deployment(sd, options)]
