@@ -85,7 +85,12 @@ def test_preflight_and_vllm_both_refuse_a_drafter_for_another_hidden_size(
         server.stop()
     log = server.log_path.read_text(errors="replace")
     assert code != 0, server.describe_failure("exited 0 with a drafter for another hidden size")
-    # vLLM's own words: the drafter's weights do not fit the layer shapes its config asks for.
-    assert "Error" in log, server.log_tail()
+    # vLLM's own words: the drafter's fc layer built for 3 x the declared width cannot take the weights
+    # trained for 3 x the target's (seen: "AssertionError: Tried to load weights of size
+    # torch.Size([256, 768])to a parameter of size torch.Size([256, 1536])").
     errors = [line for line in log.splitlines() if "Error" in line and not line.lstrip().startswith("File ")]
     print(f"vLLM exited {code}; its error lines:\n" + "\n".join(errors))
+    refused = [line for line in errors if "Tried to load weights of size" in line]
+    assert refused, server.log_tail()
+    assert f"torch.Size([{hidden}, {3 * hidden}])" in refused[0]
+    assert f"torch.Size([{hidden}, {6 * hidden}])" in refused[0]
