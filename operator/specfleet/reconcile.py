@@ -319,6 +319,8 @@ def prune_children(desired: DesiredState, cluster: Cluster) -> tuple[list[str], 
         except ApplyRejectedError as err:
             errors.append(f"listing {kind}: {err}")
             continue
+        if kind == "Job" and sd.spec.drafter.retrain is not None:
+            continue  # retrain Jobs are never rendered: pruned only once the spec drops drafter.retrain
         live = [{**obj, "kind": kind, "apiVersion": api_version} for obj in listed]
         for obj in stale_children(desired.children, live, sd.uid):
             try:

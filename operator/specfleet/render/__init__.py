@@ -52,6 +52,8 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("policy/v1", "PodDisruptionBudget"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    # Drafter retrain Jobs (render.retrain): created by the policy when drift lasts, not on every render.
+    ("batch/v1", "Job"),
 )
 
 
