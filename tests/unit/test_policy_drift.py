@@ -279,3 +279,20 @@ def test_controller_creates_the_retrain_job_once_and_says_so():
     assert status["pools"]["latency"]["lastRetrainJob"] == jobs[0][2]
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["AcceptanceDrift"]["status"] == "True"
+
+
+def test_another_drafter_starts_a_new_baseline():
+    run = Run(_sd())
+    for i in range(3):
+        run.step(T0 + timedelta(seconds=10 * i), [0.7, 0.4, 0.2])
+    run.step(T0 + timedelta(seconds=40), [0.3, 0.1, 0.0])
+    assert run.latency.acceptance_drift_since is not None
+    assert run.latency.acceptance_baseline_drafter == "eagle3:" + (run.sd.spec.drafter.model or "")
+    retrained = _sd()
+    retrained.spec.drafter.model = "org/eagle3-retrained"
+    run.sd = retrained
+    run.step(T0 + timedelta(seconds=50), [0.5, 0.3, 0.1])
+    assert run.latency.acceptance_baseline is None
+    assert run.latency.acceptance_drift_since is None
+    assert run.latency.acceptance_baseline_samples == ["2026-11-30T12:00:50Z=0.500,0.300,0.100"]
+    assert run.condition().status == "False"

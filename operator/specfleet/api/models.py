@@ -893,6 +893,11 @@ class PoolStatus(StatusModel):
     acceptance_baseline_time: str | None = Field(
         default=None, description="When the baseline was set (RFC 3339)."
     )
+    acceptance_baseline_drafter: str | None = Field(
+        default=None,
+        description="The drafter (method:model) the baseline was measured with; another drafter in the "
+        "spec starts a new baseline.",
+    )
     acceptance_baseline_samples: list[str] | None = Field(
         default=None,
         max_length=32,

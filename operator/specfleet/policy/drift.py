@@ -11,7 +11,7 @@ measured: a pool the policy retuned to a lower K drafts fewer positions, which i
 Drift past `thresholdPercent` for `forSeconds` makes the AcceptanceDrift condition True and, where
 `drafter.retrain` is set, asks for a retrain Job at most once per `retrain.periodSeconds` per pool. A
 pool that stops measuring (turned off by the policy, no canaries) keeps its last drift: its acceptance
-did not come back.
+did not come back. Another drafter in the spec (method or model) starts a new baseline.
 """
 
 from __future__ import annotations
@@ -100,6 +100,19 @@ def _measured(
     return tuple(min(1.0, max(0.0, p)) for p in obs.per_position[:n])
 
 
+# What a new drafter resets (the last retrain is kept: its period still holds).
+_BASELINE_FIELDS = (
+    "acceptance_baseline",
+    "acceptance_baseline_time",
+    "acceptance_baseline_drafter",
+    "acceptance_baseline_samples",
+    "acceptance_drift_percent",
+    "acceptance_drift_since",
+    "acceptance_drift_positions",
+    "acceptance_compared_length",
+)
+
+
 def _drifting_for(ps: PoolStatus, now: datetime) -> float | None:
     since = parse_time(ps.acceptance_drift_since)
     return None if since is None else (now - since).total_seconds()
@@ -118,8 +131,15 @@ def track_drift(
     pools = status.pools.model_copy(deep=True)
     out = DriftRecorded(status=status)
     auto = auto_pools(spec)
+    drafter = f"{spec.drafter.method}:{spec.drafter.model or ''}"
     for pool in auto:
         ps: PoolStatus = getattr(pools, pool)
+        if ps.acceptance_baseline_drafter != drafter and (
+            ps.acceptance_baseline or ps.acceptance_baseline_samples
+        ):
+            # Another drafter (a retrained one under a new name): its acceptance is measured afresh.
+            ps = ps.model_copy(update=dict.fromkeys(_BASELINE_FIELDS))
+            setattr(pools, pool, ps)
         measured = _measured(states.get(pool), observations.get(pool), now, spec.policy.window_seconds)
         if not measured:
             continue
@@ -154,6 +174,7 @@ def track_drift(
                 update.update(
                     acceptance_baseline=_vector_text(new),
                     acceptance_baseline_time=rfc3339(now),
+                    acceptance_baseline_drafter=drafter,
                     acceptance_baseline_samples=None,
                     acceptance_drift_percent=f"{drift_percent(new, measured):.1f}",
                     acceptance_drift_positions=min(len(new), len(measured)),
@@ -172,6 +193,7 @@ def track_drift(
                 )
             else:
                 update["acceptance_baseline_samples"] = [f"{t}={_vector_text(v)}" for t, v in samples]
+                update["acceptance_baseline_drafter"] = drafter
         elif drifting and ps.acceptance_baseline_samples:
             # A refresh never takes in a drifting acceptance: what it had collected is dropped.
             update["acceptance_baseline_samples"] = None
