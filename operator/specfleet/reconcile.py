@@ -333,17 +333,21 @@ def prune_children(desired: DesiredState, cluster: Cluster) -> tuple[list[str], 
 
 
 def read_pool_failures(desired: DesiredState, applied: AppliedChildren, cluster: Cluster) -> None:
-    """For each pool short of ready replicas, why (pods are listed only then: a healthy fleet costs nothing)."""
+    """For each pool short of ready replicas or still rolling out, why (pods are listed only then: a
+    healthy, settled fleet costs nothing). A surge rollout whose new pods fail (a drafter that does not
+    fit) keeps the old pods ready: only the rollout shows it."""
     assert desired.sd is not None
     sd = desired.sd
     for pool in POOLS:
-        deployments = [
-            applied.live.get(_describe(child))
+        pairs = [
+            (child, applied.live.get(_describe(child)))
             for child in desired.children
             if child["kind"] == "Deployment" and child["metadata"]["labels"].get(LABEL_POOL) == pool
         ]
+        deployments = [live for _, live in pairs]
         ready = sum(int(((d or {}).get("status") or {}).get("readyReplicas", 0)) for d in deployments)
-        if ready >= getattr(sd.spec.pools, pool).replicas:
+        settled = all(deployment_settled(child, live) for child, live in pairs)
+        if ready >= getattr(sd.spec.pools, pool).replicas and settled:
             continue
         try:
             pods = cluster.list_children("v1", "Pod", sd.namespace, {**owner_labels(sd), LABEL_POOL: pool})
@@ -404,12 +408,18 @@ def _conditions(
         for p, s in states
         if s.ready_replicas < getattr(sd.spec.pools, p).replicas
     ]
+    # Why a rollout does not finish (its new pods fail while the old ones keep serving).
+    stuck = [(p, applied.failures[p]) for p in unsettled if p in applied.failures]
+    progressing_reason = stuck[0][1].reason if stuck else reasons.ROLLING_OUT
+    progressing_message = f"rolling out: {', '.join(unsettled)}" + "".join(
+        f"; {p}: {f.message}" for p, f in stuck
+    )
     conditions = set_(
         conditions,
         reasons.PROGRESSING,
         bool(unsettled),
-        reasons.ROLLING_OUT if unsettled else reasons.ROLLOUT_COMPLETE,
-        f"rolling out: {', '.join(unsettled)}" if unsettled else "every pool runs its current template",
+        progressing_reason if unsettled else reasons.ROLLOUT_COMPLETE,
+        progressing_message if unsettled else "every pool runs its current template",
     )
     conditions = set_(
         conditions,
@@ -421,7 +431,9 @@ def _conditions(
         else "every pool runs its decided mode: " + ", ".join(f"{p} {modes[p]}" for p in POOLS),
     )
     ready = not not_ready and not applied.errors
-    failure = next(iter(applied.failures.values()), None)
+    short = {p for p, s in states if s.ready_replicas < getattr(sd.spec.pools, p).replicas}
+    failures = {p: f for p, f in applied.failures.items() if p in short}
+    failure = next(iter(failures.values()), None)
     if ready:
         reason, message = reasons.ALL_POOLS_READY, "all pools have their replicas ready"
     elif not not_ready:
@@ -433,7 +445,7 @@ def _conditions(
             "ready replicas: "
             + ", ".join(not_ready)
             + "; "
-            + "; ".join(f"{pool}: {f.message}" for pool, f in applied.failures.items())
+            + "; ".join(f"{pool}: {f.message}" for pool, f in failures.items())
         )
     else:
         reason, message = reasons.POOLS_NOT_READY, "ready replicas: " + ", ".join(not_ready)
@@ -457,7 +469,10 @@ def _events(desired: DesiredState, applied: AppliedChildren) -> list[Event]:
         message = f"restored children changed by hand: {', '.join(applied.drift)}"
         events.append(Event("Normal", reasons.EVENT_RESTORED, message))
     for pool, failure in applied.failures.items():
-        seen = any(c.type == reasons.READY and failure.message in c.message for c in previous.conditions)
+        seen = any(
+            c.type in (reasons.READY, reasons.PROGRESSING) and failure.message in c.message
+            for c in previous.conditions
+        )
         if not seen:
             events.append(Event("Warning", reasons.EVENT_POOL_FAILING, f"{pool}: {failure.message}"))
     if applied.pruned:

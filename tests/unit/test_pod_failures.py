@@ -201,3 +201,44 @@ def test_init_container_crash_loop_without_preflight_lines_is_a_crash_loop() -> 
     # A preflight that passed (exit 0) is no failure.
     ok = {"metadata": {"name": "p"}, "status": {"initContainerStatuses": [{"name": "drafter-preflight", "state": {"terminated": {"exitCode": 0, "message": "drafter fits"}}}]}}  # fmt: skip
     assert pool_failure([ok], []) is None
+
+
+def test_a_flip_whose_new_pods_fail_the_preflight_shows_in_progressing_while_old_pods_serve() -> None:
+    cluster = FakeCluster()
+    body = load_yaml(ROOT / "examples" / "02-two-pools-routing-policy.yaml")
+    body["metadata"].update(uid="uid-1", generation=1)
+    now = datetime(2026, 11, 30, tzinfo=UTC)
+    first = reconcile(body, cluster, now)
+    cluster.roll_out()
+    settled = reconcile({**body, "status": first.status}, cluster, now + timedelta(seconds=30))
+    # A surge rollout: the old pods stay ready, the new one never passes its init container.
+    deployment = cluster.objects[("Deployment", "inference", "assistant-latency")]
+    deployment["status"]["updatedReplicas"] = 1
+    deployment["status"]["replicas"] = deployment["spec"]["replicas"] + 1
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "a-latency-7f9c",
+            "namespace": "inference",
+            "labels": {
+                "app.kubernetes.io/instance": "assistant",
+                "app.kubernetes.io/managed-by": "specfleet-operator",
+                "specfleet.io/pool": "latency",
+            },
+        },
+        "status": DRAFTER_INCOMPATIBLE_POD["status"],
+    }
+    cluster.objects[("Pod", "inference", "a-latency-7f9c")] = pod
+    stuck = reconcile({**body, "status": settled.status}, cluster, now + timedelta(seconds=60))
+    conditions = {c["type"]: c for c in stuck.status["conditions"]}
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["Progressing"]["status"] == "True"
+    assert conditions["Progressing"]["reason"] == "DrafterIncompatible"
+    assert (
+        "latency: pod a-latency-7f9c init container drafter-preflight: the drafter does not fit"
+        in (conditions["Progressing"]["message"])
+    )
+    assert [e.reason for e in stuck.events if e.type == "Warning"] == ["PoolNotReady"]
+    again = reconcile({**body, "status": stuck.status}, cluster, now + timedelta(seconds=90))
+    assert [e.reason for e in again.events if e.type == "Warning"] == [], "warned once"
