@@ -17,17 +17,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from specfleet.api import reasons
 from specfleet.api.constants import API_VERSION, KIND, POOLS
 from specfleet.api.models import PoolName, SpeculativeDeploymentStatus
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
 from specfleet.metrics.prometheus import FleetAnswers, PoolSelector, QueryFn, observe, query_fleet
 from specfleet.policy.decide import PoolDecision, decide
+from specfleet.policy.drift import DriftRecorded, track_drift
 from specfleet.policy.measurements import Measurements, measurements, with_measurements, worth_writing
 from specfleet.policy.observations import PoolObservation
 from specfleet.policy.record import auto_pools, parse_time, pool_states, record
-from specfleet.reconcile import Cluster, Event, reconcile, status_patch
+from specfleet.reconcile import ApplyRejectedError, Cluster, Event, reconcile, status_patch
 from specfleet.render import RenderOptions
+from specfleet.render.retrain import render_retrain_job
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
 
 # How long to wait before re-evaluating a resource that cannot be evaluated (invalid, degraded, gone).
@@ -220,6 +223,9 @@ class Controller:
             )
             outcome.decisions = decisions
             recorded = record(previous, decisions, observations, sd.generation, now)
+            drift = track_drift(sd.spec, recorded.status, states, observations, sd.generation, now)
+            recorded.events += drift.events
+            recorded.status = self._start_retrain_jobs(sd, drift, recorded.events)
             recorded.status = _keep_recent_measurement_times(previous, recorded.status, now)
             new_status = recorded.status.to_wire()
             outcome.events = [Event(t, r, m) for t, r, m in recorded.events]  # type: ignore[arg-type]
@@ -237,6 +243,37 @@ class Controller:
                 written_at = now
             self._measured[(namespace, name)] = _Measured(uid, measurements(recorded.status), written_at)
         return outcome
+
+    def _start_retrain_jobs(
+        self, sd: SpeculativeDeployment, drift: DriftRecorded, events: list[tuple[str, str, str]]
+    ) -> SpeculativeDeploymentStatus:
+        """Create the retrain Job of each trigger; the status keeps lastRetrainTime only for those created
+        (a refused Job is asked for again at the next evaluation)."""
+        status = drift.status
+        for trigger in drift.retrain:
+            job = render_retrain_job(sd, trigger)
+            ps = getattr(status.pools, trigger.pool)
+            try:
+                self.cluster.apply(job)
+            except ApplyRejectedError as err:
+                events.append(("Warning", reasons.EVENT_RETRAIN_FAILED, f"pool {trigger.pool}: {err}"))
+                before = getattr(sd.status.pools, trigger.pool).last_retrain_time
+                ps = ps.model_copy(update={"last_retrain_time": before})
+            else:
+                name = job["metadata"]["name"]
+                events.append(
+                    (
+                        "Normal",
+                        reasons.EVENT_RETRAIN_CREATED,
+                        f"pool {trigger.pool}: created Job {name}: acceptance length "
+                        f"{trigger.current_length:.2f} is {trigger.drift_percent:.1f}% below its baseline "
+                        f"{trigger.baseline_length:.2f}",
+                    )
+                )
+                ps = ps.model_copy(update={"last_retrain_job": name})
+            pools = status.pools.model_copy(update={trigger.pool: ps})
+            status = status.model_copy(update={"pools": pools})
+        return status
 
     def evaluate_policy(self, namespace: str, name: str) -> Outcome:
         """Observe, decide and write for one resource (the scheduler does the same for many at once)."""

@@ -37,9 +37,15 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {
         "name": "K",
         "type": "integer",
-        "description": "Tokens drafted per step (drafter.numSpeculativeTokens; a K the Goodput policy "
-        "chose for a pool is in status.pools.*.numSpeculativeTokens)",
-        "jsonPath": ".spec.drafter.numSpeculativeTokens",
+        "description": "Tokens the latency pool drafts per step now (the policy's K, else "
+        "drafter.numSpeculativeTokens; 0 while it does not speculate)",
+        "jsonPath": ".status.pools.latency.k",
+    },
+    {
+        "name": "Batch-K",
+        "type": "integer",
+        "description": "Tokens the batch pool drafts per step now (as K)",
+        "jsonPath": ".status.pools.batch.k",
     },
     {
         "name": "Ready",

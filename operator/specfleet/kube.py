@@ -175,8 +175,12 @@ class KubeCluster:
             resource.delete(
                 name=meta["name"],
                 namespace=meta.get("namespace"),
-                # Only the object we looked at: a newer one of the same name is left alone.
-                body={"preconditions": {"uid": meta["uid"]}} if meta.get("uid") else None,
+                # Only the object we looked at: a newer one of the same name is left alone. Background
+                # propagation: a pruned Job takes its pods with it (the API orphans them by default).
+                body={
+                    "propagationPolicy": "Background",
+                    **({"preconditions": {"uid": meta["uid"]}} if meta.get("uid") else {}),
+                },
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )
         except NotFoundError:

@@ -25,6 +25,7 @@ _WAITING = {
 }
 # Order of precedence when pods fail in several ways.
 _PRECEDENCE = (
+    reasons.DRAFTER_INCOMPATIBLE,
     reasons.PROGRESS_DEADLINE_EXCEEDED,
     reasons.IMAGE_PULL_FAILED,
     reasons.CONTAINER_CONFIG_ERROR,
@@ -47,7 +48,8 @@ def _pod_failures(pod: Mapping[str, Any]) -> Iterable[PoolFailure]:
         unscheduled = cond.get("type") == "PodScheduled" and cond.get("status") == "False"
         if unscheduled and cond.get("reason") == "Unschedulable":
             yield PoolFailure(reasons.UNSCHEDULABLE, f"pod {name}: {cond.get('message') or 'unschedulable'}")
-    for container in status.get("containerStatuses") or []:
+    yield from _drafter_incompatible(name, status.get("initContainerStatuses") or [])
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         state = container.get("state") or {}
         waiting = state.get("waiting") or {}
         why = _WAITING.get(waiting.get("reason", ""))
@@ -61,6 +63,28 @@ def _pod_failures(pod: Mapping[str, Any]) -> Iterable[PoolFailure]:
             yield PoolFailure(
                 reasons.OOM_KILLED, f"pod {name} container {container.get('name')} was OOMKilled"
             )
+
+
+def _drafter_incompatible(pod: str, statuses: Iterable[Mapping[str, Any]]) -> Iterable[PoolFailure]:
+    """The drafter preflight's own lines from a failed init container (its log is the termination message)."""
+    for container in statuses:
+        for state in (container.get("state") or {}, container.get("lastState") or {}):
+            terminated = state.get("terminated") or {}
+            if not terminated or terminated.get("exitCode") == 0:
+                continue
+            prefix = f"{reasons.DRAFTER_INCOMPATIBLE}: "
+            lines = [
+                line.strip()[len(prefix) :]
+                for line in str(terminated.get("message") or "").splitlines()
+                if line.strip().startswith(prefix)
+            ]
+            if lines:
+                yield PoolFailure(
+                    reasons.DRAFTER_INCOMPATIBLE,
+                    f"pod {pod} init container {container.get('name')}: the drafter does not fit the "
+                    f"target: {'; '.join(lines)}",
+                )
+                break
 
 
 def _deployment_failures(deployment: Mapping[str, Any] | None) -> Iterable[PoolFailure]:

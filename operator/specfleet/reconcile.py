@@ -359,6 +359,8 @@ def prune_children(desired: DesiredState, cluster: Cluster) -> tuple[list[str], 
         except ApplyRejectedError as err:
             errors.append(f"listing {kind}: {err}")
             continue
+        if kind == "Job" and sd.spec.drafter.retrain is not None:
+            continue  # retrain Jobs are never rendered: pruned only once the spec drops drafter.retrain
         live = [{**obj, "kind": kind, "apiVersion": api_version} for obj in listed]
         for obj in stale_children(desired.children, live, sd.uid):
             try:
@@ -371,17 +373,17 @@ def prune_children(desired: DesiredState, cluster: Cluster) -> tuple[list[str], 
 
 
 def read_pool_failures(desired: DesiredState, applied: AppliedChildren, cluster: Cluster) -> None:
-    """For each pool short of ready replicas, why (pods are listed only then: a healthy fleet costs nothing)."""
+    """For each pool short of ready replicas or still rolling out, why (pods are listed only then: a
+    healthy, settled fleet costs nothing). A surge rollout whose new pods fail (a drafter that does not
+    fit) keeps the old pods ready: only the rollout shows it."""
     assert desired.sd is not None
     sd = desired.sd
     for pool in POOLS:
-        deployments = [
-            applied.live.get(_describe(child))
-            for child in desired.children
-            if child["kind"] == "Deployment" and child["metadata"]["labels"].get(LABEL_POOL) == pool
-        ]
+        pairs = _pool_deployments(desired.children, applied.live, pool)
+        deployments = [live for _, live in pairs]
         ready = sum(int(((d or {}).get("status") or {}).get("readyReplicas", 0)) for d in deployments)
-        if ready >= _needed_replicas(sd, pool, desired.children, applied.live):
+        settled = all(deployment_settled(child, live) for child, live in pairs)
+        if ready >= _needed_replicas(sd, pool, desired.children, applied.live) and settled:
             continue
         try:
             pods = cluster.list_children("v1", "Pod", sd.namespace, {**owner_labels(sd), LABEL_POOL: pool})
@@ -419,7 +421,11 @@ def _pool_statuses(desired: DesiredState, applied: AppliedChildren) -> PoolStatu
     pools = desired.previous.pools.model_copy()
     for pool in POOLS:
         deployments = _pool_deployments(desired.children, applied.live, pool)
-        updated = pool_status_from_deployments(getattr(pools, pool), desired.plan[pool].mode, deployments)
+        plan = desired.plan[pool]
+        updated = pool_status_from_deployments(getattr(pools, pool), plan.mode, deployments)
+        if desired.sd is not None:  # the K the engines are rendered with (kubectl's K column)
+            drafted = plan.k if plan.k is not None else desired.sd.spec.drafter.num_speculative_tokens
+            updated.k = drafted if plan.mode == "On" else 0
         setattr(pools, pool, updated)
     return pools
 
@@ -453,12 +459,18 @@ def _conditions(
     unsettled = [p for p, s in states if not s.settled]
     needed = {p: _needed_replicas(sd, p, desired.children, applied.live) for p in POOLS}
     not_ready = [f"{p} {s.ready_replicas}/{needed[p]}" for p, s in states if s.ready_replicas < needed[p]]
+    # Why a rollout does not finish (its new pods fail while the old ones keep serving).
+    stuck = [(p, applied.failures[p]) for p in unsettled if p in applied.failures]
+    progressing_reason = stuck[0][1].reason if stuck else reasons.ROLLING_OUT
+    progressing_message = f"rolling out: {', '.join(unsettled)}" + "".join(
+        f"; {p}: {f.message}" for p, f in stuck
+    )
     conditions = set_(
         conditions,
         reasons.PROGRESSING,
         bool(unsettled),
-        reasons.ROLLING_OUT if unsettled else reasons.ROLLOUT_COMPLETE,
-        f"rolling out: {', '.join(unsettled)}" if unsettled else "every pool runs its current template",
+        progressing_reason if unsettled else reasons.ROLLOUT_COMPLETE,
+        progressing_message if unsettled else "every pool runs its current template",
     )
     conditions = set_(
         conditions,
@@ -470,7 +482,9 @@ def _conditions(
         else "every pool runs its decided mode: " + ", ".join(f"{p} {modes[p]}" for p in POOLS),
     )
     ready = not not_ready and not applied.errors
-    failure = next(iter(applied.failures.values()), None)
+    short = {p for p, s in states if s.ready_replicas < getattr(sd.spec.pools, p).replicas}
+    failures = {p: f for p, f in applied.failures.items() if p in short}
+    failure = next(iter(failures.values()), None)
     if ready:
         reason, message = reasons.ALL_POOLS_READY, "all pools have their replicas ready"
     elif not not_ready:
@@ -482,7 +496,7 @@ def _conditions(
             "ready replicas: "
             + ", ".join(not_ready)
             + "; "
-            + "; ".join(f"{pool}: {f.message}" for pool, f in applied.failures.items())
+            + "; ".join(f"{pool}: {f.message}" for pool, f in failures.items())
         )
     else:
         reason, message = reasons.POOLS_NOT_READY, "ready replicas: " + ", ".join(not_ready)
@@ -506,7 +520,10 @@ def _events(desired: DesiredState, applied: AppliedChildren) -> list[Event]:
         message = f"restored children changed by hand: {', '.join(applied.drift)}"
         events.append(Event("Normal", reasons.EVENT_RESTORED, message))
     for pool, failure in applied.failures.items():
-        seen = any(c.type == reasons.READY and failure.message in c.message for c in previous.conditions)
+        seen = any(
+            c.type in (reasons.READY, reasons.PROGRESSING) and failure.message in c.message
+            for c in previous.conditions
+        )
         if not seen:
             events.append(Event("Warning", reasons.EVENT_POOL_FAILING, f"{pool}: {failure.message}"))
     if applied.pruned:

@@ -25,6 +25,8 @@ POOL_K: Final = "specfleet_pool_num_speculative_tokens"
 POOL_REPLICAS: Final = "specfleet_pool_replicas"
 POOL_READY_REPLICAS: Final = "specfleet_pool_ready_replicas"
 POOL_ACCEPTANCE: Final = "specfleet_pool_acceptance_length"
+POOL_ACCEPTANCE_BASELINE: Final = "specfleet_pool_acceptance_baseline_length"
+POOL_ACCEPTANCE_DRIFT: Final = "specfleet_pool_acceptance_drift_percent"
 
 HELP: Final[dict[str, str]] = {
     CONDITION: "1 for the status a resource's condition has now, 0 for the other two (True, False, Unknown).",
@@ -33,6 +35,9 @@ HELP: Final[dict[str, str]] = {
     POOL_REPLICAS: "Engine replicas the spec asks for, per pool.",
     POOL_READY_REPLICAS: "Ready engine pods of the pool's Deployment.",
     POOL_ACCEPTANCE: "Last mean acceptance length the policy measured for the pool (tokens per step).",
+    POOL_ACCEPTANCE_BASELINE: "The pool's acceptance baseline (tokens per step over its baseline's positions).",
+    POOL_ACCEPTANCE_DRIFT: "Percent the pool's last measured acceptance length is below its baseline "
+    "(negative: above).",
 }
 LABELS: Final[dict[str, tuple[str, ...]]] = {
     CONDITION: ("namespace", "name", "type", "status"),
@@ -41,6 +46,8 @@ LABELS: Final[dict[str, tuple[str, ...]]] = {
     POOL_REPLICAS: ("namespace", "name", "pool"),
     POOL_READY_REPLICAS: ("namespace", "name", "pool"),
     POOL_ACCEPTANCE: ("namespace", "name", "pool"),
+    POOL_ACCEPTANCE_BASELINE: ("namespace", "name", "pool"),
+    POOL_ACCEPTANCE_DRIFT: ("namespace", "name", "pool"),
 }
 CONDITION_STATUSES: Final = ("True", "False", "Unknown")
 
@@ -67,6 +74,14 @@ def _float(text: Any) -> float | None:
         return float(text)
     except (TypeError, ValueError):
         return None
+
+
+def _baseline_length(text: str | None) -> float | None:
+    """1 + the sum of the baseline's per-position acceptance (None when absent or unreadable)."""
+    values = [_float(x) for x in (text or "").split(",") if x]
+    if not values or any(v is None for v in values):
+        return None
+    return 1.0 + sum(v for v in values if v is not None)
 
 
 def resource_samples(body: Mapping[str, Any]) -> list[Sample]:
@@ -98,4 +113,10 @@ def resource_samples(body: Mapping[str, Any]) -> list[Sample]:
         acceptance = _float(pool_status.acceptance_length)
         if acceptance is not None:
             samples.append(Sample(POOL_ACCEPTANCE, labels, acceptance))
+        baseline = _baseline_length(pool_status.acceptance_baseline)
+        if baseline is not None:
+            samples.append(Sample(POOL_ACCEPTANCE_BASELINE, labels, baseline))
+        drift = _float(pool_status.acceptance_drift_percent)
+        if drift is not None and baseline is not None:
+            samples.append(Sample(POOL_ACCEPTANCE_DRIFT, labels, drift))
     return samples

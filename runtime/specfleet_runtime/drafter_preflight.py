@@ -131,10 +131,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=None, help="Hugging Face cache (HF_HOME) for ids")
     parser.add_argument("--target-revision", default=None)
     parser.add_argument("--drafter-revision", default=None)
+    parser.add_argument(
+        "--skip-missing",
+        action="store_true",
+        help="exit 0 when a checkpoint is not in the cache yet (vLLM downloads it at start; nothing to check)",
+    )
     args = parser.parse_args(argv)
     try:
         target = resolve_checkpoint(args.target, args.cache_dir, args.target_revision)
         drafter = resolve_checkpoint(args.drafter, args.cache_dir, args.drafter_revision)
+    except FileNotFoundError as err:
+        if args.skip_missing:
+            print(f"not checked: {err} (not downloaded yet)")
+            return 0
+        print(f"{REASON}: {err}", file=sys.stderr)
+        return 1
     except (OSError, ValueError) as err:
         print(f"{REASON}: {err}", file=sys.stderr)
         return 1

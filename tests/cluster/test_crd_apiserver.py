@@ -97,6 +97,29 @@ def test_conditions_are_a_map_list_and_kubectl_get_shows_k_and_progressing(crd, 
     assert twice.returncode != 0
     assert "Duplicate value" in twice.stderr
     patch_status([condition("Ready", "True"), condition("Progressing", "True")])
+    # K is what each pool drafts now (status), not the spec's K (3): a K the policy chose shows.
+    pools = {"latency": {"speculation": "On", "k": 2}, "batch": {"speculation": "Off", "k": 0}}
+    crd.kubectl(
+        "patch",
+        "sd",
+        "assistant",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"pools": pools}}),
+    )
     table = crd.kubectl("get", "sd", "assistant", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "LATENCY", "BATCH", "K", "READY", "PROGRESSING", "ACCEPTANCE", "AGE"]
-    assert table[1].split()[:4] == ["assistant", "3", "True", "True"]
+    assert table[0].split() == [
+        "NAME",
+        "LATENCY",
+        "BATCH",
+        "K",
+        "BATCH-K",
+        "READY",
+        "PROGRESSING",
+        "ACCEPTANCE",
+        "AGE",
+    ]
+    assert table[1].split()[:7] == ["assistant", "On", "Off", "2", "0", "True", "True"]

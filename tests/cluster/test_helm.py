@@ -177,6 +177,7 @@ def test_install_brings_the_operator_deployment_to_ready(installed):
         ("create", "roles.rbac.authorization.k8s.io", True),
         ("create", "rolebindings.rbac.authorization.k8s.io", True),
         ("create", "events", True),
+        ("create", "jobs.batch", True),  # drafter retrain Jobs
         ("list", "endpointslices.discovery.k8s.io", True),
         ("get", "secrets", False),
         ("list", "secrets", False),

@@ -177,8 +177,19 @@ def test_reconciles_example_to_ready(crd, operator, namespace):
     assert routing["pools"]["batch"]["service"] == "assistant-batch"
     # kubectl get shows the printer columns.
     table = crd.kubectl("get", "sd", "assistant", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "LATENCY", "BATCH", "K", "READY", "PROGRESSING", "ACCEPTANCE", "AGE"]
-    assert table[1].split()[:6] == ["assistant", "On", "On", "3", "True", "False"]
+    assert table[0].split() == [
+        "NAME",
+        "LATENCY",
+        "BATCH",
+        "K",
+        "BATCH-K",
+        "READY",
+        "PROGRESSING",
+        "ACCEPTANCE",
+        "AGE",
+    ]
+    assert table[1].split()[:7] == ["assistant", "On", "On", "3", "3", "True", "False"]
+    assert sd["status"]["pools"]["batch"]["k"] == 3
     # The spec the user wrote is untouched (GitOps sees no drift): no manager but kubectl owns spec.
     full = json.loads(
         crd.kubectl("get", "sd", "assistant", "-n", namespace, "-o", "json", "--show-managed-fields").stdout
@@ -375,3 +386,87 @@ def test_a_pool_the_scheduler_cannot_place_says_why(crd, operator, namespace):
         lambda: not json.loads(crd.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"],
         timeout=90,
     )
+
+
+def test_a_drafter_that_does_not_fit_stops_the_pool_with_drafter_incompatible(crd, operator, namespace):
+    # kwok plays the pods, so the preflight init container does not really run: the kubelet's report of
+    # its failure (the preflight's own stderr as the termination message) is written as the pod status.
+    patch = {
+        "spec": {
+            "pools": {"latency": {"replicas": 1}, "batch": {"replicas": 1}},
+            "policy": {"reentry": {"canaryReplicas": 0}},
+        }
+    }
+    _apply(crd, _manifest(namespace, patch))
+    _ready(crd, namespace)
+    pods = json.loads(
+        crd.kubectl("get", "pods", "-n", namespace, "-l", "specfleet.io/pool=latency", "-o", "json").stdout
+    )["items"]
+    (pod,) = pods
+    init = pod["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["drafter-preflight"]
+    assert init[0]["command"] == ["python", "-m", "specfleet_runtime.drafter_preflight"]
+    line = (
+        "DrafterIncompatible: hidden size: the drafter's target_hidden_size is 8192, "
+        "the target's hidden_size is 4096"
+    )
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status = {
+        "status": {
+            "conditions": [
+                {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized", "lastTransitionTime": now},
+                {"type": "Ready", "status": "False", "reason": "ContainersNotInitialized", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": "False", "reason": "ContainersNotInitialized", "lastTransitionTime": now},
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            ],
+            "initContainerStatuses": [
+                {
+                    "name": "drafter-preflight",
+                    "image": init[0]["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 1,
+                    "started": False,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}},
+                    "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": line + "\n", "startedAt": now, "finishedAt": now}},
+                }
+            ],
+            "containerStatuses": [
+                {
+                    "name": "vllm",
+                    "image": pod["spec"]["containers"][0]["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {"waiting": {"reason": "PodInitializing"}},
+                }
+            ],
+        }
+    }  # fmt: skip
+    crd.kubectl(
+        "patch",
+        "pod",
+        pod["metadata"]["name"],
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(status),
+    )
+    ready = wait_for(
+        "Ready=False with reason DrafterIncompatible",
+        lambda: (
+            (c := _conditions(_get(crd, "sd", "assistant", namespace)).get("Ready", {})).get("reason")
+            == "DrafterIncompatible"
+            and c
+        ),
+        timeout=120,
+    )
+    assert (
+        "the drafter does not fit the target: hidden size: the drafter's target_hidden_size is 8192"
+        in (ready["message"])
+    )
+    assert "latency" in ready["message"]
+    assert "PoolNotReady" in events_by_time(crd.kubectl, namespace)

@@ -321,6 +321,100 @@ def test_content_shift_turns_speculation_off_with_that_reason(env):
     assert stats.failed == 0, stats.errors
 
 
+RETRAIN_TEMPLATE = {
+    "metadata": {"labels": {"team": "ml"}},
+    "spec": {
+        "containers": [
+            {"name": "train", "image": "registry.example/eagle-trainer:1", "args": ["--epochs", "1"]}
+        ]
+    },
+}
+
+
+def _retrain_jobs(env: Env, name: str) -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=retrain"
+    out = env.kubectl("get", "jobs", "-n", env.namespace, "-l", selector, "-o", "json").stdout
+    jobs: list[dict[str, Any]] = json.loads(out)["items"]
+    return jobs
+
+
+def test_acceptance_drift_sets_the_condition_and_starts_one_retrain_job(env):
+    # Baseline from three 6 s windows; 15% below it for 4 s is drift; one retrain Job per hour.
+    patch = {
+        "spec": {
+            "policy": {
+                "acceptanceDrift": {
+                    "thresholdPercent": 15,
+                    "forSeconds": 4,
+                    "baselineSamples": 3,
+                    "baselineRefreshSeconds": 3600,
+                }
+            },
+            "drafter": {"retrain": {"periodSeconds": 3600, "template": RETRAIN_TEMPLATE}},
+        }
+    }
+    name = _fleet(env, "drift", patch)
+    load = LoadGenerator(env.router_url(name), "llama", max_tokens=48).start(concurrency=2)
+    try:
+        _wait_metrics(env, name)
+        baseline = wait_for(
+            "an acceptance baseline near the emulators' (0.68, 0.39, 0.2)",
+            lambda: (b := _latency(env, name).get("acceptanceBaseline")) and b,
+            timeout=90,
+        )
+        assert env.conditions(name)["AcceptanceDrift"]["status"] == "False"
+        assert _retrain_jobs(env, name) == []
+        # The usage shifts: 1.68 tokens per step instead of 2.27, still above the stop value (1.40), so
+        # the pool keeps speculating and measuring.
+        env.runner.set_acceptance([0.4, 0.2, 0.08])
+        drift = wait_for(
+            "AcceptanceDrift=True",
+            lambda: (c := env.conditions(name).get("AcceptanceDrift", {})).get("status") == "True" and c,
+            timeout=90,
+        )
+        assert drift["reason"] == "AcceptanceBelowBaseline"
+        assert drift["message"].startswith("latency: acceptance length ")
+        (job,) = wait_for("the retrain Job", lambda: _retrain_jobs(env, name), timeout=30)
+        owners = job["metadata"]["ownerReferences"]
+        assert [(o["kind"], o["name"]) for o in owners] == [("SpeculativeDeployment", name)]
+        pod = job["spec"]["template"]
+        assert pod["metadata"]["labels"]["team"] == "ml"
+        environment = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+        assert environment["SPECFLEET_POOL"] == "latency"
+        assert environment["SPECFLEET_MODEL"] == env.sd(name)["spec"]["model"]["name"]
+        assert environment["SPECFLEET_DRAFTER"] == env.sd(name)["spec"]["drafter"]["model"]
+        base, current = (
+            float(environment["SPECFLEET_BASELINE_ACCEPTANCE_LENGTH"]),
+            float(environment["SPECFLEET_CURRENT_ACCEPTANCE_LENGTH"]),
+        )
+        assert 1.9 < base < 2.5, baseline
+        assert 1.4 < current < 1.9
+        assert float(environment["SPECFLEET_DRIFT_PERCENT"]) > 15
+        status = _latency(env, name)
+        assert status["lastRetrainJob"] == job["metadata"]["name"]
+        # The drift lasts: no second Job within the period.
+        time.sleep(10)
+        assert [j["metadata"]["name"] for j in _retrain_jobs(env, name)] == [job["metadata"]["name"]]
+        assert _latency(env, name)["lastRetrainTime"] == status["lastRetrainTime"]
+        events = events_by_time(env.cluster.kubectl, env.namespace)
+        assert "RetrainJobCreated" in events
+        assert "AcceptanceBaselineSet" in events
+        # The operator's gauge, scraped by Prometheus, says the same.
+        assert env.prometheus is not None
+        scraped = wait_for(
+            "the drift gauge in Prometheus",
+            lambda: env.prometheus.query(
+                f'specfleet_pool_acceptance_drift_percent{{name="{name}",pool="latency"}} > 15'
+            ),
+            timeout=30,
+        )
+        assert len(scraped) == 1
+    finally:
+        stats = load.stop()
+        env.runner.set_acceptance(PUBLISHED_ACCEPTANCE)
+    assert stats.failed == 0, stats.errors
+
+
 def test_every_dashboard_panel_has_data_after_load(env):
     """Each panel's PromQL, with Grafana's variables set to this resource, returns data from the real
     Prometheus (engines, router and the operator's own metrics) while load runs."""

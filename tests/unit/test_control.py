@@ -211,6 +211,17 @@ def test_goodput_retune_rolls_out_the_chosen_k(world):
     assert any(e.reason == "SpeculationRetuned" for e in outcome.events)
 
 
+def _until_baseline(cluster, clock, controller):
+    """Evaluate until the acceptance baseline is set: it takes its samples first, one per window, each
+    written (policy/drift.py), so measurements are steady only after it."""
+    for _ in range(200):
+        if _status(cluster)["pools"]["latency"].get("acceptanceBaseline"):
+            return
+        clock.advance(5)
+        controller.evaluate_policy("default", "llama")
+    raise AssertionError("no acceptance baseline after 1000 s")
+
+
 def test_the_same_measurement_again_writes_nothing(world):
     cluster, prom, clock, controller = world
     controller.reconcile_object("default", "llama")
@@ -218,6 +229,7 @@ def test_the_same_measurement_again_writes_nothing(world):
     controller.reconcile_object("default", "llama")
     prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=4.0)
     assert controller.evaluate_policy("default", "llama").status_written
+    _until_baseline(cluster, clock, controller)
     before = copy.deepcopy(_status(cluster))
     # Flat load for well past the measurement write period and the acceptance refresh period: the
     # trend samples and refreshed times stay in the operator's memory, status is not written.
@@ -275,9 +287,13 @@ def test_a_jitter_in_the_last_digits_is_not_written(world):
     controller.reconcile_object("default", "llama")
     prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=40.0)
     controller.evaluate_policy("default", "llama")
+    _until_baseline(cluster, clock, controller)
     # Rates over a window move a little from one evaluation to the next: 41 running, 2.41 accepted.
     prom.set_pool("latency", drafts=10.0, accepted=14.1, per_pos=[0.81, 0.4, 0.2], running=41.0)
     for _ in range(3 * MEASUREMENT_WRITE_EVALUATIONS):
         clock.advance(5)
-        assert not controller.evaluate_policy("default", "llama").status_written
+        before = copy.deepcopy(_status(cluster))
+        if controller.evaluate_policy("default", "llama").status_written:
+            after = _status(cluster)
+            raise AssertionError({k: (before[k], after[k]) for k in after if before.get(k) != after[k]})
     assert _status(cluster)["pools"]["latency"]["runningPerReplica"] == "40"

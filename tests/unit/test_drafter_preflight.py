@@ -119,3 +119,14 @@ def test_hugging_face_ids_resolve_in_the_cache(tmp_path):
     assert resolve_checkpoint("org/drafter", tmp_path) == repo / "snapshots" / "abc123"
     with pytest.raises(FileNotFoundError, match="no snapshot"):
         resolve_checkpoint("org/drafter", tmp_path, revision="v2")
+
+
+def test_skip_missing_passes_a_checkpoint_not_downloaded_yet_but_still_checks_cached_ones(tmp_path, capsys):
+    # The init container runs before vLLM has downloaded anything into an empty cache: nothing to check.
+    _write(tmp_path / "target", TARGET)
+    args = ["--method", "eagle3", "--target", str(tmp_path / "target"), "--cache-dir", str(tmp_path)]
+    assert main([*args, "--drafter", "org/absent", "--skip-missing"]) == 0
+    assert "not checked: org/absent: no snapshot" in capsys.readouterr().out
+    _write(tmp_path / "wide", {**EAGLE3, "target_hidden_size": 512})
+    assert main([*args, "--drafter", str(tmp_path / "wide"), "--skip-missing"]) == 1
+    assert "DrafterIncompatible: hidden size" in capsys.readouterr().err

@@ -258,3 +258,20 @@ def test_no_prune_without_a_spec_change(cluster):
     assert "assistant-left-over" in _names(cluster, "Service"), (
         "a resync with the same generation lists nothing"
     )
+
+
+def test_status_k_is_what_each_pool_drafts_now(cluster):
+    # kubectl's K column reads status.pools.<pool>.k: the policy's K where it chose one, else the drafter's,
+    # 0 for a pool that does not speculate.
+    status = {
+        "pools": {
+            "latency": {"speculation": "On", "numSpeculativeTokens": 2},
+            "batch": {"speculation": "Off"},
+        }
+    }
+    result = reconcile(_body(status=status), cluster, NOW)
+    assert result.status["pools"]["latency"]["k"] == 2
+    assert result.status["pools"]["batch"]["k"] == 0
+    on = {"pools": {"latency": {"speculation": "On"}, "batch": {"speculation": "On"}}}
+    result = reconcile(_body(status=on), cluster, NOW)
+    assert [result.status["pools"][p]["k"] for p in ("latency", "batch")] == [3, 3]

@@ -190,3 +190,44 @@ def test_pod_monitor_only_when_asked():
 def test_pdb_defaults_to_one_disruption():
     pdb = _by_key(render_children(_sd(), ON))[("PodDisruptionBudget", "assistant-latency")]
     assert pdb["spec"]["minAvailable"] == 2
+
+
+def test_drafter_preflight_runs_before_every_engine_that_loads_a_drafter():
+    from specfleet.render.common import RenderOptions
+
+    options = RenderOptions(router_image="registry.example/specfleet:9.9")
+    children = _by_key(render_children(_sd(), plan_of({"latency": "On", "batch": "Off"}), options))
+    latency = children[("Deployment", "assistant-latency")]["spec"]["template"]["spec"]
+    (init,) = latency["initContainers"]
+    assert init["name"] == "drafter-preflight"
+    # The operator's image carries specfleet_runtime; the vLLM image does not.
+    assert init["image"] == "registry.example/specfleet:9.9"
+    assert init["command"] == ["python", "-m", "specfleet_runtime.drafter_preflight"]
+    assert init["args"] == [
+        "--method",
+        "eagle3",
+        "--target",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--drafter",
+        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        "--cache-dir",
+        "/root/.cache/huggingface",
+        "--skip-missing",
+        "--target-revision",
+        "main",
+    ]
+    # It reads the engine's own model cache volume, and its stderr becomes the termination message.
+    assert init["volumeMounts"] == [{"name": "model-cache", "mountPath": "/root/.cache/huggingface"}]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}} in latency["volumes"]
+    assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert (
+        init["securityContext"]
+        == _container(children[("Deployment", "assistant-latency")])["securityContext"]
+    )
+    # Pods that load no drafter (a pool that is off) and methods without a checkpoint get none.
+    batch = children[("Deployment", "assistant-batch")]["spec"]["template"]["spec"]
+    assert "initContainers" not in batch
+    canary = children[("Deployment", "assistant-batch-canary")]["spec"]["template"]["spec"]
+    assert [c["name"] for c in canary["initContainers"]] == ["drafter-preflight"]
+    ngram = render_children(_sd(ROOT / "examples" / "03-ngram.yaml"), ON)
+    assert not any("initContainers" in c.get("spec", {}).get("template", {}).get("spec", {}) for c in ngram)

@@ -116,6 +116,36 @@ def _non_overlapping(ranges: list[DynamicScheduleRange] | None) -> bool:
     )
 
 
+class RetrainTemplate(ApiModel):
+    """The pod of a retrain Job: a Kubernetes PodTemplateSpec (metadata and spec)."""
+
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="Labels and annotations of the retrain pod (ObjectMeta)."
+    )
+    spec: dict[str, Any] = Field(
+        description="The retrain pod's PodSpec (containers, volumes, ...). restartPolicy defaults to Never; "
+        "every container gets the observed numbers as SPECFLEET_* environment variables."
+    )
+
+
+class RetrainSpec(ApiModel):
+    """Start a drafter retraining Job from your own pod template when a pool's acceptance drifts."""
+
+    template: RetrainTemplate = Field(
+        description="Pod template of the Job. Its containers receive SPECFLEET_POOL, SPECFLEET_MODEL, "
+        "SPECFLEET_DRAFTER, SPECFLEET_BASELINE_ACCEPTANCE_LENGTH, SPECFLEET_CURRENT_ACCEPTANCE_LENGTH, "
+        "SPECFLEET_DRIFT_PERCENT (and the per-position values, the resource's namespace and name)."
+    )
+    period_seconds: int = Field(
+        default=86400,
+        ge=600,
+        le=31536000,
+        description="At most one retrain Job per pool in this period; the last start is in "
+        "status.pools.<pool>.lastRetrainTime. A finished Job is kept for one period.",
+    )
+    backoff_limit: int = Field(default=0, ge=0, le=10, description="Retries of a failed retrain pod.")
+
+
 class DrafterSpec(ApiModel):
     """How tokens are drafted: vLLM's `--speculative-config`, used by pools while speculation is on."""
 
@@ -204,6 +234,11 @@ class DrafterSpec(ApiModel):
         max_length=MAX_SCHEDULE_RANGES,
         description="vLLM Dynamic SD: K per batch-size range, chosen per step inside the engine. "
         "Starts at batch 1, ranges do not overlap, K <= numSpeculativeTokens.",
+    )
+    retrain: RetrainSpec | None = Field(
+        default=None,
+        description="Run a Job from this template when a pool's acceptance drifts below its baseline for "
+        "policy.acceptanceDrift.forSeconds (at most once per periodSeconds).",
     )
 
 
@@ -652,6 +687,42 @@ class Reentry(ApiModel):
     )
 
 
+class AcceptanceDrift(ApiModel):
+    """Each Auto pool's acceptance baseline, and when a fall below it counts as drift.
+
+    The baseline is the per-position median of the first `baselineSamples` measured windows; it is
+    measured again only every `baselineRefreshSeconds` and only while the pool is not drifting, so it
+    never follows a falling acceptance down. Drift compares the mean acceptance length over the
+    positions both measured (a lower K does not read as drift).
+    """
+
+    threshold_percent: int = Field(
+        default=20,
+        ge=1,
+        le=99,
+        description="Acceptance this many percent below the baseline is drift (condition AcceptanceDrift).",
+    )
+    for_seconds: int = Field(
+        default=900,
+        ge=0,
+        le=604800,
+        description="How long drift must last before AcceptanceDrift turns True (and a retrain may start).",
+    )
+    baseline_samples: int = Field(
+        default=10,
+        ge=1,
+        le=32,
+        description="Measured windows (policy.windowSeconds apart) whose per-position median becomes the "
+        "baseline.",
+    )
+    baseline_refresh_seconds: int = Field(
+        default=604800,
+        ge=3600,
+        le=31536000,
+        description="Age after which the baseline is measured again (only while the pool is not drifting).",
+    )
+
+
 class PolicySpec(ApiModel):
     """When the operator turns speculation on or off for Auto pools."""
 
@@ -693,6 +764,9 @@ class PolicySpec(ApiModel):
         "surge pod that finds no free GPU) is reverted, with reason RolloutFailed.",
     )
     reentry: Reentry = Field(default_factory=Reentry, description="Re-entry into speculation.")
+    acceptance_drift: AcceptanceDrift = Field(
+        default_factory=AcceptanceDrift, description="Acceptance baseline and drift of each Auto pool."
+    )
 
 
 class AlertSpec(ApiModel):
@@ -847,6 +921,11 @@ class PoolStatus(StatusModel):
         description="K the pool drafts while speculating, when the Goodput policy chose one below "
         "drafter.numSpeculativeTokens (unset: the drafter's K).",
     )
+    k: int | None = Field(
+        default=None,
+        description="Tokens the pool's engines draft per step now: the policy's K or "
+        "drafter.numSpeculativeTokens while the pool speculates, 0 while it does not (kubectl's K column).",
+    )
     acceptance_length: str | None = Field(
         default=None, description="Last measured mean acceptance length (tokens per step), as text."
     )
@@ -898,6 +977,44 @@ class PoolStatus(StatusModel):
     rollout: PoolRollout | None = Field(
         default=None, description="The policy's last change of the pool and how its rollout went."
     )
+    acceptance_baseline: str | None = Field(
+        default=None,
+        description="Baseline cumulative acceptance per draft position, comma-separated (see "
+        "policy.acceptanceDrift).",
+    )
+    acceptance_baseline_time: str | None = Field(
+        default=None, description="When the baseline was set (RFC 3339)."
+    )
+    acceptance_baseline_drafter: str | None = Field(
+        default=None,
+        description="The drafter (method:model) the baseline was measured with; another drafter in the "
+        "spec starts a new baseline.",
+    )
+    acceptance_baseline_samples: list[str] | None = Field(
+        default=None,
+        max_length=32,
+        description="Measurements collected for the next baseline, as 'RFC3339=p1,p2,...'.",
+    )
+    acceptance_drift_percent: str | None = Field(
+        default=None,
+        description="How far the last measured acceptance length is below the baseline's, in percent "
+        "(negative: above), as text.",
+    )
+    acceptance_drift_positions: int | None = Field(
+        default=None, description="Draft positions that comparison covered (those both measured)."
+    )
+    acceptance_compared_length: str | None = Field(
+        default=None,
+        description="The last measured mean acceptance length over those positions (what drift compares "
+        "with the baseline), as text.",
+    )
+    acceptance_drift_since: str | None = Field(
+        default=None, description="Since when drift has exceeded policy.acceptanceDrift.thresholdPercent."
+    )
+    last_retrain_time: str | None = Field(
+        default=None, description="When the last drafter retrain Job of this pool was created (RFC 3339)."
+    )
+    last_retrain_job: str | None = Field(default=None, description="Name of that Job.")
 
 
 class PoolStatuses(StatusModel):

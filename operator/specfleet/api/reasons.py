@@ -10,6 +10,7 @@ PROGRESSING: Final = "Progressing"
 DEGRADED: Final = "Degraded"
 METRICS_AVAILABLE: Final = "MetricsAvailable"
 SPECULATION_SETTLED: Final = "SpeculationSettled"
+ACCEPTANCE_DRIFT: Final = "AcceptanceDrift"
 
 # Reasons.
 RECONCILED: Final = "Reconciled"
@@ -22,6 +23,8 @@ CONTAINER_CONFIG_ERROR: Final = "ContainerConfigError"
 CRASH_LOOP: Final = "CrashLoopBackOff"
 OOM_KILLED: Final = "OOMKilled"
 PROGRESS_DEADLINE_EXCEEDED: Final = "ProgressDeadlineExceeded"
+# The drafter preflight (the engine pod's init container) found the drafter does not fit the target.
+DRAFTER_INCOMPATIBLE: Final = "DrafterIncompatible"
 ROLLING_OUT: Final = "RollingOut"
 ROLLOUT_COMPLETE: Final = "RolloutComplete"
 INVALID_SPEC: Final = "InvalidSpec"
@@ -33,6 +36,9 @@ METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
 NO_AUTO_POOLS: Final = "NoAutoPools"
 POOLS_SETTLED: Final = "PoolsSettled"
 POOLS_TRANSITIONING: Final = "PoolsTransitioning"
+# AcceptanceDrift condition reasons.
+ACCEPTANCE_BELOW_BASELINE: Final = "AcceptanceBelowBaseline"
+ACCEPTANCE_NEAR_BASELINE: Final = "AcceptanceNearBaseline"
 
 # Event reasons.
 EVENT_APPLIED: Final = "ChildrenApplied"
@@ -47,6 +53,11 @@ EVENT_SPECULATION_RETUNED: Final = "SpeculationRetuned"
 EVENT_METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
 EVENT_ROLLOUT_FAILED: Final = "RolloutFailed"
 EVENT_CANARIES_SCALED: Final = "CanariesScaled"
+EVENT_ACCEPTANCE_BASELINE: Final = "AcceptanceBaselineSet"
+EVENT_ACCEPTANCE_DRIFT: Final = "AcceptanceDrift"
+EVENT_ACCEPTANCE_RECOVERED: Final = "AcceptanceRecovered"
+EVENT_RETRAIN_CREATED: Final = "RetrainJobCreated"
+EVENT_RETRAIN_FAILED: Final = "RetrainJobFailed"
 
 # Policy decision reasons (status history, pool status `reason`, Events, the decisions metric).
 # Holds: a gate is closed.

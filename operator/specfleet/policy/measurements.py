@@ -27,6 +27,9 @@ MEASUREMENT_FIELDS = (
     "per_position_acceptance",
     "acceptance_measured_at",
     "per_position_measured_at",
+    # Derived from the acceptance measured now (policy/drift.py): they move with it.
+    "acceptance_drift_percent",
+    "acceptance_compared_length",
 )
 # The measured numbers themselves: a change in one of these is worth showing in status (eventually).
 # Times and the trend samples change at every evaluation and are kept in memory between writes.

@@ -55,6 +55,8 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("keda.sh/v1alpha1", "ScaledObject"),
+    # Drafter retrain Jobs (render.retrain): created by the policy when drift lasts, not on every render.
+    ("batch/v1", "Job"),
 )
 
 
@@ -98,12 +100,20 @@ def render_children(
         children += [
             render_pool_service(sd, pool),
             render_pool_pdb(sd, pool),
-            render_pool_deployment(sd, pool, plan[pool].mode, k=plan[pool].k, canaries=plan[pool].canaries),
+            render_pool_deployment(
+                sd, pool, plan[pool].mode, k=plan[pool].k, canaries=plan[pool].canaries, options=options
+            ),
         ]
         if canary_replicas(sd, pool) is not None:
             children.append(
                 render_pool_deployment(
-                    sd, pool, plan[pool].mode, track="canary", k=plan[pool].k, canaries=plan[pool].canaries
+                    sd,
+                    pool,
+                    plan[pool].mode,
+                    track="canary",
+                    k=plan[pool].k,
+                    canaries=plan[pool].canaries,
+                    options=options,
                 )
             )
         autoscaler = render_pool_autoscaler(sd, pool)

@@ -6,9 +6,9 @@ from typing import Any
 
 from specfleet.api.constants import LABEL_SPECULATION, LABEL_TRACK
 from specfleet.api.effective import PoolEngine, pool_engine
-from specfleet.api.models import DrafterSpec, PoolName, SpeculationMode
+from specfleet.api.models import METHODS_NEEDING_MODEL, DrafterSpec, PoolName, SpeculationMode
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.render.common import Manifest, metadata, pool_name, selector_labels
+from specfleet.render.common import Manifest, RenderOptions, metadata, pool_name, selector_labels
 from specfleet_runtime.vllm_args import (
     VLLM_PORT,
     VLLM_SERVER_MODULE,
@@ -171,6 +171,40 @@ def _probes(sd: SpeculativeDeployment) -> dict[str, Any]:
     }
 
 
+PREFLIGHT_CONTAINER = "drafter-preflight"
+PREFLIGHT_MODULE = "specfleet_runtime.drafter_preflight"
+
+
+def preflight_init_container(sd: SpeculativeDeployment, options: RenderOptions) -> dict[str, Any] | None:
+    """The drafter compatibility check, run before vLLM starts in every pod that loads a drafter.
+
+    It reads both checkpoints' config.json from the model cache the engine uses (the operator's image,
+    which carries specfleet_runtime); a mismatch fails the init container with one
+    `DrafterIncompatible: <field> ...` line per difference, which the operator reports as the pool's
+    Ready reason. A checkpoint not in the cache yet (vLLM downloads it at start) is not checked.
+    """
+    drafter = sd.spec.drafter
+    if drafter.method not in METHODS_NEEDING_MODEL or drafter.model is None:
+        return None
+    args = ["--method", drafter.method, "--target", sd.spec.model.name, "--drafter", drafter.model]
+    args += ["--cache-dir", sd.spec.engine.model_cache.mount_path, "--skip-missing"]
+    if sd.spec.model.revision:
+        args += ["--target-revision", sd.spec.model.revision]
+    return {
+        "name": PREFLIGHT_CONTAINER,
+        "image": sd.spec.routing.router.image or options.router_image,
+        "imagePullPolicy": sd.spec.engine.image_pull_policy,
+        "command": ["python", "-m", PREFLIGHT_MODULE],
+        "args": args,
+        "env": [{"name": "HF_HOME", "value": sd.spec.engine.model_cache.mount_path}],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "volumeMounts": [{"name": "model-cache", "mountPath": sd.spec.engine.model_cache.mount_path}],
+        # A failing check's stderr (its DrafterIncompatible lines) becomes the terminated state's message.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _container_security(sd),
+    }
+
+
 def canary_replicas(sd: SpeculativeDeployment, pool: PoolName, decided: int | None = None) -> int | None:
     """Replicas of the pool's canary Deployment while the pool is off, or None when it has none.
 
@@ -195,6 +229,7 @@ def render_pool_deployment(
     track: str = "stable",
     k: int | None = None,
     canaries: int | None = None,
+    options: RenderOptions | None = None,
 ) -> Manifest:
     """The pool's Deployment of vLLM servers, with or without --speculative-config.
 
@@ -252,6 +287,9 @@ def render_pool_deployment(
         "volumes": _volumes(sd),
         "terminationGracePeriodSeconds": spec.engine.termination_grace_period_seconds,
     }
+    preflight = preflight_init_container(sd, options or RenderOptions()) if mode == "On" else None
+    if preflight is not None:
+        pod_spec["initContainers"] = [preflight]
     if eng.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(eng.node_selector.items()))
     if eng.tolerations:
