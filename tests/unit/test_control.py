@@ -212,8 +212,7 @@ def test_goodput_retune_rolls_out_the_chosen_k(world):
 
 
 def _until_baseline(cluster, clock, controller):
-    """Evaluate until the acceptance baseline is set: it takes its samples first, one per window, each
-    written (policy/drift.py), so measurements are steady only after it."""
+    """Evaluate until the acceptance baseline is set (policy/drift.py): setting it is a write."""
     for _ in range(200):
         if _status(cluster)["pools"]["latency"].get("acceptanceBaseline"):
             return

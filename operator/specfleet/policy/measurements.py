@@ -30,6 +30,9 @@ MEASUREMENT_FIELDS = (
     # Derived from the acceptance measured now (policy/drift.py): they move with it.
     "acceptance_drift_percent",
     "acceptance_compared_length",
+    # The windows the acceptance baseline is being taken from (one per window until it is set; the
+    # baseline itself is written when set). A restart starts collecting again.
+    "acceptance_baseline_samples",
 )
 # The measured numbers themselves: a change in one of these is worth showing in status (eventually).
 # Times and the trend samples change at every evaluation and are kept in memory between writes.
