@@ -61,6 +61,8 @@ class RouterSettings:
     body_timeout: float = 30.0
     # A connection with no complete request head for this long (idle, or slow headers) is closed.
     idle_timeout: float = 15.0
+    # A client that takes no byte of its answer for this long is dropped (and its engine leg closed).
+    write_timeout: float = 30.0
     # Open client connections; beyond it new ones get a 503 and are closed. 0: no cap.
     max_connections: int = 4096
     # 0 means no cap; above the cap the router answers 429.
@@ -118,6 +120,7 @@ class Router:
         self.errors_log = RateLimitedLog(log)
         self.in_flight = 0
         self.draining = False
+        self.server: GuardedServer | None = None
         self._created = int(time.time())
         self._handlers = {
             Route.MODELS: self._models,
@@ -349,16 +352,18 @@ class Router:
 
     def make_server(self) -> GuardedServer:
         """The HTTP server for this router (see `server`); a client that hangs up cancels its handler."""
-        return GuardedServer(
+        self.server = GuardedServer(
             self.handle,
             metrics=self.metrics,
             max_connections=self.settings.max_connections,
+            write_timeout=self.settings.write_timeout,
             handler_cancellation=True,
             keepalive_timeout=self.settings.idle_timeout,
             max_line_size=self.settings.max_header_bytes,
             max_field_size=self.settings.max_header_bytes,
             access_log=None,
         )
+        return self.server
 
 
 def _log_task_end(task: asyncio.Task[Any]) -> None:

@@ -47,7 +47,8 @@ class RouterMetrics:
         self.protocol_errors = Counter(
             "specfleet_router_protocol_errors",
             "Connections or requests refused before a request existed (bad request line, oversized "
-            "headers, bad Content-Length, connection cap, slow client), by reason.",
+            "headers, bad Content-Length, connection cap, slow client) or dropped because the client read "
+            "nothing for --write-timeout (write_timeout), by reason.",
             ["reason"],
             registry=r,
         )
