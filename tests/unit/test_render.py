@@ -190,3 +190,15 @@ def test_pod_monitor_only_when_asked():
 def test_pdb_defaults_to_one_disruption():
     pdb = _by_key(render_children(_sd(), ON))[("PodDisruptionBudget", "assistant-latency")]
     assert pdb["spec"]["minAvailable"] == 2
+
+
+def test_cpu_limit_only_when_asked():
+    deploy = _by_key(render_children(_sd(), ON))[("Deployment", "assistant-latency")]
+    resources = _container(deploy)["resources"]
+    assert resources["requests"]["cpu"] == "8"
+    assert "cpu" not in resources["limits"]
+    patch = {"spec": {"engine": {"resources": {"gpus": 1, "cpu": "8", "cpuLimit": "12", "memory": "64Gi"}}}}
+    deploy = _by_key(render_children(_sd(patch=patch), ON))[("Deployment", "assistant-latency")]
+    resources = _container(deploy)["resources"]
+    assert resources["requests"]["cpu"] == "8"
+    assert resources["limits"] == {"nvidia.com/gpu": 1, "cpu": "12", "memory": "64Gi"}
