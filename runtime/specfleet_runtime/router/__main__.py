@@ -27,6 +27,7 @@ from specfleet_runtime.router.sources import (
     ConfigSource,
     KubeSliceWatchFactory,
 )
+from specfleet_runtime.router.workers import auto_workers, supervise
 
 log = logging.getLogger("specfleet_runtime.router")
 
@@ -117,6 +118,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="rewrite EndpointSlice addresses, keeping host bits (test beds: 10.0.0.0/8=127.0.0.0/8)",
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="router processes sharing the port (SO_REUSEPORT); default: the pod's CPU count (its CPU "
+        "limit, else the CPUs it may run on), at most 4. Each worker keeps its own least-outstanding "
+        "counts; connection, in-flight and body-byte caps are divided among them",
+    )
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
         "--event-loop",
         choices=["auto", "uvloop", "asyncio"],
         default="auto",
@@ -179,13 +189,13 @@ def build_router(args: argparse.Namespace) -> Router:
     return Router(settings, config_source, slice_watches, metrics)
 
 
-async def serve(router: Router, host: str, port: int) -> None:
+async def serve(router: Router, host: str, port: int, reuse_port: bool = False) -> None:
     """Run until SIGTERM/SIGINT, then stop accepting and drain in-flight requests."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with serve_router(router, host, port):
+    async with serve_router(router, host, port, reuse_port=reuse_port):
         await stop.wait()
         log.info("signal received: no new connections, draining for up to %gs", router.settings.drain_seconds)
     log.info("router stopped")
@@ -211,11 +221,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    workers = args.workers if args.workers is not None else auto_workers()
+    if workers > 1:
+        if args.port == 0:
+            raise SystemExit("--workers above 1 needs a fixed --port")
+        caps = {
+            "--max-connections": args.max_connections,
+            "--max-in-flight": args.max_in_flight,
+            "--max-bytes-in-flight": args.max_bytes_in_flight,
+        }
+        raise SystemExit(supervise(list(sys.argv[1:] if argv is None else argv), workers, caps))
     factory, loop_name = loop_factory(args.event_loop)
     log.info("event loop: %s", loop_name)
     router = build_router(args)
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(router, args.host, args.port))
+        runner.run(serve(router, args.host, args.port, reuse_port=args.reuse_port))
 
 
 if __name__ == "__main__":

@@ -320,7 +320,8 @@ class Router:
     async def _metrics(self, request: web.BaseRequest, path: str) -> web.Response:
         self.metrics.segmented_clients.set(self.tracker.segmented_count())
         return web.Response(
-            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            body=generate_latest(self.metrics.scrape_registry()),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 
     def _model_card(self, name: str) -> dict[str, Any]:
@@ -375,7 +376,9 @@ def _log_task_end(task: asyncio.Task[Any]) -> None:
 
 
 @asynccontextmanager
-async def serve_router(router: Router, host: str, port: int) -> AsyncIterator[web.ServerRunner]:
+async def serve_router(
+    router: Router, host: str, port: int, reuse_port: bool = False
+) -> AsyncIterator[web.ServerRunner]:
     """Serve `router` on host:port until the block exits; then stop listening and drain.
 
     On exit the listening socket closes at once, in-flight requests (streams included) get up to
@@ -385,7 +388,7 @@ async def serve_router(router: Router, host: str, port: int) -> AsyncIterator[we
         runner = web.ServerRunner(router.make_server(), shutdown_timeout=router.settings.drain_seconds)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port)
+            site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
             await site.start()
             log.info("router listening on %s:%d", host, runner.addresses[0][1] if runner.addresses else port)
             yield runner

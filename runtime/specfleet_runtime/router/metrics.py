@@ -3,11 +3,18 @@
 A registry per router instance lets tests run several routers in one process. Labels: `class` is
 the pool a request was classified into, `pool` the pool that served it (they differ on fallback).
 Requests refused before classification carry `class="none", pool="none"`.
+
+With several worker processes (`--workers`, see `workers`) prometheus_client runs in multiprocess mode
+(PROMETHEUS_MULTIPROC_DIR set by the supervisor): counters and histograms add up over the workers,
+gauges of things held now (requests, connections, bytes) are summed over live workers, the endpoint
+count is the largest any worker sees.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
 LATENCY_BUCKETS = (
     0.001,
@@ -56,11 +63,13 @@ class RouterMetrics:
             "specfleet_router_request_bytes_in_flight",
             "Request body bytes held by the router now (capped by --max-bytes-in-flight).",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.open_connections = Gauge(
             "specfleet_router_open_connections",
             "Client connections open now (capped by --max-connections).",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.classifications = Counter(
             "specfleet_router_classifications",
@@ -87,6 +96,7 @@ class RouterMetrics:
             "Requests being proxied now.",
             ["class", "pool"],
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.reclassifications = Counter(
             "specfleet_router_reclassifications",
@@ -101,7 +111,10 @@ class RouterMetrics:
             registry=r,
         )
         self.segmented_clients = Gauge(
-            "specfleet_router_segmented_clients", "Clients currently auto-segmented as batch.", registry=r
+            "specfleet_router_segmented_clients",
+            "Clients currently auto-segmented as batch (each worker segments the clients it sees).",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.fallbacks = Counter(
             "specfleet_router_fallbacks",
@@ -123,7 +136,11 @@ class RouterMetrics:
             registry=r,
         )
         self.endpoints = Gauge(
-            "specfleet_router_endpoints", "Ready endpoints known per pool.", ["pool"], registry=r
+            "specfleet_router_endpoints",
+            "Ready endpoints known per pool.",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livemax",
         )
         self.watch_errors = Counter(
             "specfleet_router_watch_errors",
@@ -137,3 +154,12 @@ class RouterMetrics:
             ["result"],
             registry=r,
         )
+
+    def scrape_registry(self) -> CollectorRegistry:
+        """What /metrics exports: this registry, or every worker's samples in multiprocess mode."""
+        path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not path:
+            return self.registry
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
+        return registry

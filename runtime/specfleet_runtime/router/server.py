@@ -191,13 +191,15 @@ class GuardedServer(web.Server):
         self.errors_log = RateLimitedLog(log)
         # Connections accepted and not yet lost (aiohttp's own list keeps a closed one until its task ends).
         self.open_count = 0
-        metrics.open_connections.set_function(lambda: self.open_count)
+        self._gauge = metrics.open_connections
 
     def opened(self) -> None:
         self.open_count += 1
+        self._gauge.inc()
 
     def closed(self) -> None:
         self.open_count -= 1
+        self._gauge.dec()
 
     def __call__(self) -> RequestHandler:
         return GuardedRequestHandler(self, loop=self._loop, **self._kwargs)
