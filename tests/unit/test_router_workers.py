@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,32 @@ def test_worker_command_divides_the_caps_and_reads_the_cgroup_limit(tmp_path: Pa
     assert cpu_count(cpu_max) == min(2, cpu_count(tmp_path / "absent"))
     cpu_max.write_text("max 100000\n")
     assert cpu_count(cpu_max) == cpu_count(tmp_path / "absent")
+
+
+async def test_workers_leave_with_a_killed_supervisor(tmp_path: Path) -> None:
+    async with recording_engine() as engine:
+        config = tmp_path / "routing.json"
+        config.write_text(json.dumps(routing([engine.url], [])))
+        port = free_port()
+        cmd = [
+            sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
+        ]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            await wait_http(f"http://127.0.0.1:{port}/readyz")
+            await asyncio.sleep(0.5)
+            proc.kill()  # no chance to stop its workers itself
+            proc.wait(10)
+            for _ in range(100):
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except ConnectionRefusedError:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("a worker kept the port after its supervisor was killed")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)

@@ -10,11 +10,13 @@ Metrics use prometheus_client's multiprocess mode: each worker writes its sample
 directory of the supervisor's (on /dev/shm, writable under a read-only root), and `/metrics` in any
 worker reads them all, so a scrape that lands on any worker sees the pod's totals. The supervisor
 forwards SIGTERM/SIGINT to the workers (each drains), exits 0 when all did, and stops them all and
-exits 1 when one dies on its own (Kubernetes restarts the pod).
+exits 1 when one dies on its own (Kubernetes restarts the pod); a supervisor killed outright takes its
+workers with it (they get SIGTERM from the kernel: PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
@@ -63,6 +65,12 @@ def worker_argv(argv: Sequence[str], workers: int, caps: dict[str, int]) -> list
     return out
 
 
+def _die_with_parent() -> None:
+    """In a worker before exec: SIGTERM it (it drains) if the supervisor dies, even by SIGKILL."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _multiproc_dir() -> str:
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     return tempfile.mkdtemp(prefix="specfleet-router-metrics-", dir=base)
@@ -90,7 +98,7 @@ def supervise(argv: Sequence[str], workers: int, caps: dict[str, int]) -> int:
     signal.signal(signal.SIGINT, forward)
     try:
         for _ in range(workers):
-            child = subprocess.Popen(cmd, env=env)
+            child = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509
             children[child.pid] = child
         log.info("router supervisor: %d worker(s) (pids %s)", workers, ", ".join(map(str, children)))
         code = 0
