@@ -27,7 +27,7 @@ from specfleet_runtime.router.sources import (
     ConfigSource,
     KubeSliceWatchFactory,
 )
-from specfleet_runtime.router.workers import auto_workers, supervise
+from specfleet_runtime.router.workers import auto_workers, metrics_dir, supervise
 
 log = logging.getLogger("specfleet_runtime.router")
 
@@ -221,16 +221,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    workers = args.workers if args.workers is not None else auto_workers()
+    if args.workers is not None and args.workers > 1 and args.port == 0:
+        raise SystemExit("--workers above 1 needs a fixed --port")
+    # A port picked by the kernel (--port 0) can only be one process's.
+    workers = args.workers if args.workers is not None else auto_workers() if args.port else 1
     if workers > 1:
-        if args.port == 0:
-            raise SystemExit("--workers above 1 needs a fixed --port")
         caps = {
             "--max-connections": args.max_connections,
             "--max-in-flight": args.max_in_flight,
             "--max-bytes-in-flight": args.max_bytes_in_flight,
         }
-        raise SystemExit(supervise(list(sys.argv[1:] if argv is None else argv), workers, caps))
+        directory = metrics_dir()
+        if directory is not None:
+            argv_list = list(sys.argv[1:] if argv is None else argv)
+            raise SystemExit(supervise(argv_list, workers, caps, directory))
     factory, loop_name = loop_factory(args.event_loop)
     log.info("event loop: %s", loop_name)
     router = build_router(args)

@@ -71,16 +71,23 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def _multiproc_dir() -> str:
+def metrics_dir() -> str | None:
+    """A fresh directory for the workers' metric files (PROMETHEUS_MULTIPROC_DIR), or None if none
+    can be made (no writable /dev/shm or temp dir): then the router runs as a single process."""
+    if os.environ.get(MULTIPROC_ENV):
+        return os.environ[MULTIPROC_ENV]
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    return tempfile.mkdtemp(prefix="specfleet-router-metrics-", dir=base)
+    try:
+        return tempfile.mkdtemp(prefix="specfleet-router-metrics-", dir=base)
+    except OSError as err:
+        log.warning("no writable directory for worker metrics (%s): running one router process", err)
+        return None
 
 
-def supervise(argv: Sequence[str], workers: int, caps: dict[str, int]) -> int:
+def supervise(argv: Sequence[str], workers: int, caps: dict[str, int], metrics_dir: str) -> int:
     """Run `workers` router processes until a signal (exit code 0) or until one dies (exit code 1)."""
     from prometheus_client import multiprocess
 
-    metrics_dir = os.environ.get(MULTIPROC_ENV) or _multiproc_dir()
     own_dir = MULTIPROC_ENV not in os.environ
     env = {**os.environ, MULTIPROC_ENV: metrics_dir}
     cmd = worker_argv(argv, workers, caps)
