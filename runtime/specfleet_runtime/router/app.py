@@ -284,7 +284,7 @@ class Router:
         started: float,
     ) -> web.StreamResponse:
         metrics = self.metrics
-        gauge = metrics.in_flight.labels(classification.pool, pools[0])
+        gauge = metrics.child(metrics.in_flight, classification.pool, pools[0])
         # What is recorded if the client goes away and the handler is cancelled.
         outcome = Outcome(CLIENT_CLOSED, pools[0], "client_closed")
         self.in_flight += 1
@@ -300,8 +300,8 @@ class Router:
             labels = (classification.pool, outcome.pool)
             if outcome.pool != classification.pool:
                 metrics.fallbacks.labels(*labels).inc()
-            metrics.requests.labels(*labels, str(outcome.status), outcome.error).inc()
-            metrics.duration.labels(*labels).observe(self.clock() - started)
+            metrics.child(metrics.requests, *labels, str(outcome.status), outcome.error).inc()
+            metrics.child(metrics.duration, *labels).observe(self.clock() - started)
 
     # ---- small handlers ---------------------------------------------------------------------------
 

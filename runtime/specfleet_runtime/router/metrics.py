@@ -13,8 +13,12 @@ count is the largest any worker sees.
 from __future__ import annotations
 
 import os
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 LATENCY_BUCKETS = (
     0.001,
@@ -42,6 +46,7 @@ class RouterMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "specfleet_router_requests",
@@ -154,6 +159,14 @@ class RouterMetrics:
             ["result"],
             registry=r,
         )
+
+    def child(self, metric: M, *labels: str) -> M:
+        """`metric.labels(*labels)`, looked up once per label set (labels() costs several µs a call)."""
+        key = (id(metric), labels)
+        found: Any = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found  # type: ignore[no-any-return]
 
     def scrape_registry(self) -> CollectorRegistry:
         """What /metrics exports: this registry, or every worker's samples in multiprocess mode."""

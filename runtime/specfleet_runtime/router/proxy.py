@@ -305,7 +305,7 @@ class Proxy:
                         502, pool, "mid_stream"
                     )
                 watch.stop()
-                self.metrics.time_to_first_byte.labels(classification.pool, pool).observe(
+                self.metrics.child(self.metrics.time_to_first_byte, classification.pool, pool).observe(
                     self.clock() - started
                 )
                 response = web.Response(
@@ -410,7 +410,7 @@ class Proxy:
                 break
             if not observed:
                 observed = True
-                self.metrics.time_to_first_byte.labels(classification.pool, pool).observe(
+                self.metrics.child(self.metrics.time_to_first_byte, classification.pool, pool).observe(
                     self.clock() - started
                 )
             try:
