@@ -2,12 +2,13 @@
 
     python benchmarks/router_bench.py [--backend emulator|fast] [--requests 500] [--concurrency 32]
                                       [--seconds 6] [--rounds 3] [--rate 200] [--cpu-requests 2000]
-                                      [--no-install]
+                                      [--routers asyncio:1,uvloop:1,uvloop:2] [--no-install]
 
 Starts two backends on 127.0.0.1 (the engine emulator at --time-scale 0, or a trivial aiohttp backend
 that answers a fixed completion), the specfleet router over both (one pool, static URLs), and
 `vllm-router` from PyPI over the same two (round robin), installed on first use into its own venv
-under ${SPECFLEET_CACHE:-~/.cache/specfleet}/bench-vllm-router. Then: a warm-up; sequential latency,
+under ${SPECFLEET_CACHE:-~/.cache/specfleet}/bench-vllm-router; one specfleet router per
+--routers entry (event loop and worker processes), so each lever is a row of the same run. Then: a warm-up; sequential latency,
 the targets taking turns request by request (at most --requests each, --seconds per target); and
 closed-loop throughput with --concurrency workers, in --rounds alternating rounds per target (together
 --seconds per target, at most 20x --requests a round), reporting the median round; in each round also
@@ -158,10 +159,42 @@ class Result:
     paced_p99_ms: float
 
 
+def thread_count(pid: int) -> int:
+    """Threads of a process now (vllm-router runs a worker thread per core; ours one event loop)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its child processes (a router's supervisor and its workers)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return [pid, *sorted(children)]
+
+
+def process_shape(pid: int) -> str:
+    """ "processes x threads": the serving processes (a supervisor's workers) and threads of each."""
+    tree = process_tree(pid)
+    workers = tree[1:] or tree
+    shape = f"{len(workers)} x {thread_count(workers[0])}"
+    return shape + " (+ supervisor)" if len(tree) > 1 else shape
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads) so far, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    """User + system CPU time of a process and its children (all threads) so far, from /proc."""
+    total = 0
+    for member in process_tree(pid):
+        fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICKS
 
 
 async def one_request(http: aiohttp.ClientSession, url: str, body: bytes = BODY) -> bool:
@@ -339,17 +372,29 @@ async def run(args: argparse.Namespace) -> None:
         config.write_text(
             json.dumps({"servedModelName": MODEL, "pools": {"latency": {"staticUrls": backends}}})
         )
-        ours = f"http://127.0.0.1:{free_port()}"
-        proc = procs.start(
-            "specfleet-router",
-            [
-                sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
-                "--host", "127.0.0.1", "--port", ours.rsplit(":", 1)[1], "--log-level", "warning",
-            ],
-        )  # fmt: skip
-        await wait_healthy(f"{ours}/readyz", proc)
-
-        targets = [("direct (backend 1)", backends[0], backend_pids[0]), ("specfleet-router", ours, proc.pid)]
+        targets = [("direct (backend 1)", backends[0], backend_pids[0])]
+        for variant in args.routers.split(","):
+            loop, _, workers = variant.partition(":")
+            workers = workers or "1"
+            ours = f"http://127.0.0.1:{free_port()}"
+            proc = procs.start(
+                f"specfleet-router-{loop}-{workers}",
+                [
+                    sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
+                    "--host", "127.0.0.1", "--port", ours.rsplit(":", 1)[1], "--log-level", "warning",
+                    "--event-loop", loop, "--workers", workers,
+                ],
+            )  # fmt: skip
+            await wait_healthy(f"{ours}/readyz", proc)
+            if int(workers) > 1:
+                await asyncio.sleep(1.0)  # every worker listening
+            targets.append(
+                (
+                    f"specfleet-router ({loop}, {workers} worker{'s' if workers != '1' else ''})",
+                    ours,
+                    proc.pid,
+                )
+            )
         binary, why = vllm_router_binary(not args.no_install)
         if binary is None:
             skipped["vllm-router"] = why
@@ -370,6 +415,7 @@ async def run(args: argparse.Namespace) -> None:
                 skipped["vllm-router"] = f"did not start: {err} (log: {log_dir}/vllm-router.log)"
 
         results = await measure(targets, args)
+        shape = {name: process_shape(pid) for name, _, pid in targets}
     finally:
         procs.stop_all()
 
@@ -384,25 +430,25 @@ async def run(args: argparse.Namespace) -> None:
         f"latency: {args.requests} sequential non-streaming completions (max_tokens 4) per target, "
         f"targets taking turns; throughput: closed loop, {args.concurrency} workers, median of "
         f"{args.rounds} alternating rounds of {args.seconds / args.rounds:g}s; CPU ms/req: the server "
-        f"process's user+system time from /proc over {args.cpu_requests} requests at concurrency 8, "
+        f"processes' (a supervisor and its workers together) user+system time from /proc over {args.cpu_requests} requests at concurrency 8, "
         f"median of {args.rounds} rounds; paced: open loop at {args.rate:g} req/s, every other request "
         "streamed (to the end of the stream), all rounds pooled\n"
     )
     print(
-        "| target | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s | CPU ms/req "
-        f"| at {args.rate:g} req/s: p50 ms | p99 ms | added p99 ms | errors |"
+        "| target | processes x threads | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s "
+        f"| CPU ms/req | at {args.rate:g} req/s: p50 ms | p99 ms | added p99 ms | errors |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         added = "-" if r is direct else f"{r.p50_ms - direct.p50_ms:+.2f}"
         added99 = "-" if r is direct else f"{r.p99_ms - direct.p99_ms:+.2f}"
         paced99 = "-" if r is direct else f"{r.paced_p99_ms - direct.paced_p99_ms:+.2f}"
         print(
-            f"| {r.target} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {added99} | {r.rps:.0f} "
+            f"| {r.target} | {shape[r.target]} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {added99} | {r.rps:.0f} "
             f"| {r.cpu_ms:.2f} | {r.paced_p50_ms:.2f} | {r.paced_p99_ms:.2f} | {paced99} | {r.errors} |"
         )
     for name, why in skipped.items():
-        print(f"| {name} | not run: {why} | | | | | |")
+        print(f"| {name} | not run: {why} | | | | | | |")
     print(f"\nlogs: {log_dir}")
 
 
@@ -416,6 +462,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="paced phase: requests per second")
     parser.add_argument(
         "--cpu-requests", type=int, default=2000, help="requests per CPU-per-request round (concurrency 8)"
+    )
+    parser.add_argument(
+        "--routers",
+        default="asyncio:1,uvloop:1,uvloop:2",
+        help="specfleet-router targets as EVENT_LOOP:WORKERS, comma-separated (--event-loop, --workers)",
     )
     parser.add_argument("--no-install", action="store_true", help="do not pip install vllm-router")
     parser.add_argument("--serve-fast-backend", type=int, metavar="PORT", help=argparse.SUPPRESS)

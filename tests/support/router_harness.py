@@ -207,6 +207,8 @@ class RecordingEngine:
     seen: list[str] = field(default_factory=list)
     admin_calls: int = 0
     gate: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when an `?endless=1` stream ends (its client, the router, went away).
+    endless_ended: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.seen.append(request.raw_path)
@@ -227,7 +229,24 @@ class RecordingEngine:
             return web.json_response({"detail": "Not Found"}, status=404)
         if request.query.get("wait"):
             await self.gate.wait()
+        if request.query.get("endless"):
+            return await self._endless(request)
+        if request.query.get("bytes"):
+            return web.Response(body=b"x" * int(request.query["bytes"]), content_type="application/json")
         return web.json_response(COMPLETION)
+
+    async def _endless(self, request: web.Request) -> web.StreamResponse:
+        """An SSE stream of 64 KiB events that ends only when its reader goes away."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        event = b"data: " + b"x" * 65536 + b"\n\n"
+        try:
+            while True:
+                await response.write(event)
+                await asyncio.sleep(0)
+        except (ConnectionError, asyncio.CancelledError):
+            self.endless_ended.set()
+            raise
 
 
 @asynccontextmanager

@@ -231,3 +231,15 @@ def test_drafter_preflight_runs_before_every_engine_that_loads_a_drafter():
     assert [c["name"] for c in canary["initContainers"]] == ["drafter-preflight"]
     ngram = render_children(_sd(ROOT / "examples" / "03-ngram.yaml"), ON)
     assert not any("initContainers" in c.get("spec", {}).get("template", {}).get("spec", {}) for c in ngram)
+
+
+def test_cpu_limit_only_when_asked():
+    deploy = _by_key(render_children(_sd(), ON))[("Deployment", "assistant-latency")]
+    resources = _container(deploy)["resources"]
+    assert resources["requests"]["cpu"] == "8"
+    assert "cpu" not in resources["limits"]
+    patch = {"spec": {"engine": {"resources": {"gpus": 1, "cpu": "8", "cpuLimit": "12", "memory": "64Gi"}}}}
+    deploy = _by_key(render_children(_sd(patch=patch), ON))[("Deployment", "assistant-latency")]
+    resources = _container(deploy)["resources"]
+    assert resources["requests"]["cpu"] == "8"
+    assert resources["limits"] == {"nvidia.com/gpu": 1, "cpu": "12", "memory": "64Gi"}

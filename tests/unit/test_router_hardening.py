@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from support.router_harness import (
     recording_engine,
     routing,
     running_router,
+    wait_for,
     wait_http,
 )
 
@@ -218,7 +220,8 @@ async def read_until_closed(url: str, trickle: bytes, every: float) -> bytes:
     try:
         for byte in trickle:
             if reader.at_eof():
-                break
+                # Closed while the last read timed out: what is left is what came.
+                return await reader.read()
             writer.write(bytes([byte]))
             try:
                 await writer.drain()
@@ -279,6 +282,54 @@ async def test_connection_cap(tmp_path: Path) -> None:
         assert resp is not None
         assert resp.status == 200
     assert engine.seen == ["/v1/completions"]
+
+
+async def never_reading_client(url: str, data: bytes) -> socket.socket:
+    """A connection that sends `data` and then never reads (a tiny receive window, so it fills soon)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (host, int(port)))
+    await loop.sock_sendall(sock, data)
+    return sock
+
+
+async def test_a_client_that_never_reads_is_dropped(tmp_path: Path) -> None:
+    settings = replace(FAST, write_timeout=0.5)
+    async with (
+        recording_engine() as engine,
+        running_router(tmp_path, routing([engine.url], []), settings) as rr,
+    ):
+        server = rr.router.server
+        assert server is not None
+        # An endless stream: without the write timeout the router would wait on this client forever,
+        # holding the engine's stream open.
+        stream = await never_reading_client(rr.url, raw_request("POST", "/v1/completions?endless=1", GOOD))
+        # A large answer of known length (more than the kernel's socket buffers hold).
+        whole = await never_reading_client(
+            rr.url, raw_request("POST", f"/v1/completions?bytes={16 * 1024 * 1024}", GOOD)
+        )
+        try:
+            await wait_for(lambda: server.open_count == 2)
+            await asyncio.wait_for(engine.endless_ended.wait(), 10)
+            await wait_for(lambda: server.open_count == 0)
+            assert rr.router.in_flight == 0
+            assert rr.router.budget.used == 0
+            assert rr.counter("specfleet_router_protocol_errors_total", reason="write_timeout") == 2
+            labels = {"class": "latency", "pool": "latency"}
+            assert (
+                rr.counter("specfleet_router_requests_total", **labels, code="499", error="client_closed")
+                == 2
+            )
+        finally:
+            stream.close()
+            whole.close()
+        # Readers are served as before.
+        resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD))
+        assert resp is not None
+        assert resp.status == 200
 
 
 async def test_a_frozen_engine_is_ejected_and_its_requests_retried(tmp_path: Path) -> None:

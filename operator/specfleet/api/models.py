@@ -247,6 +247,12 @@ class GpuResources(ApiModel):
 
     gpus: int = Field(default=1, ge=0, le=64, description="nvidia.com/gpu per replica.")
     cpu: Quantity | None = Field(default=None, description="CPU request, e.g. '8'.")
+    cpu_limit: Quantity | None = Field(
+        default=None,
+        description="CPU limit, e.g. '16'. Unset by default: a CFS quota throttles vLLM's scheduler and "
+        "tokenizer threads in bursts, which shows up as token-latency spikes; set it where a namespace "
+        "quota or LimitRange requires one, with headroom above the request.",
+    )
     memory: Quantity | None = Field(default=None, description="Memory request and limit, e.g. '64Gi'.")
 
 

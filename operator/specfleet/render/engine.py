@@ -77,6 +77,8 @@ def _resources(eng: PoolEngine) -> dict[str, Any]:
         requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = eng.resources.gpus
     if eng.resources.cpu:
         requests["cpu"] = eng.resources.cpu
+    if eng.resources.cpu_limit:
+        limits["cpu"] = eng.resources.cpu_limit
     if eng.resources.memory:
         requests["memory"] = limits["memory"] = eng.resources.memory
     out: dict[str, Any] = {}

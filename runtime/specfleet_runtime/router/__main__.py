@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib.metadata
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from specfleet_runtime.router.sources import (
     ConfigSource,
     KubeSliceWatchFactory,
 )
+from specfleet_runtime.router.workers import auto_workers, metrics_dir, supervise
 
 log = logging.getLogger("specfleet_runtime.router")
 
@@ -85,6 +87,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="close a connection without a complete request head for this long (idle or slow headers)",
     )
     parser.add_argument(
+        "--write-timeout",
+        type=float,
+        default=defaults.write_timeout,
+        help="drop a client that takes no byte of its answer for this long (its engine leg closes); 0: never",
+    )
+    parser.add_argument(
         "--max-connections",
         type=int,
         default=defaults.max_connections,
@@ -108,6 +116,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         help="rewrite EndpointSlice addresses, keeping host bits (test beds: 10.0.0.0/8=127.0.0.0/8)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="router processes sharing the port (SO_REUSEPORT); default: the pod's CPU count (its CPU "
+        "limit, else the CPUs it may run on), at most 4. Each worker keeps its own least-outstanding "
+        "counts; connection, in-flight and body-byte caps are divided among them",
+    )
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--event-loop",
+        choices=["auto", "uvloop", "asyncio"],
+        default="auto",
+        help="auto: uvloop where it is installed, else asyncio's own loop",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser.parse_args(argv)
@@ -144,6 +167,7 @@ def build_router(args: argparse.Namespace) -> Router:
         max_bytes_in_flight=args.max_bytes_in_flight,
         body_timeout=args.body_timeout,
         idle_timeout=args.idle_timeout,
+        write_timeout=args.write_timeout,
         max_connections=args.max_connections,
         max_in_flight=args.max_in_flight,
         max_attempts=args.max_attempts,
@@ -165,16 +189,29 @@ def build_router(args: argparse.Namespace) -> Router:
     return Router(settings, config_source, slice_watches, metrics)
 
 
-async def serve(router: Router, host: str, port: int) -> None:
+async def serve(router: Router, host: str, port: int, reuse_port: bool = False) -> None:
     """Run until SIGTERM/SIGINT, then stop accepting and drain in-flight requests."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with serve_router(router, host, port):
+    async with serve_router(router, host, port, reuse_port=reuse_port):
         await stop.wait()
         log.info("signal received: no new connections, draining for up to %gs", router.settings.drain_seconds)
     log.info("router stopped")
+
+
+def loop_factory(name: str) -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
+    """The event loop to run on: uvloop (libuv; less CPU per request) unless asked not to or absent."""
+    if name == "asyncio":
+        return asyncio.new_event_loop, "asyncio"
+    try:
+        import uvloop
+    except ImportError:
+        if name == "uvloop":
+            raise SystemExit("--event-loop uvloop: uvloop is not installed") from None
+        return asyncio.new_event_loop, "asyncio (uvloop is not installed)"
+    return uvloop.new_event_loop, "uvloop " + importlib.metadata.version("uvloop")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -184,8 +221,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.workers is not None and args.workers > 1 and args.port == 0:
+        raise SystemExit("--workers above 1 needs a fixed --port")
+    # A port picked by the kernel (--port 0) can only be one process's.
+    workers = args.workers if args.workers is not None else auto_workers() if args.port else 1
+    if workers > 1:
+        caps = {
+            "--max-connections": args.max_connections,
+            "--max-in-flight": args.max_in_flight,
+            "--max-bytes-in-flight": args.max_bytes_in_flight,
+        }
+        directory = metrics_dir()
+        if directory is not None:
+            argv_list = list(sys.argv[1:] if argv is None else argv)
+            raise SystemExit(supervise(argv_list, workers, caps, directory))
+    factory, loop_name = loop_factory(args.event_loop)
+    log.info("event loop: %s", loop_name)
     router = build_router(args)
-    asyncio.run(serve(router, args.host, args.port))
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(serve(router, args.host, args.port, reuse_port=args.reuse_port))
 
 
 if __name__ == "__main__":

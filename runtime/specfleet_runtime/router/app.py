@@ -61,6 +61,8 @@ class RouterSettings:
     body_timeout: float = 30.0
     # A connection with no complete request head for this long (idle, or slow headers) is closed.
     idle_timeout: float = 15.0
+    # A client that takes no byte of its answer for this long is dropped (and its engine leg closed).
+    write_timeout: float = 30.0
     # Open client connections; beyond it new ones get a 503 and are closed. 0: no cap.
     max_connections: int = 4096
     # 0 means no cap; above the cap the router answers 429.
@@ -118,6 +120,7 @@ class Router:
         self.errors_log = RateLimitedLog(log)
         self.in_flight = 0
         self.draining = False
+        self.server: GuardedServer | None = None
         self._created = int(time.time())
         self._handlers = {
             Route.MODELS: self._models,
@@ -281,7 +284,7 @@ class Router:
         started: float,
     ) -> web.StreamResponse:
         metrics = self.metrics
-        gauge = metrics.in_flight.labels(classification.pool, pools[0])
+        gauge = metrics.child(metrics.in_flight, classification.pool, pools[0])
         # What is recorded if the client goes away and the handler is cancelled.
         outcome = Outcome(CLIENT_CLOSED, pools[0], "client_closed")
         self.in_flight += 1
@@ -297,8 +300,8 @@ class Router:
             labels = (classification.pool, outcome.pool)
             if outcome.pool != classification.pool:
                 metrics.fallbacks.labels(*labels).inc()
-            metrics.requests.labels(*labels, str(outcome.status), outcome.error).inc()
-            metrics.duration.labels(*labels).observe(self.clock() - started)
+            metrics.child(metrics.requests, *labels, str(outcome.status), outcome.error).inc()
+            metrics.child(metrics.duration, *labels).observe(self.clock() - started)
 
     # ---- small handlers ---------------------------------------------------------------------------
 
@@ -317,7 +320,8 @@ class Router:
     async def _metrics(self, request: web.BaseRequest, path: str) -> web.Response:
         self.metrics.segmented_clients.set(self.tracker.segmented_count())
         return web.Response(
-            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            body=generate_latest(self.metrics.scrape_registry()),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 
     def _model_card(self, name: str) -> dict[str, Any]:
@@ -349,16 +353,18 @@ class Router:
 
     def make_server(self) -> GuardedServer:
         """The HTTP server for this router (see `server`); a client that hangs up cancels its handler."""
-        return GuardedServer(
+        self.server = GuardedServer(
             self.handle,
             metrics=self.metrics,
             max_connections=self.settings.max_connections,
+            write_timeout=self.settings.write_timeout,
             handler_cancellation=True,
             keepalive_timeout=self.settings.idle_timeout,
             max_line_size=self.settings.max_header_bytes,
             max_field_size=self.settings.max_header_bytes,
             access_log=None,
         )
+        return self.server
 
 
 def _log_task_end(task: asyncio.Task[Any]) -> None:
@@ -370,7 +376,9 @@ def _log_task_end(task: asyncio.Task[Any]) -> None:
 
 
 @asynccontextmanager
-async def serve_router(router: Router, host: str, port: int) -> AsyncIterator[web.ServerRunner]:
+async def serve_router(
+    router: Router, host: str, port: int, reuse_port: bool = False
+) -> AsyncIterator[web.ServerRunner]:
     """Serve `router` on host:port until the block exits; then stop listening and drain.
 
     On exit the listening socket closes at once, in-flight requests (streams included) get up to
@@ -380,7 +388,7 @@ async def serve_router(router: Router, host: str, port: int) -> AsyncIterator[we
         runner = web.ServerRunner(router.make_server(), shutdown_timeout=router.settings.drain_seconds)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port)
+            site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
             await site.start()
             log.info("router listening on %s:%d", host, runner.addresses[0][1] if runner.addresses else port)
             yield runner

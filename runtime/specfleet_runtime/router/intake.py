@@ -34,17 +34,18 @@ class ByteBudget:
     def __init__(self, cap: int, metrics: RouterMetrics) -> None:
         self.cap = cap
         self.used = 0
-        # Read when scraped: nothing to update per request.
-        metrics.bytes_in_flight.set_function(lambda: self.used)
+        self._gauge = metrics.bytes_in_flight
 
     def take(self, size: int) -> bool:
         if self.cap and self.used + size > self.cap:
             return False
         self.used += size
+        self._gauge.inc(size)
         return True
 
     def give(self, size: int) -> None:
         self.used -= size
+        self._gauge.dec(size)
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,22 @@
 A registry per router instance lets tests run several routers in one process. Labels: `class` is
 the pool a request was classified into, `pool` the pool that served it (they differ on fallback).
 Requests refused before classification carry `class="none", pool="none"`.
+
+With several worker processes (`--workers`, see `workers`) prometheus_client runs in multiprocess mode
+(PROMETHEUS_MULTIPROC_DIR set by the supervisor): counters and histograms add up over the workers,
+gauges of things held now (requests, connections, bytes) are summed over live workers, the endpoint
+count is the largest any worker sees.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 LATENCY_BUCKETS = (
     0.001,
@@ -35,6 +46,7 @@ class RouterMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "specfleet_router_requests",
@@ -47,7 +59,8 @@ class RouterMetrics:
         self.protocol_errors = Counter(
             "specfleet_router_protocol_errors",
             "Connections or requests refused before a request existed (bad request line, oversized "
-            "headers, bad Content-Length, connection cap, slow client), by reason.",
+            "headers, bad Content-Length, connection cap, slow client) or dropped because the client read "
+            "nothing for --write-timeout (write_timeout), by reason.",
             ["reason"],
             registry=r,
         )
@@ -55,11 +68,13 @@ class RouterMetrics:
             "specfleet_router_request_bytes_in_flight",
             "Request body bytes held by the router now (capped by --max-bytes-in-flight).",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.open_connections = Gauge(
             "specfleet_router_open_connections",
             "Client connections open now (capped by --max-connections).",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.classifications = Counter(
             "specfleet_router_classifications",
@@ -86,6 +101,7 @@ class RouterMetrics:
             "Requests being proxied now.",
             ["class", "pool"],
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.reclassifications = Counter(
             "specfleet_router_reclassifications",
@@ -100,7 +116,10 @@ class RouterMetrics:
             registry=r,
         )
         self.segmented_clients = Gauge(
-            "specfleet_router_segmented_clients", "Clients currently auto-segmented as batch.", registry=r
+            "specfleet_router_segmented_clients",
+            "Clients currently auto-segmented as batch (each worker segments the clients it sees).",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.fallbacks = Counter(
             "specfleet_router_fallbacks",
@@ -122,7 +141,11 @@ class RouterMetrics:
             registry=r,
         )
         self.endpoints = Gauge(
-            "specfleet_router_endpoints", "Ready endpoints known per pool.", ["pool"], registry=r
+            "specfleet_router_endpoints",
+            "Ready endpoints known per pool.",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livemax",
         )
         self.watch_errors = Counter(
             "specfleet_router_watch_errors",
@@ -136,3 +159,20 @@ class RouterMetrics:
             ["result"],
             registry=r,
         )
+
+    def child(self, metric: M, *labels: str) -> M:
+        """`metric.labels(*labels)`, looked up once per label set (labels() costs several µs a call)."""
+        key = (id(metric), labels)
+        found: Any = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found  # type: ignore[no-any-return]
+
+    def scrape_registry(self) -> CollectorRegistry:
+        """What /metrics exports: this registry, or every worker's samples in multiprocess mode."""
+        path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not path:
+            return self.registry
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
+        return registry

@@ -24,6 +24,15 @@ from specfleet_runtime.router.backends import Backends
 from specfleet_runtime.router.classify import Classification
 from specfleet_runtime.router.errors import error_response, sse_error_event
 from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.router.upstream import (
+    Client,
+    ConnectFailed,
+    ConnectTimedOut,
+    Disconnected,
+    ReadTimedOut,
+    Response,
+    UpstreamError,
+)
 from specfleet_runtime.routing_config import PoolName
 
 log = logging.getLogger(__name__)
@@ -32,7 +41,7 @@ log = logging.getLogger(__name__)
 SERVED_POOL_HEADER = "x-specfleet-served-pool"
 CLASS_HEADER = "x-specfleet-class"
 REASON_HEADER = "x-specfleet-reason"
-# RFC 9110 hop-by-hop headers, plus those aiohttp recomputes for each leg.
+# RFC 9110 hop-by-hop headers, plus those recomputed for each leg.
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -122,19 +131,23 @@ class _StallWatch:
             self._probe = None
 
 
-def forward_headers(headers: CIMultiDictProxy[str], remote: str | None) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        if name.lower() not in HOP_BY_HOP:
-            out.add(name, value)
+def forward_headers(headers: CIMultiDictProxy[str], remote: str | None) -> list[tuple[str, str]]:
+    out = [
+        (name, value)
+        for name, value in headers.items()
+        if name.lower() not in HOP_BY_HOP and name.lower() != "x-forwarded-for"
+    ]
     if remote:
-        previous = headers.get("x-forwarded-for")
-        out["X-Forwarded-For"] = f"{previous}, {remote}" if previous else remote
+        previous = ", ".join(headers.getall("x-forwarded-for", ()))
+        out.append(("X-Forwarded-For", f"{previous}, {remote}" if previous else remote))
     return out
 
 
 class Proxy:
-    """The engine leg: one pooled HTTP client session, attempts, relaying, and what they cost."""
+    """The engine leg: pooled engine connections (`upstream.Client`), attempts, relaying, and their cost.
+
+    Health probes go through an aiohttp session: they are rare and off the hot path.
+    """
 
     def __init__(
         self,
@@ -148,28 +161,33 @@ class Proxy:
         self.metrics = metrics
         self.clock = clock
         self._session: aiohttp.ClientSession | None = None
+        self._client: Client | None = None
         self._probe_timeout = aiohttp.ClientTimeout(total=settings.probe_timeout)
 
     def open(self) -> None:
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.settings.connect_timeout, sock_read=self.settings.read_timeout
-        )
-        # No pool limit: the engines queue, the router must not add a second hidden queue.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-        # auto_decompress off: bytes pass through untouched, so Content-Encoding/Length stay true.
-        # No cookie jar: a proxy must not keep one client's cookies and send them with another's.
+        # No connection limit: the engines queue, the router must not add a second hidden queue.
+        # Bytes pass through untouched (no decompression), so Content-Encoding/Length stay true; no
+        # cookies are kept.
+        self._client = Client(self.settings.connect_timeout, self.settings.read_timeout)
         self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            auto_decompress=False,
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
             skip_auto_headers=("User-Agent",),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            raise RuntimeError("router used outside its lifespan")
+        return self._client
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -220,27 +238,27 @@ class Proxy:
                 tried.add(url)
                 backends.eject(pool, url, "stall")
                 continue
-            except aiohttp.ConnectionTimeoutError:
+            except ConnectTimedOut:
                 tried.add(url)
                 backends.eject(pool, url, "connect_timeout")
                 continue
-            except aiohttp.ClientConnectorError:
+            except ConnectFailed:
                 tried.add(url)
                 backends.eject(pool, url, "connect")
                 continue
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            except Disconnected:
                 # Often a pooled keep-alive connection the engine closed: try again, same URL allowed.
                 self.metrics.upstream_errors.labels(pool, "disconnect").inc()
                 self.metrics.retries.labels(pool).inc()
                 log.warning("pool %s: %s dropped the connection before answering; retrying", pool, url)
                 continue
-            except TimeoutError:
+            except ReadTimedOut:
                 self.metrics.upstream_errors.labels(pool, "timeout").inc()
                 message = f"engine {url} did not answer within {self.settings.read_timeout:g}s"
                 return error_response(504, message, "upstream_timeout"), Outcome(
                     504, pool, "upstream_timeout"
                 )
-            except aiohttp.ClientError as err:
+            except UpstreamError as err:
                 self.metrics.upstream_errors.labels(pool, "other").inc()
                 log.warning("pool %s: request to %s failed: %r", pool, url, err)
                 response = error_response(502, f"engine request failed: {err}", "upstream_error")
@@ -258,7 +276,7 @@ class Proxy:
         base: str,
         target: str,
         body: bytes,
-        headers: CIMultiDict[str],
+        headers: list[tuple[str, str]],
         classification: Classification,
         pool: PoolName,
         started: float,
@@ -266,11 +284,9 @@ class Proxy:
         """One engine: wait for its first bytes under a stall watch, then relay (no retry after that)."""
         watch = _StallWatch(self, base)
         first: bytes | None = None
-        upstream: aiohttp.ClientResponse | None = None
+        upstream: Response | None = None
         try:
-            upstream = await self.session.request(
-                request.method, base + target, data=body, headers=headers, allow_redirects=False
-            )
+            upstream = await self.client.request(request.method, base, target, headers, body)
             length = upstream.content_length
             is_sse = upstream.content_type == "text/event-stream"
             if upstream.status >= 400:
@@ -280,8 +296,8 @@ class Proxy:
                 # one write: the client cannot use half a JSON document anyway, it saves a send, and an
                 # engine failure while reading it can still be answered with a clean 502.
                 try:
-                    whole = await upstream.read()
-                except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, TimeoutError) as err:
+                    whole = await upstream.read_all()
+                except UpstreamError as err:
                     self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
                     log.warning("pool %s: engine answer broke before it was complete: %r", pool, err)
                     message = "the engine's answer was interrupted"
@@ -289,7 +305,7 @@ class Proxy:
                         502, pool, "mid_stream"
                     )
                 watch.stop()
-                self.metrics.time_to_first_byte.labels(classification.pool, pool).observe(
+                self.metrics.child(self.metrics.time_to_first_byte, classification.pool, pool).observe(
                     self.clock() - started
                 )
                 response = web.Response(
@@ -303,7 +319,7 @@ class Proxy:
             if is_sse:
                 # Wait for the first event before answering the client, so an engine that stalls
                 # before its first token can still be replaced.
-                first = await upstream.content.readany()
+                first = await upstream.read_chunk()
         except asyncio.CancelledError:
             if upstream is not None:
                 upstream.close()
@@ -325,11 +341,14 @@ class Proxy:
             upstream.close()
 
     async def _engine_error(
-        self, upstream: aiohttp.ClientResponse, classification: Classification, pool: PoolName
+        self, upstream: Response, classification: Classification, pool: PoolName
     ) -> tuple[web.StreamResponse, Outcome]:
         """An engine error: passed on if it is OpenAI-format already, else said in OpenAI's format."""
         status = upstream.status
-        text = await upstream.content.read(ENGINE_ERROR_QUOTE)
+        try:
+            text = (await upstream.read_all(ENGINE_ERROR_QUOTE))[:ENGINE_ERROR_QUOTE]
+        except UpstreamError:
+            text = b""
         upstream.close()
         error = "none" if status < 500 else "upstream_error"
         try:
@@ -347,10 +366,10 @@ class Proxy:
         )
 
     def _response_headers(
-        self, upstream: aiohttp.ClientResponse, classification: Classification, pool: PoolName
+        self, upstream: Response, classification: Classification, pool: PoolName
     ) -> CIMultiDict[str]:
         headers: CIMultiDict[str] = CIMultiDict()
-        for name, value in upstream.headers.items():
+        for name, value in upstream.headers:
             if name.lower() not in DROPPED_RESPONSE_HEADERS:
                 headers.add(name, value)
         headers[SERVED_POOL_HEADER] = pool
@@ -361,7 +380,7 @@ class Proxy:
     async def _relay(
         self,
         request: web.BaseRequest,
-        upstream: aiohttp.ClientResponse,
+        upstream: Response,
         first: bytes | None,
         classification: Classification,
         pool: PoolName,
@@ -383,15 +402,15 @@ class Proxy:
         while True:
             if chunk is None:
                 try:
-                    chunk = await upstream.content.readany()
-                except (aiohttp.ClientError, TimeoutError) as err:
+                    chunk = await upstream.read_chunk()
+                except UpstreamError as err:
                     await self._cut_mid_stream(request, response, pool, is_sse, err)
                     return response, Outcome(status, pool, "mid_stream")
             if not chunk:
                 break
             if not observed:
                 observed = True
-                self.metrics.time_to_first_byte.labels(classification.pool, pool).observe(
+                self.metrics.child(self.metrics.time_to_first_byte, classification.pool, pool).observe(
                     self.clock() - started
                 )
             try:

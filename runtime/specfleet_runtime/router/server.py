@@ -7,6 +7,10 @@
   an ERROR with a traceback per request (so no client can flood the log).
 - Idle and slow-header connections close after `keepalive_timeout` (aiohttp arms it when a connection
   opens and again after each answer; a request whose head has not arrived by then is dropped).
+- Clients that do not read: a connection's user-space write buffer is kept at zero (high-water mark 0),
+  so it pauses as soon as the kernel's socket buffer is full; if it stays paused for `write_timeout`
+  the connection is aborted. That cancels the handler (a stream's engine leg closes at once) and frees
+  what the router held for it, including a whole answer a closing connection was still trying to send.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -83,16 +87,50 @@ class GuardedRequestHandler(RequestHandler):
             server.errors_log.warning(
                 "too_many_connections", "refused a connection: %d open", server.open_count
             )
-            assert isinstance(transport, asyncio.Transport)
+            transport = cast(asyncio.Transport, transport)
             transport.write(TOO_MANY_CONNECTIONS)
             transport.close()
             self._manager = None  # connection_lost has nothing to undo
             return
         server.opened()
+        self._write_deadline: asyncio.TimerHandle | None = None
+        self._guarded_transport = transport
+        # (uvloop's transports are not asyncio.Transport subclasses, so no isinstance checks here.)
+        # Pause as soon as anything waits in user space: the kernel's socket buffer is the buffer.
+        cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=0)
         super().connection_made(transport)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        server = self._manager
+        if isinstance(server, GuardedServer) and server.write_timeout and self._write_deadline is None:
+            self._write_deadline = self._loop.call_later(server.write_timeout, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+        super().resume_writing()
+
+    def _write_timed_out(self) -> None:
+        """The client accepted nothing for write_timeout: drop it and everything held for it."""
+        self._write_deadline = None
+        server = self._manager
+        if isinstance(server, GuardedServer):
+            server.metrics.protocol_errors.labels("write_timeout").inc()
+            server.errors_log.warning(
+                "write_timeout",
+                "aborted a connection whose client read nothing for %gs",
+                server.write_timeout,
+            )
+        cast(asyncio.Transport, self._guarded_transport).abort()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         server = self._manager
+        deadline = getattr(self, "_write_deadline", None)
+        if deadline is not None:
+            deadline.cancel()
+            self._write_deadline = None
         super().connection_lost(exc)
         if isinstance(server, GuardedServer):
             server.closed()
@@ -142,21 +180,26 @@ class GuardedServer(web.Server):
         *,
         metrics: RouterMetrics,
         max_connections: int,
+        write_timeout: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(handler, **kwargs)
         self.metrics = metrics
         self.max_connections = max_connections
+        # A connection whose client has taken no byte for this long is aborted; 0: never.
+        self.write_timeout = write_timeout
         self.errors_log = RateLimitedLog(log)
         # Connections accepted and not yet lost (aiohttp's own list keeps a closed one until its task ends).
         self.open_count = 0
-        metrics.open_connections.set_function(lambda: self.open_count)
+        self._gauge = metrics.open_connections
 
     def opened(self) -> None:
         self.open_count += 1
+        self._gauge.inc()
 
     def closed(self) -> None:
         self.open_count -= 1
+        self._gauge.dec()
 
     def __call__(self) -> RequestHandler:
         return GuardedRequestHandler(self, loop=self._loop, **self._kwargs)

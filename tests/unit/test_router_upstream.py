@@ -1,0 +1,163 @@
+"""The router's engine-leg HTTP client against engines that answer in every way HTTP/1.1 allows.
+
+Behind the router sits a raw asyncio server that writes exactly the bytes a case asks for: chunked
+and EOF-delimited answers, a keep-alive connection the engine closes while it is idle, an answer
+that is not HTTP, one cut short. Each case goes through the whole router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from support.router_harness import COMPLETION, GOOD, assert_openai_error, routing, running_router
+
+pytestmark = pytest.mark.timeout(60)
+
+BODY = json.dumps(COMPLETION).encode()
+
+
+def chunked(body: bytes, pieces: int = 3) -> bytes:
+    size = -(-len(body) // pieces)
+    out = b""
+    for i in range(0, len(body), size):
+        part = body[i : i + size]
+        out += f"{len(part):x}\r\n".encode() + part + b"\r\n"
+    return out + b"0\r\n\r\n"
+
+
+# The case name (the request's query) -> the raw answer, and whether the engine closes afterwards.
+ANSWERS: dict[str, tuple[bytes, bool]] = {
+    "length": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY,
+        False,
+    ),
+    "chunked": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunked(BODY),
+        False,
+    ),
+    "eof": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" + BODY, True),
+    "sse": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunked(b"data: {}\n\ndata: [DONE]\n\n", 2),
+        False,
+    ),
+    "garbage": (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", True),
+    "short": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+        + BODY[:10],
+        True,
+    ),
+}
+
+
+class RawEngine:
+    """Answers each request with ANSWERS[query]; counts connections; can close idle ones."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.connections = 0
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.decode("latin-1").split("\r\n"):
+                    name, _, value = line.partition(":")
+                    if name.lower() == "content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                case = head.split(b" ", 2)[1].partition(b"?")[2].decode()
+                answer, close = ANSWERS[case]
+                writer.write(answer)
+                await writer.drain()
+                if close:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def close_idle_connections(self) -> None:
+        for writer in self.writers:
+            writer.close()
+        self.writers.clear()
+
+
+@asynccontextmanager
+async def raw_engine() -> AsyncIterator[RawEngine]:
+    engine = RawEngine()
+    server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
+    engine.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield engine
+    finally:
+        server.close()
+        engine.close_idle_connections()
+
+
+async def post(http: aiohttp.ClientSession, url: str) -> tuple[int, bytes, str]:
+    async with http.post(url, data=GOOD, headers={"Content-Type": "application/json"}) as resp:
+        return resp.status, await resp.read(), resp.content_type
+
+
+async def wait(condition: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_every_answer_framing_is_relayed_and_keep_alive_is_reused(tmp_path: Path) -> None:
+    async with (
+        raw_engine() as engine,
+        running_router(tmp_path, routing([engine.url], [])) as rr,
+        aiohttp.ClientSession() as http,
+    ):
+        for case in ("length", "chunked", "length", "eof", "chunked"):
+            status, body, _ = await post(http, f"{rr.url}/v1/completions?{case}")
+            assert status == 200, case
+            assert json.loads(body) == COMPLETION, case
+        # One connection for length/chunked/length, a new one after the engine closed ("eof").
+        assert engine.connections == 2
+        status, body, content_type = await post(http, f"{rr.url}/v1/completions?sse")
+        assert (status, content_type) == (200, "text/event-stream")
+        assert body == b"data: {}\n\ndata: [DONE]\n\n"
+
+        # The engine closes the pooled idle connection: the next request is not failed by it.
+        engine.close_idle_connections()
+        await asyncio.sleep(0.05)
+        status, body, _ = await post(http, f"{rr.url}/v1/completions?length")
+        assert status == 200
+        assert json.loads(body) == COMPLETION
+
+
+async def test_answers_that_are_not_http_or_cut_short_are_clean_errors(tmp_path: Path) -> None:
+    async with (
+        raw_engine() as engine,
+        running_router(tmp_path, routing([engine.url], [])) as rr,
+        aiohttp.ClientSession() as http,
+    ):
+        status, body, _ = await post(http, f"{rr.url}/v1/completions?garbage")
+        assert status == 502
+        assert_openai_error(json.loads(body), code="upstream_error")
+        status, body, _ = await post(http, f"{rr.url}/v1/completions?short")
+        assert status == 502
+        assert_openai_error(json.loads(body), code="upstream_interrupted")
+        labels = {"class": "latency", "pool": "latency", "code": "502"}
+        assert rr.counter("specfleet_router_requests_total", **labels, error="upstream_error") == 1
+        assert rr.counter("specfleet_router_requests_total", **labels, error="mid_stream") == 1
+        # And the engine is still used for what it answers well.
+        status, _, _ = await post(http, f"{rr.url}/v1/completions?length")
+        assert status == 200

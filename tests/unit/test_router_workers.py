@@ -1,0 +1,137 @@
+"""Several router worker processes on one port (`--workers`): totals, reloads and shutdown stay right."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from specfleet_runtime.router.workers import cpu_count, worker_argv
+from support.router_harness import GOOD, MODEL, free_port, recording_engine, routing, wait_http
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def counter_total(text: str, name: str) -> float:
+    """The sum of a counter's samples in a Prometheus text exposition."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def fresh_post(url: str, body: bytes = GOOD) -> int:
+    # A new connection each time, so the kernel spreads them over the workers.
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http,
+        http.post(url, data=body, headers={"Content-Type": "application/json"}) as resp,
+    ):
+        await resp.read()
+        return resp.status
+
+
+async def scrape(url: str) -> str:
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http,
+        http.get(f"{url}/metrics") as resp,
+    ):
+        return await resp.text()
+
+
+async def test_two_workers_share_the_port_and_report_pod_totals(tmp_path: Path) -> None:
+    async with recording_engine() as engine:
+        config = tmp_path / "routing.json"
+        config.write_text(json.dumps(routing([engine.url], [])))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        log_path = tmp_path / "router.log"
+        cmd = [
+            sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--poll-seconds", "0.1",
+        ]  # fmt: skip
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            await wait_http(f"{url}/readyz")
+            await asyncio.sleep(0.5)  # both workers listening
+            statuses = await asyncio.gather(*(fresh_post(f"{url}/v1/completions") for _ in range(40)))
+            assert statuses == [200] * 40
+            # Whichever worker answers the scrape, it reports both workers' requests.
+            for _ in range(6):
+                text = await scrape(url)
+                assert counter_total(text, "specfleet_router_requests_total") == 40
+                assert counter_total(text, "specfleet_router_in_flight_requests") == 0
+
+            # A config change reaches every worker: the new model name is served on every connection.
+            config.write_text(json.dumps({**routing([engine.url], []), "servedModelName": "renamed"}))
+            await asyncio.sleep(1.0)
+            renamed = json.dumps({"model": "renamed", "prompt": "x", "max_tokens": 2}).encode()
+            statuses = await asyncio.gather(
+                *(fresh_post(f"{url}/v1/completions", renamed) for _ in range(20))
+            )
+            assert statuses == [200] * 20
+            old = await asyncio.gather(*(fresh_post(f"{url}/v1/completions") for _ in range(10)))
+            assert old == [404] * 10
+
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(proc.wait, 30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        log = log_path.read_text()
+        assert "router supervisor: 2 worker(s)" in log
+        assert log.count("router stopped") == 2
+        assert engine.seen.count("/v1/completions") == 60
+        assert MODEL != "renamed"
+
+
+def test_worker_command_divides_the_caps_and_reads_the_cgroup_limit(tmp_path: Path) -> None:
+    argv = worker_argv(["--config-file", "r.json"], 3, {"--max-connections": 4096, "--max-in-flight": 0})
+    assert (
+        argv[-6:]
+        == ["--workers", "1", "--reuse-port", "--max-connections", "1365", "--max-in-flight", "0"][-6:]
+    )
+    assert "--reuse-port" in argv
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("150000 100000\n")
+    assert cpu_count(cpu_max) == min(2, cpu_count(tmp_path / "absent"))
+    cpu_max.write_text("max 100000\n")
+    assert cpu_count(cpu_max) == cpu_count(tmp_path / "absent")
+
+
+async def test_workers_leave_with_a_killed_supervisor(tmp_path: Path) -> None:
+    async with recording_engine() as engine:
+        config = tmp_path / "routing.json"
+        config.write_text(json.dumps(routing([engine.url], [])))
+        port = free_port()
+        cmd = [
+            sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
+        ]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            await wait_http(f"http://127.0.0.1:{port}/readyz")
+            await asyncio.sleep(0.5)
+            proc.kill()  # no chance to stop its workers itself
+            proc.wait(10)
+            for _ in range(100):
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except ConnectionRefusedError:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("a worker kept the port after its supervisor was killed")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
