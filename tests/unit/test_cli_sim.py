@@ -77,6 +77,35 @@ def test_plan_recommends_settings_schedule_and_thresholds(
     assert doc["predicted"]["policyVsAlwaysOff"] > 0.3
 
 
+def test_plan_thresholds_and_break_even_are_the_policys_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One source of truth: plan's Threshold values are what the policy derives from the same acceptance."""
+    from specfleet.api.validation import parse_resource
+    from specfleet.policy.decide import threshold_values
+    from specfleet.sim.compare import static_ks
+    from specfleet_runtime.cost_profile import break_even_concurrency, default_profile, speedup
+
+    trace = _trace(tmp_path / "t.csv", rows=100)
+    acceptance = (0.6, 0.3, 0.1)
+    assert main(["plan", "-f", EXAMPLE, "--trace", trace, "--acceptance", "0.6;0.3;0.1", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    sd = parse_resource(yaml.safe_load(Path(EXAMPLE).read_text()))
+    profile = default_profile()
+    k = sd.spec.drafter.num_speculative_tokens
+    policy = sd.spec.policy.model_copy(update={"thresholds": type(sd.spec.policy.thresholds)()})
+    values = threshold_values(policy, k, profile, acceptance)
+    thresholds = doc["policy"]["thresholds"]
+    assert thresholds["stopAboveConcurrencyPerReplica"] == int(values.stop_concurrency)
+    assert thresholds["resumeBelowConcurrencyPerReplica"] == int(values.resume_concurrency)
+    # Break-even: the first whole concurrency where the best K stops paying, from the shared function.
+    ks = static_ks(profile, k)
+    c = doc["breakEvenConcurrencyPerReplica"]
+    assert c == int(break_even_concurrency(profile, acceptance, ks)) + 1
+    assert max(speedup(profile, c, kk, acceptance) for kk in ks) < 1.0
+    assert max(speedup(profile, c - 1, kk, acceptance) for kk in ks) >= 1.0
+
+
 def test_plan_with_a_strong_drafter_never_breaks_even(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
