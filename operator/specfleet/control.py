@@ -24,6 +24,12 @@ from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment
 from specfleet.metrics.prometheus import FleetAnswers, PoolSelector, QueryFn, observe, query_fleet
 from specfleet.policy.decide import PoolDecision, decide
 from specfleet.policy.observations import PoolObservation
+from specfleet.policy.profile_source import (
+    CostProfileError,
+    hold_every_pool,
+    profile_condition,
+    profile_from_config_map,
+)
 from specfleet.policy.record import auto_pools, parse_time, pool_states, record
 from specfleet.reconcile import Cluster, Event, reconcile, status_patch
 from specfleet.render import RenderOptions
@@ -192,16 +198,24 @@ class Controller:
                 )
                 for pool in auto_pools(sd.spec)
             }
-            decisions = decide(
-                sd.spec.policy,
-                sd.spec.drafter.num_speculative_tokens,
-                states,
-                observations,
-                now,
-                self.profile,
-            )
+            profile, problem = self._cost_profile(sd)
+            if profile is None:
+                decisions = hold_every_pool({p: states[p] for p in observations}, problem or "")
+            else:
+                decisions = decide(
+                    sd.spec.policy,
+                    sd.spec.drafter.num_speculative_tokens,
+                    states,
+                    observations,
+                    now,
+                    profile,
+                )
             outcome.decisions = decisions
             recorded = record(sd.status, decisions, observations, sd.generation, now)
+            recorded.status, profile_events = profile_condition(
+                recorded.status, sd.spec.policy.goodput.cost_profile_config_map, problem, sd.generation, now
+            )
+            recorded.events += profile_events
             recorded.status = _keep_recent_measurement_times(sd.status, recorded.status, now)
             new_status = recorded.status.to_wire()
             outcome.events = [Event(t, r, m) for t, r, m in recorded.events]  # type: ignore[arg-type]
@@ -213,6 +227,20 @@ class Controller:
                 outcome.applied = result.applied
             self._write_status(body, new_status, outcome)
         return outcome
+
+    def _cost_profile(self, sd: SpeculativeDeployment) -> tuple[StepTimeProfile | None, str | None]:
+        """The profile to decide with: the ConfigMap the spec names (read now), else the default.
+
+        (None, why) when the named ConfigMap is missing or malformed: the pools hold.
+        """
+        name = sd.spec.policy.goodput.cost_profile_config_map
+        if not name:
+            return self.profile, None
+        ref = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": sd.namespace, "name": name}}
+        try:
+            return profile_from_config_map(self.cluster.get(ref), sd.namespace, name), None
+        except CostProfileError as err:
+            return None, str(err)
 
     def evaluate_policy(self, namespace: str, name: str) -> Outcome:
         """Observe, decide and write for one resource (the scheduler does the same for many at once)."""

@@ -17,12 +17,11 @@ from typing import Any
 import yaml
 
 import specfleet_runtime
+from specfleet.policy.profile_source import PROFILE_KEY
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 # The measurement script, run by file path with the vLLM installation's python.
 SCRIPT = Path(specfleet_runtime.__file__).resolve().parent / "vllm_profile.py"
-# Key of the profile in a cost-profile ConfigMap.
-PROFILE_KEY = "profile.yaml"
 
 
 class ProfileError(RuntimeError):
