@@ -263,10 +263,25 @@ def _load_one_resource(path: str) -> Any:
     return sd
 
 
+def _profile_file(path: str) -> Any:
+    """A profile file, or the ConfigMap holding one (as `specfleet profile --config-map` writes it):
+    the same parsing the operator applies to `costProfileConfigMap`."""
+    from specfleet.policy.profile_source import profile_from_config_map
+    from specfleet_runtime.cost_profile import load_profile
+
+    doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
+        meta = doc.get("metadata") or {}
+        return profile_from_config_map(
+            doc, str(meta.get("namespace", "default")), str(meta.get("name", path))
+        )
+    return load_profile(path)
+
+
 def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from specfleet.sim.fleet import SimOptions
     from specfleet.sim.workload import WorkloadError, parse_acceptance, read_trace
-    from specfleet_runtime.cost_profile import default_profile, load_profile
+    from specfleet_runtime.cost_profile import default_profile
 
     sd = _load_one_resource(args.filename)
     try:
@@ -275,9 +290,16 @@ def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     except WorkloadError as err:
         raise _UsageError(str(err)) from None
     try:
-        profile = load_profile(args.profile) if args.profile else default_profile()
+        profile = _profile_file(args.profile) if args.profile else default_profile()
     except (OSError, ValueError, yaml.YAMLError) as err:
         raise _UsageError(f"cannot use cost profile {args.profile}: {err}") from None
+    named = sd.spec.policy.goodput.cost_profile_config_map
+    if named and not args.profile:
+        print(
+            f"note: the resource decides with ConfigMap {named} (costProfileConfigMap); pass its YAML "
+            "with --profile to simulate with it: this run uses the published profile",
+            file=sys.stderr,
+        )
     for name in ("startup_seconds", "scrape_interval"):
         if not getattr(args, name) > 0:
             raise _UsageError(f"--{name.replace('_', '-')} must be > 0")
@@ -402,7 +424,10 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-scale", type=float, default=1.0, help="divide arrival times by this (2 = twice the rate)"
     )
-    parser.add_argument("--profile", help="step-time profile file (default: published H100 Llama-3.1-8B)")
+    parser.add_argument(
+        "--profile",
+        help="step-time profile file, or the ConfigMap holding one (default: published H100 Llama-3.1-8B)",
+    )
     parser.add_argument(
         "--startup-seconds", type=float, default=60.0, help="engine start-up time (default 60)"
     )

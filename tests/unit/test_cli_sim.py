@@ -106,6 +106,33 @@ def test_plan_thresholds_and_break_even_are_the_policys_own(
     assert max(speedup(profile, c - 1, kk, acceptance) for kk in ks) >= 1.0
 
 
+def test_plan_takes_the_profile_config_map_the_operator_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specfleet.profiling import config_map
+
+    slow = {
+        "name": "slow-drafter",
+        "batchSizes": [1, 64, 256],
+        "numSpeculativeTokens": [0, 1, 3],
+        "stepTimeMs": [[6.0, 18.0, 30.0], [8.0, 24.0, 40.0], [15.0, 45.0, 75.0]],
+    }
+    path = tmp_path / "cm.yaml"
+    path.write_text(yaml.safe_dump(config_map("gpu-profile", "team-a", yaml.safe_dump(slow))))
+    trace = _trace(tmp_path / "t.csv", rows=100)
+    argv = ["plan", "-f", EXAMPLE, "--trace", trace, "--profile", str(path), "-o", "json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["profile"] == "slow-drafter"
+    assert doc["breakEvenConcurrencyPerReplica"] == 1  # drafting never pays with this profile
+    assert doc["pools"]["latency"]["speculation"] == "Off"
+    path.write_text(yaml.safe_dump(config_map("gpu-profile", "team-a", "batchSizes: [1]\n")))
+    assert main(argv) == 1
+    assert "ConfigMap team-a/gpu-profile (policy.goodput.costProfileConfigMap): invalid profile" in (
+        capsys.readouterr().err
+    )
+
+
 def test_plan_with_a_strong_drafter_never_breaks_even(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
