@@ -49,6 +49,26 @@ def test_simulate_prints_one_json_object_with_every_strategy(
     assert pools["latency"]["requests"] == 320
 
 
+def test_simulate_timeline_says_what_each_decision_was_based_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Per window: the observed load, the load the policy projected along the trend and decided
+    with, its reason, and the setting the oracle took there (how a worst minute is diagnosed)."""
+    trace = _trace(tmp_path / "t.csv")
+    argv = ["simulate", "-f", EXAMPLE, "--trace", trace, "--time-scale", "0.1", "-o", "json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = [r["latency"] for r in doc["results"]["policy"]["timeline"]]
+    decided = [r["decision"] for r in rows if "decision" in r]
+    assert decided
+    assert all(
+        set(d) == {"reason", "observedRunningPerReplica", "expectedRunningPerReplica", "predictedSpeedup"}
+        for d in decided
+    )
+    assert any(d["reason"].startswith("Goodput") for d in decided)
+    assert {r["oracleSetting"] for r in rows} <= {None, "alwaysOff", "alwaysOnK1", "alwaysOnK3"}
+
+
 def test_simulate_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = _trace(tmp_path / "t.csv")
     png = tmp_path / "timeline.png"

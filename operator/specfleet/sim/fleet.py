@@ -641,9 +641,12 @@ class _Fleet:
         self.status = recorded.status
         for d in decisions:
             obs = observations[d.pool]
+            expected = d.observations.get("expectedRunningPerReplica")
             self.last_decisions[d.pool] = {
                 "reason": d.reason,
                 "observedRunningPerReplica": obs.running_per_replica,
+                # The load the policy decided with (the observed one projected along its trend).
+                "expectedRunningPerReplica": float(expected) if expected else obs.running_per_replica,
                 "predictedSpeedup": d.observations.get("predictedSpeedup"),
             }
         for d in recorded.flipped:
