@@ -379,16 +379,19 @@ def render(
                 f"{doc['policy']['tokensPerSecond']:.0f} | {load} |"
             )
         lines.append("")
-        changes = comps.get((scenario, "published"))
-        if changes is not None and changes.runs["policy"].changes:
-            lines.append(
-                "Policy changes (published drafter): "
-                + "; ".join(
-                    f"{c.time / 60:.1f} min {c.pool} {describe(c)} ({c.reason})"
-                    for c in changes.runs["policy"].changes
+        for drafter in DRAFTERS:
+            changes = comps.get((scenario, drafter))
+            if changes is not None and changes.runs["policy"].changes:
+                lines.append(
+                    f"Policy changes ({drafter} drafter; running per replica observed -> projected, which "
+                    "it decided with): "
+                    + "; ".join(
+                        f"{c.time / 60:.1f} min {c.pool} {describe(c)} ({c.reason}; "
+                        f"{fmt(c.observed_load, 1)} -> {fmt(c.expected_load, 1)})"
+                        for c in changes.runs["policy"].changes
+                    )
                 )
-            )
-            lines.append("")
+                lines.append("")
         for drafter in DRAFTERS:
             png = f"policy-{scenario}-{drafter}.png"
             if (scenario, drafter) in comps and (drafter == "published" or scenario == "ramp"):

@@ -182,6 +182,8 @@ class Comparison:
                         else (f"K{c.to_k}" if c.kind == "retune" else f"{c.canaries} canaries"),
                         "k": c.to_k,
                         "reason": c.reason,
+                        "observedRunningPerReplica": _round(c.observed_load, 1),
+                        "expectedRunningPerReplica": _round(c.expected_load, 1),
                     }
                     for c in run.changes
                 ]
