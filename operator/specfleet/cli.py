@@ -142,18 +142,17 @@ def _cmd_sandbox(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     from specfleet.profiling import ProfileError, config_map, measure, profile_document
 
-    options = ["--model", args.model, "--method", args.method, "--name", args.name]
-    options += ["--ks", args.ks, "--batch-sizes", args.batch_sizes, "--tokens", str(args.tokens)]
-    options += ["--repeats", str(args.repeats), "--load-format", args.load_format]
-    options += ["--engine-args", args.engine_args]
-    if args.max_model_len:
-        options += ["--max-model-len", str(args.max_model_len)]
-    if args.drafter:
-        options += ["--drafter", args.drafter]
-    if args.dtype:
-        options += ["--dtype", args.dtype]
-    if args.enforce_eager:
-        options.append("--enforce-eager")
+    if args.job:
+        return _profile_job(args)
+    if args.publish:
+        return _profile_publish(args)
+    missing = [
+        flag for flag, value in (("--vllm-python", args.vllm_python), ("--model", args.model)) if not value
+    ]
+    if missing:
+        print(f"error: {' and '.join(missing)} required (or --job / --publish)", file=sys.stderr)
+        return 2
+    options = _measure_options(args)
     try:
         profile, doc = measure(args.vllm_python, options, timeout_seconds=args.timeout_seconds)
     except ProfileError as err:
@@ -167,6 +166,78 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _profile_job(args: argparse.Namespace) -> int:
+    """Print the Job (and its RBAC and script) that measures on a GPU node and fills the ConfigMap."""
+    from specfleet.profiling import profile_job
+    from specfleet.render import RenderOptions
+
+    if not (args.config_map and args.namespace and args.model):
+        print("error: --job needs --config-map, --namespace and --model", file=sys.stderr)
+        return 2
+    manifests = profile_job(
+        args.job,
+        args.namespace,
+        args.config_map,
+        _measure_options(args),
+        vllm_image=args.vllm_image,
+        specfleet_image=args.specfleet_image or RenderOptions().router_image,
+        gpus=args.gpus,
+    )
+    text = to_yaml(manifests)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _profile_publish(args: argparse.Namespace) -> int:
+    """Check a measurement's output and apply it as the profile ConfigMap (the Job's second step)."""
+    from specfleet.kube import KubeCluster, load_kube_config
+    from specfleet.profiling import ProfileError, config_map, parse_output, profile_document
+    from specfleet.reconcile import ApplyRejectedError
+
+    if not (args.config_map and args.namespace):
+        print("error: --publish needs --config-map and --namespace", file=sys.stderr)
+        return 2
+    try:
+        profile, doc = parse_output(Path(args.publish).read_text(encoding="utf-8"))
+    except OSError as err:
+        print(f"error: cannot read {args.publish}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    except ProfileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    manifest = config_map(args.config_map, args.namespace, profile_document(profile, doc.get("measuredWith")))
+    try:
+        KubeCluster(load_kube_config(args.kubeconfig)).apply(manifest)
+    except ApplyRejectedError as err:
+        print(
+            f"error: the cluster refused configmap/{args.config_map} in {args.namespace}: {err}",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"configmap/{args.config_map} in {args.namespace}: profile {profile.name} applied")
+    return 0
+
+
+def _measure_options(args: argparse.Namespace) -> list[str]:
+    """The measurement script's options from `specfleet profile`'s."""
+    options = ["--model", args.model, "--method", args.method, "--name", args.name]
+    options += ["--ks", args.ks, "--batch-sizes", args.batch_sizes, "--tokens", str(args.tokens)]
+    options += ["--repeats", str(args.repeats), "--load-format", args.load_format]
+    options += ["--engine-args", args.engine_args]
+    if args.max_model_len:
+        options += ["--max-model-len", str(args.max_model_len)]
+    if args.drafter:
+        options += ["--drafter", args.drafter]
+    if args.dtype:
+        options += ["--dtype", args.dtype]
+    if args.enforce_eager:
+        options.append("--enforce-eager")
+    return options
 
 
 class _UsageError(Exception):
@@ -192,10 +263,25 @@ def _load_one_resource(path: str) -> Any:
     return sd
 
 
+def _profile_file(path: str) -> Any:
+    """A profile file, or the ConfigMap holding one (as `specfleet profile --config-map` writes it):
+    the same parsing the operator applies to `costProfileConfigMap`."""
+    from specfleet.policy.profile_source import profile_from_config_map
+    from specfleet_runtime.cost_profile import load_profile
+
+    doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
+        meta = doc.get("metadata") or {}
+        return profile_from_config_map(
+            doc, str(meta.get("namespace", "default")), str(meta.get("name", path))
+        )
+    return load_profile(path)
+
+
 def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from specfleet.sim.fleet import SimOptions
     from specfleet.sim.workload import WorkloadError, parse_acceptance, read_trace
-    from specfleet_runtime.cost_profile import default_profile, load_profile
+    from specfleet_runtime.cost_profile import default_profile
 
     sd = _load_one_resource(args.filename)
     try:
@@ -204,9 +290,16 @@ def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     except WorkloadError as err:
         raise _UsageError(str(err)) from None
     try:
-        profile = load_profile(args.profile) if args.profile else default_profile()
+        profile = _profile_file(args.profile) if args.profile else default_profile()
     except (OSError, ValueError, yaml.YAMLError) as err:
         raise _UsageError(f"cannot use cost profile {args.profile}: {err}") from None
+    named = sd.spec.policy.goodput.cost_profile_config_map
+    if named and not args.profile:
+        print(
+            f"note: the resource decides with ConfigMap {named} (costProfileConfigMap); pass its YAML "
+            "with --profile to simulate with it: this run uses the published profile",
+            file=sys.stderr,
+        )
     for name in ("startup_seconds", "scrape_interval"):
         if not getattr(args, name) > 0:
             raise _UsageError(f"--{name.replace('_', '-')} must be > 0")
@@ -331,7 +424,10 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-scale", type=float, default=1.0, help="divide arrival times by this (2 = twice the rate)"
     )
-    parser.add_argument("--profile", help="step-time profile file (default: published H100 Llama-3.1-8B)")
+    parser.add_argument(
+        "--profile",
+        help="step-time profile file, or the ConfigMap holding one (default: published H100 Llama-3.1-8B)",
+    )
     parser.add_argument(
         "--startup-seconds", type=float, default=60.0, help="engine start-up time (default 60)"
     )
@@ -411,8 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
         "profile",
         help="measure a step-time profile (batch sizes x K) with vLLM and print it in the policy's format",
     )
-    profile.add_argument("--vllm-python", required=True, help="python of a vLLM installation (venv or image)")
-    profile.add_argument("--model", required=True, help="target model (HF id or local folder)")
+    profile.add_argument("--vllm-python", help="python of a vLLM installation (venv or image)")
+    profile.add_argument("--model", help="target model (HF id or local folder)")
     profile.add_argument("--method", default="eagle3", help="vLLM speculative method (default eagle3)")
     profile.add_argument("--drafter", help="drafter model (eagle3, eagle, draft_model, medusa)")
     profile.add_argument("--ks", default="0,1,3,5", help="K values, comma-separated, 0 first")
@@ -429,6 +525,23 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--config-map", help="print a ConfigMap of this name holding the profile")
     profile.add_argument("-n", "--namespace", help="namespace of the ConfigMap")
     profile.add_argument("-o", "--output", help="write to this file instead of stdout")
+    profile.add_argument(
+        "--job",
+        metavar="NAME",
+        help="print a Job (with its ServiceAccount, Role and script) that measures on a GPU node and "
+        "applies the --config-map, instead of measuring here",
+    )
+    profile.add_argument(
+        "--vllm-image", default="vllm/vllm-openai:v0.32.0", help="--job: the measuring image"
+    )
+    profile.add_argument("--specfleet-image", help="--job: specfleet's image (default: this version's)")
+    profile.add_argument("--gpus", type=int, default=1, help="--job: GPUs of the measuring container")
+    profile.add_argument(
+        "--publish",
+        metavar="FILE",
+        help="(the Job's second step) check a measurement's output in FILE and apply it as --config-map",
+    )
+    profile.add_argument("--kubeconfig", help="--publish: kubeconfig (default: in-cluster)")
     profile.set_defaults(func=_cmd_profile)
 
     simulate = sub.add_parser(

@@ -27,6 +27,12 @@ from specfleet.policy.decide import PoolDecision, decide
 from specfleet.policy.drift import DriftRecorded, track_drift
 from specfleet.policy.measurements import Measurements, measurements, with_measurements, worth_writing
 from specfleet.policy.observations import PoolObservation
+from specfleet.policy.profile_source import (
+    CostProfileError,
+    hold_every_pool,
+    profile_condition,
+    profile_from_config_map,
+)
 from specfleet.policy.record import auto_pools, parse_time, pool_states, record
 from specfleet.reconcile import ApplyRejectedError, Cluster, Event, reconcile, status_patch
 from specfleet.render import RenderOptions
@@ -213,16 +219,24 @@ class Controller:
                 )
                 for pool in auto_pools(sd.spec)
             }
-            decisions = decide(
-                sd.spec.policy,
-                sd.spec.drafter.num_speculative_tokens,
-                states,
-                observations,
-                now,
-                self.profile,
-            )
+            profile, problem = self._cost_profile(sd)
+            if profile is None:
+                decisions = hold_every_pool({p: states[p] for p in observations}, problem or "")
+            else:
+                decisions = decide(
+                    sd.spec.policy,
+                    sd.spec.drafter.num_speculative_tokens,
+                    states,
+                    observations,
+                    now,
+                    profile,
+                )
             outcome.decisions = decisions
             recorded = record(previous, decisions, observations, sd.generation, now)
+            recorded.status, profile_events = profile_condition(
+                recorded.status, sd.spec.policy.goodput.cost_profile_config_map, problem, sd.generation, now
+            )
+            recorded.events += profile_events
             drift = track_drift(sd.spec, recorded.status, states, observations, sd.generation, now)
             recorded.events += drift.events
             recorded.status = self._start_retrain_jobs(sd, drift, recorded.events)
@@ -274,6 +288,20 @@ class Controller:
             pools = status.pools.model_copy(update={trigger.pool: ps})
             status = status.model_copy(update={"pools": pools})
         return status
+
+    def _cost_profile(self, sd: SpeculativeDeployment) -> tuple[StepTimeProfile | None, str | None]:
+        """The profile to decide with: the ConfigMap the spec names (read now), else the default.
+
+        (None, why) when the named ConfigMap is missing or malformed: the pools hold.
+        """
+        name = sd.spec.policy.goodput.cost_profile_config_map
+        if not name:
+            return self.profile, None
+        ref = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": sd.namespace, "name": name}}
+        try:
+            return profile_from_config_map(self.cluster.get(ref), sd.namespace, name), None
+        except CostProfileError as err:
+            return None, str(err)
 
     def evaluate_policy(self, namespace: str, name: str) -> Outcome:
         """Observe, decide and write for one resource (the scheduler does the same for many at once)."""

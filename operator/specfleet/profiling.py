@@ -17,12 +17,11 @@ from typing import Any
 import yaml
 
 import specfleet_runtime
+from specfleet.policy.profile_source import PROFILE_KEY
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 # The measurement script, run by file path with the vLLM installation's python.
 SCRIPT = Path(specfleet_runtime.__file__).resolve().parent / "vllm_profile.py"
-# Key of the profile in a cost-profile ConfigMap.
-PROFILE_KEY = "profile.yaml"
 
 
 class ProfileError(RuntimeError):
@@ -89,3 +88,117 @@ def config_map(name: str, namespace: str | None, text: str) -> dict[str, Any]:
     if namespace:
         meta["namespace"] = namespace
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {PROFILE_KEY: text}}
+
+
+# Where the Job's containers share the measurement, and where the script is mounted.
+JOB_OUTPUT = "/out/measurement.txt"
+JOB_SCRIPT_DIR = "/specfleet"
+
+
+def profile_job(
+    name: str,
+    namespace: str,
+    config_map_name: str,
+    options: Sequence[str],
+    *,
+    vllm_image: str,
+    specfleet_image: str,
+    gpus: int = 1,
+    script_text: str | None = None,
+) -> list[dict[str, Any]]:
+    """The manifests of a Job that measures a profile on a GPU node and fills `config_map_name`.
+
+    Its init container runs the measurement script (mounted from a ConfigMap; run with the vLLM
+    image's python, which need not have specfleet) and writes what it prints to a shared emptyDir;
+    its container, specfleet's image, runs `specfleet profile --publish`: the output is checked
+    (`parse_output`) and applied as the profile ConfigMap the policy reads
+    (`policy.goodput.costProfileConfigMap`). A ServiceAccount with a Role that can only create that
+    ConfigMap and get/patch it by name goes with it.
+    """
+    labels = {"app.kubernetes.io/part-of": "specfleet", "app.kubernetes.io/component": "profile"}
+
+    def meta(obj_name: str) -> dict[str, Any]:
+        return {"name": obj_name, "namespace": namespace, "labels": dict(labels)}
+
+    script = SCRIPT.read_text(encoding="utf-8") if script_text is None else script_text
+    script_map = f"{name}-script"
+    restricted = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    measure = {
+        "name": "measure",
+        "image": vllm_image,
+        "command": ["sh", "-c", f'python3 {JOB_SCRIPT_DIR}/{SCRIPT.name} "$@" > {JOB_OUTPUT}', "measure"],
+        "args": list(options),
+        "resources": {"limits": {"nvidia.com/gpu": gpus}},
+        "volumeMounts": [
+            {"name": "script", "mountPath": JOB_SCRIPT_DIR, "readOnly": True},
+            {"name": "out", "mountPath": str(Path(JOB_OUTPUT).parent)},
+        ],
+        "securityContext": restricted,
+    }
+    publish = {
+        "name": "publish",
+        "image": specfleet_image,
+        "command": ["specfleet", "profile", "--publish", JOB_OUTPUT],
+        "args": ["--config-map", config_map_name, "--namespace", namespace],
+        "volumeMounts": [{"name": "out", "mountPath": str(Path(JOB_OUTPUT).parent), "readOnly": True}],
+        "securityContext": {**restricted, "readOnlyRootFilesystem": True, "runAsNonRoot": True},
+    }
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta(name),
+        "spec": {
+            "backoffLimit": 1,
+            "ttlSecondsAfterFinished": 86400,
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "serviceAccountName": name,
+                    "restartPolicy": "Never",
+                    "initContainers": [measure],
+                    "containers": [publish],
+                    "volumes": [
+                        {"name": "script", "configMap": {"name": script_map}},
+                        {"name": "out", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": meta(name),
+        "rules": [
+            # create cannot be limited by name (the name is not known when it is authorised).
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [config_map_name],
+                "verbs": ["get", "patch"],
+            },
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": meta(name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(name)},
+        role,
+        binding,
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta(script_map),
+            "data": {SCRIPT.name: script},
+        },
+        job,
+    ]

@@ -269,3 +269,23 @@ def concurrency_at_speedup(
         else:
             hi = mid
     return lo
+
+
+def break_even_concurrency(
+    profile: StepTimeProfile,
+    per_position_acceptance: Sequence[float],
+    ks: Iterable[int],
+    target: float = 1.0,
+) -> float:
+    """The highest running requests per engine at which the best of `ks` still predicts `target`.
+
+    The one break-even function: the policy's Threshold defaults and `specfleet plan` both use it.
+    Each K's speedup falls with load, so the best K reaches `target` exactly up to the highest of the
+    per-K points (`concurrency_at_speedup`). 0 when no K reaches it at one request; MAX_CONCURRENCY
+    when one does at every load.
+    """
+    acc = tuple(float(p) for p in per_position_acceptance)
+    values = [concurrency_at_speedup(profile, k, acc, target) for k in ks]
+    if not values:
+        raise ValueError("no candidate K")
+    return max(values)

@@ -470,3 +470,42 @@ def test_a_drafter_that_does_not_fit_stops_the_pool_with_drafter_incompatible(cr
     )
     assert "latency" in ready["message"]
     assert "PoolNotReady" in events_by_time(crd.kubectl, namespace)
+
+
+def test_the_policy_reads_the_cost_profile_config_map_the_spec_names(crd, operator, namespace):
+    """Missing: CostProfileLoaded=False with why (read through the operator's real client and RBAC);
+    created by `specfleet profile --config-map`'s format: the next evaluation loads it."""
+    cluster = crd
+    _apply(
+        cluster,
+        _manifest(namespace, {"spec": {"policy": {"goodput": {"costProfileConfigMap": "gpu-profile"}}}}),
+    )
+
+    def condition(status: str):
+        def probe():
+            cond = _conditions(_get(cluster, "sd", "assistant", namespace)).get("CostProfileLoaded")
+            return cond if cond is not None and cond["status"] == status else None
+
+        return probe
+
+    missing = wait_for("CostProfileLoaded=False", condition("False"), timeout=120)
+    assert missing["reason"] == "CostProfileUnavailable"
+    assert f"ConfigMap {namespace}/gpu-profile" in missing["message"]
+    assert "does not exist" in missing["message"]
+    profile = {
+        "name": "measured-here",
+        "batchSizes": [1, 64],
+        "numSpeculativeTokens": [0, 1],
+        "stepTimeMs": [[5.0, 5.5], [6.0, 7.5]],
+    }
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "gpu-profile", "namespace": namespace},
+        "data": {"profile.yaml": yaml.safe_dump(profile)},
+    }
+    _apply(cluster, config_map)
+    loaded = wait_for("CostProfileLoaded=True", condition("True"), timeout=120)
+    assert loaded["reason"] == "ProfileFromConfigMap"
+    events = cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+    assert "CostProfileUnavailable" in events

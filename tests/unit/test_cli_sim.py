@@ -49,6 +49,26 @@ def test_simulate_prints_one_json_object_with_every_strategy(
     assert pools["latency"]["requests"] == 320
 
 
+def test_simulate_timeline_says_what_each_decision_was_based_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Per window: the observed load, the load the policy projected along the trend and decided
+    with, its reason, and the setting the oracle took there (how a worst minute is diagnosed)."""
+    trace = _trace(tmp_path / "t.csv")
+    argv = ["simulate", "-f", EXAMPLE, "--trace", trace, "--time-scale", "0.1", "-o", "json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = [r["latency"] for r in doc["results"]["policy"]["timeline"]]
+    decided = [r["decision"] for r in rows if "decision" in r]
+    assert decided
+    assert all(
+        set(d) == {"reason", "observedRunningPerReplica", "expectedRunningPerReplica", "predictedSpeedup"}
+        for d in decided
+    )
+    assert any(d["reason"].startswith("Goodput") for d in decided)
+    assert {r["oracleSetting"] for r in rows} <= {None, "alwaysOff", "alwaysOnK1", "alwaysOnK3"}
+
+
 def test_simulate_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = _trace(tmp_path / "t.csv")
     png = tmp_path / "timeline.png"
@@ -75,6 +95,62 @@ def test_plan_recommends_settings_schedule_and_thresholds(
     assert thresholds["resumeBelowConcurrencyPerReplica"] < thresholds["stopAboveConcurrencyPerReplica"]
     assert doc["pools"]["latency"]["speculation"] == "On"
     assert doc["predicted"]["policyVsAlwaysOff"] > 0.3
+
+
+def test_plan_thresholds_and_break_even_are_the_policys_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One source of truth: plan's Threshold values are what the policy derives from the same acceptance."""
+    from specfleet.api.validation import parse_resource
+    from specfleet.policy.decide import threshold_values
+    from specfleet.sim.compare import static_ks
+    from specfleet_runtime.cost_profile import break_even_concurrency, default_profile, speedup
+
+    trace = _trace(tmp_path / "t.csv", rows=100)
+    acceptance = (0.6, 0.3, 0.1)
+    assert main(["plan", "-f", EXAMPLE, "--trace", trace, "--acceptance", "0.6;0.3;0.1", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    sd = parse_resource(yaml.safe_load(Path(EXAMPLE).read_text()))
+    profile = default_profile()
+    k = sd.spec.drafter.num_speculative_tokens
+    policy = sd.spec.policy.model_copy(update={"thresholds": type(sd.spec.policy.thresholds)()})
+    values = threshold_values(policy, k, profile, acceptance)
+    thresholds = doc["policy"]["thresholds"]
+    assert thresholds["stopAboveConcurrencyPerReplica"] == int(values.stop_concurrency)
+    assert thresholds["resumeBelowConcurrencyPerReplica"] == int(values.resume_concurrency)
+    # Break-even: the first whole concurrency where the best K stops paying, from the shared function.
+    ks = static_ks(profile, k)
+    c = doc["breakEvenConcurrencyPerReplica"]
+    assert c == int(break_even_concurrency(profile, acceptance, ks)) + 1
+    assert max(speedup(profile, c, kk, acceptance) for kk in ks) < 1.0
+    assert max(speedup(profile, c - 1, kk, acceptance) for kk in ks) >= 1.0
+
+
+def test_plan_takes_the_profile_config_map_the_operator_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specfleet.profiling import config_map
+
+    slow = {
+        "name": "slow-drafter",
+        "batchSizes": [1, 64, 256],
+        "numSpeculativeTokens": [0, 1, 3],
+        "stepTimeMs": [[6.0, 18.0, 30.0], [8.0, 24.0, 40.0], [15.0, 45.0, 75.0]],
+    }
+    path = tmp_path / "cm.yaml"
+    path.write_text(yaml.safe_dump(config_map("gpu-profile", "team-a", yaml.safe_dump(slow))))
+    trace = _trace(tmp_path / "t.csv", rows=100)
+    argv = ["plan", "-f", EXAMPLE, "--trace", trace, "--profile", str(path), "-o", "json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["profile"] == "slow-drafter"
+    assert doc["breakEvenConcurrencyPerReplica"] == 1  # drafting never pays with this profile
+    assert doc["pools"]["latency"]["speculation"] == "Off"
+    path.write_text(yaml.safe_dump(config_map("gpu-profile", "team-a", "batchSizes: [1]\n")))
+    assert main(argv) == 1
+    assert "ConfigMap team-a/gpu-profile (policy.goodput.costProfileConfigMap): invalid profile" in (
+        capsys.readouterr().err
+    )
 
 
 def test_plan_with_a_strong_drafter_never_breaks_even(

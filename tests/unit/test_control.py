@@ -296,3 +296,97 @@ def test_a_jitter_in_the_last_digits_is_not_written(world):
             after = _status(cluster)
             raise AssertionError({k: (before[k], after[k]) for k in after if before.get(k) != after[k]})
     assert _status(cluster)["pools"]["latency"]["runningPerReplica"] == "40"
+
+
+# A profile under which drafting never pays: every K costs three times a plain step.
+SLOW_DRAFTER_PROFILE = """name: slow-drafter
+batchSizes: [1, 64, 256]
+numSpeculativeTokens: [0, 1, 3]
+stepTimeMs:
+- [6.0, 18.0, 30.0]
+- [8.0, 24.0, 40.0]
+- [15.0, 45.0, 75.0]
+"""
+
+
+def _profile_config_map(text: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"namespace": "default", "name": "h200-profile"},
+        "data": {"profile.yaml": text},
+    }
+
+
+def _goodput_with_profile(cluster, prom, controller):
+    cluster.objects[KEY]["spec"]["policy"]["mode"] = "Goodput"
+    cluster.objects[KEY]["spec"]["policy"]["goodput"] = {"costProfileConfigMap": "h200-profile"}
+    controller.reconcile_object("default", "llama")
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    # Low load, published acceptance: the default profile predicts about 1.5x (stay On).
+    prom.set_pool("latency", drafts=10.0, accepted=12.7, per_pos=[6.8, 3.9, 2.0], running=8.0)
+
+
+def test_the_policy_decides_with_the_profile_in_the_named_config_map(world):
+    cluster, prom, _, controller = world
+    cluster.objects[("ConfigMap", "default", "h200-profile")] = _profile_config_map(SLOW_DRAFTER_PROFILE)
+    _goodput_with_profile(cluster, prom, controller)
+    outcome = controller.evaluate_policy("default", "llama")
+    assert [(d.flip, d.reason) for d in outcome.decisions] == [(True, "GoodputBelowBreakEven")]
+    assert "--speculative-config" not in _latency_args(cluster)
+    cond = _conditions(cluster)["CostProfileLoaded"]
+    assert (cond["status"], cond["reason"]) == ("True", "ProfileFromConfigMap")
+    assert "h200-profile" in cond["message"]
+
+
+def test_the_default_profile_keeps_the_same_pool_on(world):
+    """The control for the test above: same numbers, no ConfigMap named, no flip, no new condition."""
+    cluster, prom, _, controller = world
+    _goodput_with_profile(cluster, prom, controller)
+    del cluster.objects[KEY]["spec"]["policy"]["goodput"]
+    outcome = controller.evaluate_policy("default", "llama")
+    assert [d.flip for d in outcome.decisions] == [False]
+    assert "CostProfileLoaded" not in _conditions(cluster)
+
+
+@pytest.mark.parametrize(
+    ("config_map", "message"),
+    [
+        (None, "ConfigMap default/h200-profile (policy.goodput.costProfileConfigMap) does not exist"),
+        (_profile_config_map("batchSizes: [1, 64\n"), "profile.yaml is not YAML"),
+        (_profile_config_map("batchSizes: [1]\n"), "invalid profile: profile lacks 'numSpeculativeTokens'"),
+        (
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "h200-profile"},
+                "data": {"x": "1"},
+            },
+            "has no key 'profile.yaml' (keys: x)",
+        ),
+    ],
+)
+def test_a_missing_or_malformed_profile_config_map_holds_and_says_why(world, config_map, message):
+    cluster, prom, clock, controller = world
+    if config_map is not None:
+        cluster.objects[("ConfigMap", "default", "h200-profile")] = config_map
+    _goodput_with_profile(cluster, prom, controller)
+    prom.set_pool("latency", drafts=10.0, accepted=10.5, per_pos=[0.5, 0.0, 0.0], running=200.0)
+    outcome = controller.evaluate_policy("default", "llama")
+    assert [(d.flip, d.reason) for d in outcome.decisions] == [(False, "CostProfileUnavailable")]
+    assert message in outcome.decisions[0].message
+    assert "--speculative-config" in _latency_args(cluster)
+    cond = _conditions(cluster)["CostProfileLoaded"]
+    assert cond["status"] == "False"
+    assert cond["reason"] == "CostProfileUnavailable"
+    assert message in cond["message"]
+    assert [e.reason for e in outcome.events] == ["CostProfileUnavailable"]
+    clock.advance(5)
+    assert controller.evaluate_policy("default", "llama").events == []  # one Warning, not one per evaluation
+    # Fixed: the next evaluation uses it.
+    cluster.objects[("ConfigMap", "default", "h200-profile")] = _profile_config_map(SLOW_DRAFTER_PROFILE)
+    clock.advance(5)
+    fixed = controller.evaluate_policy("default", "llama")
+    assert fixed.decisions[0].flip
+    assert _conditions(cluster)["CostProfileLoaded"]["status"] == "True"

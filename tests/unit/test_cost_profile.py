@@ -185,3 +185,18 @@ def test_break_even_concurrency_of_the_published_profile():
     # ... while free verification pays at any load.
     flat = StepTimeProfile(batch_sizes=(1, 256), speculative_tokens=(0, 1), step_ms=((5.0, 5.0), (9.0, 9.0)))
     assert concurrency_at_speedup(flat, 1, (0.5,), 1.0) == MAX_CONCURRENCY
+
+
+def test_break_even_concurrency_is_where_the_best_k_stops_paying() -> None:
+    from specfleet_runtime.cost_profile import break_even_concurrency, speedup
+
+    profile = default_profile()
+    published = (0.68, 0.39, 0.2, 0.1, 0.05)
+    c = break_even_concurrency(profile, published, [1, 3])
+    assert 160 < c < 180  # issue 12 measured about 169 for the published drafter
+    assert max(speedup(profile, c, k, published) for k in (1, 3)) == pytest.approx(1.0, abs=1e-6)
+    assert max(speedup(profile, c + 1, k, published) for k in (1, 3)) < 1.0
+    # The best of several K reaches further than the drafter's K alone.
+    assert break_even_concurrency(profile, published, [3]) < c
+    with pytest.raises(ValueError, match="no candidate K"):
+        break_even_concurrency(profile, published, [])

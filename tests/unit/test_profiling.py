@@ -64,3 +64,82 @@ def test_cli_reports_a_failed_measurement(tmp_path: Path, capsys: pytest.Capture
 def test_cli_reports_a_missing_interpreter(capsys: pytest.CaptureFixture[str]):
     assert main(["profile", "--vllm-python", "/nonexistent/python", "--model", "m"]) == 1
     assert "no such interpreter" in capsys.readouterr().err
+
+
+def test_the_profile_config_map_is_what_the_policy_reads():
+    from specfleet.policy.profile_source import profile_from_config_map
+
+    text = profile_document(StepTimeProfile.from_dict(DOC), DOC["measuredWith"])
+    read = profile_from_config_map(config_map("p", "ns", text), "ns", "p")
+    assert read.step_time_ms(4, 1) == 3.0
+    assert read.name == "x"
+
+
+def _job(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, dict]:
+    argv = ["profile", "--job", "measure-h200", "--config-map", "h200-profile", "-n", "team-a"]
+    argv += ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--drafter", "yuhuili/EAGLE3", *extra]
+    assert main(argv) == 0
+    return {d["kind"]: d for d in yaml.safe_load_all(capsys.readouterr().out)}
+
+
+def test_job_measures_on_a_gpu_and_publishes_the_config_map(capsys: pytest.CaptureFixture[str]):
+    from specfleet.profiling import SCRIPT
+
+    docs = _job(capsys, "--gpus", "2", "--ks", "0,1,3")
+    assert set(docs) == {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Job"}
+    assert all(d["metadata"]["namespace"] == "team-a" for d in docs.values())
+    pod = docs["Job"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "measure-h200"
+    assert pod["restartPolicy"] == "Never"
+    measure = pod["initContainers"][0]
+    assert measure["image"].startswith("vllm/vllm-openai:")
+    assert measure["resources"]["limits"]["nvidia.com/gpu"] == 2
+    args = measure["args"]
+    assert args[args.index("--model") + 1] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert args[args.index("--drafter") + 1] == "yuhuili/EAGLE3"
+    assert args[args.index("--ks") + 1] == "0,1,3"
+    # The script the init container runs is this version's, mounted from the ConfigMap.
+    assert docs["ConfigMap"]["data"][SCRIPT.name] == SCRIPT.read_text()
+    assert any(v.get("configMap", {}).get("name") == "measure-h200-script" for v in pod["volumes"])
+    publish = pod["containers"][0]
+    assert publish["command"][:3] == ["specfleet", "profile", "--publish"]
+    assert publish["args"] == ["--config-map", "h200-profile", "--namespace", "team-a"]
+    # The Role reaches only the profile ConfigMap by name (create cannot be limited by name).
+    rules = docs["Role"]["rules"]
+    assert {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]} in rules
+    named = [r for r in rules if "resourceNames" in r]
+    assert named == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["h200-profile"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    assert docs["RoleBinding"]["subjects"][0]["name"] == "measure-h200"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["profile", "--job", "j", "--model", "m"], "--job needs --config-map, --namespace and --model"),
+        (
+            ["profile", "--publish", "/nonexistent", "--config-map", "c", "-n", "ns"],
+            "cannot read /nonexistent",
+        ),
+        (["profile", "--publish", "/dev/null"], "--publish needs --config-map and --namespace"),
+        (["profile", "--model", "m"], "--vllm-python required"),
+    ],
+)
+def test_profile_modes_say_what_is_missing(argv, message, capsys: pytest.CaptureFixture[str]):
+    assert main(argv) != 0
+    assert message in capsys.readouterr().err
+
+
+def test_publish_refuses_a_measurement_that_is_not_a_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    out = tmp_path / "measurement.txt"
+    out.write_text("INFO vllm crashed\n")
+    assert main(["profile", "--publish", str(out), "--config-map", "c", "-n", "ns"]) == 1
+    assert "printed no profile" in capsys.readouterr().err

@@ -197,6 +197,10 @@ def test_a_flip_rolls_out_by_surge_and_costs_gpu_seconds() -> None:
     flips = [c for c in result.changes if c.kind == "flip" and c.pool == "latency"]
     assert flips
     assert flips[0].to_mode == "Off"
+    # The change records the load it was decided on: observed (window average) and projected.
+    assert flips[0].observed_load is not None
+    assert flips[0].observed_load > 200
+    assert flips[0].expected_load is not None
     off_bins = [row for row in result.timeline if row["latency"]["mode"] == "Off"]
     assert off_bins, "the pool should run without speculation after the rollout"
     # During the surge the pool holds more than its 3 replicas (maxSurge 1), never fewer.

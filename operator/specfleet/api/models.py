@@ -675,7 +675,10 @@ class GoodputPolicy(ApiModel):
     cost_profile_config_map: str | None = Field(
         default=None,
         max_length=253,
-        description="ConfigMap with a step-time profile; default: published H100.",
+        description="ConfigMap in this namespace with a step-time profile under key profile.yaml "
+        "(`specfleet profile --config-map NAME` writes it); the policy decides with it instead of the "
+        "published H100 Llama-3.1-8B profile. Missing or malformed: every pool holds and condition "
+        "CostProfileLoaded is False with the reason.",
     )
 
 

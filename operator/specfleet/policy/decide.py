@@ -52,7 +52,7 @@ from specfleet_runtime.cost_profile import (
     PUBLISHED_ACCEPTANCE,
     StepTimeProfile,
     best_k,
-    concurrency_at_speedup,
+    break_even_concurrency,
     speedup,
 )
 
@@ -200,13 +200,19 @@ class ThresholdValues:
     derived: tuple[str, ...] = ()
 
 
-def threshold_values(policy: PolicySpec, k: int, profile: StepTimeProfile) -> ThresholdValues:
+def threshold_values(
+    policy: PolicySpec,
+    k: int,
+    profile: StepTimeProfile,
+    acceptance: Sequence[float] | None = None,
+) -> ThresholdValues:
     """Threshold mode's values: the spec's where set, else derived from the profile's break-even point.
 
     Acceptance: drafting K pays at batch size 1 when the acceptance length exceeds
     step(1, K) / step(1, 0); stop below that times 1 - margin, resume above it times 1 + margin.
-    Concurrency: where the published acceptance predicts a speedup of 1 - margin (stop) and
-    1 + margin (resume) at the drafter's K.
+    Concurrency: where `acceptance` (default the published one) predicts a speedup of 1 - margin
+    (stop) and 1 + margin (resume) at the drafter's K (`break_even_concurrency`, which `specfleet plan`
+    uses too).
     """
     t = policy.thresholds
     m = _margin(policy)
@@ -222,16 +228,16 @@ def threshold_values(policy: PolicySpec, k: int, profile: StepTimeProfile) -> Th
     else:
         resume_a = max(break_even * (1 + m), stop_a + 0.01)
         derived.append("resumeAboveAcceptanceLength")
-    published = tuple(PUBLISHED_ACCEPTANCE)
+    acc = tuple(PUBLISHED_ACCEPTANCE if acceptance is None else acceptance)
     if t.stop_above_concurrency_per_replica is not None:
         stop_c = float(t.stop_above_concurrency_per_replica)
     else:
-        stop_c = max(1.0, concurrency_at_speedup(profile, k, published, 1 - m))
+        stop_c = max(1.0, break_even_concurrency(profile, acc, [k], 1 - m))
         derived.append("stopAboveConcurrency")
     if t.resume_below_concurrency_per_replica is not None:
         resume_c = float(t.resume_below_concurrency_per_replica)
     else:
-        resume_c = concurrency_at_speedup(profile, k, published, 1 + m)
+        resume_c = break_even_concurrency(profile, acc, [k], 1 + m)
         derived.append("resumeBelowConcurrency")
     resume_c = min(resume_c, stop_c * 0.9)  # a derived value never closes the hysteresis band
     return ThresholdValues(stop_a, resume_a, stop_c, resume_c, tuple(derived))

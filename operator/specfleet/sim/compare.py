@@ -182,6 +182,8 @@ class Comparison:
                         else (f"K{c.to_k}" if c.kind == "retune" else f"{c.canaries} canaries"),
                         "k": c.to_k,
                         "reason": c.reason,
+                        "observedRunningPerReplica": _round(c.observed_load, 1),
+                        "expectedRunningPerReplica": _round(c.expected_load, 1),
                     }
                     for c in run.changes
                 ]
@@ -202,7 +204,16 @@ class Comparison:
                     "requestsPerReplica": round(loads[pool][i], 2),
                     "tokensPerSecond": round(float(run.bin_tokens[pool][i]) / self.bin_seconds, 1),
                     "oracleTokensPerSecond": round(float(self.oracle_tokens[pool][i]) / self.bin_seconds, 1),
+                    "oracleSetting": self.oracle_choice[pool][i] or None,
                 }
+                if "reason" in state:
+                    # The policy's last evaluation of the pool up to this window: why it did what it did.
+                    entry[pool]["decision"] = {
+                        "reason": state["reason"],
+                        "observedRunningPerReplica": _round(state.get("observedRunningPerReplica"), 1),
+                        "expectedRunningPerReplica": _round(state.get("expectedRunningPerReplica"), 1),
+                        "predictedSpeedup": _float(state.get("predictedSpeedup")),
+                    }
             rows.append(entry)
         return rows
 
@@ -219,6 +230,13 @@ class Comparison:
 
 def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
 
 
 def _pool_json(run: RunResult, pool: str) -> dict[str, Any]:

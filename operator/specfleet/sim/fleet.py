@@ -114,6 +114,9 @@ class Change:
     reason: str
 
     canaries: int | None = None
+    # Running requests per replica the policy observed (window average) and decided with (projected).
+    observed_load: float | None = None
+    expected_load: float | None = None
 
     @property
     def kind(self) -> str:
@@ -641,16 +644,31 @@ class _Fleet:
         self.status = recorded.status
         for d in decisions:
             obs = observations[d.pool]
+            expected = d.observations.get("expectedRunningPerReplica")
             self.last_decisions[d.pool] = {
                 "reason": d.reason,
                 "observedRunningPerReplica": obs.running_per_replica,
+                # The load the policy decided with (the observed one projected along its trend).
+                "expectedRunningPerReplica": float(expected) if expected else obs.running_per_replica,
                 "predictedSpeedup": d.observations.get("predictedSpeedup"),
             }
         for d in recorded.flipped:
             to_k = d.target_k if d.target_k is not None else d.current_k
             canaries = getattr(d, "canary_replicas", None)
+            basis = self.last_decisions.get(d.pool, {})
             self.changes.append(
-                Change(now, d.pool, d.current, d.target, d.current_k, to_k, d.reason, canaries)
+                Change(
+                    now,
+                    d.pool,
+                    d.current,
+                    d.target,
+                    d.current_k,
+                    to_k,
+                    d.reason,
+                    canaries,
+                    basis.get("observedRunningPerReplica"),
+                    basis.get("expectedRunningPerReplica"),
+                )
             )
         if recorded.flipped:
             self.render(now)

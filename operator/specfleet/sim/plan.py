@@ -2,14 +2,16 @@
 
 From the cost profile and the acceptance: the break-even concurrency (running requests per replica
 where the best K stops beating no speculation), the Dynamic SD table (best K per batch size), and
-Threshold-mode values derived from them (stop above the concurrency where the predicted speedup falls
-below 1 - margin, resume below the one where it is above 1 + margin; stop below the acceptance length
-at which speculation stops paying at the pool's typical load). From a simulation of the workload: each
+Threshold-mode values: the concurrency values are the ones the policy itself derives when the spec
+leaves them unset (`specfleet.policy.decide.threshold_values`, from this acceptance at the drafter's
+K), and both go through the one break-even function, `cost_profile.break_even_concurrency`; the
+acceptance lengths are those at which speculation stops paying at the pool's typical load. From a simulation of the workload: each
 pool's load, and the predicted gain of the policy against always-on and always-off.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,10 +20,11 @@ import numpy as np
 from specfleet.api.effective import pool_engine
 from specfleet.api.models import PoolName
 from specfleet.api.validation import SpeculativeDeployment
+from specfleet.policy.decide import threshold_values
 from specfleet.sim.compare import Comparison, static_ks
 from specfleet.sim.engine import schedule_from_profile
 from specfleet.sim.fleet import POOLS, load_per_replica
-from specfleet_runtime.cost_profile import StepTimeProfile, speedup
+from specfleet_runtime.cost_profile import StepTimeProfile, break_even_concurrency, speedup
 
 MAX_CONCURRENCY = 1024
 
@@ -38,11 +41,13 @@ def best_speedup(
 def crossing(
     profile: StepTimeProfile, acceptance: Sequence[float], ks: Sequence[int], level: float
 ) -> int | None:
-    """The smallest concurrency at which the best speedup falls below `level` (None: never up to 1024)."""
-    for c in range(1, MAX_CONCURRENCY + 1):
-        if best_speedup(profile, c, acceptance, ks)[0] < level:
-            return c
-    return None
+    """The smallest whole concurrency at which the best speedup falls below `level` (None: not up to 1024).
+
+    From `break_even_concurrency`, the function the policy derives its Threshold values with.
+    """
+    c = break_even_concurrency(profile, acceptance, ks, level)
+    whole = math.floor(c) + 1
+    return None if whole > MAX_CONCURRENCY else whole
 
 
 def acceptance_break_even(
@@ -83,8 +88,15 @@ def plan(
     margin = spec.policy.goodput.margin_percent / 100
     ks = static_ks(profile, spec.drafter.num_speculative_tokens)
     break_even = crossing(profile, acceptance, ks, 1.0)
-    stop_c = crossing(profile, acceptance, ks, 1 - margin)
-    resume_c = crossing(profile, acceptance, ks, 1 + margin)
+    # Threshold mode drafts the drafter's K: its values are the ones the policy itself derives
+    # (`threshold_values`) when the spec leaves them unset, from this workload's acceptance.
+    derived = threshold_values(
+        spec.policy.model_copy(update={"thresholds": type(spec.policy.thresholds)()}),
+        spec.drafter.num_speculative_tokens,
+        profile,
+        acceptance,
+    )
+    stop_c = max(2, min(MAX_CONCURRENCY, math.floor(derived.stop_concurrency)))
     names: tuple[PoolName, ...] = ("latency", "batch")
     max_batch = max(pool_engine(spec, p).max_num_seqs or 256 for p in names)
     schedule = schedule_from_profile(profile, acceptance, spec.drafter.num_speculative_tokens, max_batch)
@@ -144,10 +156,13 @@ def plan(
         "pools": pools,
         "policy": {
             "mode": "Goodput",
-            # For mode Threshold: concurrency from the break-even point, lengths at the busiest pool's load.
+            # For mode Threshold: concurrency as the policy derives it at the drafter's K from this acceptance,
+            # lengths at the busiest pool's load.
             "thresholds": {
-                "stopAboveConcurrencyPerReplica": stop_c or MAX_CONCURRENCY,
-                "resumeBelowConcurrencyPerReplica": resume_c or MAX_CONCURRENCY,
+                "stopAboveConcurrencyPerReplica": stop_c,
+                "resumeBelowConcurrencyPerReplica": max(
+                    0, min(math.floor(derived.resume_concurrency), stop_c - 1)
+                ),
                 **{k: v for k, v in lengths.items() if v is not None},
             },
         },
