@@ -50,7 +50,7 @@ def crds(cluster) -> Iterator[object]:
     )
     yield cluster
     # Other cluster tests run without KEDA.
-    cluster.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=false", check=False)
+    cluster.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=true", "--timeout=60s", check=False)
 
 
 @pytest.fixture

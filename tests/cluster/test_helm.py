@@ -225,7 +225,7 @@ def test_operator_may_write_only_scaled_objects_of_keda(installed):
                 f"{verb} {resource}: {result.stderr}"
             )
     finally:
-        installed.kubectl("delete", *names, "--wait=false", check=False)
+        installed.kubectl("delete", *names, "--wait=true", "--timeout=60s", check=False)
 
 
 def test_leases_only_in_the_release_namespace(installed):
