@@ -10,6 +10,8 @@ PROGRESSING: Final = "Progressing"
 DEGRADED: Final = "Degraded"
 METRICS_AVAILABLE: Final = "MetricsAvailable"
 SPECULATION_SETTLED: Final = "SpeculationSettled"
+# Only while a pool is autoscaled: whether its autoscaler can scale (e.g. reads its metric).
+AUTOSCALING_ACTIVE: Final = "AutoscalingActive"
 
 # Reasons.
 RECONCILED: Final = "Reconciled"
@@ -33,6 +35,9 @@ METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
 NO_AUTO_POOLS: Final = "NoAutoPools"
 POOLS_SETTLED: Final = "PoolsSettled"
 POOLS_TRANSITIONING: Final = "PoolsTransitioning"
+AUTOSCALERS_ACTIVE: Final = "AutoscalersActive"
+AUTOSCALER_PENDING: Final = "AutoscalerPending"
+AUTOSCALER_INACTIVE: Final = "AutoscalerInactive"
 
 # Event reasons.
 EVENT_APPLIED: Final = "ChildrenApplied"
