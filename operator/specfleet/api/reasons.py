@@ -10,8 +10,6 @@ PROGRESSING: Final = "Progressing"
 DEGRADED: Final = "Degraded"
 METRICS_AVAILABLE: Final = "MetricsAvailable"
 SPECULATION_SETTLED: Final = "SpeculationSettled"
-# Only while a pool is autoscaled: whether its autoscaler can scale (e.g. reads its metric).
-AUTOSCALING_ACTIVE: Final = "AutoscalingActive"
 
 # Reasons.
 RECONCILED: Final = "Reconciled"
@@ -35,9 +33,6 @@ METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
 NO_AUTO_POOLS: Final = "NoAutoPools"
 POOLS_SETTLED: Final = "PoolsSettled"
 POOLS_TRANSITIONING: Final = "PoolsTransitioning"
-AUTOSCALERS_ACTIVE: Final = "AutoscalersActive"
-AUTOSCALER_PENDING: Final = "AutoscalerPending"
-AUTOSCALER_INACTIVE: Final = "AutoscalerInactive"
 
 # Event reasons.
 EVENT_APPLIED: Final = "ChildrenApplied"
@@ -79,3 +74,10 @@ GOODPUT_BELOW_BREAK_EVEN: Final = "GoodputBelowBreakEven"
 GOODPUT_ABOVE_BREAK_EVEN: Final = "GoodputAboveBreakEven"
 GOODPUT_WITHIN_MARGIN: Final = "GoodputWithinMargin"
 GOODPUT_RETUNE: Final = "GoodputRetune"
+
+# Condition type present only while a pool is autoscaled: whether its autoscaler can scale (reads its
+# metric), and its reasons (a failing autoscaler's own reason is used as it is).
+AUTOSCALING_ACTIVE: Final = "AutoscalingActive"
+AUTOSCALERS_ACTIVE: Final = "AutoscalersActive"
+AUTOSCALER_PENDING: Final = "AutoscalerPending"
+AUTOSCALER_INACTIVE: Final = "AutoscalerInactive"
