@@ -301,7 +301,9 @@ def apply_children(children: list[Manifest], cluster: Cluster, *, reconciled_bef
     """
     out = AppliedChildren()
     for child in children:
-        live = cluster.get(child) if reconciled_before else None
+        # An autoscaled Deployment is always read first: if one exists with replicas we own (status
+        # lost, resource re-created over its children), an apply without them would reset the count.
+        live = cluster.get(child) if reconciled_before or _autoscaled_deployment(child) else None
         why = write_reason(child, live)
         if live is not None and _releases_replicas(child, live):
             # Autoscaling was just turned on: an apply that leaves out a field only we own resets it
@@ -327,9 +329,13 @@ def apply_children(children: list[Manifest], cluster: Cluster, *, reconciled_bef
     return out
 
 
+def _autoscaled_deployment(desired: Manifest) -> bool:
+    return desired["kind"] == "Deployment" and "replicas" not in desired["spec"]
+
+
 def _releases_replicas(desired: Manifest, live: Manifest) -> bool:
     """A Deployment rendered without replicas (autoscaled) whose live replicas are still ours."""
-    return desired["kind"] == "Deployment" and "replicas" not in desired["spec"] and owns_replicas(live)
+    return _autoscaled_deployment(desired) and owns_replicas(live)
 
 
 def stale_children(rendered: list[Manifest], live: list[Manifest], owner_uid: str) -> list[Manifest]:
@@ -500,7 +506,59 @@ def _conditions(
         )
     else:
         reason, message = reasons.POOLS_NOT_READY, "ready replicas: " + ", ".join(not_ready)
-    return set_(conditions, reasons.READY, ready, reason, message)
+    conditions = set_(conditions, reasons.READY, ready, reason, message)
+    return _autoscaling_condition(conditions, desired, applied, generation, now)
+
+
+# What each autoscaler kind reports when it can scale: the HPA's ScalingActive (False when it cannot
+# read its metric, e.g. no metrics adapter), KEDA's Ready on the ScaledObject.
+_AUTOSCALER_CONDITION = {"HorizontalPodAutoscaler": "ScalingActive", "ScaledObject": "Ready"}
+
+
+def _autoscaling_condition(
+    conditions: list[Condition],
+    desired: DesiredState,
+    applied: AppliedChildren,
+    generation: int,
+    now: datetime,
+) -> list[Condition]:
+    """AutoscalingActive from the autoscalers' own conditions (absent when no pool is autoscaled)."""
+    scalers = [c for c in desired.children if c["kind"] in _AUTOSCALER_CONDITION]
+    if not scalers:
+        return [c for c in conditions if c.type != reasons.AUTOSCALING_ACTIVE]
+    failing: list[tuple[str, str]] = []
+    pending: list[str] = []
+    for child in scalers:
+        pool, kind = child["metadata"]["labels"].get(LABEL_POOL, ""), child["kind"]
+        live = applied.live.get(_describe(child)) or {}
+        wanted = _AUTOSCALER_CONDITION[kind]
+        found = next(
+            (c for c in (live.get("status") or {}).get("conditions") or [] if c.get("type") == wanted), None
+        )
+        if found is None:
+            pending.append(f"{pool}: the {kind} has not reported {wanted} yet (is its controller running?)")
+        elif found.get("status") != "True":
+            why = str(found.get("reason") or reasons.AUTOSCALER_INACTIVE)
+            failing.append(
+                (why, f"{pool}: {kind} {wanted}={found.get('status')} ({why}): {found.get('message', '')}")
+            )
+    status: ConditionStatus
+    if failing:
+        status, reason, message = "False", failing[0][0], "; ".join(m for _, m in failing)
+    elif pending:
+        status, reason, message = "Unknown", reasons.AUTOSCALER_PENDING, "; ".join(pending)
+    else:
+        pools = ", ".join(f"{c['metadata']['labels'].get(LABEL_POOL)} ({c['kind']})" for c in scalers)
+        status, reason, message = "True", reasons.AUTOSCALERS_ACTIVE, f"every autoscaler can scale: {pools}"
+    return set_condition(
+        conditions,
+        type_=reasons.AUTOSCALING_ACTIVE,
+        status=status,
+        reason=reason,
+        message=message,
+        generation=generation,
+        now=now,
+    )
 
 
 def _events(desired: DesiredState, applied: AppliedChildren) -> list[Event]:

@@ -32,7 +32,8 @@ HELP: Final[dict[str, str]] = {
     CONDITION: "1 for the status a resource's condition has now, 0 for the other two (True, False, Unknown).",
     POOL_SPECULATING: "1 while the pool's engines run with speculation, 0 without.",
     POOL_K: "Tokens the pool drafts per step while speculating (K).",
-    POOL_REPLICAS: "Engine replicas the spec asks for, per pool.",
+    POOL_REPLICAS: "Engine replicas the spec asks for, per pool (for an autoscaled pool: the count its "
+    "Deployments ask for now, as the autoscaler set it).",
     POOL_READY_REPLICAS: "Ready engine pods of the pool's Deployment.",
     POOL_ACCEPTANCE: "Last mean acceptance length the policy measured for the pool (tokens per step).",
     POOL_ACCEPTANCE_BASELINE: "The pool's acceptance baseline (tokens per step over its baseline's positions).",
@@ -107,7 +108,7 @@ def resource_samples(body: Mapping[str, Any]) -> list[Sample]:
         samples += [
             Sample(POOL_SPECULATING, labels, float(pool_status.speculation == "On")),
             Sample(POOL_K, labels, float(k)),
-            Sample(POOL_REPLICAS, labels, float(_int(pool_spec.get("replicas"), 1))),
+            Sample(POOL_REPLICAS, labels, float(_wanted_replicas(pool_spec, pool_status.desired_replicas))),
             Sample(POOL_READY_REPLICAS, labels, float(pool_status.ready_replicas)),
         ]
         acceptance = _float(pool_status.acceptance_length)
@@ -120,3 +121,10 @@ def resource_samples(body: Mapping[str, Any]) -> list[Sample]:
         if drift is not None and baseline is not None:
             samples.append(Sample(POOL_ACCEPTANCE_DRIFT, labels, drift))
     return samples
+
+
+def _wanted_replicas(pool_spec: Mapping[str, Any], desired: int) -> int:
+    """The spec's replicas, or for an autoscaled pool the count read from its Deployments."""
+    if isinstance(pool_spec.get("autoscaling"), Mapping):
+        return desired
+    return _int(pool_spec.get("replicas"), 1)

@@ -50,7 +50,7 @@ def crds(cluster) -> Iterator[object]:
     )
     yield cluster
     # Other cluster tests run without KEDA.
-    cluster.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=false", check=False)
+    cluster.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=true", "--timeout=60s", check=False)
 
 
 @pytest.fixture
@@ -154,6 +154,18 @@ def test_a_scale_by_the_autoscaler_survives_resyncs_and_a_flip(crds, operator, n
     assert FIELD_MANAGER not in _replica_managers(deploy)
     _ready(crds, namespace)
 
+    # No metrics adapter in the test bed: the real HPA controller says it cannot read its metric, and
+    # the resource says so too (the usual mistake: an HPA without prometheus-adapter's rule).
+    def autoscaling_condition():
+        obj = _get(crds, "sd", "assistant", namespace) or {}
+        conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
+        c = conds.get("AutoscalingActive", {})
+        return c if c.get("status") == "False" else None
+
+    inactive = wait_for("AutoscalingActive=False from the HPA", autoscaling_condition, timeout=90)
+    assert "latency: HorizontalPodAutoscaler ScalingActive=False" in inactive["message"]
+    assert "vllm_num_requests_running" in inactive["message"]
+
     _scale(crds, namespace, 4)
     wait_for(
         "status reads the scaled count",
@@ -162,6 +174,7 @@ def test_a_scale_by_the_autoscaler_survives_resyncs_and_a_flip(crds, operator, n
     )
     time.sleep(3 * operator.resync_seconds + 2)  # several resyncs
     assert _replicas(crds, namespace) == 4
+    assert autoscaling_condition() == inactive  # the HPA's message is stable: no status churn
     _ready(crds, namespace)
     pool = _pool_status(crds, namespace)
     assert (pool["readyReplicas"], pool["settled"]) == (4, True)

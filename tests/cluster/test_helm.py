@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
+from specfleet_testbed import ensure_keda_crds
 from support.manifests import ROOT, load_yaml, merge
 
 pytestmark = pytest.mark.cluster
@@ -185,10 +186,6 @@ def test_install_brings_the_operator_deployment_to_ready(installed):
         ("create", "horizontalpodautoscalers.autoscaling", True),  # autoscaled pools
         ("delete", "horizontalpodautoscalers.autoscaling", True),  # autoscaling turned off
         ("update", "horizontalpodautoscalers.autoscaling", False),
-        ("patch", "scaledobjects.keda.sh", True),
-        ("delete", "scaledobjects.keda.sh", True),
-        ("create", "scaledjobs.keda.sh", False),
-        ("create", "triggerauthentications.keda.sh", False),
         ("delete", "pods", False),
         ("list", "pods", True),  # to say why a pool is not ready
         ("delete", "speculativedeployments.specfleet.io", False),
@@ -203,6 +200,33 @@ def test_operator_service_account_permissions(installed, verb, resource, allowed
     assert result.stdout.strip() == ("yes" if allowed else "no"), (
         f"{verb} {resource}: {result.stdout} {result.stderr}"
     )
+
+
+def test_operator_may_write_only_scaled_objects_of_keda(installed):
+    # kubectl resolves a resource name through discovery: KEDA's CRDs must exist for can-i to answer.
+    crd_dir = ensure_keda_crds()
+    kinds = ("scaledobjects", "scaledjobs", "triggerauthentications")
+    for kind in kinds:
+        path = str(crd_dir / f"keda.sh_{kind}.yaml")
+        installed.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", path)
+    names = [f"crd/{kind}.keda.sh" for kind in kinds]
+    try:
+        installed.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+        for verb, resource, allowed in [
+            ("create", "scaledobjects.keda.sh", True),
+            ("patch", "scaledobjects.keda.sh", True),
+            ("delete", "scaledobjects.keda.sh", True),
+            ("update", "scaledobjects.keda.sh", False),
+            ("create", "scaledjobs.keda.sh", False),
+            ("create", "triggerauthentications.keda.sh", False),
+        ]:
+            args = ("auth", "can-i", verb, resource, "-n", "default", f"--as={SA}")
+            result = installed.kubectl(*args, check=False)
+            assert result.stdout.strip() == ("yes" if allowed else "no"), (
+                f"{verb} {resource}: {result.stderr}"
+            )
+    finally:
+        installed.kubectl("delete", *names, "--wait=true", "--timeout=60s", check=False)
 
 
 def test_leases_only_in_the_release_namespace(installed):

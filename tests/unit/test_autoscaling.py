@@ -217,3 +217,58 @@ def test_turning_autoscaling_off_prunes_the_autoscaler_and_owns_replicas_again()
     }
     assert _deployment(cluster)["spec"]["replicas"] == 3
     assert owns_replicas(_deployment(cluster), FIELD_MANAGER)
+
+
+def _conditions(status):
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_autoscaling_active_comes_from_the_autoscalers_own_conditions():
+    cluster = FakeCluster()
+    status = reconcile(_doc(latency=HPA, batch=KEDA), cluster, NOW).status
+    cond = _conditions(status)["AutoscalingActive"]
+    assert (cond["status"], cond["reason"]) == ("Unknown", "AutoscalerPending")
+    assert "latency: the HorizontalPodAutoscaler has not reported ScalingActive yet" in cond["message"]
+
+    hpa = cluster.objects[("HorizontalPodAutoscaler", "inference", "assistant-latency")]
+    so = cluster.objects[("ScaledObject", "inference", "assistant-batch")]
+    hpa["status"] = {
+        "conditions": [
+            {"type": "AbleToScale", "status": "True", "reason": "SucceededGetScale"},
+            {
+                "type": "ScalingActive",
+                "status": "False",
+                "reason": "FailedGetPodsMetric",
+                "message": "unable to get metric vllm_num_requests_running: no custom metrics API",
+            },
+        ]
+    }
+    so["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "ScaledObjectReady"}]}
+    status = reconcile(_doc(latency=HPA, batch=KEDA, status=status), cluster, NOW).status
+    cond = _conditions(status)["AutoscalingActive"]
+    assert (cond["status"], cond["reason"]) == ("False", "FailedGetPodsMetric")
+    assert (
+        "latency: HorizontalPodAutoscaler ScalingActive=False (FailedGetPodsMetric): unable to get metric"
+        in (cond["message"])
+    )
+    assert "batch" not in cond["message"]
+
+    hpa["status"]["conditions"][1].update(status="True", reason="ValidMetricFound", message="")
+    status = reconcile(_doc(latency=HPA, batch=KEDA, status=status), cluster, NOW).status
+    cond = _conditions(status)["AutoscalingActive"]
+    assert (cond["status"], cond["reason"]) == ("True", "AutoscalersActive")
+
+    # No autoscaled pool left: the condition goes (a stale one would describe nothing).
+    status = reconcile(_doc(generation=2, status=status), cluster, NOW).status
+    assert "AutoscalingActive" not in _conditions(status)
+
+
+def test_a_first_reconcile_reads_an_autoscaled_deployment_it_may_already_own():
+    # A resource re-created over children it owned (or whose status was lost): its first reconcile
+    # must not reset a live count it still owns.
+    cluster = FakeCluster()
+    reconcile(_doc(), cluster, NOW)
+    assert _deployment(cluster)["spec"]["replicas"] == 3
+    reconcile(_doc(latency={**HPA, "minReplicas": 1}), cluster, NOW)  # no status: "never reconciled"
+    assert _deployment(cluster)["spec"]["replicas"] == 3
+    assert "handover Deployment/assistant-latency" in cluster.writes

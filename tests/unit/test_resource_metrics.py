@@ -5,7 +5,14 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from specfleet.metrics.resources import ResourceGauges
-from specfleet.resource_metrics import CONDITION, POOL_ACCEPTANCE, POOL_K, POOL_SPECULATING, resource_samples
+from specfleet.resource_metrics import (
+    CONDITION,
+    POOL_ACCEPTANCE,
+    POOL_K,
+    POOL_REPLICAS,
+    POOL_SPECULATING,
+    resource_samples,
+)
 
 
 def _body(**status):
@@ -65,3 +72,13 @@ def test_exporter_drops_series_that_disappeared():
     assert "specfleet_condition{" not in text
     gauges.forget("inference", "assistant")
     assert "specfleet_pool_speculating{" not in generate_latest(registry).decode()
+
+
+def test_an_autoscaled_pool_reports_the_count_its_autoscaler_set():
+    # The alert "fewer ready engines than replicas" compares against this gauge: for an autoscaled pool
+    # the spec's replicas mean nothing, the Deployments' current count does.
+    body = _body(pools={"latency": {"readyReplicas": 5, "desiredReplicas": 6}})
+    body["spec"]["pools"]["latency"]["autoscaling"] = {"maxReplicas": 8, "target": 16}
+    got = {(s.name, s.labels): s.value for s in resource_samples(body)}
+    assert got[(POOL_REPLICAS, ("inference", "assistant", "latency"))] == 6.0
+    assert got[(POOL_REPLICAS, ("inference", "assistant", "batch"))] == 1.0

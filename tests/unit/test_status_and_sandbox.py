@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 from pathlib import Path
 
@@ -67,6 +68,14 @@ def test_fleet_view_shows_mode_k_load_and_the_last_decision_per_pool() -> None:
     assert latency.decision == "-"
     assert view.flips == 1
     assert view.conditions == ("Ready=True (AllPoolsReady): all ready",)
+
+
+def test_an_autoscaled_pool_shows_the_autoscalers_count_and_range() -> None:
+    resource = copy.deepcopy(RESOURCE)
+    resource["spec"]["pools"]["latency"]["autoscaling"] = {"minReplicas": 2, "maxReplicas": 8}
+    resource["status"]["pools"]["latency"].update(readyReplicas=4, desiredReplicas=5)
+    latency, _ = fleet_view(resource).pools
+    assert latency.replicas == "4/5 (2-8)"
 
 
 def test_fleet_view_of_a_fresh_resource_without_status() -> None:

@@ -91,3 +91,10 @@ GOODPUT_BELOW_BREAK_EVEN: Final = "GoodputBelowBreakEven"
 GOODPUT_ABOVE_BREAK_EVEN: Final = "GoodputAboveBreakEven"
 GOODPUT_WITHIN_MARGIN: Final = "GoodputWithinMargin"
 GOODPUT_RETUNE: Final = "GoodputRetune"
+
+# Condition type present only while a pool is autoscaled: whether its autoscaler can scale (reads its
+# metric), and its reasons (a failing autoscaler's own reason is used as it is).
+AUTOSCALING_ACTIVE: Final = "AutoscalingActive"
+AUTOSCALERS_ACTIVE: Final = "AutoscalersActive"
+AUTOSCALER_PENDING: Final = "AutoscalerPending"
+AUTOSCALER_INACTIVE: Final = "AutoscalerInactive"
