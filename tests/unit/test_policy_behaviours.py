@@ -299,3 +299,42 @@ def test_the_renderer_scales_canaries_from_the_decided_status():
     scaled = replicas(status.model_copy(update={"pools": pools}))
     assert scaled["a-latency"][0] == 3
     assert scaled["a-latency-canary"][0] == 0
+
+
+# ---- a flip is judged over the period it locks the pool --------------------------------------------
+
+# The fleet simulator's surge rollouts take about two minutes (a pod's start-up, then a drain): the
+# projection's horizon is half a window plus that, so a steep trend is projected three minutes ahead.
+ROLLOUT = 120.0
+SPIKE_RISE = 120.0
+
+
+def _weak_break_even() -> float:
+    from specfleet_runtime.cost_profile import break_even_concurrency
+
+    return break_even_concurrency(PROFILE, WEAK, [1], 1.0)
+
+
+def test_a_short_steep_spike_below_break_even_does_not_flip_the_pool_off():
+    """A spike that rises steeply (5 -> 0.8 x break-even in two minutes) and falls back as fast: its
+    trend projects past the weak drafter's break-even, but speculation pays all along, and a flip
+    would lock the pool off for its rollout and dwell after the spike is over."""
+    peak = 0.8 * _weak_break_even()
+    load = ramp([(0, 5), (600, 5), (600 + SPIKE_RISE, peak), (600 + 2 * SPIKE_RISE, 5), (1800, 5)])
+    result = simulate(goodput_spec(), load, 1800, WEAK, rollout_delay=ROLLOUT)
+    assert not result.flips, result.summary()
+
+
+def test_a_sustained_ramp_at_the_spikes_slope_still_flips_within_two_intervals():
+    """The same steep rise, sustained through break-even to 200: the pool turns off within two
+    evaluation intervals of the crossing."""
+    be = _weak_break_even()
+    slope = (0.8 * be - 5) / SPIKE_RISE
+    start, top = 600.0, 200.0
+    load = ramp([(0, 5), (start, 5), (start + (top - 5) / slope, top), (2400, top)])
+    result = simulate(goodput_spec(), load, 2400, WEAK, rollout_delay=ROLLOUT)
+    crossing = start + (be - 5) / slope
+    offs = [c.at for c in result.flips if c.mode == "Off"]
+    assert offs, result.summary()
+    interval = goodput_spec()["policy"]["evaluationIntervalSeconds"]
+    assert abs(offs[0] - crossing) <= 2 * interval, (crossing, result.summary())

@@ -18,7 +18,11 @@ Goodput mode predicts the speedup of every K the profile measured (up to the dra
 per-position acceptance and the observed load. A speculating pool turns off only when even its best
 K does not pay (below 1 - margin); when another K beats its current one by more than the margin, or
 its current K no longer pays while another does, it is retuned. A pool turning on starts at the best
-K; a pool turning off records the best K, which its canaries draft while it is off.
+K; a pool turning off records the best K, which its canaries draft while it is off. A flip locks the
+pool for its rollout and the dwell, so it is judged on each K's speedup averaged over that period
+along the load's expected path (`commit_path`: the observed load, along its trend to the projection,
+held there), not at the projected instant alone: a short spike whose trend projects past break-even
+does not lock the pool off. A retune (not locked) is judged at the projected load.
 
 Acceptance is per position and never shrinks (see `specfleet.policy.acceptance`): positions a pool
 does not draft now come from memory, and positions unknown or older than
@@ -354,6 +358,45 @@ def _goodput_prediction(
     return _Goodput(per_position, source, best, gain_best, gain_now)
 
 
+def commit_path(policy: PolicySpec, state: PoolState, observed: float, expected: float) -> list[float]:
+    """Running requests per replica over the period a flip decided now commits the pool to.
+
+    A flip is locked for its rollout plus `minDwellSeconds`, so it pays only if speculation's
+    speedup averaged over that period is past break-even, not only at the projected instant: a short
+    spike's projected peak is reached, if at all, at the end of the projection's horizon (half a
+    window plus the rollout), after the load has spent the rollout below it. The path is one load
+    per evaluation interval: from the observed load along the trend to the projection (`expected`,
+    reached at that horizon) and held there after (no extrapolation beyond the trend's horizon).
+    """
+    rollout = rollout_seconds(policy, state)
+    horizon = max(1.0, policy.window_seconds / 2 + rollout)
+    step = max(1, policy.evaluation_interval_seconds)
+    n = max(1, int((rollout + policy.min_dwell_seconds) // step))
+    return [observed + (expected - observed) * min(1.0, (i + 0.5) * step / horizon) for i in range(n)]
+
+
+def _goodput_over(
+    k_now: int | None,
+    loads: Sequence[float],
+    est: Estimate | None,
+    profile: StepTimeProfile,
+    max_k: int,
+) -> _Goodput:
+    """Like `_goodput_prediction`, with each K's speedup averaged over a path of loads."""
+    if est is None:
+        per_position, source = tuple(PUBLISHED_ACCEPTANCE), "publishedPrior"
+    else:
+        per_position, source = est.per_position, est.source
+
+    def mean(kk: int) -> float:
+        return sum(predicted_speedup(profile, c, kk, per_position) for c in loads) / len(loads)
+
+    ks = candidate_ks(profile, max_k)
+    gains = {kk: mean(kk) for kk in ks}
+    best = max(ks, key=lambda kk: (gains[kk], -kk))  # the smaller K on a tie, as best_k
+    return _Goodput(per_position, source, best, gains[best], None if k_now is None else mean(k_now))
+
+
 def _goodput(
     policy: PolicySpec, state: PoolState, obs: PoolObservation, g: _Goodput, est: Estimate | None
 ) -> Wanted:
@@ -659,7 +702,11 @@ def _assess(
         g = _goodput_prediction(current_k if state.mode == "On" else None, load, est, profile, k)
         g_observed = _goodput_prediction(None, observed.running_per_replica or 0.0, est, profile, k)
         gains = (g, g_observed)
-        wanted = _goodput(policy, state, obs, g, est)
+        # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
+        # locked, lighter budget) and the canaries on the projected load (`gains`).
+        path = commit_path(policy, state, observed.running_per_replica or 0.0, load)
+        g_commit = _goodput_over(current_k if state.mode == "On" else None, path, est, profile, k)
+        wanted = _goodput(policy, state, obs, g_commit, est)
     else:
         wanted = _threshold(policy, k, state, obs, est, profile)
     numbers = {**observed.as_text(), **wanted.numbers}
