@@ -12,7 +12,6 @@ generated from its Go module (scripts/setup-keda-crds.sh).
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +25,7 @@ from specfleet.render import render_children
 from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
 from specfleet_testbed import ensure_keda_crds
 from support.manifests import ROOT, load_yaml, merge
+from support.strict_apply import strict_dry_run
 
 pytestmark = pytest.mark.cluster
 CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
@@ -243,24 +243,6 @@ def test_turning_autoscaling_on_keeps_the_count_and_off_prunes_the_hpa(crds, ope
     _ready(crds, namespace)
 
 
-def _strict_dry_run(cluster, namespace: str, manifest: dict) -> subprocess.CompletedProcess[str]:
-    manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
-    manifest["metadata"].pop("ownerReferences", None)
-    return cluster.kubectl(
-        "apply",
-        "--server-side",
-        "--field-manager=specfleet-tests",
-        "--dry-run=server",
-        "--validate=strict",
-        "-o",
-        "json",
-        "-f",
-        "-",
-        input=yaml.safe_dump(manifest),
-        check=False,
-    )
-
-
 def _rendered_autoscalers() -> list[dict[str, Any]]:
     sd = parse_resource(load_yaml(ROOT / "examples" / "06-autoscaled-pools.yaml"))
     return [
@@ -289,7 +271,7 @@ def test_rendered_autoscalers_pass_strict_validation(crds, namespace, metric):
     ]
     assert sorted(c["kind"] for c in rendered) == ["HorizontalPodAutoscaler", "ScaledObject"]
     for manifest in rendered:
-        result = _strict_dry_run(crds, namespace, manifest)
+        result = strict_dry_run(crds, namespace, manifest)
         assert result.returncode == 0, f"{manifest['kind']}: {result.stderr}"
         stored = json.loads(result.stdout)["spec"]
         for key, value in manifest["spec"].items():
@@ -300,6 +282,6 @@ def test_a_wrong_scaled_object_field_is_refused(crds, namespace):
     # The check above can fail: KEDA's schema refuses a field it does not have.
     so = next(c for c in _rendered_autoscalers() if c["kind"] == "ScaledObject")
     so["spec"]["minReplicas"] = so["spec"].pop("minReplicaCount")
-    result = _strict_dry_run(crds, namespace, so)
+    result = strict_dry_run(crds, namespace, so)
     assert result.returncode != 0
     assert "minReplicas: field not declared in schema" in result.stderr

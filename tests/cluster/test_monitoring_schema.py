@@ -16,6 +16,7 @@ from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
 from specfleet_testbed import ensure_prometheus_operator_crds
 from support.manifests import EXAMPLES, ROOT, load_yaml, merge
+from support.strict_apply import strict_dry_run
 
 pytestmark = pytest.mark.cluster
 KINDS = ("podmonitors", "prometheusrules", "servicemonitors")
@@ -49,24 +50,6 @@ def _contains(stored: object, rendered: object) -> bool:
     return stored == rendered
 
 
-def _strict_dry_run(cluster, namespace: str, manifest: dict) -> subprocess.CompletedProcess[str]:
-    manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
-    manifest["metadata"].pop("ownerReferences", None)
-    return cluster.kubectl(
-        "apply",
-        "--server-side",
-        "--field-manager=specfleet-tests",
-        "--dry-run=server",
-        "--validate=strict",
-        "-o",
-        "json",
-        "-f",
-        "-",
-        input=yaml.safe_dump(manifest),
-        check=False,
-    )
-
-
 @pytest.mark.parametrize("path", RENDERABLE, ids=lambda p: p.stem)
 def test_rendered_pod_monitor_and_prometheus_rule_pass_strict_validation(monitoring_crds, namespace, path):
     doc = merge(load_yaml(path), {"spec": {"monitoring": {"podMonitor": True, "prometheusRule": True}}})
@@ -76,7 +59,7 @@ def test_rendered_pod_monitor_and_prometheus_rule_pass_strict_validation(monitor
     ]
     assert sorted(c["kind"] for c in rendered) == ["PodMonitor", "PrometheusRule"]
     for manifest in rendered:
-        result = _strict_dry_run(monitoring_crds, namespace, manifest)
+        result = strict_dry_run(monitoring_crds, namespace, manifest)
         assert result.returncode == 0, f"{manifest['kind']}: {result.stderr}"
         # Nothing pruned: every rendered field is stored as written (the server may add defaults).
         assert _contains(json.loads(result.stdout)["spec"], manifest["spec"]), manifest["kind"]
@@ -87,7 +70,7 @@ def test_a_wrong_field_is_refused(monitoring_crds, namespace):
     sd = parse_resource(merge(load_yaml(RENDERABLE[0]), {"spec": {"monitoring": {"prometheusRule": True}}}))
     rule = next(c for c in render_children(sd, decided_plan(sd)) if c["kind"] == "PrometheusRule")
     rule["spec"]["groups"][0]["rules"][0]["expression"] = "up"
-    result = _strict_dry_run(monitoring_crds, namespace, rule)
+    result = strict_dry_run(monitoring_crds, namespace, rule)
     assert result.returncode != 0
     assert ".rules[0].expression: field not declared in schema" in result.stderr
 
@@ -113,6 +96,6 @@ def test_chart_service_monitor_passes_strict_validation(monitoring_crds, namespa
     ).stdout
     monitor = yaml.safe_load(rendered)
     assert monitor["kind"] == "ServiceMonitor"
-    result = _strict_dry_run(monitoring_crds, namespace, monitor)
+    result = strict_dry_run(monitoring_crds, namespace, monitor)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["spec"]["endpoints"][0]["honorLabels"] is True
