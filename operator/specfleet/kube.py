@@ -105,13 +105,19 @@ class KubeCluster:
             raise ApplyRejectedError(
                 f"the cluster has no {manifest['kind']} ({manifest['apiVersion']}); is its CRD installed?"
             ) from None
-        meta = manifest["metadata"]
+        return _decode(self._server_side_apply(resource, manifest, FIELD_MANAGER))
+
+    @staticmethod
+    def _server_side_apply(resource: Any, body: Manifest, field_manager: str) -> Any:
+        """Server-side apply `body` as `field_manager` (forcing conflicts); a permanent refusal is an
+        ApplyRejectedError with the apiserver's reason, anything else is raised as it is."""
+        meta = body["metadata"]
         try:
-            live = resource.server_side_apply(
-                body=manifest,
+            return resource.server_side_apply(
+                body=body,
                 name=meta["name"],
                 namespace=meta.get("namespace"),
-                field_manager=FIELD_MANAGER,
+                field_manager=field_manager,
                 force_conflicts=True,
                 serialize=False,
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
@@ -120,7 +126,6 @@ class KubeCluster:
             if err.status in _PERMANENT_STATUSES:
                 raise ApplyRejectedError(_reason(err)) from None
             raise
-        return _decode(live)
 
     def hand_over_replicas(self, manifest: Manifest, replicas: int) -> None:
         """Apply only `spec.replicas` (its live value) under the hand-over field manager (see
@@ -132,20 +137,7 @@ class KubeCluster:
             "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
             "spec": {"replicas": replicas},
         }
-        try:
-            self._resource(manifest).server_side_apply(
-                body=body,
-                name=meta["name"],
-                namespace=meta.get("namespace"),
-                field_manager=HANDOVER_MANAGER,
-                force_conflicts=True,
-                serialize=False,
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
-            )
-        except ApiException as err:
-            if err.status in _PERMANENT_STATUSES:
-                raise ApplyRejectedError(_reason(err)) from None
-            raise
+        self._server_side_apply(self._resource(manifest), body, HANDOVER_MANAGER)
 
     def list_children(
         self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str]
