@@ -67,6 +67,13 @@ def _status(cluster):
     return cluster.objects[KEY]["status"]
 
 
+def _rolled_out(cluster, controller):
+    """Reconcile, let the fake cluster finish every rollout, and reconcile what it reports."""
+    controller.reconcile_object("default", "llama")
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+
+
 def _latency_args(cluster):
     deploy = cluster.objects[("Deployment", "default", "llama-latency")]
     return deploy["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -91,9 +98,7 @@ def test_reconcile_writes_status_once(world):
 
 def test_high_load_flips_off_then_holds_then_back_on(world):
     cluster, prom, clock, controller = world
-    controller.reconcile_object("default", "llama")
-    cluster.roll_out()
-    controller.reconcile_object("default", "llama")
+    _rolled_out(cluster, controller)
     assert "--speculative-config" in _latency_args(cluster)
 
     prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[8.0, 4.0, 2.0], running=80.0)
@@ -149,9 +154,7 @@ def test_prometheus_down_holds_and_reports(world):
 
 def test_restart_between_decision_and_rollout_end_does_not_flip_again(world):
     cluster, prom, clock, controller = world
-    controller.reconcile_object("default", "llama")
-    cluster.roll_out()
-    controller.reconcile_object("default", "llama")
+    _rolled_out(cluster, controller)
     prom.set_pool("latency", drafts=10.0, accepted=20.0, per_pos=[8.0, 7.0, 5.0], running=80.0)
     assert controller.evaluate_policy("default", "llama").decisions[0].reason == "ConcurrencyAboveThreshold"
     # Load falls right after the decision, so the numbers would ask to flip back.
@@ -196,9 +199,7 @@ def test_deleted_resource_is_a_no_op(world):
 def test_goodput_retune_rolls_out_the_chosen_k(world):
     cluster, prom, _, controller = world
     cluster.objects[KEY]["spec"]["policy"]["mode"] = "Goodput"
-    controller.reconcile_object("default", "llama")
-    cluster.roll_out()
-    controller.reconcile_object("default", "llama")
+    _rolled_out(cluster, controller)
     prom.set_pool("latency", drafts=10.0, accepted=12.7, per_pos=[6.8, 3.9, 2.0], running=128.0)
     outcome = controller.evaluate_policy("default", "llama")
     assert [(d.reason, d.target_k) for d in outcome.decisions] == [("GoodputRetune", 1)]
@@ -223,9 +224,7 @@ def _until_baseline(cluster, clock, controller):
 
 def test_the_same_measurement_again_writes_nothing(world):
     cluster, prom, clock, controller = world
-    controller.reconcile_object("default", "llama")
-    cluster.roll_out()
-    controller.reconcile_object("default", "llama")
+    _rolled_out(cluster, controller)
     prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=4.0)
     assert controller.evaluate_policy("default", "llama").status_written
     _until_baseline(cluster, clock, controller)
@@ -240,9 +239,7 @@ def test_the_same_measurement_again_writes_nothing(world):
 
 def test_new_numbers_are_written_a_few_evaluations_after_the_last_write(world):
     cluster, prom, clock, controller = world
-    controller.reconcile_object("default", "llama")
-    cluster.roll_out()
-    controller.reconcile_object("default", "llama")
+    _rolled_out(cluster, controller)
     prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=4.0)
     assert controller.evaluate_policy("default", "llama").status_written
     measured = _status(cluster)["pools"]["latency"]["acceptanceMeasuredAt"]
@@ -262,9 +259,7 @@ def test_new_numbers_are_written_a_few_evaluations_after_the_last_write(world):
 
 def test_a_restarted_operator_starts_from_the_written_measurements(world):
     cluster, prom, clock, controller = world
-    controller.reconcile_object("default", "llama")
-    cluster.roll_out()
-    controller.reconcile_object("default", "llama")
+    _rolled_out(cluster, controller)
     prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=4.0)
     controller.evaluate_policy("default", "llama")
     for _ in range(3):
@@ -281,9 +276,7 @@ def test_a_restarted_operator_starts_from_the_written_measurements(world):
 
 def test_a_jitter_in_the_last_digits_is_not_written(world):
     cluster, prom, clock, controller = world
-    controller.reconcile_object("default", "llama")
-    cluster.roll_out()
-    controller.reconcile_object("default", "llama")
+    _rolled_out(cluster, controller)
     prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[0.8, 0.4, 0.2], running=40.0)
     controller.evaluate_policy("default", "llama")
     _until_baseline(cluster, clock, controller)
@@ -321,9 +314,7 @@ def _profile_config_map(text: str) -> dict:
 def _goodput_with_profile(cluster, prom, controller):
     cluster.objects[KEY]["spec"]["policy"]["mode"] = "Goodput"
     cluster.objects[KEY]["spec"]["policy"]["goodput"] = {"costProfileConfigMap": "h200-profile"}
-    controller.reconcile_object("default", "llama")
-    cluster.roll_out()
-    controller.reconcile_object("default", "llama")
+    _rolled_out(cluster, controller)
     # Low load, published acceptance: the default profile predicts about 1.5x (stay On).
     prom.set_pool("latency", drafts=10.0, accepted=12.7, per_pos=[6.8, 3.9, 2.0], running=8.0)
 
