@@ -24,6 +24,7 @@ from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
 from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
 from specfleet_testbed import ensure_keda_crds
+from support.failure_report import print_if_failed
 from support.manifests import ROOT, load_yaml, merge
 from support.strict_apply import strict_dry_run
 
@@ -58,12 +59,7 @@ def operator(crds, tmp_path, request) -> Iterator[OperatorProcess]:
     proc = OperatorProcess(crds.kubeconfig, tmp_path / "operator.log").start()
     yield proc
     proc.stop()
-    failed = getattr(request.node, "rep_call", None)
-    if failed is not None and failed.failed:
-        ns = request.node.funcargs.get("namespace")
-        print(f"\n===== operator log (pid {proc.pid}) =====\n{proc.log()[-20000:]}")
-        if ns:
-            print(f"\n===== events in {ns}, by time =====\n{events_by_time(crds.kubectl, ns)}")
+    print_if_failed(request, crds, {"": proc})
 
 
 def _manifest(ns: str, latency: dict | None = None, batch: dict | None = None, patch=None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from support.failure_report import PRINTER_COLUMNS
 from support.manifests import EXAMPLES, ROOT, InvalidCase, invalid_cases, load_yaml
 
 pytestmark = pytest.mark.cluster
@@ -111,15 +112,5 @@ def test_conditions_are_a_map_list_and_kubectl_get_shows_k_and_progressing(crd, 
         json.dumps({"status": {"pools": pools}}),
     )
     table = crd.kubectl("get", "sd", "assistant", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == [
-        "NAME",
-        "LATENCY",
-        "BATCH",
-        "K",
-        "BATCH-K",
-        "READY",
-        "PROGRESSING",
-        "ACCEPTANCE",
-        "AGE",
-    ]
+    assert table[0].split() == PRINTER_COLUMNS
     assert table[1].split()[:7] == ["assistant", "On", "Off", "2", "0", "True", "True"]

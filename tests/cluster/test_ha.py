@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
+from specfleet_sandbox.processes import OperatorProcess, wait_for
+from support.failure_report import print_if_failed
 from support.fleet import as_yaml, small_fleet
 from support.manifests import ROOT, merge
 
@@ -46,11 +47,7 @@ def operators(cluster, namespace, tmp_path, request) -> Iterator[dict[str, Opera
     yield procs
     for proc in procs.values():
         proc.stop()
-    failed = getattr(request.node, "rep_call", None)
-    if failed is not None and failed.failed:
-        for name, proc in procs.items():
-            print(f"\n===== operator {name} log =====\n{proc.log()[-10000:]}")
-        print(f"\n===== events in {namespace} =====\n{events_by_time(cluster.kubectl, namespace)}")
+    print_if_failed(request, cluster, procs, namespace, log_chars=10000)
 
 
 def _holder(cluster, namespace: str) -> str | None:

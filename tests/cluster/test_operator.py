@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
+from support.failure_report import PRINTER_COLUMNS, print_if_failed
 from support.manifests import ROOT, load_yaml, merge
 
 pytestmark = pytest.mark.cluster
@@ -37,12 +38,7 @@ def operator(crd, tmp_path, request) -> Iterator[OperatorProcess]:
     # Whatever happened, the operator wrote one JSON object per line (log pipelines parse them).
     not_json = [line for line in proc.log().splitlines() if not _json_object(line)]
     assert not not_json, f"operator log lines that are not JSON objects: {not_json[:5]}"
-    failed = getattr(request.node, "rep_call", None)
-    if failed is not None and failed.failed:
-        ns = request.node.funcargs.get("namespace")
-        print(f"\n===== operator log (pid {proc.pid}) =====\n{proc.log()[-20000:]}")
-        if ns:
-            print(f"\n===== events in {ns}, by time =====\n{events_by_time(crd.kubectl, ns)}")
+    print_if_failed(request, crd, {"": proc})
 
 
 def _json_object(line: str) -> bool:
@@ -177,17 +173,7 @@ def test_reconciles_example_to_ready(crd, operator, namespace):
     assert routing["pools"]["batch"]["service"] == "assistant-batch"
     # kubectl get shows the printer columns.
     table = crd.kubectl("get", "sd", "assistant", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == [
-        "NAME",
-        "LATENCY",
-        "BATCH",
-        "K",
-        "BATCH-K",
-        "READY",
-        "PROGRESSING",
-        "ACCEPTANCE",
-        "AGE",
-    ]
+    assert table[0].split() == PRINTER_COLUMNS
     assert table[1].split()[:7] == ["assistant", "On", "On", "3", "3", "True", "False"]
     assert sd["status"]["pools"]["batch"]["k"] == 3
     # The spec the user wrote is untouched (GitOps sees no drift): no manager but kubectl owns spec.

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
+from specfleet_sandbox.processes import OperatorProcess, wait_for
+from support.failure_report import print_if_failed
 from support.fleet import SilentServer, as_yaml, list_resources, small_fleet, unreconciled
 from support.manifests import ROOT, merge
 
@@ -41,12 +42,7 @@ def operator(cluster, tmp_path, request) -> Iterator[OperatorProcess]:
     proc = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", resync_seconds=30).start()
     yield proc
     proc.stop()
-    failed = getattr(request.node, "rep_call", None)
-    if failed is not None and failed.failed:
-        ns = request.node.funcargs.get("namespace")
-        print(f"\n===== operator log (pid {proc.pid}) =====\n{proc.log()[-20000:]}")
-        if ns:
-            print(f"\n===== events in {ns}, by time =====\n{events_by_time(cluster.kubectl, ns)[-10000:]}")
+    print_if_failed(request, cluster, {"": proc})
 
 
 def _metrics_unavailable(cluster, namespace: str) -> int:
