@@ -215,6 +215,19 @@ def loop_factory(name: str) -> tuple[Callable[[], asyncio.AbstractEventLoop], st
     return uvloop.new_event_loop, "uvloop " + importlib.metadata.version("uvloop")
 
 
+def process_count(workers: int | None, port: int) -> int:
+    """How many router processes serve: `--workers` if given, else one per CPU (see `auto_workers`).
+
+    A port picked by the kernel (`--port 0`) can only be one process's: then one, and an explicit
+    `--workers` above 1 is an error.
+    """
+    if workers is not None and workers > 1 and port == 0:
+        raise SystemExit("--workers above 1 needs a fixed --port")
+    if workers is not None:
+        return workers
+    return auto_workers() if port else 1
+
+
 # Young-generation collections after this many net container allocations (CPython's default: 700).
 GC_YOUNG_THRESHOLD = 10_000
 
@@ -237,10 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.workers is not None and args.workers > 1 and args.port == 0:
-        raise SystemExit("--workers above 1 needs a fixed --port")
-    # A port picked by the kernel (--port 0) can only be one process's.
-    workers = args.workers if args.workers is not None else auto_workers() if args.port else 1
+    workers = process_count(args.workers, args.port)
     if workers > 1:
         caps = {
             "--max-connections": args.max_connections,
