@@ -2,7 +2,7 @@
 
     python benchmarks/router_bench.py [--backend emulator|fast] [--requests 500] [--concurrency 32]
                                       [--seconds 6] [--rounds 3] [--rate 200] [--cpu-requests 2000]
-                                      [--routers asyncio:1,uvloop:1,uvloop:2] [--no-install]
+                                      [--routers asyncio:1,uvloop:1,uvloop:2] [--references] [--no-install]
 
 Starts two backends on 127.0.0.1 (the engine emulator at --time-scale 0, or a trivial aiohttp backend
 that answers a fixed completion), the specfleet router over both (one pool, static URLs), and
@@ -14,7 +14,8 @@ closed-loop throughput with --concurrency workers, in --rounds alternating round
 --seconds per target, at most 20x --requests a round), reporting the median round; in each round also
 the server's CPU time per request (/proc/PID/stat over --cpu-requests at concurrency 8) and latency
 under an open-loop pace of --rate req/s with every other request streamed. Taking turns keeps
-the comparison fair on a machine whose load drifts. Prints one Markdown table. Load is generated from
+the comparison fair on a machine whose load drifts. With --references, two bare Python proxies
+(see serve_reference_proxy) are measured alongside as the floor a Python router stands on. Prints one Markdown table. Load is generated from
 this process only, to 127.0.0.1 only; every process it starts is stopped by PID.
 """
 
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 from aiohttp import web
@@ -77,6 +79,99 @@ def serve_fast_backend(port: int) -> None:
     app.router.add_get("/health", ok)
     app.router.add_get("/v1/models", ok)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# ---- reference proxies (run as subprocesses of this script) --------------------------------------------
+#
+# Not routers: what a Python proxy costs with nothing but forwarding, to show how much of the specfleet
+# router's CPU per request is the floor of Python + uvloop + the engine-leg client, and how much is
+# aiohttp's server (the client-facing leg) on top of that floor. Both use the router's own engine-leg
+# client (`upstream.Client`), alternate over the two backends, parse the JSON body (as any classifying
+# router must) and answer with the whole body (streams are read to their end first: these rows are
+# for max req/s and CPU, not for streaming latency). No allow-list, no limits, no timeouts, no metrics.
+
+REFERENCE_DROPPED = frozenset({"host", "content-length", "connection", "transfer-encoding", "date", "server"})
+
+
+def serve_reference_proxy(kind: str, port: int, backends: list[str]) -> None:
+    import gc
+
+    import httptools
+    import uvloop
+
+    from specfleet_runtime.router.upstream import Client
+
+    client = Client(5.0, 600.0)
+    turn = [0]
+
+    async def forward(
+        target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        json.loads(body)
+        turn[0] += 1
+        sent = [(n, v) for n, v in headers if n.lower() not in REFERENCE_DROPPED]
+        upstream = await client.request("POST", backends[turn[0] % len(backends)], target, sent, body)
+        data = await upstream.read_all()
+        kept = [(n, v) for n, v in upstream.headers if n.lower() not in REFERENCE_DROPPED]
+        upstream.release()
+        return upstream.status, upstream.reason, kept, data
+
+    class Connection(asyncio.Protocol):
+        """A bare HTTP/1.1 server connection on httptools: parse, forward, answer; nothing else."""
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = cast(asyncio.Transport, transport)
+            self.parser = httptools.HttpRequestParser(self)
+            self.url = b""
+            self.headers: list[tuple[str, str]] = []
+            self.body: list[bytes] = []
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_url(self, url: bytes) -> None:
+            self.url = url
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+        def on_body(self, body: bytes) -> None:
+            self.body.append(body)
+
+        def on_message_complete(self) -> None:
+            headers, body = self.headers, b"".join(self.body)
+            self.headers, self.body = [], []
+            asyncio.get_running_loop().create_task(self.answer(self.url.decode("latin-1"), headers, body))
+
+        async def answer(self, target: str, headers: list[tuple[str, str]], body: bytes) -> None:
+            if target == "/health":
+                self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                return
+            status, reason, kept, data = await forward(target, headers, body)
+            head = "".join(f"{n}: {v}\r\n" for n, v in kept)
+            self.transport.write(
+                f"HTTP/1.1 {status} {reason}\r\n{head}Content-Length: {len(data)}\r\n\r\n".encode() + data
+            )
+
+    async def aiohttp_handler(request: web.BaseRequest) -> web.StreamResponse:
+        if request.path == "/health":
+            return web.Response(text="ok")
+        status, reason, kept, data = await forward(
+            request.raw_path, list(request.headers.items()), await request.read()
+        )
+        return web.Response(body=data, status=status, reason=reason, headers=kept)
+
+    async def serve() -> None:
+        if kind == "httptools":
+            await asyncio.get_running_loop().create_server(Connection, "127.0.0.1", port)
+        else:
+            runner = web.ServerRunner(web.Server(aiohttp_handler, handler_cancellation=True, access_log=None))
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    gc.freeze()
+    uvloop.run(serve())
 
 
 # ---- processes ---------------------------------------------------------------------------------------
@@ -395,6 +490,18 @@ async def run(args: argparse.Namespace) -> None:
                     proc.pid,
                 )
             )
+        if args.references:
+            for kind in ("httptools", "aiohttp"):
+                ref_port = free_port()
+                proc = procs.start(
+                    f"reference-{kind}",
+                    [sys.executable, __file__, "--serve-reference", kind, str(ref_port), *backends],
+                )
+                ref_url = f"http://127.0.0.1:{ref_port}"
+                await wait_healthy(f"{ref_url}/health", proc)
+                targets.append(
+                    (f"reference: bare Python proxy, {kind} server (no guards)", ref_url, proc.pid)
+                )
         binary, why = vllm_router_binary(not args.no_install)
         if binary is None:
             skipped["vllm-router"] = why
@@ -469,10 +576,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="specfleet-router targets as EVENT_LOOP:WORKERS, comma-separated (--event-loop, --workers)",
     )
     parser.add_argument("--no-install", action="store_true", help="do not pip install vllm-router")
+    parser.add_argument(
+        "--references",
+        action="store_true",
+        help="also measure two bare Python proxies (httptools / aiohttp server, no guards): the floor",
+    )
     parser.add_argument("--serve-fast-backend", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-reference", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_fast_backend:
         serve_fast_backend(args.serve_fast_backend)
+        return
+    if args.serve_reference:
+        kind, port, *backends = args.serve_reference
+        serve_reference_proxy(kind, int(port), backends)
         return
     asyncio.run(run(args))
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import logging
+import re
 import signal
 import socket
 import subprocess
@@ -13,7 +16,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from specfleet_runtime.router.workers import cpu_count, worker_argv
+from specfleet_runtime.router.__main__ import process_count
+from specfleet_runtime.router.workers import MULTIPROC_ENV, auto_workers, cpu_count, metrics_dir, worker_argv
 from support.router_harness import GOOD, MODEL, free_port, recording_engine, routing, wait_http
 
 pytestmark = pytest.mark.timeout(90)
@@ -135,3 +139,65 @@ async def test_workers_leave_with_a_killed_supervisor(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+# ---- the one-process fallbacks -----------------------------------------------------------------------
+
+
+def test_process_count_is_one_on_a_kernel_picked_port() -> None:
+    assert process_count(None, 0) == 1
+    assert process_count(None, 8000) == auto_workers()
+    assert process_count(3, 8000) == 3
+    assert process_count(1, 0) == 1
+    with pytest.raises(SystemExit, match="needs a fixed --port"):
+        process_count(2, 0)
+
+
+def test_no_metrics_dir_means_one_process(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv(MULTIPROC_ENV, raising=False)
+
+    def full(*args: object, **kwargs: object) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    # A full /dev/shm and temp dir cannot be made here (root may write anywhere): the failure is injected.
+    monkeypatch.setattr("tempfile.mkdtemp", full)
+    with caplog.at_level(logging.WARNING, logger="specfleet_runtime.router"):
+        assert metrics_dir() is None
+    assert "running one router process" in caplog.text
+    monkeypatch.setenv(MULTIPROC_ENV, "/somewhere/given")
+    assert metrics_dir() == "/somewhere/given"
+
+
+async def test_a_kernel_picked_port_serves_from_one_process(tmp_path: Path) -> None:
+    async with recording_engine() as engine:
+        config = tmp_path / "routing.json"
+        config.write_text(json.dumps(routing([engine.url], [])))
+        log_path = tmp_path / "router.log"
+        cmd = [
+            sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
+            "--host", "127.0.0.1", "--port", "0", "--log-level", "info",
+        ]  # fmt: skip
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            for _ in range(200):
+                found = re.search(r"router listening on 127\.0\.0\.1:(\d+)", log_path.read_text())
+                if found or proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert found, log_path.read_text()
+            url = f"http://127.0.0.1:{found.group(1)}"
+            await wait_http(f"{url}/readyz")
+            assert await fresh_post(f"{url}/v1/completions") == 200
+            # No supervisor, no workers: the process serving is the one started.
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            assert children == []
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(proc.wait, 30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        assert "router supervisor" not in log_path.read_text()

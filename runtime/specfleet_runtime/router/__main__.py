@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import importlib.metadata
 import logging
 import signal
@@ -214,6 +215,34 @@ def loop_factory(name: str) -> tuple[Callable[[], asyncio.AbstractEventLoop], st
     return uvloop.new_event_loop, "uvloop " + importlib.metadata.version("uvloop")
 
 
+def process_count(workers: int | None, port: int) -> int:
+    """How many router processes serve: `--workers` if given, else one per CPU (see `auto_workers`).
+
+    A port picked by the kernel (`--port 0`) can only be one process's: then one, and an explicit
+    `--workers` above 1 is an error.
+    """
+    if workers is not None and workers > 1 and port == 0:
+        raise SystemExit("--workers above 1 needs a fixed --port")
+    if workers is not None:
+        return workers
+    return auto_workers() if port else 1
+
+
+# Young-generation collections after this many net container allocations (CPython's default: 700).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector cheap per request (perf showed it among the top costs).
+
+    Everything built at start-up (modules, config, metrics) is moved out of the collector's sight
+    (`gc.freeze`), so full collections stop re-walking it, and young collections run less often;
+    nearly every per-request object is freed by reference counting anyway.
+    """
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(
@@ -221,10 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.workers is not None and args.workers > 1 and args.port == 0:
-        raise SystemExit("--workers above 1 needs a fixed --port")
-    # A port picked by the kernel (--port 0) can only be one process's.
-    workers = args.workers if args.workers is not None else auto_workers() if args.port else 1
+    workers = process_count(args.workers, args.port)
     if workers > 1:
         caps = {
             "--max-connections": args.max_connections,
@@ -238,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     factory, loop_name = loop_factory(args.event_loop)
     log.info("event loop: %s", loop_name)
     router = build_router(args)
+    tune_gc()
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(serve(router, args.host, args.port, reuse_port=args.reuse_port))
 
