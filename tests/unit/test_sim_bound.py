@@ -146,3 +146,19 @@ def test_the_bound_is_deterministic() -> None:
         (c.time, c.to_mode, c.to_k) for c in b.changes
     ]
     assert list(a.bin_tokens["latency"]) == list(b.bin_tokens["latency"])
+
+
+def test_the_lagged_schedule_makes_the_same_changes_later() -> None:
+    load = ClosedLoop(points=((0, 12), (300, 900), (900, 900), (960, 12), (1500, 12)), sizes=((300, 200),))
+    statics = {
+        name: simulate(example(), load, Strategy(name, "static", mode, k), SimOptions(seed=0))
+        for name, mode, k in (("alwaysOff", "Off", None), ("alwaysOnK1", "On", 1), ("alwaysOnK3", "On", 3))
+    }
+    bound = rollout_paying_oracle(example(), load, statics, SimOptions(seed=0), default_profile())
+    lagged = rollout_paying_oracle(
+        example(), load, statics, SimOptions(seed=0), default_profile(), lag_seconds=90
+    )
+    assert bound.changes
+    assert [(c.time + 90, c.to_mode, c.to_k) for c in bound.changes if c.time + 90 < 1500] == [
+        (c.time, c.to_mode, c.to_k) for c in lagged.changes
+    ]

@@ -148,14 +148,24 @@ def rollout_paying_oracle(
     options: SimOptions,
     profile: StepTimeProfile,
     smooth: int = 2,
+    lag_seconds: float = 0.0,
 ) -> RunResult:
     """The best hindsight schedule of static settings that pays each change's surge rollout, simulated
-    (see the module docstring). `statics` are the static runs on the same workload and seed."""
+    (see the module docstring). `statics` are the static runs on the same workload and seed.
+
+    `lag_seconds` > 0 runs the same schedule with every change made that much later (rounded to a
+    window): a diagnostic of how much of the bound comes from starting a rollout before the change it
+    answers (a policy that measures sees a change only after part of a window). Not a bound: a
+    schedule chosen knowing the lag could do differently."""
     any_run = next(iter(statics.values()))
     choices: dict[str, list[str]] = {}
     for pool in auto_pools(sd.spec):
         spec = getattr(sd.spec.pools, pool)
         mix = rollout_mix(spec.replicas, spec.max_surge, options.startup_seconds, any_run.bin_seconds)
         choices[pool] = best_schedule(scores(statics, pool, smooth), mix)
-    strategy = Strategy(NAME, "schedule", schedule=schedule_of(choices, any_run.bin_seconds))
-    return simulate(sd, workload, strategy, options, profile)
+    schedule = schedule_of(choices, any_run.bin_seconds)
+    if lag_seconds > 0:
+        lag = round(lag_seconds / any_run.bin_seconds) * any_run.bin_seconds
+        schedule = tuple((at + lag if at > 0 else at, *rest) for at, *rest in schedule)  # type: ignore[misc]
+    name = NAME if lag_seconds <= 0 else f"{NAME}Lagged"
+    return simulate(sd, workload, Strategy(name, "schedule", schedule=schedule), options, profile)
