@@ -322,8 +322,9 @@ def _progress(quiet: bool) -> Any:
 
 
 def _simulation_table(doc: dict[str, Any]) -> str:
+    width = max(16, *(len(name) for name in doc["results"]))
     lines = [
-        f"{'strategy':<16} {'tokens/s':>10} {'tok/req-s':>10} {'vs oracle':>9} {'worst min':>9} "
+        f"{'strategy':<{width}} {'tokens/s':>10} {'tok/req-s':>10} {'vs oracle':>9} {'worst min':>9} "
         f"{'flips':>5} {'retunes':>7} {'GPU-s':>9}"
     ]
     for name, r in doc["results"].items():
@@ -333,7 +334,7 @@ def _simulation_table(doc: dict[str, Any]) -> str:
             return "-" if value is None else format(value, fmt)
 
         lines.append(
-            f"{name:<16} {r['tokensPerSecond']:>10.1f} {num(r['tokensPerRequestSecond'], '.2f'):>10} "
+            f"{name:<{width}} {r['tokensPerSecond']:>10.1f} {num(r['tokensPerRequestSecond'], '.2f'):>10} "
             f"{num(r['ratioToPerLevelOracle'], '.3f'):>9} {num(r['worstMinuteRatioToPerLevelOracle'], '.3f'):>9} "
             f"{r['flips']:>5} {r['retunes']:>7} {num(r.get('gpuSeconds'), '.0f'):>9}{setting}"
         )
@@ -354,7 +355,8 @@ def _simulation_table(doc: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         "Ratios compare generated tokens per request-second with the per-level oracle (best static setting "
-        "per evaluation window, in hindsight)."
+        "per evaluation window, in hindsight). rolloutPayingOracle: the best hindsight schedule of static "
+        "settings that pays each change's surge rollout (simulated)."
     )
     return "\n".join(lines) + "\n"
 

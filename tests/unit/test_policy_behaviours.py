@@ -7,6 +7,7 @@ what the engines run.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -338,3 +339,65 @@ def test_a_sustained_ramp_at_the_spikes_slope_still_flips_within_two_intervals()
     assert offs, result.summary()
     interval = goodput_spec()["policy"]["evaluationIntervalSeconds"]
     assert abs(offs[0] - crossing) <= 2 * interval, (crossing, result.summary())
+
+
+# ---- a window whose acceptance is still moving is judged on its newest interval --------------------
+
+EVERY = 30  # example 02's evaluation interval over its 120 s window: each window shares 3/4 with the last
+
+
+def _mixed(before: tuple[float, ...], after: tuple[float, ...], fraction: float) -> tuple[float, ...]:
+    return tuple(round((1 - fraction) * a + fraction * b, 4) for a, b in zip(before, after, strict=True))
+
+
+def _moving_state(memory: tuple[float, ...]) -> PoolState:
+    return PoolState(
+        mode="On",
+        last_acceptance=MeasuredAcceptance(
+            acceptance_length=1 + sum(memory), per_position=memory, at=NOW - timedelta(seconds=EVERY)
+        ),
+    )
+
+
+def _spec_policy() -> PolicySpec:
+    return speclike().policy
+
+
+def test_a_shift_inside_the_window_is_judged_on_the_newest_interval_not_the_mix():
+    """The strong drafter's acceptance drops to the weak one's at 96 running per replica: the first
+    window after the shift holds a quarter of weak drafts. Judged on that mix, K=3 still looks fine and
+    the pool is retuned to K=1 one evaluation later and turned off after (two rollouts, measured on
+    the acceptance-shift benchmark); judged on the newest interval it turns off at once."""
+    strong, weak = STRONG[:3], WEAK[:3]
+    state = _moving_state(strong)
+    ob = replace(obs(96, _mixed(strong, weak, 0.25)), drafts_in_window=200_000)
+    d = one(_spec_policy(), state, ob)
+    assert (d.flip, d.target) == (True, "Off"), d
+    assert "acceptanceMoving" in d.observations
+    # What it remembers is the window's own measurement, not the extrapolation.
+    assert d.acceptance is not None
+    assert d.acceptance.per_position[0] == pytest.approx(ob.per_position[0])
+    # Over the window's own (mixed) acceptance the same pool holds its K=3.
+    steady = PoolState(mode="On")
+    held = one(_spec_policy(), steady, ob)
+    assert (held.changes, held.reason) == (False, "GoodputWithinMargin"), held
+
+
+def test_sampling_noise_and_small_drifts_are_not_a_moving_window():
+    # A window that moved within sampling noise (few drafts) or by less than twice the margin of its
+    # value (many drafts): the pool is judged on the window as before.
+    published = PUBLISHED[:3]
+    state = _moving_state(published)
+    noisy = replace(obs(96, (0.60, 0.33, 0.16)), drafts_in_window=200)
+    assert "acceptanceMoving" not in one(_spec_policy(), state, noisy).observations
+    drift = replace(obs(96, (0.665, 0.38, 0.195)), drafts_in_window=200_000)
+    assert "acceptanceMoving" not in one(_spec_policy(), state, drift).observations
+    # A memory older than the last evaluation is no baseline for a move.
+    stale = PoolState(
+        mode="On",
+        last_acceptance=MeasuredAcceptance(
+            acceptance_length=1 + sum(STRONG[:3]), per_position=STRONG[:3], at=NOW - timedelta(seconds=600)
+        ),
+    )
+    moved = replace(obs(96, _mixed(STRONG[:3], WEAK[:3], 0.25)), drafts_in_window=200_000)
+    assert "acceptanceMoving" not in one(_spec_policy(), stale, moved).observations

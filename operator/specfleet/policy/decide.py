@@ -24,6 +24,16 @@ along the load's expected path (`commit_path`: the observed load, along its tren
 held there), not at the projected instant alone: a short spike whose trend projects past break-even
 does not lock the pool off. A retune (not locked) is judged at the projected load.
 
+A window whose acceptance is still moving (`acceptance_moving`: the first position moved since the
+last evaluation by more than sampling noise and by more than twice the margin of its value) averages
+the acceptance before and after a shift; a change decided on that mix is followed by a second once
+the window holds only the new acceptance (measured: a K retune, then a flip, two rollouts). So while
+it moves, the policy judges a flip (which locks the pool) on the newest interval's acceptance
+(`newest_acceptance`: the move between two overlapping windows is the newest interval's acceptance
+minus the oldest's, scaled by interval/window). Retunes and canaries are still judged on the window,
+and the window's measurement is what the pool remembers: a new K stops measuring deeper positions,
+and a retune judged on the extrapolation was measured to churn K on held-out shifts.
+
 Acceptance is per position and never shrinks (see `specfleet.policy.acceptance`): positions a pool
 does not draft now come from memory, and positions unknown or older than
 `reentry.maxAcceptanceAgeSeconds` are extrapolated, so a lowered K is raised again when load falls.
@@ -162,6 +172,64 @@ def expected_load(policy: PolicySpec, state: PoolState, obs: PoolObservation, no
     projection = slope * (policy.window_seconds / 2 + rollout_seconds(policy, state))
     band = math.sqrt(max(fitted, 1.0))
     return max(0.0, load + math.copysign(max(0.0, abs(projection) - band), projection))
+
+
+# Sampling noise of a per-position acceptance, in standard errors, that a move must exceed.
+MOVING_Z = 4.0
+
+
+def acceptance_moving(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime
+) -> str | None:
+    """Why the window's acceptance is still moving (None: it is not, or nothing to compare).
+
+    Two evaluations `evaluationIntervalSeconds` apart see windows that share all but that interval,
+    so the first position's change between them is the newest interval's acceptance minus the
+    oldest's, scaled by interval/window. It counts as moving when the change it implies for the
+    acceptance (change x window/interval) exceeds both `MOVING_Z` standard errors of binomial
+    sampling over the drafts of those two intervals and twice the Goodput margin of its value (a
+    move that small changes no decision). Compared only with a memory the last evaluation wrote.
+    """
+    memory = state.last_acceptance
+    if memory is None or not obs.per_position or obs.acceptance_length is None or not memory.per_position:
+        return None
+    every = float(policy.evaluation_interval_seconds)
+    if now - memory.measured_at(0) > timedelta(seconds=1.5 * every):
+        return None
+    fraction = min(1.0, every / max(1.0, float(policy.window_seconds)))
+    new, old = obs.per_position[0], memory.per_position[0]
+    implied = (new - old) / fraction
+    p = min(max((new + old) / 2, 0.01), 0.99)
+    drafts = max(1.0, obs.drafts_in_window * fraction)
+    noise = MOVING_Z * math.sqrt(2 * p * (1 - p) / drafts) / fraction
+    material = 2 * _margin(policy) * max(old, new)
+    if abs(implied) <= max(noise, material):
+        return None
+    return (
+        f"first-position acceptance moved {old:.3f} -> {new:.3f} in {every:.0f}s (the window's "
+        f"acceptance is still changing: {implied:+.3f} over a window)"
+    )
+
+
+def newest_acceptance(policy: PolicySpec, state: PoolState, obs: PoolObservation) -> tuple[float, ...]:
+    """The newest interval's per-position acceptance, while the window's is moving (see the module
+    docstring): the last evaluation's value plus the move scaled by window/interval, for each
+    position both measured, clamped to [0, 1] and non-increasing. Exact on the first evaluation
+    after a step change; later in the same window it overshoots by up to interval/window of the step."""
+    memory = state.last_acceptance
+    assert memory is not None
+    fraction = min(1.0, policy.evaluation_interval_seconds / max(1.0, float(policy.window_seconds)))
+    n = min(len(obs.per_position), len(memory.per_position))
+    out: list[float] = []
+    ceiling = 1.0
+    for i in range(n):
+        if memory.measured_at(i) != memory.measured_at(0):
+            break
+        old, new = memory.per_position[i], obs.per_position[i]
+        value = min(ceiling, max(0.0, old + (new - old) / fraction))
+        out.append(value)
+        ceiling = value
+    return tuple(out)
 
 
 def _margin(policy: PolicySpec) -> float:
@@ -695,6 +763,16 @@ def _assess(
 ) -> _Pool:
     current_k = _pool_k(policy, state, k)
     est = _estimate(policy, state, observed, now, k)
+    # A flip is judged on the newest interval's acceptance while the window's is moving.
+    est_flip = est
+    moving = acceptance_moving(policy, state, observed, now) if policy.mode == "Goodput" else None
+    if moving is not None and est is not None:
+        newest = newest_acceptance(policy, state, observed)
+        fresh = _estimate(
+            policy, state, replace(observed, per_position=newest, acceptance_length=1 + sum(newest)), now, k
+        )
+        if fresh is not None:
+            est_flip = replace(fresh, source="newestInterval", remember=est.remember)
     load = expected_load(policy, state, observed, now)
     obs = replace(observed, running_per_replica=load)
     gains = None
@@ -705,11 +783,13 @@ def _assess(
         # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
         # locked, lighter budget) and the canaries on the projected load (`gains`).
         path = commit_path(policy, state, observed.running_per_replica or 0.0, load)
-        g_commit = _goodput_over(current_k if state.mode == "On" else None, path, est, profile, k)
-        wanted = _goodput(policy, state, obs, g_commit, est)
+        g_commit = _goodput_over(current_k if state.mode == "On" else None, path, est_flip, profile, k)
+        wanted = _goodput(policy, state, obs, g_commit, est_flip)
     else:
         wanted = _threshold(policy, k, state, obs, est, profile)
     numbers = {**observed.as_text(), **wanted.numbers}
+    if moving is not None:
+        numbers["acceptanceMoving"] = moving
     if load != observed.running_per_replica:
         numbers["expectedRunningPerReplica"] = f"{load:.3g}"
     if (

@@ -5,7 +5,9 @@ to the drafter's (`alwaysOn` is the drafter's own K), `engineDynamicSD` (vLLM's 
 size, K=0 penalised), `bestStatic` (the static setting with the most tokens per request-second over the
 whole run, in hindsight) and `perLevelOracle` (per pool and per evaluation window, the best static
 setting's window, in hindsight, with no rollout cost; "best" judged over the window and two on each
-side, so that sampling luck in one window does not inflate it).
+side, so that sampling luck in one window does not inflate it) and `rolloutPayingOracle` (the best
+hindsight schedule of static settings that pays each change's surge rollout, simulated: the most a
+real policy could have done; `specfleet.sim.bound`).
 
 The measure all ratios use is generated tokens per request-second (tokens a pool generated in a window
 over the time its requests spent in the system in that window, queueing included): under a closed
@@ -23,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from specfleet.api.validation import SpeculativeDeployment
+from specfleet.sim.bound import NAME as BOUND
+from specfleet.sim.bound import rollout_paying_oracle
 from specfleet.sim.engine import schedule_from_profile
 from specfleet.sim.fleet import (
     POOLS,
@@ -132,6 +136,7 @@ class Comparison:
             *statics,
             "engineDynamicSD",
             "bestStatic",
+            *([BOUND] if BOUND in self.runs else []),
             "perLevelOracle",
         ]
 
@@ -275,6 +280,12 @@ def compare(
             progress(strategy.name)
         runs[strategy.name] = simulate(sd, workload, strategy, options, profile, schedule)
     statics = [n for n in runs if runs[n].strategy.kind == "static"]
+    if (only is None or BOUND in only) and len(statics) > 1:
+        if progress:
+            progress(BOUND)
+        runs[BOUND] = rollout_paying_oracle(
+            sd, workload, {n: runs[n] for n in statics}, options, profile, SMOOTH
+        )
     any_run = runs[statics[0]]
     nbins = len(any_run.bin_tokens["latency"])
     oracle_tokens = {p: np.zeros(nbins) for p in POOLS}

@@ -14,6 +14,10 @@ One run replays one workload under one strategy:
 - `engineDynamicSD`: the Auto pools pinned On with vLLM's in-engine Dynamic SD table (K per batch
   size, 0 where speculation loses), whose K=0 steps pay `k0_penalty` and whose engines keep the
   drafter's memory.
+- `schedule`: the Auto pools follow a fixed list of changes (`Strategy.schedule`: time, pool, mode,
+  K), written into status as the policy's decisions are, with no canaries, and rolled out the same
+  way; each change pays its real surge rollout. The rollout-paying oracle (`specfleet.sim.bound`)
+  runs its hindsight schedule through it.
 
 Requests are classified by the router's own code (`extract_facts`, `classify`, `ClientLoadTracker`,
 `resolve_pool`) and sent to the ready engine with the fewest outstanding requests, as the router does.
@@ -71,6 +75,8 @@ class Strategy:
     kind: str  # "policy", "static", "engineDynamicSD"
     mode: str = "On"
     k: int | None = None
+    # kind "schedule": (time in seconds, pool, "On"/"Off", K or None); those at time 0 set the start.
+    schedule: tuple[tuple[float, str, str, int | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,11 @@ def strategy_spec(
     if strategy.kind == "policy":
         return spec
     doc = spec.model_dump(by_alias=True, exclude_none=True)
+    if strategy.kind == "schedule":
+        # The pools stay Auto and take mode and K from status, as under the Goodput policy.
+        doc["drafter"].pop("dynamicSchedule", None)
+        doc["policy"]["mode"] = "Goodput"
+        return parse_spec(doc)
     for pool in POOLS:
         if doc["pools"][pool]["speculation"] == "Auto":
             doc["pools"][pool]["speculation"] = "Off" if strategy.mode == "Off" else "On"
@@ -619,7 +630,46 @@ class _Fleet:
             }
         self.timeline.append(row)
 
+    def set_pool(self, pool: str, mode: str, k: int | None) -> None:
+        """Write a pool's mode and K into status, as `record` writes the policy's decisions (no canaries)."""
+        pools = self.status.pools.model_copy()
+        ps: PoolStatus = getattr(pools, pool)
+        setattr(
+            pools,
+            pool,
+            ps.model_copy(
+                update={
+                    "speculation": mode,
+                    "num_speculative_tokens": k if mode == "On" else ps.num_speculative_tokens,
+                    "canary_replicas": 0,
+                }
+            ),
+        )
+        self.status = self.status.model_copy(update={"pools": pools})
+
+    def apply_schedule(self, now: float) -> None:
+        """A `schedule` strategy's changes due at `now`, rolled out like the policy's."""
+        changed = False
+        for at, pool, mode, k in self.strategy.schedule:
+            if abs(at - now) > 1e-6 or pool not in auto_pools(self.spec):
+                continue
+            ps: PoolStatus = getattr(self.status.pools, pool)
+            limit = self.spec.drafter.num_speculative_tokens
+            from_k = ps.num_speculative_tokens or limit
+            to_k = k or limit
+            if ps.speculation == mode and (mode == "Off" or from_k == to_k):
+                continue
+            self.changes.append(Change(now, pool, ps.speculation, mode, from_k, to_k, "Scheduled"))
+            self.set_pool(pool, mode, k)
+            changed = True
+        if changed:
+            self.render(now)
+            self.update_status(now)
+
     def evaluate(self, now: float) -> None:
+        if self.strategy.kind == "schedule":
+            self.apply_schedule(now)
+            return
         self.update_status(now)
         when = EPOCH + timedelta(seconds=now)
         states = pool_states(self.spec, self.status, when)
@@ -684,6 +734,10 @@ class _Fleet:
                 )
             }
         )
+        if self.strategy.kind == "schedule":
+            for at, pool, mode, k in self.strategy.schedule:
+                if at <= 0 and pool in auto_pools(self.spec):
+                    self.set_pool(pool, mode, k)
         self.render(0.0, initial=True)
         self.update_status(0.0)
         scrape = self.options.scrape_interval
@@ -695,6 +749,9 @@ class _Fleet:
             every = float(self.policy.evaluation_interval_seconds)
             for i in range(1, math.floor(self.duration / every) + 1):
                 self.push(i * every, self.EVAL)
+        if self.strategy.kind == "schedule":
+            for at in sorted({at for at, *_ in self.strategy.schedule if 0 < at < self.duration}):
+                self.push(at, self.EVAL)
         trace = self.workload.requests if isinstance(self.workload, Trace) else ()
         if isinstance(self.workload, ClosedLoop):
             self.push(0.0, self.TICK)

@@ -1,0 +1,171 @@
+"""A hindsight oracle that pays for its rollouts: what the best schedule of changes could have done.
+
+The per-level oracle (`specfleet.sim.compare`) takes every window's best static setting with no cost
+for changing it, so it switches even on a burst that is over before a rollout could finish. No real
+policy can follow that. This bound chooses, in hindsight, one schedule of changes per Auto pool and
+then runs it through the simulator (`Strategy(kind="schedule")`), so each of its changes is a real
+surge rollout: a new pod starts (`startup_seconds`) while the old ones serve, then replaces one, and
+the pool runs a mix of old and new engines until the last one is replaced.
+
+The schedule is a dynamic program over the windows (`best_schedule`): in each window a pool either
+keeps its setting (and scores that setting's window, from the static runs) or starts a change, which
+commits the next windows to the rollout's mix of the old and new settings' windows (`rollout_mix`)
+and allows the next change only once that rollout is over. A window scores its setting's tokens per
+request-second over the best setting's in that window (each window weighs the same, as the benchmark's
+time-weighted ratio does), judged, like the per-level oracle, on the window and its neighbours so that
+the schedule follows load levels, not one window's sampling luck.
+
+It ignores the resource's stability gates (dwell, cooldown, flip budgets): it says what the physics
+(start-up time, surge rollout) allows, so a policy's shortfall against it is a decision's or a gate's,
+and a shortfall of the bound itself against the per-level oracle is one no policy can avoid. It is the
+best schedule under the mix model, simulated; not a proof that no schedule does better.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from specfleet.api.validation import SpeculativeDeployment
+from specfleet.policy.record import auto_pools
+from specfleet.sim.fleet import RunResult, SimOptions, Strategy, simulate
+from specfleet.sim.workload import ClosedLoop, Trace
+from specfleet_runtime.cost_profile import StepTimeProfile
+
+NAME = "rolloutPayingOracle"
+
+
+def rollout_mix(replicas: int, max_surge: int, startup_seconds: float, bin_seconds: float) -> list[float]:
+    """Per window from a change on: the time-averaged fraction of the pool's serving engines that are
+    new. With maxUnavailable 0 and maxSurge m, m new pods start at once; each ready one replaces an
+    old one and the next m start, so batch i is serving from i x startup on. The list ends with the
+    window in which the last old pod is replaced (that window is partly new)."""
+    replicas = max(1, replicas)
+    surge = max(1, max_surge)
+    batches = math.ceil(replicas / surge)
+    total = batches * startup_seconds
+    windows = max(1, math.ceil(total / bin_seconds - 1e-9))
+    out = []
+    steps = 64
+    for w in range(windows):
+        acc = 0.0
+        for j in range(steps):
+            t = (w + (j + 0.5) / steps) * bin_seconds
+            acc += min(replicas, surge * math.floor(t / startup_seconds)) / replicas
+        out.append(acc / steps)
+    return out
+
+
+def best_schedule(values: Mapping[str, Sequence[float] | np.ndarray], mix: Sequence[float]) -> list[str]:
+    """The per-window setting sequence with the highest total score, when a change from a to b in
+    window w scores windows w..w+len(mix)-1 as (1 - f) x a + f x b (f from `mix`) and allows no other
+    change before that rollout is over. `values[s][w]` is setting s's score in window w (NaN: no
+    traffic, scores 0). The returned list names, per window, the setting the pool is moving to (the
+    change is made at that window's start)."""
+    names = list(values)
+    if not names:
+        return []
+    n = len(values[names[0]])
+    v = {s: np.nan_to_num(np.asarray(values[s], dtype=float), nan=0.0) for s in names}
+    r = len(mix)
+    # best[w][s]: the most the windows w.. can score with s serving at w's start and no rollout in flight.
+    best = np.zeros((n + 1, len(names)))
+    move: list[list[int]] = [[-1] * len(names) for _ in range(n)]
+    for w in range(n - 1, -1, -1):
+        for i, a in enumerate(names):
+            keep = v[a][w] + best[w + 1][i]
+            choice, score = -1, keep
+            for j, b in enumerate(names):
+                if j == i:
+                    continue
+                end = min(n, w + r)
+                mixed = sum((1 - mix[t - w]) * v[a][t] + mix[t - w] * v[b][t] for t in range(w, end))
+                total = mixed + best[end][j]
+                if total > score + 1e-12:
+                    choice, score = j, total
+            best[w][i] = score
+            move[w][i] = choice
+    # Start with the setting that does best from window 0 (no rollout at the start: the static runs
+    # start that way too).
+    current = int(np.argmax(best[0]))
+    out: list[str] = []
+    w = 0
+    while w < n:
+        j = move[w][current]
+        if j < 0:
+            out.append(names[current])
+            w += 1
+            continue
+        end = min(n, w + r)
+        out.extend([names[j]] * (end - w))
+        current, w = j, end
+    return out
+
+
+def scores(runs: Mapping[str, RunResult], pool: str, smooth: int) -> dict[str, np.ndarray]:
+    """Per static setting and window: its tokens per request-second over the best setting's (both
+    judged on the window and `smooth` windows either side)."""
+    kernel = np.ones(2 * smooth + 1)
+    per: dict[str, np.ndarray] = {}
+    for name, run in runs.items():
+        tokens = np.convolve(run.bin_tokens[pool], kernel, mode="same")
+        reqsec = np.convolve(run.bin_request_seconds[pool], kernel, mode="same")
+        per[name] = np.where(reqsec > 0, tokens / np.where(reqsec > 0, reqsec, 1), np.nan)
+    stacked = np.vstack(list(per.values()))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        top = np.nanmax(np.where(np.isnan(stacked), -np.inf, stacked), axis=0)
+        return {name: np.where(top > 0, value / top, np.nan) for name, value in per.items()}
+
+
+def setting_of(name: str) -> tuple[str, int | None]:
+    """A static strategy's name as (mode, K): alwaysOff -> (Off, None), alwaysOnK3 -> (On, 3)."""
+    if name == "alwaysOff":
+        return "Off", None
+    return "On", int(name.removeprefix("alwaysOnK"))
+
+
+def schedule_of(
+    choices: Mapping[str, Sequence[str]], bin_seconds: float
+) -> tuple[tuple[float, str, str, int | None], ...]:
+    """Per-window settings per pool as the change list a `schedule` strategy runs."""
+    out: list[tuple[float, str, str, int | None]] = []
+    for pool, seq in choices.items():
+        last = None
+        for w, name in enumerate(seq):
+            if name != last:
+                mode, k = setting_of(name)
+                out.append((w * bin_seconds, pool, mode, k))
+                last = name
+    return tuple(sorted(out))
+
+
+def rollout_paying_oracle(
+    sd: SpeculativeDeployment,
+    workload: Trace | ClosedLoop,
+    statics: Mapping[str, RunResult],
+    options: SimOptions,
+    profile: StepTimeProfile,
+    smooth: int = 2,
+    lag_seconds: float = 0.0,
+) -> RunResult:
+    """The best hindsight schedule of static settings that pays each change's surge rollout, simulated
+    (see the module docstring). `statics` are the static runs on the same workload and seed.
+
+    `lag_seconds` > 0 runs the same schedule with every change made that much later (rounded to a
+    window): a diagnostic of how much of the bound comes from starting a rollout before the change it
+    answers (a policy that measures sees a change only after part of a window). Not a bound: a
+    schedule chosen knowing the lag could do differently."""
+    any_run = next(iter(statics.values()))
+    choices: dict[str, list[str]] = {}
+    for pool in auto_pools(sd.spec):
+        spec = getattr(sd.spec.pools, pool)
+        mix = rollout_mix(spec.replicas, spec.max_surge, options.startup_seconds, any_run.bin_seconds)
+        choices[pool] = best_schedule(scores(statics, pool, smooth), mix)
+    schedule = schedule_of(choices, any_run.bin_seconds)
+    if lag_seconds > 0:
+        lag = round(lag_seconds / any_run.bin_seconds) * any_run.bin_seconds
+        schedule = tuple((at + lag if at > 0 else at, *rest) for at, *rest in schedule)  # type: ignore[misc]
+    name = NAME if lag_seconds <= 0 else f"{NAME}Lagged"
+    return simulate(sd, workload, Strategy(name, "schedule", schedule=schedule), options, profile)

@@ -1,0 +1,164 @@
+"""The rollout-paying hindsight oracle (`specfleet.sim.bound`): its schedule, its cost, its run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from specfleet.api.validation import SpeculativeDeployment, parse_resource
+from specfleet.sim.bound import (
+    NAME,
+    best_schedule,
+    rollout_mix,
+    rollout_paying_oracle,
+    schedule_of,
+)
+from specfleet.sim.compare import compare
+from specfleet.sim.fleet import RunResult, SimOptions, Strategy, simulate
+from specfleet.sim.workload import ClosedLoop
+from specfleet_runtime.cost_profile import default_profile
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "02-two-pools-routing-policy.yaml"
+
+
+def example() -> SpeculativeDeployment:
+    return parse_resource(yaml.safe_load(EXAMPLE.read_text()))
+
+
+def test_rollout_mix_follows_a_one_by_one_surge() -> None:
+    # 3 replicas, maxSurge 1, 60 s start-up, 30 s windows: a third new from 60 s, two thirds from
+    # 120 s, all from 180 s; six windows until the last old pod is replaced.
+    mix = rollout_mix(3, 1, 60.0, 30.0)
+    assert mix == pytest.approx([0, 0, 1 / 3, 1 / 3, 2 / 3, 2 / 3])
+    # A surge as large as the pool replaces it in one start-up.
+    assert rollout_mix(2, 2, 60.0, 30.0) == pytest.approx([0, 0])
+    # A start-up that ends inside a window counts the window's new part.
+    assert rollout_mix(1, 1, 45.0, 30.0) == pytest.approx([0, 0.5])
+
+
+def test_a_change_is_made_only_where_it_pays_for_its_rollout() -> None:
+    mix = [0.0, 0.0, 0.5]
+    n = 30
+    a = np.ones(n)
+    # b is 5% better for 2 windows only: going there and back costs more (two rollouts of mostly
+    # the worse setting) than those windows gain.
+    b = np.full(n, 0.9)
+    b[10:12] = 1.05
+    assert best_schedule({"a": a, "b": b}, mix) == ["a"] * n
+    # b is better for 15 windows: the schedule moves early enough that b serves when it pays, and back.
+    b = np.full(n, 0.9)
+    b[10:25] = 1.2
+    out = best_schedule({"a": a, "b": b}, mix)
+    assert out[0] == "a"
+    first_b = out.index("b")
+    # It starts the rollout before b pays (hindsight) and serves b through the stretch.
+    assert first_b <= 10
+    assert out[first_b + len(mix) : 25 - len(mix)] == ["b"] * (25 - len(mix) - first_b - len(mix))
+    assert out[-1] == "a"
+
+
+def test_a_schedule_pays_for_the_stretch_it_cannot_change() -> None:
+    # No change before a rollout is over: with a 4-window rollout, a window where another setting
+    # wins alone is not worth switching for, even at three times the score there.
+    n = 12
+    values = {"a": np.ones(n), "b": np.where(np.arange(n) == 6, 3.0, 0.0)}
+    assert best_schedule(values, [0.0, 0.0, 0.0, 0.0]) == ["a"] * n
+
+
+def test_no_traffic_scores_nothing() -> None:
+    values = {"a": np.array([np.nan, 1.0, 1.0]), "b": np.array([np.nan, 0.5, 0.5])}
+    assert best_schedule(values, [0.0]) == ["a", "a", "a"]
+
+
+def test_schedule_of_lists_the_start_and_each_change() -> None:
+    choices = {"latency": ["alwaysOnK3", "alwaysOnK3", "alwaysOff", "alwaysOnK1"]}
+    assert schedule_of(choices, 30.0) == (
+        (0.0, "latency", "On", 3),
+        (60.0, "latency", "Off", None),
+        (90.0, "latency", "On", 1),
+    )
+
+
+def test_a_scheduled_change_is_a_real_surge_rollout() -> None:
+    # The latency pool starts Off and is scheduled On at K3 at 300 s: the simulator rolls it out one
+    # surge pod at a time, so it speculates only once the rollout is over.
+    load = ClosedLoop(points=((0, 3 * 16), (900, 3 * 16)), sizes=((200, 300),))
+    schedule = ((0.0, "latency", "Off", None), (300.0, "latency", "On", 3))
+    run = simulate(example(), load, Strategy(NAME, "schedule", schedule=schedule), SimOptions(seed=0))
+    assert [(c.time, c.pool, c.to_mode, c.to_k) for c in run.changes] == [(300.0, "latency", "On", 3)]
+    modes = [(row["t"], row["latency"]["mode"], row["latency"]["replicas"]) for row in run.timeline]
+    assert all(mode == "Off" for t, mode, _ in modes if t <= 300)
+    assert all(mode == "On" for t, mode, _ in modes if t > 300)
+    # A surge pod while it rolls out, and no canaries at any time.
+    assert max(r for t, _, r in modes if 300 < t <= 480) == 4
+    assert all(r == 3 for t, _, r in modes if t <= 300 or t > 540)
+    off = simulate(example(), load, Strategy("off", "static", "Off"), SimOptions(seed=0))
+    on = simulate(example(), load, Strategy("on", "static", "On", 3), SimOptions(seed=0))
+
+    def rate(r: RunResult, lo: int, hi: int) -> float:
+        tokens = r.bin_tokens["latency"][lo:hi].sum()
+        return float(tokens / r.bin_request_seconds["latency"][lo:hi].sum())
+
+    # Before the change it runs as always-off; long after, as always-on (speculation pays at c=16).
+    assert rate(run, 2, 10) == pytest.approx(rate(off, 2, 10), rel=0.05)
+    assert rate(run, 20, 30) == pytest.approx(rate(on, 20, 30), rel=0.08)
+    assert rate(on, 20, 30) > 1.2 * rate(off, 20, 30)
+    # The rollout costs: the windows while it runs fall short of always-on.
+    assert rate(run, 10, 16) < 0.95 * rate(on, 10, 16)
+
+
+def test_the_bound_sits_between_the_best_static_setting_and_the_per_level_oracle() -> None:
+    # Far past break-even, then low load: the bound runs without speculation through the high
+    # stretch (it may start that way: the static runs start without a rollout too) and turns it on
+    # for the low one, paying that rollout.
+    load = ClosedLoop(
+        points=((0, 12), (60, 12), (120, 900), (1020, 900), (1080, 12), (1800, 12)), sizes=((300, 200),)
+    )
+    comp = compare(example(), load, SimOptions(seed=0))
+    assert NAME in comp.runs
+    bound = comp.runs[NAME]
+    modes = [row["latency"]["mode"] for row in bound.timeline]
+    assert modes[20] == "Off"
+    assert modes[-1] == "On"
+    assert [c.to_mode for c in bound.changes if c.pool == "latency"][-1] == "On"
+    ratio = comp.ratio(NAME)
+    best = comp.ratio("bestStatic")
+    assert ratio is not None
+    assert best is not None
+    assert best < ratio <= 1.01
+    doc = comp.to_json()["results"][NAME]
+    assert doc["flips"] == sum(1 for c in bound.changes if c.kind == "flip")
+    assert doc["worstMinuteRatioToPerLevelOracle"] is not None
+
+
+def test_the_bound_is_deterministic() -> None:
+    load = ClosedLoop(points=((0, 12), (300, 600), (600, 12)), sizes=((300, 200),))
+    statics = {
+        name: simulate(example(), load, Strategy(name, "static", mode, k), SimOptions(seed=2))
+        for name, mode, k in (("alwaysOff", "Off", None), ("alwaysOnK1", "On", 1), ("alwaysOnK3", "On", 3))
+    }
+    a = rollout_paying_oracle(example(), load, statics, SimOptions(seed=2), default_profile())
+    b = rollout_paying_oracle(example(), load, statics, SimOptions(seed=2), default_profile())
+    assert [(c.time, c.to_mode, c.to_k) for c in a.changes] == [
+        (c.time, c.to_mode, c.to_k) for c in b.changes
+    ]
+    assert list(a.bin_tokens["latency"]) == list(b.bin_tokens["latency"])
+
+
+def test_the_lagged_schedule_makes_the_same_changes_later() -> None:
+    load = ClosedLoop(points=((0, 12), (300, 900), (900, 900), (960, 12), (1500, 12)), sizes=((300, 200),))
+    statics = {
+        name: simulate(example(), load, Strategy(name, "static", mode, k), SimOptions(seed=0))
+        for name, mode, k in (("alwaysOff", "Off", None), ("alwaysOnK1", "On", 1), ("alwaysOnK3", "On", 3))
+    }
+    bound = rollout_paying_oracle(example(), load, statics, SimOptions(seed=0), default_profile())
+    lagged = rollout_paying_oracle(
+        example(), load, statics, SimOptions(seed=0), default_profile(), lag_seconds=90
+    )
+    assert bound.changes
+    assert [(c.time + 90, c.to_mode, c.to_k) for c in bound.changes if c.time + 90 < 1500] == [
+        (c.time, c.to_mode, c.to_k) for c in lagged.changes
+    ]
