@@ -290,7 +290,7 @@ class Router:
         started: float,
     ) -> Reply | None:
         metrics = self.metrics
-        gauge = metrics.child(metrics.in_flight, classification.pool, pools[0])
+        gauge = metrics.value(metrics.in_flight, classification.pool, pools[0])
         # What is recorded if the client goes away and the handler is cancelled.
         outcome = Outcome(CLIENT_CLOSED, pools[0], "client_closed")
         self.in_flight += 1
@@ -306,8 +306,8 @@ class Router:
             labels = (classification.pool, outcome.pool)
             if outcome.pool != classification.pool:
                 metrics.fallbacks.labels(*labels).inc()
-            metrics.child(metrics.requests, *labels, str(outcome.status), outcome.error).inc()
-            metrics.child(metrics.duration, *labels).observe(self.clock() - started)
+            metrics.value(metrics.requests, *labels, str(outcome.status), outcome.error).inc()
+            metrics.histogram(metrics.duration, *labels).observe(self.clock() - started)
 
     # ---- small handlers ---------------------------------------------------------------------------
 

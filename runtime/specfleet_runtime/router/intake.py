@@ -33,7 +33,7 @@ class ByteBudget:
     def __init__(self, cap: int, metrics: RouterMetrics) -> None:
         self.cap = cap
         self.used = 0
-        self._gauge = metrics.bytes_in_flight
+        self._gauge = metrics.value(metrics.bytes_in_flight)
 
     def take(self, size: int) -> bool:
         if self.cap and self.used + size > self.cap:

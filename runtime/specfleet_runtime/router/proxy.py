@@ -306,7 +306,7 @@ class Proxy:
                         502, pool, "mid_stream"
                     )
                 watch.stop()
-                self.metrics.child(self.metrics.time_to_first_byte, classification.pool, pool).observe(
+                self.metrics.histogram(self.metrics.time_to_first_byte, classification.pool, pool).observe(
                     self.clock() - started
                 )
                 response = Reply(
@@ -415,7 +415,7 @@ class Proxy:
                 break
             if not observed:
                 observed = True
-                self.metrics.child(self.metrics.time_to_first_byte, classification.pool, pool).observe(
+                self.metrics.histogram(self.metrics.time_to_first_byte, classification.pool, pool).observe(
                     self.clock() - started
                 )
             try:

@@ -663,7 +663,7 @@ class HttpServer:
         self.open_count = 0
         self.draining = False
         self.connections: set[Connection] = set()
-        self._gauge = metrics.open_connections
+        self._gauge = metrics.value(metrics.open_connections)
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
