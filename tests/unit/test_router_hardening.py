@@ -166,6 +166,39 @@ async def test_malformed_http_gets_openai_errors_and_one_warning(
     assert all(r.exc_info is None for r in caplog.records)
 
 
+async def test_pipelined_requests_are_answered_in_order(tmp_path: Path) -> None:
+    """Requests sent back to back on one connection: one at a time, answers in order, then the close."""
+    async with recording_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
+        host, port = rr.url.removeprefix("http://").rsplit(":", 1)
+        keep = raw_request("POST", "/v1/completions?wait=1", GOOD).replace(b"Connection: close\r\n", b"")
+        last = raw_request("GET", "/v1/models")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(keep + keep.replace(b"?wait=1", b"") + last)
+        await wait_for(lambda: len(engine.seen) == 1)
+        await asyncio.sleep(0.1)
+        assert engine.seen == ["/v1/completions?wait=1"]  # the second waits for the first's answer
+        engine.gate.set()
+        data = await asyncio.wait_for(reader.read(), 10)  # until the close asked for by the last
+        writer.close()
+        assert data.count(b"HTTP/1.1 200 OK") == 3
+        assert data.rindex(b"x-specfleet-served-pool") < data.index(b'"object": "list"')
+    assert engine.seen == ["/v1/completions?wait=1", "/v1/completions"]
+
+
+async def test_chunked_request_bodies_are_read(tmp_path: Path) -> None:
+    async with recording_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
+        half = len(GOOD) // 2
+        chunked = b"".join(b"%x\r\n%b\r\n" % (len(part), part) for part in (GOOD[:half], GOOD[half:]))
+        head = raw_request("POST", "/v1/completions").split(b"Content-Length")[0]
+        resp = await raw_exchange(
+            rr.url, head + b"Transfer-Encoding: chunked\r\n\r\n" + chunked + b"0\r\n\r\n"
+        )
+        assert resp is not None
+        assert resp.status == 200
+        assert resp.headers["x-specfleet-served-pool"] == "latency"
+    assert engine.seen == ["/v1/completions"]
+
+
 # ---- bounded resources ---------------------------------------------------------------------------
 
 

@@ -60,7 +60,7 @@ class Admission:
                 self.tracker.in_flight(facts.client_id),
             )
         classification = classify(config, facts, verdict.segmented)
-        self.metrics.child(
+        self.metrics.value(
             self.metrics.classifications, classification.pool, classification.reason.value
         ).inc()
         if classification.reason == Reason.AUTO_SEGMENTATION and classification.pool != config.default_pool:

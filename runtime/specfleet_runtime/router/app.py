@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from specfleet_runtime.router.admission import Admission
@@ -32,7 +31,8 @@ from specfleet_runtime.router.intake import BodyLimits, ByteBudget, Refusal, rea
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.router.paths import METHODS, MODEL_PREFIX, PROXIED, Route, match
 from specfleet_runtime.router.proxy import CLIENT_CLOSED, Outcome, Proxy, ProxySettings
-from specfleet_runtime.router.server import GuardedServer, RateLimitedLog
+from specfleet_runtime.router.reply import Reply, json_reply
+from specfleet_runtime.router.server import HttpServer, RateLimitedLog, Request, ServerLimits
 from specfleet_runtime.router.sources import ConfigSource, SliceWatchFactory
 from specfleet_runtime.routing_config import PoolName, RoutingConfig
 
@@ -72,7 +72,7 @@ class RouterSettings:
     eject_seconds: float = 5.0
     drain_seconds: float = 30.0
     housekeeping_seconds: float = 1.0
-    # Request line and each header line at most this long (aiohttp answers 400 beyond).
+    # Request line and each header line at most this long (400 beyond).
     max_header_bytes: int = 16 * 1024
     # Rewrites EndpointSlice addresses (a test bed's fake pod IPs to loopback twins); empty in clusters.
     endpoint_address_map: AddressMap = ()
@@ -120,7 +120,7 @@ class Router:
         self.errors_log = RateLimitedLog(log)
         self.in_flight = 0
         self.draining = False
-        self.server: GuardedServer | None = None
+        self.server: HttpServer | None = None
         self._created = int(time.time())
         self._handlers = {
             Route.MODELS: self._models,
@@ -192,9 +192,15 @@ class Router:
 
     # ---- every request --------------------------------------------------------------------------
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Entry point for every request: allow-list, then the route's handler; never raises."""
-        route, path = match(request.raw_path)
+    async def handle(self, request: Request) -> None:
+        """Entry point for every request (the server calls it): answer it, unless it was streamed."""
+        reply = await self._dispatch(request)
+        if reply is not None:
+            request.send(reply)
+
+    async def _dispatch(self, request: Request) -> Reply | None:
+        """Allow-list, then the route's handler; a whole answer, or None once one was streamed."""
+        route, path = match(request.target)
         if route is None:
             return self._refuse(404, f"no route for {path[:200]}", "not_found")
         if request.method not in METHODS[route]:
@@ -213,9 +219,9 @@ class Router:
             response = self._refuse(
                 refusal.status, refusal.message, refusal.code, refusal.param, refusal.headers
             )
-            if not request.content.is_eof():
+            if not request.body_complete:
                 # The body was left unread (too large, too slow): close rather than drain it.
-                response.force_close()
+                response.close = True
             return response
         except (asyncio.CancelledError, ConnectionError):
             raise
@@ -232,12 +238,12 @@ class Router:
         param: str | None = None,
         headers: dict[str, str] | None = None,
         classification: Classification | None = None,
-    ) -> web.Response:
+    ) -> Reply:
         klass = classification.pool if classification else "none"
         self.metrics.requests.labels(klass, "none", str(status), "refused").inc()
         return error_response(status, message, code, param, headers)
 
-    async def _proxy(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+    async def _proxy(self, request: Request, path: str) -> Reply | None:
         received = self.clock()
         config = self.config
         if config is None:
@@ -266,7 +272,7 @@ class Router:
                 if config.fallback == "otherPool":
                     # Failed engines may still move the request on, as long as nothing was sent.
                     pools.append(other_pool(pool))
-                query = request.raw_path.partition("?")[2]
+                query = request.target.partition("?")[2]
                 target = f"{path}?{query}" if query else path
                 return await self._forward(request, target, body, classification, pools, received)
             finally:
@@ -276,15 +282,15 @@ class Router:
 
     async def _forward(
         self,
-        request: web.BaseRequest,
+        request: Request,
         target: str,
         body: bytes,
         classification: Classification,
         pools: list[PoolName],
         started: float,
-    ) -> web.StreamResponse:
+    ) -> Reply | None:
         metrics = self.metrics
-        gauge = metrics.child(metrics.in_flight, classification.pool, pools[0])
+        gauge = metrics.value(metrics.in_flight, classification.pool, pools[0])
         # What is recorded if the client goes away and the handler is cancelled.
         outcome = Outcome(CLIENT_CLOSED, pools[0], "client_closed")
         self.in_flight += 1
@@ -300,29 +306,26 @@ class Router:
             labels = (classification.pool, outcome.pool)
             if outcome.pool != classification.pool:
                 metrics.fallbacks.labels(*labels).inc()
-            metrics.child(metrics.requests, *labels, str(outcome.status), outcome.error).inc()
-            metrics.child(metrics.duration, *labels).observe(self.clock() - started)
+            metrics.value(metrics.requests, *labels, str(outcome.status), outcome.error).inc()
+            metrics.histogram(metrics.duration, *labels).observe(self.clock() - started)
 
     # ---- small handlers ---------------------------------------------------------------------------
 
-    async def _healthz(self, request: web.BaseRequest, path: str) -> web.Response:
-        return web.json_response({"status": "ok"})
+    async def _healthz(self, request: Request, path: str) -> Reply:
+        return json_reply({"status": "ok"})
 
-    async def _readyz(self, request: web.BaseRequest, path: str) -> web.Response:
+    async def _readyz(self, request: Request, path: str) -> Reply:
         ok, reason = self.ready()
         body = {
             "status": "ready" if ok else "not ready",
             "reason": reason,
             "endpoints": {pool: len(urls) for pool, urls in self.pool_endpoints.items()},
         }
-        return web.json_response(body, status=200 if ok else 503)
+        return json_reply(body, 200 if ok else 503)
 
-    async def _metrics(self, request: web.BaseRequest, path: str) -> web.Response:
+    async def _metrics(self, request: Request, path: str) -> Reply:
         self.metrics.segmented_clients.set(self.tracker.segmented_count())
-        return web.Response(
-            body=generate_latest(self.metrics.scrape_registry()),
-            headers={"Content-Type": CONTENT_TYPE_LATEST},
-        )
+        return Reply(200, generate_latest(self.metrics.scrape_registry()), content_type=CONTENT_TYPE_LATEST)
 
     def _model_card(self, name: str) -> dict[str, Any]:
         return {
@@ -334,37 +337,45 @@ class Router:
             "parent": None,
         }
 
-    async def _models(self, request: web.BaseRequest, path: str) -> web.Response:
+    async def _models(self, request: Request, path: str) -> Reply:
         config = self.config
         if config is None:
             raise Refusal(503, "the router has no routing config yet", "not_ready")
-        return web.json_response({"object": "list", "data": [self._model_card(config.served_model_name)]})
+        return json_reply({"object": "list", "data": [self._model_card(config.served_model_name)]})
 
-    async def _model(self, request: web.BaseRequest, path: str) -> web.Response:
+    async def _model(self, request: Request, path: str) -> Reply:
         config = self.config
         if config is None:
             raise Refusal(503, "the router has no routing config yet", "not_ready")
         name = path[len(MODEL_PREFIX) :]
         if name != config.served_model_name:
             raise Refusal(404, f"The model `{name[:200]}` does not exist.", "model_not_found", "model")
-        return web.json_response(self._model_card(name))
+        return json_reply(self._model_card(name))
 
     # ---- the server -------------------------------------------------------------------------------
 
-    def make_server(self) -> GuardedServer:
+    def make_server(self) -> HttpServer:
         """The HTTP server for this router (see `server`); a client that hangs up cancels its handler."""
-        self.server = GuardedServer(
+        settings = self.settings
+        self.server = HttpServer(
             self.handle,
-            metrics=self.metrics,
-            max_connections=self.settings.max_connections,
-            write_timeout=self.settings.write_timeout,
-            handler_cancellation=True,
-            keepalive_timeout=self.settings.idle_timeout,
-            max_line_size=self.settings.max_header_bytes,
-            max_field_size=self.settings.max_header_bytes,
-            access_log=None,
+            self.metrics,
+            ServerLimits(
+                max_connections=settings.max_connections,
+                write_timeout=settings.write_timeout,
+                idle_timeout=settings.idle_timeout,
+                max_header_bytes=settings.max_header_bytes,
+            ),
         )
         return self.server
+
+
+@dataclass(frozen=True)
+class Listening:
+    """Where a router listens (`addresses`: the bound socket addresses)."""
+
+    server: HttpServer
+    addresses: list[Any]
 
 
 def _log_task_end(task: asyncio.Task[Any]) -> None:
@@ -378,21 +389,19 @@ def _log_task_end(task: asyncio.Task[Any]) -> None:
 @asynccontextmanager
 async def serve_router(
     router: Router, host: str, port: int, reuse_port: bool = False
-) -> AsyncIterator[web.ServerRunner]:
+) -> AsyncIterator[Listening]:
     """Serve `router` on host:port until the block exits; then stop listening and drain.
 
     On exit the listening socket closes at once, in-flight requests (streams included) get up to
     `drain_seconds` to finish, then the lifespan (session, watches, config source) stops.
     """
     async with router.running():
-        runner = web.ServerRunner(router.make_server(), shutdown_timeout=router.settings.drain_seconds)
-        await runner.setup()
+        server = router.make_server()
         try:
-            site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
-            await site.start()
-            log.info("router listening on %s:%d", host, runner.addresses[0][1] if runner.addresses else port)
-            yield runner
+            addresses = await server.listen(host, port, reuse_port)
+            log.info("router listening on %s:%d", host, addresses[0][1] if addresses else port)
+            yield Listening(server, addresses)
         finally:
             router.draining = True
             log.info("draining: %d request(s) in flight", router.in_flight)
-            await runner.cleanup()
+            await server.shutdown(router.settings.drain_seconds)

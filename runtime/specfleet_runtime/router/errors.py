@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aiohttp import web
+from specfleet_runtime.router.reply import Reply, json_reply
 
 # Status -> OpenAI error `type` for the errors the router produces.
 ERROR_TYPES: dict[int, str] = {
@@ -44,8 +44,8 @@ def error_response(
     code: str | None = None,
     param: str | None = None,
     headers: dict[str, str] | None = None,
-) -> web.Response:
-    return web.json_response(error_body(status, message, code, param), status=status, headers=headers)
+) -> Reply:
+    return json_reply(error_body(status, message, code, param), status, headers)
 
 
 def sse_error_event(message: str, code: str) -> bytes:

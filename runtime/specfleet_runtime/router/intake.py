@@ -11,10 +11,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
-
 from specfleet_runtime.router.classify import InvalidRequest
 from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.router.server import BadRequestBody, Request
 
 
 @dataclass
@@ -34,7 +33,7 @@ class ByteBudget:
     def __init__(self, cap: int, metrics: RouterMetrics) -> None:
         self.cap = cap
         self.used = 0
-        self._gauge = metrics.bytes_in_flight
+        self._gauge = metrics.value(metrics.bytes_in_flight)
 
     def take(self, size: int) -> bool:
         if self.cap and self.used + size > self.cap:
@@ -68,12 +67,13 @@ def _overloaded(limits: BodyLimits) -> Refusal:
     )
 
 
-async def read_body(request: web.BaseRequest, limits: BodyLimits, budget: ByteBudget) -> tuple[bytes, int]:
+async def read_body(request: Request, limits: BodyLimits, budget: ByteBudget) -> tuple[bytes, int]:
     """The request body and the bytes reserved for it in `budget` (the caller gives them back).
 
-    Refuses past `limits.max_bytes` (413), when the budget cannot hold it (503 + Retry-After), and
-    when the whole body does not arrive within `limits.timeout` (408: a body shorter than its
-    Content-Length, or a client trickling it). Nothing beyond the limit is read.
+    Refuses past `limits.max_bytes` (413), when the budget cannot hold it (503 + Retry-After), when
+    the whole body does not arrive within `limits.timeout` (408: a body shorter than its
+    Content-Length, or a client trickling it), and broken chunked framing (400). Nothing beyond the
+    limit is kept.
     """
     declared = request.content_length
     if declared is not None:
@@ -84,30 +84,29 @@ async def read_body(request: web.BaseRequest, limits: BodyLimits, budget: ByteBu
         reserved = declared
     else:
         reserved = 0
-    if declared is not None and request.content.is_eof():
+    if request.body_complete and request.error is None:
         # The whole body came with the head (the common case): no wait, so no timer to arm (an
         # asyncio.timeout costs several µs a request).
-        try:
-            body = request.content.read_nowait(-1)
-        except BaseException:
-            budget.give(reserved)
-            raise
-        if len(body) != declared:
-            budget.give(reserved)
-            raise Refusal(400, "request body shorter than its Content-Length", "invalid_request")
-        return body, reserved
+        body = request.take()
+        if declared is not None:
+            return body, reserved
+        if len(body) > limits.max_bytes:
+            raise _too_large(limits.max_bytes)
+        if not budget.take(len(body)):
+            raise _overloaded(limits)
+        return body, len(body)
     try:
         async with asyncio.timeout(limits.timeout):
-            if declared is not None:
-                body = await request.content.readexactly(declared) if declared else b""
-                return body, reserved
             chunks: list[bytes] = []
-            while chunk := await request.content.readany():
-                if reserved + len(chunk) > limits.max_bytes:
+            size = 0
+            while chunk := await request.read_chunk():
+                size += len(chunk)
+                if size > limits.max_bytes:
                     raise _too_large(limits.max_bytes)
-                if not budget.take(len(chunk)):
-                    raise _overloaded(limits)
-                reserved += len(chunk)
+                if declared is None:
+                    if not budget.take(len(chunk)):
+                        raise _overloaded(limits)
+                    reserved += len(chunk)
                 chunks.append(chunk)
             return b"".join(chunks), reserved
     except TimeoutError:
@@ -115,6 +114,9 @@ async def read_body(request: web.BaseRequest, limits: BodyLimits, budget: ByteBu
         raise Refusal(
             408, f"request body not received within {limits.timeout:g}s", "request_timeout"
         ) from None
+    except BadRequestBody as err:
+        budget.give(reserved)
+        raise Refusal(400, f"malformed HTTP request: {err}", "invalid_request") from None
     except asyncio.IncompleteReadError:
         budget.give(reserved)
         raise Refusal(400, "request body shorter than its Content-Length", "invalid_request") from None

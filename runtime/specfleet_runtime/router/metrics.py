@@ -12,13 +12,14 @@ count is the largest any worker sees.
 
 from __future__ import annotations
 
+import bisect
 import os
-from typing import Any, TypeVar
+import struct
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
-from prometheus_client.metrics import MetricWrapperBase
 
-M = TypeVar("M", bound=MetricWrapperBase)
+_PACK_TWO_DOUBLES = struct.Struct("dd").pack
 
 LATENCY_BUCKETS = (
     0.001,
@@ -46,7 +47,7 @@ class RouterMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._cells: dict[tuple[int, tuple[str, ...]], Cell | FastHistogram] = {}
         r = self.registry
         self.requests = Counter(
             "specfleet_router_requests",
@@ -160,13 +161,24 @@ class RouterMetrics:
             registry=r,
         )
 
-    def child(self, metric: M, *labels: str) -> M:
-        """`metric.labels(*labels)`, looked up once per label set (labels() costs several µs a call)."""
+    def value(self, metric: Counter | Gauge, *labels: str) -> Cell:
+        """The hot-path handle of a counter or gauge (a labelled child, or the metric itself)."""
         key = (id(metric), labels)
-        found: Any = self._children.get(key)
+        found = self._cells.get(key)
         if found is None:
-            found = self._children[key] = metric.labels(*labels)
-        return found  # type: ignore[no-any-return]
+            child = metric.labels(*labels) if labels else metric
+            found = self._cells[key] = _adopt(child, "_value")
+        assert isinstance(found, Cell)
+        return found
+
+    def histogram(self, metric: Histogram, *labels: str) -> FastHistogram:
+        """The hot-path handle of a labelled histogram child."""
+        key = (id(metric), labels)
+        found = self._cells.get(key)
+        if found is None:
+            found = self._cells[key] = FastHistogram(metric.labels(*labels))
+        assert isinstance(found, FastHistogram)
+        return found
 
     def scrape_registry(self) -> CollectorRegistry:
         """What /metrics exports: this registry, or every worker's samples in multiprocess mode."""
@@ -176,3 +188,73 @@ class RouterMetrics:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
         return registry
+
+
+class Cell:
+    """One metric value, updated without prometheus_client's per-call layers and lock.
+
+    It takes the place of the value object inside a prometheus_client metric (`_adopt`), so
+    exposition is unchanged: in one process the metric reads `get()`; in multiprocess mode each update
+    is also written to this worker's mmap file at the value's offset, looked up once, so any worker's
+    /metrics still adds up exact pod totals. The router updates metrics from its event loop thread
+    only, which is what makes dropping the lock safe.
+    """
+
+    __slots__ = ("_file", "_pos", "value")
+
+    def __init__(self, original: Any) -> None:
+        self.value: float = original.get()
+        self._file: Any = None
+        self._pos = 0
+        file = getattr(original, "_file", None)
+        if file is not None:  # prometheus_client's MmapedValue (multiprocess mode)
+            key = original._key
+            file.read_value(key)  # makes sure the value has its slot
+            self._file = file
+            self._pos = file._positions[key]
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+        if self._file is not None:
+            pos = self._pos
+            self._file._m[pos : pos + 16] = _PACK_TWO_DOUBLES(self.value, 0.0)
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.inc(-amount)
+
+    # The rest of prometheus_client's value interface.
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self.inc(value - self.value)
+
+    def get(self) -> float:
+        return self.value
+
+    def set_exemplar(self, exemplar: Any) -> None:
+        pass
+
+    def get_exemplar(self) -> None:
+        return None
+
+
+def _adopt(owner: Any, attribute: str) -> Cell:
+    cell = Cell(getattr(owner, attribute))
+    setattr(owner, attribute, cell)
+    return cell
+
+
+class FastHistogram:
+    """A labelled histogram child's observe() on `Cell`s (prometheus_client's buckets: first bound >= value)."""
+
+    __slots__ = ("_bounds", "_buckets", "_sum")
+
+    def __init__(self, child: Histogram) -> None:
+        self._bounds: list[float] = list(child._upper_bounds)
+        self._sum = _adopt(child, "_sum")
+        buckets = [Cell(bucket) for bucket in child._buckets]
+        child._buckets = buckets
+        self._buckets = buckets
+
+    def observe(self, amount: float) -> None:
+        self._sum.inc(amount)
+        self._buckets[bisect.bisect_left(self._bounds, amount)].inc()

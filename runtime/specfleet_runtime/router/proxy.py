@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
 
 from specfleet_runtime.router.backends import Backends
 from specfleet_runtime.router.classify import Classification
 from specfleet_runtime.router.errors import error_response, sse_error_event
 from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.router.reply import Reply
+from specfleet_runtime.router.server import Headers, Request
 from specfleet_runtime.router.upstream import (
     Client,
     ConnectFailed,
@@ -68,6 +68,7 @@ ENGINE_ERROR_QUOTE = 4096
 # Status recorded for a request whose client went away before the answer was complete (nginx's 499).
 CLIENT_CLOSED = 499
 HEALTH_PATH = "/health"
+OWN_HEADERS = frozenset({SERVED_POOL_HEADER, CLASS_HEADER, REASON_HEADER})
 
 
 @dataclass(frozen=True)
@@ -131,14 +132,14 @@ class _StallWatch:
             self._probe = None
 
 
-def forward_headers(headers: CIMultiDictProxy[str], remote: str | None) -> list[tuple[str, str]]:
+def forward_headers(headers: Headers, remote: str | None) -> list[tuple[str, str]]:
     out = [
         (name, value)
-        for name, value in headers.items()
-        if name.lower() not in HOP_BY_HOP and name.lower() != "x-forwarded-for"
+        for lower, name, value in headers.fields
+        if lower not in HOP_BY_HOP and lower != "x-forwarded-for"
     ]
     if remote:
-        previous = ", ".join(headers.getall("x-forwarded-for", ()))
+        previous = ", ".join(headers.getall("x-forwarded-for"))
         out.append(("X-Forwarded-For", f"{previous}, {remote}" if previous else remote))
     return out
 
@@ -206,13 +207,13 @@ class Proxy:
 
     async def forward(
         self,
-        request: web.BaseRequest,
+        request: Request,
         target: str,
         body: bytes,
         classification: Classification,
         pools: list[PoolName],
         started: float,
-    ) -> tuple[web.StreamResponse, Outcome]:
+    ) -> tuple[Reply | None, Outcome]:
         """Send to an endpoint until one answers; retries happen only before any byte is relayed.
 
         Endpoints of `pools[0]` first; the next pool only once every endpoint of the first failed.
@@ -272,7 +273,7 @@ class Proxy:
 
     async def _attempt(
         self,
-        request: web.BaseRequest,
+        request: Request,
         base: str,
         target: str,
         body: bytes,
@@ -280,7 +281,7 @@ class Proxy:
         classification: Classification,
         pool: PoolName,
         started: float,
-    ) -> tuple[web.StreamResponse, Outcome]:
+    ) -> tuple[Reply | None, Outcome]:
         """One engine: wait for its first bytes under a stall watch, then relay (no retry after that)."""
         watch = _StallWatch(self, base)
         first: bytes | None = None
@@ -305,14 +306,15 @@ class Proxy:
                         502, pool, "mid_stream"
                     )
                 watch.stop()
-                self.metrics.child(self.metrics.time_to_first_byte, classification.pool, pool).observe(
+                self.metrics.histogram(self.metrics.time_to_first_byte, classification.pool, pool).observe(
                     self.clock() - started
                 )
-                response = web.Response(
-                    body=whole,
-                    status=upstream.status,
-                    reason=upstream.reason,
-                    headers=self._response_headers(upstream, classification, pool),
+                response = Reply(
+                    upstream.status,
+                    whole,
+                    self._response_headers(upstream, classification, pool),
+                    upstream.reason,
+                    content_type=None,
                 )
                 upstream.release()
                 return response, Outcome(upstream.status, pool)
@@ -342,7 +344,7 @@ class Proxy:
 
     async def _engine_error(
         self, upstream: Response, classification: Classification, pool: PoolName
-    ) -> tuple[web.StreamResponse, Outcome]:
+    ) -> tuple[Reply, Outcome]:
         """An engine error: passed on if it is OpenAI-format already, else said in OpenAI's format."""
         status = upstream.status
         try:
@@ -357,7 +359,8 @@ class Proxy:
             doc = None
         if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
             headers = self._response_headers(upstream, classification, pool)
-            return web.Response(body=text, status=status, headers=headers), Outcome(status, pool, error)
+            reply = Reply(status, text, headers, upstream.reason, content_type=None)
+            return reply, Outcome(status, pool, error)
         # A 404/405 page, FastAPI's {"detail": ...}, a proxy's text: quote its start.
         quoted = text.decode("utf-8", "replace").strip()[:200] or (upstream.reason or "")
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "upstream_error")
@@ -367,36 +370,38 @@ class Proxy:
 
     def _response_headers(
         self, upstream: Response, classification: Classification, pool: PoolName
-    ) -> CIMultiDict[str]:
-        headers: CIMultiDict[str] = CIMultiDict()
-        for name, value in upstream.headers:
-            if name.lower() not in DROPPED_RESPONSE_HEADERS:
-                headers.add(name, value)
-        headers[SERVED_POOL_HEADER] = pool
-        headers[CLASS_HEADER] = classification.pool
-        headers[REASON_HEADER] = classification.reason.value
+    ) -> list[tuple[str, str]]:
+        headers = [
+            (name, value)
+            for name, value in upstream.headers
+            if name.lower() not in DROPPED_RESPONSE_HEADERS and name.lower() not in OWN_HEADERS
+        ]
+        headers.append((SERVED_POOL_HEADER, pool))
+        headers.append((CLASS_HEADER, classification.pool))
+        headers.append((REASON_HEADER, classification.reason.value))
         return headers
 
     async def _relay(
         self,
-        request: web.BaseRequest,
+        request: Request,
         upstream: Response,
         first: bytes | None,
         classification: Classification,
         pool: PoolName,
         started: float,
-    ) -> tuple[web.StreamResponse, Outcome]:
+    ) -> tuple[None, Outcome]:
         """Copy the engine's answer to the client as it arrives, unbuffered."""
         is_sse = first is not None
-        response = web.StreamResponse(
-            status=upstream.status,
-            reason=upstream.reason,
-            headers=self._response_headers(upstream, classification, pool),
-        )
-        if upstream.content_length is not None:
-            response.content_length = upstream.content_length
-        await response.prepare(request)
         status = upstream.status
+        try:
+            await request.start(
+                status,
+                upstream.reason,
+                self._response_headers(upstream, classification, pool),
+                upstream.content_length,
+            )
+        except ConnectionError:
+            return None, Outcome(CLIENT_CLOSED, pool, "client_closed")
         chunk = first
         observed = False
         while True:
@@ -404,46 +409,40 @@ class Proxy:
                 try:
                     chunk = await upstream.read_chunk()
                 except UpstreamError as err:
-                    await self._cut_mid_stream(request, response, pool, is_sse, err)
-                    return response, Outcome(status, pool, "mid_stream")
+                    await self._cut_mid_stream(request, pool, is_sse, err)
+                    return None, Outcome(status, pool, "mid_stream")
             if not chunk:
                 break
             if not observed:
                 observed = True
-                self.metrics.child(self.metrics.time_to_first_byte, classification.pool, pool).observe(
+                self.metrics.histogram(self.metrics.time_to_first_byte, classification.pool, pool).observe(
                     self.clock() - started
                 )
             try:
-                await response.write(chunk)
+                await request.write(chunk)
             except ConnectionError:
                 # The client left; closing the engine leg (caller) aborts the request there.
                 log.debug("client %s went away mid-response", request.remote)
-                return response, Outcome(CLIENT_CLOSED, pool, "client_closed")
+                return None, Outcome(CLIENT_CLOSED, pool, "client_closed")
             chunk = None
         try:
-            await response.write_eof()
+            await request.end()
         except ConnectionError:
-            return response, Outcome(CLIENT_CLOSED, pool, "client_closed")
-        return response, Outcome(status, pool)
+            return None, Outcome(CLIENT_CLOSED, pool, "client_closed")
+        return None, Outcome(status, pool)
 
     async def _cut_mid_stream(
-        self,
-        request: web.BaseRequest,
-        response: web.StreamResponse,
-        pool: PoolName,
-        is_sse: bool,
-        err: BaseException,
+        self, request: Request, pool: PoolName, is_sse: bool, err: BaseException
     ) -> None:
         self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
         log.warning("pool %s: engine stream broke after the response started: %r", pool, err)
         if is_sse:
             # The status line is gone already; an SSE error event is how the client learns of it.
-            with contextlib.suppress(ConnectionError, aiohttp.ClientError):
-                await response.write(
+            with contextlib.suppress(ConnectionError):
+                await request.write(
                     sse_error_event("the engine stream was interrupted", "upstream_interrupted")
                 )
-                await response.write_eof()
+                await request.end()
             return
         # Anything else: drop the connection, so the client sees a short body rather than a bad one.
-        if request.transport is not None:
-            request.transport.abort()
+        request.abort()
