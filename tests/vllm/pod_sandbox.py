@@ -12,7 +12,8 @@ seen outside it). Given the security-relevant part of a rendered pod (`PodSandbo
    holding just those folders, read-only; an image built for non-root has such files world-readable,
 4. then execs the command through `setpriv` as `runAsUser`/`runAsGroup` with fsGroup as the only
    supplementary group, no new privileges (`allowPrivilegeEscalation: false`), every capability
-   dropped (inheritable, ambient and bounding sets), and only the container's environment.
+   dropped (inheritable, ambient and bounding sets), only the container's environment, and the
+   container's working directory (the image's: "/" here).
 
 The seccomp profile (RuntimeDefault) is the one part of the pod's security context not applied.
 
@@ -50,6 +51,7 @@ class PodSandbox:
     read_only_root: bool
     volumes: list[Volume]
     readable: list[str]
+    working_dir: str = "/"
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))
@@ -131,6 +133,9 @@ def setpriv_argv(box: PodSandbox) -> list[str]:
 def main() -> None:
     box = PodSandbox.load(Path(sys.argv[1]))
     prepare(box)
+    # The image's working directory, not the caller's (which may now be hidden under a volume: vLLM's
+    # spawned engine core changes into its parent's folder and dies if that is gone).
+    os.chdir(box.working_dir)
     argv = setpriv_argv(box)
     os.execvpe(argv[0], argv, box.env)  # same PID: the caller's process is the engine
 
