@@ -408,6 +408,14 @@ class _Goodput:
     gain_now: float | None
 
 
+def _acceptance_of(est: Estimate | None) -> tuple[tuple[float, ...], str]:
+    """The per-position acceptance to predict with, and where it comes from."""
+    if est is None:
+        # Prior: the published acceptance profile; a probe measures the real one.
+        return tuple(PUBLISHED_ACCEPTANCE), "publishedPrior"
+    return est.per_position, est.source
+
+
 def _goodput_prediction(
     k_now: int | None,
     load: float,
@@ -415,11 +423,7 @@ def _goodput_prediction(
     profile: StepTimeProfile,
     max_k: int,
 ) -> _Goodput:
-    if est is None:
-        # Prior: the published acceptance profile; a probe measures the real one.
-        per_position, source = tuple(PUBLISHED_ACCEPTANCE), "publishedPrior"
-    else:
-        per_position, source = est.per_position, est.source
+    per_position, source = _acceptance_of(est)
     best = best_k(profile, max(1.0, load), list(per_position), candidates=candidate_ks(profile, max_k))
     gain_best = predicted_speedup(profile, load, best, per_position)
     gain_now = None if k_now is None else predicted_speedup(profile, load, k_now, per_position)
@@ -451,10 +455,7 @@ def _goodput_over(
     max_k: int,
 ) -> _Goodput:
     """Like `_goodput_prediction`, with each K's speedup averaged over a path of loads."""
-    if est is None:
-        per_position, source = tuple(PUBLISHED_ACCEPTANCE), "publishedPrior"
-    else:
-        per_position, source = est.per_position, est.source
+    per_position, source = _acceptance_of(est)
 
     def mean(kk: int) -> float:
         return sum(predicted_speedup(profile, c, kk, per_position) for c in loads) / len(loads)
