@@ -69,6 +69,7 @@ ENGINE_ERROR_QUOTE = 4096
 CLIENT_CLOSED = 499
 HEALTH_PATH = "/health"
 OWN_HEADERS = frozenset({SERVED_POOL_HEADER, CLASS_HEADER, REASON_HEADER})
+_NOT_COPIED = DROPPED_RESPONSE_HEADERS | OWN_HEADERS
 
 
 @dataclass(frozen=True)
@@ -424,11 +425,7 @@ class Proxy:
     def _response_headers(
         self, upstream: Response, classification: Classification, pool: PoolName
     ) -> list[tuple[str, str]]:
-        headers = [
-            (name, value)
-            for name, value in upstream.headers
-            if name.lower() not in DROPPED_RESPONSE_HEADERS and name.lower() not in OWN_HEADERS
-        ]
+        headers = [(name, value) for name, value in upstream.headers if name.lower() not in _NOT_COPIED]
         headers.append((SERVED_POOL_HEADER, pool))
         headers.append((CLASS_HEADER, classification.pool))
         headers.append((REASON_HEADER, classification.reason.value))

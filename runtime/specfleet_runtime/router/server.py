@@ -256,7 +256,10 @@ class Request:
         if self.close_after or not self.keep_alive or self.connection.closing:
             self.close_after = True
         lines = [f"HTTP/1.1 {status} {reason or REASONS.get(status, 'Unknown')}\r\n"]
-        items = headers.items() if isinstance(headers, Mapping) else headers
+        # A list of pairs (the proxy's answers) skips the ABC isinstance check.
+        items = (
+            headers if type(headers) is list else headers.items() if isinstance(headers, Mapping) else headers
+        )
         for name, value in items:
             lines.append(f"{name}: {value}\r\n")
         if content_type is not None:

@@ -90,26 +90,25 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
             self.transport = None
 
-    async def wait(self, waiter: asyncio.Future[None], timeout: float) -> None:
-        """Await `waiter`, failing it with ReadTimedOut after `timeout` seconds.
+    def arm(self, waiter: asyncio.Future[None], timeout: float) -> None:
+        """Fail `waiter` with ReadTimedOut if it is still pending `timeout` seconds from now.
 
-        Lazy: a wait sets a deadline and creates a timer handle only if none is pending; the handle,
-        when it fires, re-arms itself for a deadline that moved on, drops itself if no wait is in
-        progress, and fails the waiter only once its deadline passed. A pooled connection under load
-        so costs a clock read per wait instead of a timer created and cancelled.
+        Lazy: arming sets a deadline and creates a timer handle only if none is pending (`disarm`
+        clears the deadline and leaves the handle); the handle, when it fires, re-arms itself for a
+        deadline that moved on, drops itself if none is set, and fails the waiter only once its
+        deadline passed. A pooled connection under load so costs a clock read per wait instead of a
+        timer created and cancelled.
         """
-        loop = self.loop
-        deadline = loop.time() + timeout
+        deadline = self.loop.time() + timeout
         self._waiter = waiter
         self._deadline = deadline
         self._timeout = timeout
         if self._timer is None:
-            self._timer = loop.call_at(deadline, self._check)
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-            self._deadline = None
+            self._timer = self.loop.call_at(deadline, self._check)
+
+    def disarm(self) -> None:
+        self._waiter = None
+        self._deadline = None
 
     def _check(self) -> None:
         deadline = self._deadline
@@ -235,9 +234,11 @@ class Response:
         connection = self._connection
         waiter = connection.loop.create_future()
         self._waiter = waiter
+        connection.arm(waiter, self._read_timeout)
         try:
-            await connection.wait(waiter, self._read_timeout)
+            await waiter
         finally:
+            connection.disarm()
             self._waiter = None
 
     # ---- for the proxy -------------------------------------------------------------------------
