@@ -153,7 +153,9 @@ async def run(args: argparse.Namespace) -> None:
             1,  # type: ignore[attr-defined]
         )
         rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[: args.top]  # type: ignore[attr-defined]
-        print(f"\ncProfile, per request ({requests} requests), by own time:")
+        total_calls = sum(s[1] for s in stats.stats.values())  # type: ignore[attr-defined]
+        print(f"\ncProfile: {total_calls / requests:.0f} function calls per request (start-up included)")
+        print(f"per request ({requests} requests), by own time:")
         for (file, line, name), (_, calls, own, cumulative, _) in rows:
             print(
                 f"{calls / requests:6.1f} calls {own / requests * 1e6:8.2f} us own {cumulative / requests * 1e6:9.2f} us cum  {Path(file).name}:{line} {name}"
