@@ -274,40 +274,30 @@ class Router:
                     pools.append(other_pool(pool))
                 query = request.target.partition("?")[2]
                 target = f"{path}?{query}" if query else path
-                return await self._forward(request, target, body, classification, pools, received)
+                # Forwarded here rather than in a coroutine of its own: one frame less per resume.
+                metrics = self.metrics
+                gauge = metrics.value(metrics.in_flight, classification.pool, pool)
+                # What is recorded if the client goes away and the handler is cancelled.
+                outcome = Outcome(CLIENT_CLOSED, pool, "client_closed")
+                self.in_flight += 1
+                gauge.inc()
+                try:
+                    response, outcome = await self.proxy.forward(
+                        request, target, body, classification, pools, received
+                    )
+                    return response
+                finally:
+                    self.in_flight -= 1
+                    gauge.dec()
+                    labels = (classification.pool, outcome.pool)
+                    if outcome.pool != classification.pool:
+                        metrics.fallbacks.labels(*labels).inc()
+                    metrics.value(metrics.requests, *labels, str(outcome.status), outcome.error).inc()
+                    metrics.histogram(metrics.duration, *labels).observe(self.clock() - received)
             finally:
                 self.admission.end(config, facts)
         finally:
             self.budget.give(reserved)
-
-    async def _forward(
-        self,
-        request: Request,
-        target: str,
-        body: bytes,
-        classification: Classification,
-        pools: list[PoolName],
-        started: float,
-    ) -> Reply | None:
-        metrics = self.metrics
-        gauge = metrics.value(metrics.in_flight, classification.pool, pools[0])
-        # What is recorded if the client goes away and the handler is cancelled.
-        outcome = Outcome(CLIENT_CLOSED, pools[0], "client_closed")
-        self.in_flight += 1
-        gauge.inc()
-        try:
-            response, outcome = await self.proxy.forward(
-                request, target, body, classification, pools, started
-            )
-            return response
-        finally:
-            self.in_flight -= 1
-            gauge.dec()
-            labels = (classification.pool, outcome.pool)
-            if outcome.pool != classification.pool:
-                metrics.fallbacks.labels(*labels).inc()
-            metrics.value(metrics.requests, *labels, str(outcome.status), outcome.error).inc()
-            metrics.histogram(metrics.duration, *labels).observe(self.clock() - started)
 
     # ---- small handlers ---------------------------------------------------------------------------
 

@@ -256,7 +256,10 @@ class Request:
         if self.close_after or not self.keep_alive or self.connection.closing:
             self.close_after = True
         lines = [f"HTTP/1.1 {status} {reason or REASONS.get(status, 'Unknown')}\r\n"]
-        items = headers.items() if isinstance(headers, Mapping) else headers
+        # A list of pairs (the proxy's answers) skips the ABC isinstance check.
+        items = (
+            headers if type(headers) is list else headers.items() if isinstance(headers, Mapping) else headers
+        )
         for name, value in items:
             lines.append(f"{name}: {value}\r\n")
         if content_type is not None:
@@ -357,6 +360,7 @@ class Connection(asyncio.Protocol):
         self._fields: list[tuple[str, str, str]] = []
         self._head_bytes = 0
         self._idle: asyncio.TimerHandle | None = None
+        self._idle_deadline: float | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -407,7 +411,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.lost = True
         self.closing = True
-        self._cancel_idle()
+        self._drop_idle_timer()
         if self._write_deadline is not None:
             self._write_deadline.cancel()
             self._write_deadline = None
@@ -489,19 +493,44 @@ class Connection(asyncio.Protocol):
 
     # ---- timers ----------------------------------------------------------------------------------
 
+    # The idle timer is lazy: arming sets a deadline and creates a timer handle only if none is
+    # pending; disarming clears the deadline and leaves the handle. When the handle fires it re-arms
+    # itself for a deadline that moved on, drops itself if none is set, and closes the connection only
+    # once the deadline in force has passed. A keep-alive connection under load so costs a clock read
+    # per request instead of a timer created and cancelled.
+
     def _arm_idle(self) -> None:
-        self._cancel_idle()
         timeout = self.server.limits.idle_timeout
-        if timeout:
-            self._idle = self.loop.call_later(timeout, self._idle_timed_out)
+        if not timeout:
+            self._idle_deadline = None
+            return
+        deadline = self.loop.time() + timeout
+        self._idle_deadline = deadline
+        if self._idle is None:
+            self._idle = self.loop.call_at(deadline, self._idle_check)
 
     def _cancel_idle(self) -> None:
+        self._idle_deadline = None
+
+    def _drop_idle_timer(self) -> None:
+        self._idle_deadline = None
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
 
-    def _idle_timed_out(self) -> None:
+    def _idle_check(self) -> None:
+        deadline = self._idle_deadline
+        if deadline is None:
+            self._idle = None
+            return
+        if self.loop.time() < deadline:
+            self._idle = self.loop.call_at(deadline, self._idle_check)
+            return
         self._idle = None
+        self._idle_deadline = None
+        self._idle_timed_out()
+
+    def _idle_timed_out(self) -> None:
         if self.active is None and self.transport is not None and not self.lost:
             self.closing = True
             self.transport.close()
