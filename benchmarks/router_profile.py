@@ -1,7 +1,7 @@
 """The router's own CPU per request, split into user and system time, for profiling work on its hot path.
 
     python benchmarks/router_profile.py [--target router|reference] [--seconds 4] [--rounds 3]
-                                        [--concurrency 8] [--cprofile FILE]
+                                        [--concurrency 8] [--cprofile FILE] [--native]
 
 Starts two fast backends (`router_bench.py --serve-fast-backend`) and one target over both on
 127.0.0.1: the specfleet router (one uvloop worker) or the bare httptools reference proxy of
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+from router_bench import router_env
 
 HERE = Path(__file__).resolve().parent
 BODY = json.dumps({"model": "bench", "prompt": "hello", "max_tokens": 4}).encode()
@@ -91,9 +92,9 @@ async def run(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="router-profile-"))
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(cmd: list[str]) -> subprocess.Popen[bytes]:
+    def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = (work / f"{len(procs)}.log").open("wb")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         procs.append(proc)
         return proc
 
@@ -120,7 +121,8 @@ async def run(args: argparse.Namespace) -> None:
                     sys.executable, *profiler, "-m", "specfleet_runtime.router", "--config-file", str(config),
                     "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                     "--event-loop", "uvloop", "--workers", "1",
-                ]
+                ],
+                env=router_env("native" if args.native else ""),
             )  # fmt: skip
             await wait_ok(f"http://127.0.0.1:{port}/readyz", proc)
         url = f"http://127.0.0.1:{port}/v1/completions"
@@ -170,6 +172,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--cprofile", type=Path, help="run the router under cProfile, stats to this file")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument(
+        "--native", action="store_true", help="the mypyc-compiled router (scripts/compile-router.sh)"
+    )
     asyncio.run(run(parser.parse_args()))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from specfleet_runtime.router.classify import InvalidRequest
@@ -16,15 +16,23 @@ from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.router.server import BadRequestBody, Request
 
 
-@dataclass
 class Refusal(Exception):
     """A request the router answers itself with an OpenAI-format error."""
 
-    status: int
-    message: str
-    code: str
-    param: str | None = None
-    headers: dict[str, str] | None = field(default=None)
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(status, message, code, param)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers
 
 
 class ByteBudget:

@@ -292,21 +292,17 @@ class Proxy:
             except _Stalled:
                 tried.add(url)
                 backends.eject(pool, url, "stall")
-                continue
             except ConnectTimedOut:
                 tried.add(url)
                 backends.eject(pool, url, "connect_timeout")
-                continue
             except ConnectFailed:
                 tried.add(url)
                 backends.eject(pool, url, "connect")
-                continue
             except Disconnected:
                 # Often a pooled keep-alive connection the engine closed: try again, same URL allowed.
                 self.metrics.upstream_errors.labels(pool, "disconnect").inc()
                 self.metrics.retries.labels(pool).inc()
                 log.warning("pool %s: %s dropped the connection before answering; retrying", pool, url)
-                continue
             except ReadTimedOut:
                 self.metrics.upstream_errors.labels(pool, "timeout").inc()
                 message = f"engine {url} did not answer within {self.settings.read_timeout:g}s"
@@ -320,6 +316,8 @@ class Proxy:
                 return response, Outcome(502, pool, "upstream_error")
             finally:
                 backends.release(url)
+            # The handlers that do not return fall through to the next attempt (no `continue` inside
+            # try/finally: mypyc, which compiles this module, does not implement it).
         message = f"no endpoint of pool {pool} accepted the request ({len(tried)} failed)"
         return error_response(502, message, "upstream_unavailable"), Outcome(
             502, pool, "upstream_unavailable"

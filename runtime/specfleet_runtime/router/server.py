@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import httptools
 
@@ -96,8 +96,8 @@ def _short(text: str) -> str:
 class _Date:
     """The Date header, formatted once a second."""
 
-    second = 0
-    line = b""
+    second: ClassVar[int] = 0
+    line: ClassVar[bytes] = b""
 
     @classmethod
     def get(cls) -> bytes:
@@ -717,7 +717,10 @@ class HttpServer:
         self._server = await self._loop.create_server(
             lambda: Connection(self), host, port, reuse_port=reuse_port or None, backlog=1024
         )
-        return [sock.getsockname() for sock in self._server.sockets]
+        # uvloop's Server.sockets is a list where typeshed says tuple; the compiled module checks
+        # declared types, so read it untyped.
+        sockets: Any = getattr(self._server, "sockets")  # noqa: B009
+        return [sock.getsockname() for sock in sockets]
 
     async def shutdown(self, timeout: float) -> None:
         """Stop accepting, close idle connections, give requests in progress `timeout`, then drop them."""

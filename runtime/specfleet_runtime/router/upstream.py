@@ -42,7 +42,7 @@ class Disconnected(UpstreamError):
     """The engine closed the connection before the first byte of its answer."""
 
 
-class ReadTimedOut(UpstreamError, TimeoutError):
+class ReadTimedOut(UpstreamError):
     """No byte from the engine within the read timeout."""
 
 
