@@ -24,9 +24,9 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$python" ] || python="$(bash "$root/scripts/bootstrap.sh" | tail -n 1)/bin/python"
 
-# The modules every request passes through. Not compiled: app.py (async generators, which mypyc does not
+# The modules every request passes through. Not compiled: serving.py (an async generator, which mypyc does not
 # implement), __main__, and what runs only at start-up or on config changes (kube, sources, workers).
-modules=(server proxy classify upstream intake admission backends endpoints paths errors reply metrics
+modules=(app server proxy classify upstream intake admission backends endpoints paths errors reply metrics
   configuration)
 
 if [ -z "$out" ]; then
