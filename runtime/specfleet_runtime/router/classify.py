@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -46,6 +46,12 @@ class Classification:
 
     pool: PoolName
     reason: Reason
+    # The reason as a plain str, for metric labels and the response header: an enum member's `.value`
+    # and hash are Python-level calls, and every request needs the label twice.
+    label: str = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "label", str(self.reason.value))
 
 
 # Every possible classification, built once: `classify` hands out these (they are immutable).

@@ -426,7 +426,7 @@ class Proxy:
         headers = [(name, value) for name, value in upstream.headers if name.lower() not in _NOT_COPIED]
         headers.append((SERVED_POOL_HEADER, pool))
         headers.append((CLASS_HEADER, classification.pool))
-        headers.append((REASON_HEADER, classification.reason.value))
+        headers.append((REASON_HEADER, classification.label))
         return headers
 
     async def _relay(
