@@ -103,10 +103,10 @@ class _StallWatch:
 
     __slots__ = ("_probe", "proxy", "stalled", "task", "url")
 
-    def __init__(self, proxy: Proxy, url: str) -> None:
+    def __init__(self, proxy: Proxy, url: str, task: asyncio.Task[None] | None) -> None:
         self.proxy = proxy
         self.url = url
-        self.task = asyncio.current_task()
+        self.task = task
         self.stalled = False
         self._probe: asyncio.Task[None] | None = None
         proxy.watches.add(self)
@@ -335,7 +335,9 @@ class Proxy:
         started: float,
     ) -> tuple[Reply | None, Outcome]:
         """One engine: wait for its first bytes under a stall watch, then relay (no retry after that)."""
-        watch = _StallWatch(self, base)
+        # The task serving this request is its connection's (the server's); asked there, not of asyncio.
+        task = request.connection.task
+        watch = _StallWatch(self, base, task)
         first: bytes | None = None
         upstream: Response | None = None
         try:
@@ -378,7 +380,6 @@ class Proxy:
             if upstream is not None:
                 upstream.close()
             if watch.stalled:
-                task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
                 raise _Stalled() from None

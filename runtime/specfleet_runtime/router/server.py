@@ -3,7 +3,7 @@ proxy's guards, behind a small request/response interface of the router's own (`
 
 The proxy and the small handlers see only `Request`: method, raw target, headers, the body (read
 through `intake`), `send` for a whole answer, `start`/`write`/`end` for a streamed one, `abort`; a
-client that goes away cancels the handler's task. Everything about connections stays here:
+client that goes away cancels the handler's task (one per connection, serving its requests in turn). Everything about connections stays here:
 
 - Connection cap: beyond `max_connections` open connections, a new one gets a canned OpenAI-format
   503 and is closed before any request is parsed.
@@ -352,7 +352,8 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.parsing: Request | None = None
         self.active: Request | None = None
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # serves every request of this connection
+        self._next: asyncio.Future[None] | None = None  # what that task waits on between requests
         self.queue: collections.deque[Request] = collections.deque()
         self.pending_error: str | None = None
         self.broken = False
@@ -620,45 +621,66 @@ class Connection(asyncio.Protocol):
 
     def _start(self, request: Request) -> None:
         self.active = request
-        self.task = self.loop.create_task(self._serve(request))
+        if self.task is None:
+            # One task per connection, not per request: it serves this request and every later one
+            # on the connection (creating and registering a task per request is measurable).
+            self.task = self.loop.create_task(self._serve_all())
+        elif self._next is not None and not self._next.done():
+            self._next.set_result(None)
 
-    async def _serve(self, request: Request) -> None:
+    async def _serve_all(self) -> None:
+        """Serve the connection's requests in order; wait between them; end when it closes or breaks."""
+        while not self.lost:
+            request = self.active
+            if request is None:
+                waiter = self._next = self.loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    self._next = None
+                continue
+            if not await self._serve(request):
+                return
+
+    async def _serve(self, request: Request) -> bool:
+        """Answer one request; whether the connection may serve another (False: it is closing)."""
         try:
             await self.server.handler(request)
         except asyncio.CancelledError:
+            # The client went away, or the connection was aborted: nothing more on it.
             if not self.lost:
                 self.abort()
-            return
+            return False
         except ConnectionError:
             self.abort()
-            return
+            return False
         except Exception as err:  # a handler bug: one line, the client gets a 500 if it can
             self.server.errors_log.warning("internal", "internal error serving a request: %r", err)
             log.debug("internal error", exc_info=True)
         if self.lost:
-            return
+            return False
         if not request.finished:
             if request.started:
                 self.abort()
-                return
+                return False
             try:
                 request.send(
                     json_reply(error_body(500, "internal router error", "internal_error"), 500, close=True)
                 )
             except ConnectionError:
-                return
-        self._answered(request)
+                return False
+        return self._answered(request)
 
-    def _answered(self, request: Request) -> None:
+    def _answered(self, request: Request) -> bool:
+        """After an answer: start the next request, wait for one, or close; whether the connection lives."""
         self.active = None
-        self.task = None
         transport = self.transport
         if transport is None or self.lost:
-            return
+            return False
         if request.close_after or not request.complete or self.server.draining:
             self.closing = True
             transport.close()
-            return
+            return False
         if self.queue:
             following = self.queue.popleft()
             if not self.queue:
@@ -666,11 +688,14 @@ class Connection(asyncio.Protocol):
             self._start(following)
         elif self.pending_error is not None:
             self._send_parse_error(self.pending_error)
+            return False
         elif self.broken:
             self.closing = True
             transport.close()
+            return False
         else:
             self._arm_idle()
+        return True
 
     def close_if_idle(self) -> bool:
         """Close now if no request is in progress (shutdown); whether it was."""
