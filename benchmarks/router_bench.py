@@ -198,7 +198,7 @@ def router_env(build: str) -> dict[str, str] | None:
         .stdout.strip()
         .splitlines()[-1]
     )
-    return {**os.environ, "PYTHONPATH": native}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [native, os.environ.get("PYTHONPATH")]))}
 
 
 class Processes:

@@ -8,6 +8,7 @@ that is not HTTP, one cut short. Each case goes through the whole router.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -188,3 +189,37 @@ async def test_a_silent_engine_times_out_on_a_pooled_connection_too(tmp_path: Pa
         assert engine.connections >= 2  # a timed-out connection is not pooled again
         status, _, _ = await post(http, f"{rr.url}/v1/completions?length")
         assert status == 200
+
+
+async def test_requests_leave_no_reference_cycles(tmp_path: Path) -> None:
+    """Everything a request creates is freed by reference counting: cycles would leave it to the
+    garbage collector, whose passes over them the router would pay for under load. (A parser per
+    engine answer, holding its answer as callbacks, was a cycle per request.)"""
+    async with raw_engine() as engine, running_router(tmp_path, routing([engine.url], []), FAST) as rr:
+        host, port = rr.url.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        request = (
+            b"POST /v1/completions?length HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(GOOD) + GOOD
+        )
+
+        async def exchange(count: int) -> None:
+            for _ in range(count):
+                writer.write(request)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                assert head.startswith(b"HTTP/1.1 200 OK")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await asyncio.wait_for(reader.readexactly(length), 10)
+
+        await exchange(20)  # pooled engine connections, caches, metric children: made once
+        gc.collect()
+        gc.disable()
+        try:
+            await exchange(200)
+            unreachable = gc.collect()
+        finally:
+            gc.enable()
+        writer.close()
+    # The client, engine and event loop of this test make some garbage of their own; the router's
+    # cycle per request alone was about 2,000 objects per 200 requests.
+    assert unreachable < 200, f"{unreachable} objects in reference cycles after 200 requests"

@@ -64,9 +64,35 @@ class _Connection(asyncio.Protocol):
         self._deadline: float | None = None
         self._timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        # One parser for every answer on this connection, its callbacks handed to the answer being
+        # read. (A parser per answer, holding that answer as its callbacks, made a reference cycle per
+        # request that only the garbage collector freed.)
+        self.parser = httptools.HttpResponseParser(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+
+    # ---- httptools callbacks -------------------------------------------------------------------
+
+    def on_status(self, status: bytes) -> None:
+        if self.response is not None:
+            self.response.on_status(status)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None:
+            self.response.on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self.response is not None:
+            self.response.on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response.on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self.response is not None:
+            self.response.on_message_complete()
 
     def data_received(self, data: bytes) -> None:
         response = self.response
@@ -136,7 +162,7 @@ class Response:
         self._connection = connection
         self._pool = pool
         self._read_timeout = read_timeout
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser = connection.parser
         self.status = 0
         self.reason = ""
         self.headers: list[tuple[str, str]] = []
@@ -154,7 +180,7 @@ class Response:
         self._chunked = False
         self._keep_alive = False
 
-    # ---- httptools callbacks -------------------------------------------------------------------
+    # ---- httptools callbacks (through the connection) ----------------------------------------------
 
     def on_status(self, status: bytes) -> None:
         self.reason = status.decode("latin-1")
