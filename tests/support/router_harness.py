@@ -19,7 +19,8 @@ import openai
 from aiohttp import web
 
 from specfleet_runtime.emulator.config import EmulatorConfig
-from specfleet_runtime.router.app import Router, RouterSettings, serve_router
+from specfleet_runtime.router.app import Router, RouterSettings
+from specfleet_runtime.router.serving import serve_router
 from specfleet_runtime.router.sources import ConfigFileSource
 
 MODEL = "tiny"

@@ -27,6 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfleet_runtime.router.app import Router
+from specfleet_runtime.router.classify import InvalidRequest
+from specfleet_runtime.router.intake import parse_json_object
 from support.router_harness import (
     FAST,
     GOOD,
@@ -254,3 +256,49 @@ def no_tracebacks(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     for record in caplog.records:
         assert record.exc_info is None, record.getMessage()
         assert record.levelno < logging.ERROR, record.getMessage()
+
+
+# ---- the body parser against json.loads ------------------------------------------------------------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _loads_verdict(body: bytes) -> tuple[str, Any]:
+    """What the router answered before it parsed bodies itself: json.loads, then the object check."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as err:
+        return "error", f"request body is not valid JSON: {err}"
+    if not isinstance(doc, dict):
+        return "error", "request body must be a JSON object"
+    return "ok", doc
+
+
+def _parser_verdict(body: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", parse_json_object(body)
+    except InvalidRequest as err:
+        return "error", str(err)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=64),
+        JSON_VALUES.map(lambda value: json.dumps(value).encode()),
+        st.tuples(
+            JSON_VALUES, st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "utf-32"]), st.text(" \t\r\n")
+        ).map(
+            lambda item: (item[2] + json.dumps(item[0], ensure_ascii=False) + item[2]).encode(
+                item[1], "surrogatepass"
+            )
+        ),
+    )
+)
+def test_body_parser_answers_exactly_as_json_loads(body: bytes) -> None:
+    """Same documents, same errors with the same messages, for any bytes (NaN compared by its text)."""
+    assert repr(_parser_verdict(body)) == repr(_loads_verdict(body))

@@ -185,6 +185,42 @@ async def test_pipelined_requests_are_answered_in_order(tmp_path: Path) -> None:
     assert engine.seen == ["/v1/completions?wait=1", "/v1/completions"]
 
 
+async def test_a_client_leaving_a_reused_connection_frees_its_request(tmp_path: Path) -> None:
+    """One task serves every request of a connection: after answers on a keep-alive connection, the
+    client closing it in the middle of a later (endless) stream still cancels that request at once."""
+    async with recording_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
+        server = rr.router.server
+        assert server is not None
+        host, port = rr.url.removeprefix("http://").rsplit(":", 1)
+        keep = raw_request("POST", "/v1/completions", GOOD).replace(b"Connection: close\r\n", b"")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        for answered in range(1, 4):
+            writer.write(keep)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await asyncio.wait_for(reader.readexactly(length), 10)
+            assert head.startswith(b"HTTP/1.1 200 OK")
+            assert len(engine.seen) == answered
+        connection = next(iter(server.connections))
+        serving = connection.task
+        assert serving is not None
+        assert not serving.done()  # waiting for the next request, not ended by the answers
+        writer.write(keep.replace(b"/v1/completions", b"/v1/completions?endless=1"))
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert rr.router.in_flight == 1
+        writer.close()
+        await asyncio.wait_for(engine.endless_ended.wait(), 10)
+        await wait_for(lambda: server.open_count == 0 and rr.router.in_flight == 0)
+        assert serving.done()
+        labels = {"class": "latency", "pool": "latency"}
+        assert rr.counter("specfleet_router_requests_total", **labels, code="200", error="none") == 3
+        assert rr.counter("specfleet_router_requests_total", **labels, code="499", error="client_closed") == 1
+        # The server serves new connections as before.
+        resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD))
+        assert resp is not None
+        assert resp.status == 200
+
+
 async def test_chunked_request_bodies_are_read(tmp_path: Path) -> None:
     async with recording_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
         half = len(GOOD) // 2

@@ -23,8 +23,8 @@ from aiohttp import web
 from specfleet_runtime.emulator.config import EmulatorConfig
 from specfleet_runtime.emulator.testing import serve_emulator
 from specfleet_runtime.router.__main__ import build_router, parse_args
-from specfleet_runtime.router.app import serve_router
 from specfleet_runtime.router.kube import Informer, Object, endpoint_slice_client, load_api_client
+from specfleet_runtime.router.serving import serve_router
 
 pytestmark = pytest.mark.timeout(60)
 

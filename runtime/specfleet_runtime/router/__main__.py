@@ -18,10 +18,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from specfleet_runtime.router.app import Router, RouterSettings, serve_router
+from specfleet_runtime.router.app import Router, RouterSettings
 from specfleet_runtime.router.endpoints import IPNetwork, parse_address_map
 from specfleet_runtime.router.kube import config_map_client, default_namespace, load_api_client
 from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.router.serving import serve_router
 from specfleet_runtime.router.sources import (
     ConfigFileSource,
     ConfigMapSource,

@@ -60,9 +60,7 @@ class Admission:
                 self.tracker.in_flight(facts.client_id),
             )
         classification = classify(config, facts, verdict.segmented)
-        self.metrics.value(
-            self.metrics.classifications, classification.pool, classification.reason.value
-        ).inc()
+        self.metrics.value(self.metrics.classifications, classification.pool, classification.label).inc()
         if classification.reason == Reason.AUTO_SEGMENTATION and classification.pool != config.default_pool:
             self.metrics.reclassifications.labels(config.default_pool, classification.pool).inc()
         return classification

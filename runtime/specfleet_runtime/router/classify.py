@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -46,6 +46,22 @@ class Classification:
 
     pool: PoolName
     reason: Reason
+    # The reason as a plain str, for metric labels and the response header: an enum member's `.value`
+    # and hash are Python-level calls, and every request needs the label twice.
+    label: str = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "label", str(self.reason.value))
+
+
+# Every possible classification, built once: `classify` hands out these (they are immutable).
+_CLASSIFICATIONS: dict[tuple[PoolName, Reason], Classification] = {
+    (pool, reason): Classification(pool, reason) for pool in POOLS for reason in Reason
+}
+
+
+def _classification(pool: PoolName, reason: Reason) -> Classification:
+    return _CLASSIFICATIONS[pool, reason]
 
 
 @dataclass(frozen=True)
@@ -173,28 +189,28 @@ def classify(config: RoutingConfig, facts: RequestFacts, client_segmented: bool)
     """Apply the precedence in the module docstring; `client_segmented` comes from the tracker."""
     trust = config.pool_header_trust
     if facts.pool_header is not None and trust == "Always":
-        return Classification(facts.pool_header, Reason.POOL_HEADER)
+        return _classification(facts.pool_header, Reason.POOL_HEADER)
     for rule in config.tenant_rules:
         if facts.tenant is not None and facts.tenant in rule.tenants:
-            return Classification(rule.pool, Reason.TENANT)
+            return _classification(rule.pool, Reason.TENANT)
         if facts.api_key_sha256 is not None and facts.api_key_sha256 in rule.api_key_sha256:
-            return Classification(rule.pool, Reason.API_KEY)
+            return _classification(rule.pool, Reason.API_KEY)
     if facts.pool_header is not None and trust == "AfterTenantRules":
-        return Classification(facts.pool_header, Reason.POOL_HEADER)
+        return _classification(facts.pool_header, Reason.POOL_HEADER)
     shape = config.shape
     if (
         shape.batch_if_max_tokens_at_least is not None
         and facts.max_tokens is not None
         and facts.max_tokens >= shape.batch_if_max_tokens_at_least
     ):
-        return Classification("batch", Reason.SHAPE_MAX_TOKENS)
+        return _classification("batch", Reason.SHAPE_MAX_TOKENS)
     if shape.batch_if_n_at_least is not None and facts.n is not None and facts.n >= shape.batch_if_n_at_least:
-        return Classification("batch", Reason.SHAPE_N)
+        return _classification("batch", Reason.SHAPE_N)
     if shape.batch_if_not_streaming and not facts.stream:
-        return Classification("batch", Reason.SHAPE_NOT_STREAMING)
+        return _classification("batch", Reason.SHAPE_NOT_STREAMING)
     if client_segmented and config.auto_segmentation.enabled:
-        return Classification("batch", Reason.AUTO_SEGMENTATION)
-    return Classification(config.default_pool, Reason.DEFAULT)
+        return _classification("batch", Reason.AUTO_SEGMENTATION)
+    return _classification(config.default_pool, Reason.DEFAULT)
 
 
 Transition = Literal["to_batch", "from_batch"]
@@ -214,6 +230,11 @@ class ClientVerdict:
 
     segmented: bool
     transition: Transition | None = None
+
+
+# The verdicts without a transition, shared (they are immutable).
+_BATCH = ClientVerdict(True)
+_NOT_BATCH = ClientVerdict(False)
 
 
 class ClientLoadTracker:
@@ -238,16 +259,18 @@ class ClientLoadTracker:
 
     def begin(self, client: str, now: float, policy: AutoSegmentation) -> ClientVerdict:
         """Count a request that starts now (it counts itself) and say whether its client is batch."""
-        state = self._clients.setdefault(client, _ClientState())
+        state = self._clients.get(client)
+        if state is None:
+            state = self._clients[client] = _ClientState()
         state.in_flight += 1
         if not policy.enabled:
-            return ClientVerdict(False)
+            return _NOT_BATCH
         if state.in_flight > policy.in_flight_threshold:
             state.calm_since = None
             if not state.segmented:
                 state.segmented = True
                 return ClientVerdict(True, "to_batch")
-            return ClientVerdict(True)
+            return _BATCH
         if state.segmented:
             if state.calm_since is None:
                 state.calm_since = now
@@ -255,7 +278,7 @@ class ClientLoadTracker:
                 state.segmented = False
                 state.calm_since = None
                 return ClientVerdict(False, "from_batch")
-        return ClientVerdict(state.segmented)
+        return _BATCH if state.segmented else _NOT_BATCH
 
     def end(self, client: str, now: float, policy: AutoSegmentation) -> None:
         """Count a request that finished now."""

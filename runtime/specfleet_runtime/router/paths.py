@@ -21,6 +21,10 @@ class Route(Enum):
     READYZ = "readyz"
     METRICS = "metrics"
 
+    # Members are singletons: hashed by identity in C instead of Enum's Python-level hash of the name
+    # (a route is looked up in PROXIED and METHODS on every request).
+    __hash__ = object.__hash__
+
 
 # Canonical path -> route; inference routes are proxied to an engine, the others answered here.
 ROUTES: dict[str, Route] = {

@@ -69,6 +69,7 @@ ENGINE_ERROR_QUOTE = 4096
 CLIENT_CLOSED = 499
 HEALTH_PATH = "/health"
 OWN_HEADERS = frozenset({SERVED_POOL_HEADER, CLASS_HEADER, REASON_HEADER})
+_NOT_COPIED = DROPPED_RESPONSE_HEADERS | OWN_HEADERS
 
 
 @dataclass(frozen=True)
@@ -96,40 +97,91 @@ class _Stalled(Exception):
 class _StallWatch:
     """Probes an engine that has not answered for `stall_seconds`; cancels the waiting task if it fails.
 
-    A timer handle per request (no extra task): the probe task exists only once a wait got long.
+    No timer of its own: the watch is entered in its proxy's `_StallWatches` with its deadline, and
+    the probe task exists only once a wait got long.
     """
 
-    def __init__(self, proxy: Proxy, url: str) -> None:
+    __slots__ = ("_probe", "proxy", "stalled", "task", "url")
+
+    def __init__(self, proxy: Proxy, url: str, task: asyncio.Task[None] | None) -> None:
         self.proxy = proxy
         self.url = url
-        self.task = asyncio.current_task()
-        self.loop = asyncio.get_running_loop()
+        self.task = task
         self.stalled = False
         self._probe: asyncio.Task[None] | None = None
-        self._handle: asyncio.TimerHandle | None = self.loop.call_later(
-            proxy.settings.stall_seconds, self._fire
-        )
+        proxy.watches.add(self)
 
     def _fire(self) -> None:
-        self._handle = None
-        self._probe = self.loop.create_task(self._run_probe())
+        self._probe = self.proxy.watches.loop.create_task(self._run_probe())
 
     async def _run_probe(self) -> None:
         healthy = await self.proxy.probe(self.url)
         self._probe = None
         if healthy:
-            self._handle = self.loop.call_later(self.proxy.settings.stall_seconds, self._fire)
+            self.proxy.watches.add(self)
         elif self.task is not None:
             self.stalled = True
             self.task.cancel()
 
     def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self.proxy.watches.discard(self)
         if self._probe is not None:
             self._probe.cancel()
             self._probe = None
+
+
+class _StallWatches:
+    """Every running stall watch with its deadline, under one timer for the earliest of them.
+
+    All deadlines are `stall_seconds` from when a watch was (re-)entered, so insertion order is
+    deadline order: the timer is armed for the first entry's deadline; when it fires, every watch
+    whose deadline passed fires (a probe), and the timer is re-armed for the next one. Entering and
+    leaving a watch is a dict insert and delete instead of a timer created and cancelled per request.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._deadlines: dict[_StallWatch, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def add(self, watch: _StallWatch) -> None:
+        loop = self.loop
+        deadline = loop.time() + self.seconds
+        self._deadlines.pop(watch, None)
+        self._deadlines[watch] = deadline
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._check)
+
+    def discard(self, watch: _StallWatch) -> None:
+        self._deadlines.pop(watch, None)
+
+    def _check(self) -> None:
+        self._timer = None
+        deadlines = self._deadlines
+        now = self.loop.time()
+        due = []
+        for watch, deadline in deadlines.items():
+            if deadline > now:
+                self._timer = self.loop.call_at(deadline, self._check)
+                break
+            due.append(watch)
+        for watch in due:
+            del deadlines[watch]
+            watch._fire()
+
+    def close(self) -> None:
+        self._deadlines.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._loop = None
 
 
 def forward_headers(headers: Headers, remote: str | None) -> list[tuple[str, str]]:
@@ -164,6 +216,7 @@ class Proxy:
         self._session: aiohttp.ClientSession | None = None
         self._client: Client | None = None
         self._probe_timeout = aiohttp.ClientTimeout(total=settings.probe_timeout)
+        self.watches = _StallWatches(settings.stall_seconds)
 
     def open(self) -> None:
         # No connection limit: the engines queue, the router must not add a second hidden queue.
@@ -177,6 +230,7 @@ class Proxy:
         )
 
     async def close(self) -> None:
+        self.watches.close()
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -238,21 +292,17 @@ class Proxy:
             except _Stalled:
                 tried.add(url)
                 backends.eject(pool, url, "stall")
-                continue
             except ConnectTimedOut:
                 tried.add(url)
                 backends.eject(pool, url, "connect_timeout")
-                continue
             except ConnectFailed:
                 tried.add(url)
                 backends.eject(pool, url, "connect")
-                continue
             except Disconnected:
                 # Often a pooled keep-alive connection the engine closed: try again, same URL allowed.
                 self.metrics.upstream_errors.labels(pool, "disconnect").inc()
                 self.metrics.retries.labels(pool).inc()
                 log.warning("pool %s: %s dropped the connection before answering; retrying", pool, url)
-                continue
             except ReadTimedOut:
                 self.metrics.upstream_errors.labels(pool, "timeout").inc()
                 message = f"engine {url} did not answer within {self.settings.read_timeout:g}s"
@@ -266,6 +316,8 @@ class Proxy:
                 return response, Outcome(502, pool, "upstream_error")
             finally:
                 backends.release(url)
+            # The handlers that do not return fall through to the next attempt (no `continue` inside
+            # try/finally: mypyc, which compiles this module, does not implement it).
         message = f"no endpoint of pool {pool} accepted the request ({len(tried)} failed)"
         return error_response(502, message, "upstream_unavailable"), Outcome(
             502, pool, "upstream_unavailable"
@@ -283,7 +335,9 @@ class Proxy:
         started: float,
     ) -> tuple[Reply | None, Outcome]:
         """One engine: wait for its first bytes under a stall watch, then relay (no retry after that)."""
-        watch = _StallWatch(self, base)
+        # The task serving this request is its connection's (the server's); asked there, not of asyncio.
+        task = request.connection.task
+        watch = _StallWatch(self, base, task)
         first: bytes | None = None
         upstream: Response | None = None
         try:
@@ -326,7 +380,6 @@ class Proxy:
             if upstream is not None:
                 upstream.close()
             if watch.stalled:
-                task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
                 raise _Stalled() from None
@@ -371,14 +424,10 @@ class Proxy:
     def _response_headers(
         self, upstream: Response, classification: Classification, pool: PoolName
     ) -> list[tuple[str, str]]:
-        headers = [
-            (name, value)
-            for name, value in upstream.headers
-            if name.lower() not in DROPPED_RESPONSE_HEADERS and name.lower() not in OWN_HEADERS
-        ]
+        headers = [(name, value) for name, value in upstream.headers if name.lower() not in _NOT_COPIED]
         headers.append((SERVED_POOL_HEADER, pool))
         headers.append((CLASS_HEADER, classification.pool))
-        headers.append((REASON_HEADER, classification.reason.value))
+        headers.append((REASON_HEADER, classification.label))
         return headers
 
     async def _relay(

@@ -3,7 +3,7 @@ proxy's guards, behind a small request/response interface of the router's own (`
 
 The proxy and the small handlers see only `Request`: method, raw target, headers, the body (read
 through `intake`), `send` for a whole answer, `start`/`write`/`end` for a streamed one, `abort`; a
-client that goes away cancels the handler's task. Everything about connections stays here:
+client that goes away cancels the handler's task (one per connection, serving its requests in turn). Everything about connections stays here:
 
 - Connection cap: beyond `max_connections` open connections, a new one gets a canned OpenAI-format
   503 and is closed before any request is parsed.
@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import httptools
 
@@ -96,8 +96,8 @@ def _short(text: str) -> str:
 class _Date:
     """The Date header, formatted once a second."""
 
-    second = 0
-    line = b""
+    second: ClassVar[int] = 0
+    line: ClassVar[bytes] = b""
 
     @classmethod
     def get(cls) -> bytes:
@@ -256,7 +256,10 @@ class Request:
         if self.close_after or not self.keep_alive or self.connection.closing:
             self.close_after = True
         lines = [f"HTTP/1.1 {status} {reason or REASONS.get(status, 'Unknown')}\r\n"]
-        items = headers.items() if isinstance(headers, Mapping) else headers
+        # A list of pairs (the proxy's answers) skips the ABC isinstance check.
+        items = (
+            headers if type(headers) is list else headers.items() if isinstance(headers, Mapping) else headers
+        )
         for name, value in items:
             lines.append(f"{name}: {value}\r\n")
         if content_type is not None:
@@ -349,7 +352,8 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.parsing: Request | None = None
         self.active: Request | None = None
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # serves every request of this connection
+        self._next: asyncio.Future[None] | None = None  # what that task waits on between requests
         self.queue: collections.deque[Request] = collections.deque()
         self.pending_error: str | None = None
         self.broken = False
@@ -357,6 +361,7 @@ class Connection(asyncio.Protocol):
         self._fields: list[tuple[str, str, str]] = []
         self._head_bytes = 0
         self._idle: asyncio.TimerHandle | None = None
+        self._idle_deadline: float | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -407,7 +412,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.lost = True
         self.closing = True
-        self._cancel_idle()
+        self._drop_idle_timer()
         if self._write_deadline is not None:
             self._write_deadline.cancel()
             self._write_deadline = None
@@ -489,19 +494,44 @@ class Connection(asyncio.Protocol):
 
     # ---- timers ----------------------------------------------------------------------------------
 
+    # The idle timer is lazy: arming sets a deadline and creates a timer handle only if none is
+    # pending; disarming clears the deadline and leaves the handle. When the handle fires it re-arms
+    # itself for a deadline that moved on, drops itself if none is set, and closes the connection only
+    # once the deadline in force has passed. A keep-alive connection under load so costs a clock read
+    # per request instead of a timer created and cancelled.
+
     def _arm_idle(self) -> None:
-        self._cancel_idle()
         timeout = self.server.limits.idle_timeout
-        if timeout:
-            self._idle = self.loop.call_later(timeout, self._idle_timed_out)
+        if not timeout:
+            self._idle_deadline = None
+            return
+        deadline = self.loop.time() + timeout
+        self._idle_deadline = deadline
+        if self._idle is None:
+            self._idle = self.loop.call_at(deadline, self._idle_check)
 
     def _cancel_idle(self) -> None:
+        self._idle_deadline = None
+
+    def _drop_idle_timer(self) -> None:
+        self._idle_deadline = None
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
 
-    def _idle_timed_out(self) -> None:
+    def _idle_check(self) -> None:
+        deadline = self._idle_deadline
+        if deadline is None:
+            self._idle = None
+            return
+        if self.loop.time() < deadline:
+            self._idle = self.loop.call_at(deadline, self._idle_check)
+            return
         self._idle = None
+        self._idle_deadline = None
+        self._idle_timed_out()
+
+    def _idle_timed_out(self) -> None:
         if self.active is None and self.transport is not None and not self.lost:
             self.closing = True
             self.transport.close()
@@ -591,45 +621,66 @@ class Connection(asyncio.Protocol):
 
     def _start(self, request: Request) -> None:
         self.active = request
-        self.task = self.loop.create_task(self._serve(request))
+        if self.task is None:
+            # One task per connection, not per request: it serves this request and every later one
+            # on the connection (creating and registering a task per request is measurable).
+            self.task = self.loop.create_task(self._serve_all())
+        elif self._next is not None and not self._next.done():
+            self._next.set_result(None)
 
-    async def _serve(self, request: Request) -> None:
+    async def _serve_all(self) -> None:
+        """Serve the connection's requests in order; wait between them; end when it closes or breaks."""
+        while not self.lost:
+            request = self.active
+            if request is None:
+                waiter = self._next = self.loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    self._next = None
+                continue
+            if not await self._serve(request):
+                return
+
+    async def _serve(self, request: Request) -> bool:
+        """Answer one request; whether the connection may serve another (False: it is closing)."""
         try:
             await self.server.handler(request)
         except asyncio.CancelledError:
+            # The client went away, or the connection was aborted: nothing more on it.
             if not self.lost:
                 self.abort()
-            return
+            return False
         except ConnectionError:
             self.abort()
-            return
+            return False
         except Exception as err:  # a handler bug: one line, the client gets a 500 if it can
             self.server.errors_log.warning("internal", "internal error serving a request: %r", err)
             log.debug("internal error", exc_info=True)
         if self.lost:
-            return
+            return False
         if not request.finished:
             if request.started:
                 self.abort()
-                return
+                return False
             try:
                 request.send(
                     json_reply(error_body(500, "internal router error", "internal_error"), 500, close=True)
                 )
             except ConnectionError:
-                return
-        self._answered(request)
+                return False
+        return self._answered(request)
 
-    def _answered(self, request: Request) -> None:
+    def _answered(self, request: Request) -> bool:
+        """After an answer: start the next request, wait for one, or close; whether the connection lives."""
         self.active = None
-        self.task = None
         transport = self.transport
         if transport is None or self.lost:
-            return
+            return False
         if request.close_after or not request.complete or self.server.draining:
             self.closing = True
             transport.close()
-            return
+            return False
         if self.queue:
             following = self.queue.popleft()
             if not self.queue:
@@ -637,11 +688,14 @@ class Connection(asyncio.Protocol):
             self._start(following)
         elif self.pending_error is not None:
             self._send_parse_error(self.pending_error)
+            return False
         elif self.broken:
             self.closing = True
             transport.close()
+            return False
         else:
             self._arm_idle()
+        return True
 
     def close_if_idle(self) -> bool:
         """Close now if no request is in progress (shutdown); whether it was."""
@@ -688,7 +742,10 @@ class HttpServer:
         self._server = await self._loop.create_server(
             lambda: Connection(self), host, port, reuse_port=reuse_port or None, backlog=1024
         )
-        return [sock.getsockname() for sock in self._server.sockets]
+        # uvloop's Server.sockets is a list where typeshed says tuple; the compiled module checks
+        # declared types, so read it untyped.
+        sockets: Any = getattr(self._server, "sockets")  # noqa: B009
+        return [sock.getsockname() for sock in sockets]
 
     async def shutdown(self, timeout: float) -> None:
         """Stop accepting, close idle connections, give requests in progress `timeout`, then drop them."""

@@ -42,7 +42,7 @@ class Disconnected(UpstreamError):
     """The engine closed the connection before the first byte of its answer."""
 
 
-class ReadTimedOut(UpstreamError, TimeoutError):
+class ReadTimedOut(UpstreamError):
     """No byte from the engine within the read timeout."""
 
 
@@ -59,9 +59,40 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.response: Response | None = None
+        # The read timer is lazy (see `wait`): one handle per connection, re-armed only when it fires.
+        self._waiter: asyncio.Future[None] | None = None
+        self._deadline: float | None = None
+        self._timeout = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        # One parser for every answer on this connection, its callbacks handed to the answer being
+        # read. (A parser per answer, holding that answer as its callbacks, made a reference cycle per
+        # request that only the garbage collector freed.)
+        self.parser = httptools.HttpResponseParser(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+
+    # ---- httptools callbacks -------------------------------------------------------------------
+
+    def on_status(self, status: bytes) -> None:
+        if self.response is not None:
+            self.response.on_status(status)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None:
+            self.response.on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self.response is not None:
+            self.response.on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response.on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self.response is not None:
+            self.response.on_message_complete()
 
     def data_received(self, data: bytes) -> None:
         response = self.response
@@ -74,14 +105,54 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
         self.transport = None
+        self._drop_timer()
         if self.response is not None:
             self.response.lost(exc)
 
     def abort(self) -> None:
         self.closed = True
+        self._drop_timer()
         if self.transport is not None:
             self.transport.abort()
             self.transport = None
+
+    def arm(self, waiter: asyncio.Future[None], timeout: float) -> None:
+        """Fail `waiter` with ReadTimedOut if it is still pending `timeout` seconds from now.
+
+        Lazy: arming sets a deadline and creates a timer handle only if none is pending (`disarm`
+        clears the deadline and leaves the handle); the handle, when it fires, re-arms itself for a
+        deadline that moved on, drops itself if none is set, and fails the waiter only once its
+        deadline passed. A pooled connection under load so costs a clock read per wait instead of a
+        timer created and cancelled.
+        """
+        deadline = self.loop.time() + timeout
+        self._waiter = waiter
+        self._deadline = deadline
+        self._timeout = timeout
+        if self._timer is None:
+            self._timer = self.loop.call_at(deadline, self._check)
+
+    def disarm(self) -> None:
+        self._waiter = None
+        self._deadline = None
+
+    def _check(self) -> None:
+        deadline = self._deadline
+        if deadline is None:
+            self._timer = None
+            return
+        if self.loop.time() < deadline:
+            self._timer = self.loop.call_at(deadline, self._check)
+            return
+        self._timer = None
+        waiter = self._waiter
+        if waiter is not None:
+            _time_out(waiter, self._timeout)
+
+    def _drop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class Response:
@@ -91,7 +162,7 @@ class Response:
         self._connection = connection
         self._pool = pool
         self._read_timeout = read_timeout
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser = connection.parser
         self.status = 0
         self.reason = ""
         self.headers: list[tuple[str, str]] = []
@@ -109,7 +180,7 @@ class Response:
         self._chunked = False
         self._keep_alive = False
 
-    # ---- httptools callbacks -------------------------------------------------------------------
+    # ---- httptools callbacks (through the connection) ----------------------------------------------
 
     def on_status(self, status: bytes) -> None:
         self.reason = status.decode("latin-1")
@@ -186,14 +257,14 @@ class Response:
 
     async def _wait(self) -> None:
         """Until the next event on this response, or ReadTimedOut after read_timeout of silence."""
-        loop = self._connection.loop
-        waiter = loop.create_future()
+        connection = self._connection
+        waiter = connection.loop.create_future()
         self._waiter = waiter
-        timer = loop.call_later(self._read_timeout, _time_out, waiter, self._read_timeout)
+        connection.arm(waiter, self._read_timeout)
         try:
             await waiter
         finally:
-            timer.cancel()
+            connection.disarm()
             self._waiter = None
 
     # ---- for the proxy -------------------------------------------------------------------------
