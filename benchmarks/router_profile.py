@@ -30,39 +30,16 @@ import time
 from pathlib import Path
 
 import aiohttp
-from router_bench import router_env
+from router_bench import free_port, router_env, wait_healthy
 
 HERE = Path(__file__).resolve().parent
 BODY = json.dumps({"model": "bench", "prompt": "hello", "max_tokens": 4}).encode()
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def cpu_ticks(pid: int) -> tuple[int, int]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]), int(fields[12])
-
-
-async def wait_ok(url: str, proc: subprocess.Popen[bytes]) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(300):
-            if proc.poll() is not None:
-                raise SystemExit(f"{proc.args} exited with {proc.returncode}")
-            try:
-                async with http.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} did not answer")
 
 
 async def closed_loop(url: str, pid: int, seconds: float, concurrency: int) -> tuple[float, float, float]:
@@ -104,12 +81,12 @@ async def run(args: argparse.Namespace) -> None:
             port = free_port()
             proc = start([sys.executable, str(HERE / "router_bench.py"), "--serve-fast-backend", str(port)])
             backends.append(f"http://127.0.0.1:{port}")
-            await wait_ok(backends[-1] + "/health", proc)
+            await wait_healthy(backends[-1] + "/health", proc)
         port = free_port()
         if args.target == "reference":
             cmd = [sys.executable, str(HERE / "router_bench.py"), "--serve-reference", "httptools", str(port)]
             proc = start(cmd + backends)
-            await wait_ok(f"http://127.0.0.1:{port}/health", proc)
+            await wait_healthy(f"http://127.0.0.1:{port}/health", proc)
         else:
             config = work / "routing.json"
             config.write_text(
@@ -124,7 +101,7 @@ async def run(args: argparse.Namespace) -> None:
                 ],
                 env=router_env("native" if args.native else ""),
             )  # fmt: skip
-            await wait_ok(f"http://127.0.0.1:{port}/readyz", proc)
+            await wait_healthy(f"http://127.0.0.1:{port}/readyz", proc)
         url = f"http://127.0.0.1:{port}/v1/completions"
         await closed_loop(url, proc.pid, 1.0, args.concurrency)  # warm-up
         rounds = []
