@@ -3,7 +3,8 @@ proxy's guards, behind a small request/response interface of the router's own (`
 
 The proxy and the small handlers see only `Request`: method, raw target, headers, the body (read
 through `intake`), `send` for a whole answer, `start`/`write`/`end` for a streamed one, `abort`; a
-client that goes away cancels the handler's task (one per connection, serving its requests in turn). Everything about connections stays here:
+client that goes away cancels the handler's task (one task per connection serves its requests in
+turn). Everything about connections stays here:
 
 - Connection cap: beyond `max_connections` open connections, a new one gets a canned OpenAI-format
   503 and is closed before any request is parsed.
