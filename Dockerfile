@@ -2,7 +2,6 @@
 # points the routers it creates at this same image.
 # The full (not slim) image builds: it has gcc and Python's headers for mypyc.
 FROM python:3.11.11-bookworm AS build
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
 COPY operator/ operator/
