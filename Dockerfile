@@ -19,7 +19,7 @@ RUN python -m venv /opt/build \
     && site=/opt/specfleet/lib/python3.11/site-packages \
     && cp /tmp/native/*__mypyc.*.so "$site"/ \
     && cp /tmp/native/specfleet_runtime/router/*.so "$site"/specfleet_runtime/router/ \
-    && /opt/specfleet/bin/python -c "import specfleet_runtime.router.server as s; assert s.__file__.endswith('.so')"
+    && /opt/specfleet/bin/python -c "from specfleet_runtime.router.build import router_build as b; assert b() == 'compiled', b()"
 
 FROM python:3.11.11-slim-bookworm
 LABEL org.opencontainers.image.title="specfleet" \

@@ -9,6 +9,7 @@
 # --python: an interpreter that has mypy and the product's dependencies (default: the dev venv from
 # scripts/bootstrap.sh). --out: where to build (default: a folder under $SPECFLEET_CACHE keyed by the
 # runtime package's sources and the mypy version, reused while they are unchanged).
+# Cached builds beyond the newest three are deleted when a new one is made.
 # The folder holds a copy of the whole specfleet_runtime package with a .so beside each compiled
 # module (Python imports the .so first) and mypyc's shared runtime library at its top level.
 set -euo pipefail
@@ -38,6 +39,16 @@ if [ -z "$out" ]; then
     echo "$out"
     exit 0
   fi
+  # One build at a time per cache (the e2e tier, `make test-router-native` and the demo all ask for it),
+  # and the same key may be finished by whoever held the lock first.
+  mkdir -p "$cache"
+  exec 9>"$cache/router-native.lock"
+  flock 9
+  if [ -f "$out/.complete" ]; then
+    echo "$out"
+    exit 0
+  fi
+  pruned=1
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/compile-router.XXXXXX")
@@ -56,4 +67,10 @@ rm -rf "$work/build" "$work/build.log"
 mkdir -p "$(dirname "$out")"
 rm -rf "$out.tmp" && cp -r "$work" "$out.tmp" && touch "$out.tmp/.complete"
 rm -rf "$out" && mv "$out.tmp" "$out"
+if [ -n "${pruned:-}" ]; then
+  # Keep the newest three cached builds (each ~37 MB; one per source state of the runtime package).
+  ls -1dt "$(dirname "$out")"/router-native-*/ 2>/dev/null | tail -n +4 | while read -r old; do
+    rm -rf "${old%/}"
+  done
+fi
 echo "$out"

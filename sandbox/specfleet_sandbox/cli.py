@@ -237,7 +237,7 @@ def router_url(cluster: Cluster, namespace: str) -> str | None:
 def _cmd_agent(args: argparse.Namespace) -> int:
     """Runs until SIGTERM: pod discovery for Prometheus and the pod runner (kubelet stand-in)."""
     from specfleet_sandbox.discovery import PodDiscovery
-    from specfleet_sandbox.pods import PodRunner
+    from specfleet_sandbox.pods import PodRunner, compiled_router
 
     kubeconfig = args.dir / "cluster" / "kubeconfig"
     stop = threading.Event()
@@ -250,6 +250,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         args.dir / "pods",
         emulator_args=[*EMULATOR_ARGS, "--acceptance", ",".join(map(str, BASELINE_ACCEPTANCE))],
         router_args=ROUTER_ARGS,
+        router_pythonpath=compiled_router(),
         acceptance_file=args.dir / ACCEPTANCE_FILE,
     ).start()
     try:

@@ -3,7 +3,9 @@
 kwok marks pods Running with fake IPs but runs nothing. This runner watches the namespace's pods
 and starts, for each, the process its container describes, on the pod IP's loopback twin: a pod
 whose container runs vLLM's OpenAI server gets the engine emulator with the *same arguments*
-(so the operator's rendered command line is what drives it), a router pod gets the router. Like a
+(so the operator's rendered command line is what drives it), a router pod gets the router (with
+`router_pythonpath` from `compiled_router()`: its request path compiled with mypyc, as the image
+ships it). Like a
 readiness probe, the runner marks a pod Ready (through the test bed's readiness annotation, see
 specfleet_testbed.stages) only once its process answers /health. When a pod goes away the process
 gets a preStop-like delay, then SIGTERM, so in-flight requests drain.
@@ -13,6 +15,7 @@ Every process is tracked by PID and stopped exactly.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -29,6 +32,20 @@ from kubernetes import config as k8s_config
 from specfleet.api.constants import LABEL_POOL
 from specfleet_runtime.vllm_args import VLLM_SERVER_MODULE
 from specfleet_testbed import READY_ANNOTATION, local_address
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def compiled_router(python: str = sys.executable) -> Path:
+    """The folder that, first on PYTHONPATH, makes the router run its request path as the image ships
+    it: compiled with mypyc by scripts/compile-router.sh (about a minute the first time, then cached
+    under $SPECFLEET_CACHE by source hash)."""
+    script = REPO / "scripts" / "compile-router.sh"
+    command = ["bash", str(script), "--python", python]
+    done = subprocess.run(command, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling the router failed:\n{done.stderr[-4000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 @dataclass
@@ -58,6 +75,7 @@ class PodRunner:
         *,
         emulator_args: list[str] | None = None,
         router_args: list[str] | None = None,
+        router_pythonpath: Path | None = None,
         prestop_seconds: float = 2.0,
         acceptance_file: Path | None = None,
     ) -> None:
@@ -67,6 +85,7 @@ class PodRunner:
         self.logdir.mkdir(parents=True, exist_ok=True)
         self.emulator_args = emulator_args or []
         self.router_args = router_args or []
+        self.router_pythonpath = router_pythonpath
         self.prestop_seconds = prestop_seconds
         self.acceptance: list[float] | None = None
         # {"latency": [...], "batch": [...]}: per-pool acceptance for engines started from now on
@@ -164,6 +183,7 @@ class PodRunner:
         command = list(container.command or [])
         args = list(container.args or [])
         address = local_address(pod.status.pod_ip)
+        env: dict[str, str] | None = None
         if command[-2:] == ["-m", VLLM_SERVER_MODULE]:
             extra = list(self.emulator_args)
             acceptance = self._acceptance_for((pod.metadata.labels or {}).get(LABEL_POOL))
@@ -184,10 +204,14 @@ class PodRunner:
                 *self.router_args,
             ]
             role, port = "router", _port(args, 8080)
+            if self.router_pythonpath is not None:
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(self.router_pythonpath), os.environ.get("PYTHONPATH")])
+                )}  # fmt: skip
         else:
             return None
         log = (self.logdir / f"{pod.metadata.name}.log").open("ab")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         log.close()
         self.started_total += 1
         return PodProcess(pod.metadata.name, role, address, port, proc, args=args)

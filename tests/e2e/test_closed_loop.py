@@ -24,7 +24,7 @@ from specfleet.dashboard import dashboard
 from specfleet.render.monitoring import alert_groups
 from specfleet_sandbox.discovery import PodDiscovery
 from specfleet_sandbox.load import LoadGenerator
-from specfleet_sandbox.pods import PodRunner
+from specfleet_sandbox.pods import PodRunner, compiled_router
 from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
 from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config
 from support.argocd import argocd_health
@@ -117,6 +117,7 @@ def env(cluster, tmp_path_factory, request) -> Iterator[Env]:
             tmp / "pods",
             emulator_args=EMULATOR_ARGS,
             router_args=["--endpoint-address-map", "10.0.0.0/8=127.0.0.0/8", "--log-level", "warning"],
+            router_pythonpath=compiled_router(),  # the router as the image ships it
         ).start()
         e.operator = OperatorProcess(
             Path(cluster.kubeconfig),
@@ -447,6 +448,10 @@ def test_every_dashboard_panel_has_data_after_load(env):
     finally:
         stats = load.stop()
     assert stats.failed == 0, stats.errors
+    # The router pods served that load with the request path the image ships (mypyc-compiled).
+    builds = env.prometheus.query(f'specfleet_router_build_info{{namespace="{env.namespace}"}}')
+    assert builds, "no specfleet_router_build_info from the router pods"
+    assert {r["metric"]["build"] for r in builds} == {"compiled"}, builds
 
 
 def test_prometheus_outage_holds_and_recovers(env):

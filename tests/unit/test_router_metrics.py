@@ -3,6 +3,8 @@ prometheus_client's own inc/dec/observe would (multiprocess mode: tests/unit/tes
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from specfleet_runtime.router.metrics import LATENCY_BUCKETS, RouterMetrics
@@ -52,3 +54,13 @@ def test_counter_and_gauge_handles_share_the_exported_value() -> None:
     gauge.dec(40)
     assert metrics.registry.get_sample_value("specfleet_router_request_bytes_in_flight") == 60
     assert b"specfleet_router_request_bytes_in_flight 60.0" in generate_latest(metrics.registry)
+
+
+def test_build_info_names_the_build_this_process_imported() -> None:
+    """`make test-router-native` runs this file against the compiled build (SPECFLEET_ROUTER_NATIVE=1),
+    the plain run against the source: the exported label must say which one serves."""
+    expected = "compiled" if os.environ.get("SPECFLEET_ROUTER_NATIVE") == "1" else "source"
+    metrics = RouterMetrics()
+    assert metrics.registry.get_sample_value("specfleet_router_build_info", {"build": expected}) == 1
+    other = "source" if expected == "compiled" else "compiled"
+    assert metrics.registry.get_sample_value("specfleet_router_build_info", {"build": other}) is None

@@ -8,5 +8,6 @@ Modules, pure first:
 - `kube`, `sources`: I/O at the edge (Kubernetes list/watch, config file polling).
 - `configuration` (the config in force), `backends` (endpoints, load, ejection), `intake` (bounded
   body reads), `admission` (body checks and classification), `proxy` (the engine leg), `server` (the
-  HTTP server and its connection guards), `app` (`Router`, which wires them); `__main__`: the CLI.
+  HTTP server and its connection guards), `app` (`Router`, which wires them); `__main__`: the CLI;
+  `build`: whether this process runs the source or the mypyc-compiled request path.
 """

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specfleet_runtime.router.app import Router, RouterSettings
+from specfleet_runtime.router.build import router_build
 from specfleet_runtime.router.endpoints import IPNetwork, parse_address_map
 from specfleet_runtime.router.kube import config_map_client, default_namespace, load_api_client
 from specfleet_runtime.router.metrics import RouterMetrics
@@ -263,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             argv_list = list(sys.argv[1:] if argv is None else argv)
             raise SystemExit(supervise(argv_list, workers, caps, directory))
     factory, loop_name = loop_factory(args.event_loop)
-    log.info("event loop: %s", loop_name)
+    log.info("event loop: %s; request path: %s", loop_name, router_build())
     router = build_router(args)
     tune_gc()
     with asyncio.Runner(loop_factory=factory) as runner:

@@ -19,6 +19,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
+from specfleet_runtime.router.build import router_build
+
 _PACK_TWO_DOUBLES = struct.Struct("dd").pack
 
 LATENCY_BUCKETS = (
@@ -154,6 +156,15 @@ class RouterMetrics:
             ["kind"],
             registry=r,
         )
+        self.build_info = Gauge(
+            "specfleet_router_build_info",
+            "1, labelled with the build of the request path this router runs: compiled (mypyc C "
+            "extensions, as the image ships it) or source.",
+            ["build"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.build_info.labels(router_build()).set(1)
         self.config_reloads = Counter(
             "specfleet_router_config_reloads",
             "Routing config documents seen, by result (applied, rejected).",
