@@ -12,6 +12,7 @@ from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.sim.bound import (
     NAME,
     best_schedule,
+    held_through,
     rollout_mix,
     rollout_paying_oracle,
     schedule_of,
@@ -162,3 +163,41 @@ def test_the_lagged_schedule_makes_the_same_changes_later() -> None:
     assert [(c.time + 90, c.to_mode, c.to_k) for c in bound.changes if c.time + 90 < 1500] == [
         (c.time, c.to_mode, c.to_k) for c in lagged.changes
     ]
+
+
+def test_held_through_takes_the_best_setting_or_mix_on_both_sides_of_a_change() -> None:
+    # One setting better on both sides: that one; a mix with a setting that is better after the
+    # change only lifts the side that holds it back.
+    assert held_through({"a": 0.99, "b": 0.9}, {"a": 0.97, "b": 0.9}) == (0.97, "a")
+    assert held_through({"a": 0.99, "b": 0.9}, {"a": 0.97, "b": 1.0}) == (
+        pytest.approx(0.975),
+        "0.83 x a + 0.17 x b",
+    )
+    # Off is best before, On after: no setting is, and the best fixed mix is where the two lines cross
+    # (2/3 of the replicas speculating): 1 - 2/3 x 0.08 = 0.9467, below a 0.95 target.
+    value, how = held_through({"alwaysOff": 1.0, "alwaysOnK1": 0.92}, {"alwaysOff": 0.84, "alwaysOnK1": 1.0})
+    assert value == pytest.approx(1 - 0.08 * 2 / 3)
+    assert how == "0.33 x alwaysOff + 0.67 x alwaysOnK1"
+    # Never below what any single setting holds on both sides.
+    pre = {"alwaysOff": 0.95, "alwaysOnK1": 0.97, "alwaysOnK3": 1.0}
+    post = {"alwaysOff": 1.0, "alwaysOnK1": 0.96, "alwaysOnK3": 0.7}
+    value, _ = held_through(pre, post)
+    assert value >= max(min(pre[s], post[s]) for s in pre)
+
+
+def test_held_through_reads_the_static_runs_around_an_acceptance_shift() -> None:
+    # A weak drafter that turns strong at 6 min: before it the statics' minutes average one value
+    # each, after it another, and the bound is what the pure function makes of them.
+    weak, strong = (0.3, 0.1, 0.03, 0.01, 0.0), (0.9, 0.8, 0.7, 0.6, 0.5)
+    load = ClosedLoop(points=((0, 90), (540, 90)), sizes=((300, 200),), acceptance_changes=((360.0, strong),))
+    comp = compare(example(), load, SimOptions(seed=0, acceptance=weak))
+    value, how, per = comp.held_through(360.0, 90.0)
+    assert set(per) == {"alwaysOff", "alwaysOnK1", "alwaysOnK3"}
+    assert held_through({n: b for n, (b, _) in per.items()}, {n: a for n, (_, a) in per.items()}) == (
+        value,
+        how,
+    )
+    # Off is the oracle's setting before the shift, K3 after it: each loses on the side it does not suit.
+    assert per["alwaysOff"][0] > per["alwaysOnK3"][0]
+    assert per["alwaysOnK3"][1] > per["alwaysOff"][1]
+    assert value < max(b for b, _ in per.values())

@@ -169,3 +169,35 @@ def rollout_paying_oracle(
         schedule = tuple((at + lag if at > 0 else at, *rest) for at, *rest in schedule)  # type: ignore[misc]
     name = NAME if lag_seconds <= 0 else f"{NAME}Lagged"
     return simulate(sd, workload, Strategy(name, "schedule", schedule=schedule), options, profile)
+
+
+def held_through(pre: Mapping[str, float], post: Mapping[str, float]) -> tuple[float, str]:
+    """The best worst minute a policy can have when it cannot know when a change comes.
+
+    `pre[s]` is static setting s's ratio to the per-level oracle before the change, `post[s]` in the
+    first minute after it (before any policy could have seen the change and started a new engine:
+    an evaluation interval plus a start-up). A policy that does not know when the change comes (it
+    could come in any minute of a stationary stretch) serves every minute of that stretch with a
+    setting that must do well on both sides of it: its best worst minute is at most the largest
+    min(pre, post) over the settings and over fixed mixes of two of them (some replicas at one, the
+    rest at the other: the linear mix of `rollout_mix` and `best_schedule`). Returns that value and
+    the setting or mix that reaches it."""
+    names = [s for s in pre if s in post]
+    best, how = -math.inf, ""
+    for a in names:
+        value = min(pre[a], post[a])
+        if value > best:
+            best, how = value, a
+        for b in names:
+            if b <= a:
+                continue
+            # min of two lines in the mix fraction f of b: the best is where they cross (or an end).
+            d_pre, d_post = pre[b] - pre[a], post[b] - post[a]
+            if d_pre == d_post:
+                continue
+            f = (post[a] - pre[a]) / (d_pre - d_post)
+            if 0 < f < 1:
+                value = min(pre[a] + f * d_pre, post[a] + f * d_post)
+                if value > best:
+                    best, how = value, f"{1 - f:.2f} x {a} + {f:.2f} x {b}"
+    return best, how

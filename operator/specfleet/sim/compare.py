@@ -26,7 +26,7 @@ import numpy as np
 
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.sim.bound import NAME as BOUND
-from specfleet.sim.bound import rollout_paying_oracle
+from specfleet.sim.bound import held_through, rollout_paying_oracle
 from specfleet.sim.engine import schedule_from_profile
 from specfleet.sim.fleet import (
     POOLS,
@@ -115,6 +115,28 @@ class Comparison:
         """When the worst minute (see `worst_minute`) began, in seconds."""
         values = [(v, t) for t, v in self.minute_ratios(name) if t >= self.first_reaction]
         return min(values)[1] if values else None
+
+    def held_through(
+        self, change_at: float, hold_seconds: float
+    ) -> tuple[float, str, dict[str, tuple[float, float]]]:
+        """`specfleet.sim.bound.held_through` on this run's static settings, for a change at `change_at`
+        (s) that no policy can answer within `hold_seconds` of it: per setting, its mean minute ratio
+        from the first reaction up to the change, and its mean over the whole minutes between the
+        change and `change_at + hold_seconds` (the first minute after it when that span is shorter).
+        Returns the bound, the setting or mix reaching it, and each setting's (before, after)."""
+        per: dict[str, tuple[float, float]] = {}
+        for name, run in self.runs.items():
+            if run.strategy.kind != "static":
+                continue
+            minutes = self.minute_ratios(name)
+            before = [v for t, v in minutes if t >= self.first_reaction and t + 60 <= change_at]
+            after = [v for t, v in minutes if t >= change_at and t + 60 <= change_at + hold_seconds]
+            if not after:
+                after = [v for t, v in minutes if t >= change_at][:1]
+            if before and after:
+                per[name] = (float(np.mean(before)), float(np.mean(after)))
+        value, how = held_through({n: b for n, (b, _) in per.items()}, {n: a for n, (_, a) in per.items()})
+        return value, how, per
 
     def tokens_per_second(self, name: str) -> float:
         tokens, _ = self._bins(name)
