@@ -5,9 +5,8 @@ and starts, for each, the process its container describes, on the pod IP's loopb
 whose container runs vLLM's OpenAI server gets the engine emulator with the *same arguments*
 (so the operator's rendered command line is what drives it), a router pod gets the router (with
 `router_pythonpath` from `compiled_router()`: its request path compiled with mypyc, as the image
-ships it). Like a
-readiness probe, the runner marks a pod Ready (through the test bed's readiness annotation, see
-specfleet_testbed.stages) only once its process answers /health. When a pod goes away the process
+ships it). Like a readiness probe, the runner marks a pod Ready (through the test bed's readiness
+annotation, see specfleet_testbed.stages) only once its process answers /health. When a pod goes away the process
 gets a preStop-like delay, then SIGTERM, so in-flight requests drain.
 Every process is tracked by PID and stopped exactly.
 """
