@@ -44,7 +44,7 @@ from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.sim.bound import NAME as BOUND
 from specfleet.sim.bound import rollout_paying_oracle
 from specfleet.sim.compare import SMOOTH, Comparison, compare, static_ks
-from specfleet.sim.fleet import SimOptions, simulate
+from specfleet.sim.fleet import DEFAULT_PREFILL_MS_PER_TOKEN, SimOptions, simulate
 from specfleet.sim.plan import crossing
 from specfleet.sim.plot import plot_timeline
 from specfleet.sim.workload import ACCEPTANCE_PROFILES, ClosedLoop, Trace, TraceRequest, read_trace
@@ -379,6 +379,19 @@ def main() -> None:
             if drafter == "published" or name == "ramp":
                 plot_timeline(comp, out / f"policy-{name}-{drafter}.png", title=f"{name}, {drafter} drafter")
 
+    # How much of the c >= 128 targets prefill decides: the ramp again with prefill free (decode-only
+    # physics), per-level oracle over always-on and over engine Dynamic SD in its c >= 128 windows.
+    ramp = comps.get(("ramp", "published"))
+    if ramp is not None and not args.quick:
+        log("ramp / published, prefill free")
+        options = SimOptions(seed=0, acceptance=ACCEPTANCE_PROFILES["published"], prefill_ms_per_token=0.0)
+        free = compare(sd, scenarios["ramp"]("published"), options, profile, only=("engineDynamicSD",))
+        high = nominal_load(free) >= 128
+        ramp.extra["prefillFree"] = (
+            oracle_over(free, "alwaysOn", high),
+            oracle_over(free, "engineDynamicSD", high),
+        )
+
     # Stationary load at each drafter's break-even point: flips per hour.
     ks = static_ks(profile, sd.spec.drafter.num_speculative_tokens)
     stationary: dict[str, tuple[int | None, int, int]] = {}
@@ -677,6 +690,15 @@ def targets(
             f"{fmt(v)} (bound: per-level oracle / engineDynamicSD at c >= 128 = {fmt(bound)})",
             v is not None and v >= 1.06,
         )
+        free = ramp.extra.get("prefillFree")
+        if free is not None:
+            row(
+                "(sensitivity) the same bound with prefill free (decode-only physics)",
+                "ramp / published",
+                f"per-level oracle over alwaysOn / engineDynamicSD at c >= 128: {fmt(free[0])} / "
+                f"{fmt(free[1])} (prefill at {DEFAULT_PREFILL_MS_PER_TOKEN} ms per prompt token above)",
+                None,
+            )
         for drafter in DRAFTERS:
             comp = comps.get(("ramp", drafter))
             if comp is None:
@@ -818,7 +840,7 @@ def oracle_over(comp: Comparison, b: str, mask: np.ndarray) -> float | None:
 def nominal_load(comp: Comparison) -> np.ndarray:
     """The ramp's running requests per replica at the middle of each window."""
     at = multiplier(RAMP)
-    n = len(comp.runs["policy"].bin_tokens["latency"])
+    n = len(next(iter(comp.runs.values())).bin_tokens["latency"])
     return np.array([at((i + 0.5) * comp.bin_seconds) for i in range(n)])
 
 
