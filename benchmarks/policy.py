@@ -557,7 +557,11 @@ def render(
         "before: the setting's mean minute from the first reaction to the shift, generous to it; after: "
         "its first minute after the shift). It uses the static runs' own minutes, so it carries their "
         "sampling noise (see the noise floor). A policy that meets the target in a row where this "
-        "value is below it does so only by changing before the shift, which it cannot know of.",
+        "value is below it does so only by changing before the shift, which it cannot know of. Where "
+        "it is above the target through a mix, a pool that keeps that share of its replicas on each "
+        "side (as canaries keep some speculating while a pool is off) could meet it without knowing "
+        "when the shift comes; the policy instead switches whole pools, and an off pool without "
+        "canaries does not see a drafter that got better.",
         "",
         "Noise floor: the oracle's own per-window choices replayed with seed 1 instead of 0, against the "
         "oracle (seed 0), worst minute. Same settings, so the shortfall is sampling alone; a worst minute "
