@@ -1,6 +1,7 @@
 """Does adaptive speculation pay? The policy against static settings, in-engine Dynamic SD and oracles.
 
     python benchmarks/policy.py [--out docs/benchmarks] [--quick]      (make bench-policy)
+    python benchmarks/policy.py --policy-only [--scenarios ramp,acceptance-shift] [--held-out-seeds ...]
 
 Runs the fleet simulator (`specfleet.sim`) on example 02's resource over generated scenarios, for the
 published, the weak and the strong drafter, and writes docs/benchmarks/policy.md (tables, targets of
@@ -21,7 +22,10 @@ issue 12 next to the measured ratios) and PNG timelines next to it. Scenarios ar
   policy change that helps the rows above and hurts these is not a fix;
 - speed: one hour of 16 replicas at 200 running requests each (the policy run alone), wall time.
 
-Every number in the report comes from this one run (seed 0).
+Every number in the report comes from this one run (seed 0). `--policy-only` writes nothing: it runs
+only the policy against the per-level oracle (no bound, Threshold mode, stationary or speed runs) on
+the scenarios named and the held-out cases, a line each, in a few minutes: a check of a policy or
+rendering change before the full run.
 """
 
 from __future__ import annotations
@@ -57,6 +61,26 @@ DRAFTERS = ("published", "weak", "strong")
 RAMP = ((0.0, 2.0), (600.0, 200.0), (1200.0, 200.0), (1800.0, 2.0), (2400.0, 2.0))
 HELD_OUT_SEEDS = tuple(range(101, 113))
 LAGGED = f"{BOUND}Lagged"
+
+
+SCENARIOS = ("ramp", "azure-conv", "azure-code", "acceptance-shift")
+
+
+def scenario_makers(
+    replicas: int, conv: Path, code: Path, conv_sizes: tuple[tuple[int, int], ...]
+) -> dict[str, Callable[[str], Trace | ClosedLoop]]:
+    """Each scenario of the report, as a function of the drafter's name (see the module docstring)."""
+    return {
+        "ramp": lambda d: ClosedLoop(per_replica(RAMP, replicas), conv_sizes, name="ramp"),
+        "azure-conv": lambda d: warped(conv, 6.0, "azure-conv"),
+        "azure-code": lambda d: warped(code, 9.0, "azure-code"),
+        "acceptance-shift": lambda d: ClosedLoop(
+            per_replica(((0.0, 96.0), (2400.0, 96.0)), replicas),
+            conv_sizes,
+            name="acceptance-shift",
+            acceptance_changes=((1200.0, ACCEPTANCE_PROFILES["published" if d == "weak" else "weak"]),),
+        ),
+    }
 
 
 def lag_seconds(sd: SpeculativeDeployment) -> float:
@@ -306,6 +330,14 @@ def main() -> None:
         default=",".join(str(s) for s in HELD_OUT_SEEDS),
         help="seeds of the held-out cases (comma-separated; default %(default)s)",
     )
+    parser.add_argument(
+        "--policy-only",
+        action="store_true",
+        help="only the policy against the per-level oracle, a line per case (nothing written)",
+    )
+    parser.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help="with --policy-only: which (default %(default)s)"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -327,6 +359,37 @@ def main() -> None:
 
     held_out: list[tuple[str, tuple[float, ...], Comparison]] = []
     seeds = tuple(int(x) for x in args.held_out_seeds.split(",") if x.strip())
+    if args.policy_only:
+        names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+        unknown = sorted(set(names) - set(SCENARIOS))
+        if unknown:
+            raise SystemExit(f"unknown scenarios {unknown} (known: {', '.join(SCENARIOS)})")
+        makers = scenario_makers(replicas, conv, code, conv_sizes)
+        cases = [
+            (
+                f"{name} / {drafter}",
+                makers[name](drafter),
+                SimOptions(seed=0, acceptance=ACCEPTANCE_PROFILES[drafter]),
+            )
+            for name in names
+            for drafter in DRAFTERS
+        ]
+        cases += [
+            (label, workload, SimOptions(seed=seed, acceptance=drafter))
+            for seed, label, workload, drafter in held_out_cases(seeds, replicas, conv_sizes, code)
+        ]
+        for label, workload, options in cases:
+            comp = compare(sd, workload, options, profile, only=("policy",))
+            changes = "; ".join(
+                f"{c.time / 60:.1f} min {c.kind} {c.from_mode}/K{c.from_k} -> {c.to_mode}/K{c.to_k}"
+                for c in comp.runs["policy"].changes
+            )
+            print(
+                f"{label}: {fmt(comp.ratio('policy'))} / worst minute {fmt(comp.worst_minute('policy'))}"
+                f" [{changes}]",
+                flush=True,
+            )
+        return
     if not args.quick:
         for seed, label, workload, drafter in held_out_cases(seeds, replicas, conv_sizes, code):
             log(f"held-out: {label}, drafter {drafter}")
@@ -336,17 +399,7 @@ def main() -> None:
         print("\n".join(held_out_table(held_out)))
         return
 
-    scenarios: dict[str, Callable[[str], Trace | ClosedLoop]] = {
-        "ramp": lambda d: ClosedLoop(per_replica(RAMP, replicas), conv_sizes, name="ramp"),
-        "azure-conv": lambda d: warped(conv, 6.0, "azure-conv"),
-        "azure-code": lambda d: warped(code, 9.0, "azure-code"),
-        "acceptance-shift": lambda d: ClosedLoop(
-            per_replica(((0.0, 96.0), (2400.0, 96.0)), replicas),
-            conv_sizes,
-            name="acceptance-shift",
-            acceptance_changes=((1200.0, ACCEPTANCE_PROFILES["published" if d == "weak" else "weak"]),),
-        ),
-    }
+    scenarios = scenario_makers(replicas, conv, code, conv_sizes)
     if args.quick:
         scenarios = {"ramp": scenarios["ramp"]}
     drafters = ("published",) if args.quick else DRAFTERS
