@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from tiny_models import TinyModels
 from vllm_harness import server_env
 
@@ -30,8 +31,13 @@ def test_profile_measures_a_table_the_policy_reads(
     assert profile.name == "tiny-cpu"
     assert profile.batch_sizes == (1, 4)
     assert profile.speculative_tokens == (0, 1, 3)
-    # A speculating step verifies K + 1 tokens after K drafter passes: it takes longer than a plain one.
-    for batch in (1, 4):
-        assert profile.step_time_ms(batch, 3) > profile.step_time_ms(batch, 0), profile.to_dict()
+    # Every point was measured (load_profile refuses a missing or non-positive one), and each K > 0
+    # with speculation really on: the tool divides by the drafts vLLM counted and refuses a run that
+    # counted none. No timing relation is asserted (e.g. K=3 slower than K=0): with the tiny model on
+    # 2 shared CPUs one repeat of 16 tokens puts K=3 below K=0 at batch 4 in some runs, and how step
+    # time grows with K is what `specfleet profile` measures, not something a test can fix in advance.
+    doc = yaml.safe_load(out.read_text())
+    assert doc["measuredWith"]["method"] == "eagle3"
+    assert doc["measuredWith"]["drafter"] == str(tiny.eagle3)
     # The policy can decide with it.
     assert best_k(profile, 1, PUBLISHED_ACCEPTANCE) in (0, 1, 3)
