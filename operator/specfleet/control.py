@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from specfleet.api import reasons
 from specfleet.api.constants import API_VERSION, KIND, POOLS
 from specfleet.api.models import PoolName, SpeculativeDeploymentStatus
-from specfleet.api.semantics import find_problems
+from specfleet.api.semantics import engine_schedules, find_problems
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
 from specfleet.metrics.prometheus import FleetAnswers, PoolSelector, QueryFn, observe, query_fleet
 from specfleet.policy.decide import PoolDecision, decide
@@ -34,6 +34,7 @@ from specfleet.policy.profile_source import (
     profile_from_config_map,
 )
 from specfleet.policy.record import auto_pools, parse_time, pool_states, record
+from specfleet.policy.schedule import observed_under_schedule
 from specfleet.reconcile import ApplyRejectedError, Cluster, Event, reconcile, status_patch
 from specfleet.render import RenderOptions
 from specfleet.render.retrain import render_retrain_job
@@ -230,6 +231,7 @@ class Controller:
                     observations,
                     now,
                     profile,
+                    engine_schedule=engine_schedules(sd.spec),
                 )
             outcome.decisions = decisions
             recorded = record(previous, decisions, observations, sd.generation, now)
@@ -237,7 +239,10 @@ class Controller:
                 recorded.status, sd.spec.policy.goodput.cost_profile_config_map, problem, sd.generation, now
             )
             recorded.events += profile_events
-            drift = track_drift(sd.spec, recorded.status, states, observations, sd.generation, now)
+            # Drift compares per-position acceptance: unmixed where a pool follows a schedule.
+            schedules = engine_schedules(sd.spec)
+            measured = {p: observed_under_schedule(o, states[p], schedules) for p, o in observations.items()}
+            drift = track_drift(sd.spec, recorded.status, states, measured, sd.generation, now)
             recorded.events += drift.events
             recorded.status = self._start_retrain_jobs(sd, drift, recorded.events)
             recorded.status = _keep_recent_measurement_times(previous, recorded.status, now)

@@ -27,7 +27,7 @@ from specfleet.api.models import (
     SpeculationMode,
     SpeculativeDeploymentStatus,
 )
-from specfleet.api.semantics import find_problems
+from specfleet.api.semantics import engine_schedules, find_problems
 from specfleet.api.validation import (
     InvalidResourceError,
     SpeculativeDeployment,
@@ -111,6 +111,10 @@ def decided_plan(
             k if goodput and k is not None and 1 <= k <= limit else None,
             # Canaries of an Auto pool while off, where the policy scaled them (None: the spec's).
             decided.canary_replicas if setting == "Auto" else None,
+            # The policy's Dynamic SD schedule, where policy.goodput.engineSchedule lets it choose one.
+            tuple(decided.dynamic_schedule)
+            if goodput and decided.dynamic_schedule and engine_schedules(sd.spec)
+            else None,
         )
     return plan
 

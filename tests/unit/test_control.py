@@ -199,6 +199,7 @@ def test_deleted_resource_is_a_no_op(world):
 def test_goodput_retune_rolls_out_the_chosen_k(world):
     cluster, prom, _, controller = world
     cluster.objects[KEY]["spec"]["policy"]["mode"] = "Goodput"
+    cluster.objects[KEY]["spec"]["policy"]["goodput"] = {"engineSchedule": False}
     _rolled_out(cluster, controller)
     prom.set_pool("latency", drafts=10.0, accepted=12.7, per_pos=[6.8, 3.9, 2.0], running=128.0)
     outcome = controller.evaluate_policy("default", "llama")
@@ -210,6 +211,43 @@ def test_goodput_retune_rolls_out_the_chosen_k(world):
     assert status["pools"]["latency"]["numSpeculativeTokens"] == 1
     assert status["history"][-1]["observations"]["numSpeculativeTokens"] == "3->1"
     assert any(e.reason == "SpeculationRetuned" for e in outcome.events)
+
+
+def test_goodput_gives_a_speculating_pool_a_dynamic_sd_schedule(world):
+    """With engineSchedule (here forced on; unset it needs an image naming vLLM >= 0.32), the same
+    load past K 3's best gives the pool a schedule (K per batch size inside the engine) instead of a
+    lower K: K stays the drafter's, and the rendered --speculative-config carries the schedule."""
+    cluster, prom, _, controller = world
+    cluster.objects[KEY]["spec"]["policy"]["mode"] = "Goodput"
+    cluster.objects[KEY]["spec"]["policy"]["goodput"] = {"engineSchedule": True}
+    _rolled_out(cluster, controller)
+    prom.set_pool(
+        "latency", drafts=10.0, draft_tokens=30.0, accepted=12.7, per_pos=[6.8, 3.9, 2.0], running=128.0
+    )
+    outcome = controller.evaluate_policy("default", "llama")
+    assert [d.reason for d in outcome.decisions] == ["GoodputRetune"]
+    schedule = outcome.decisions[0].target_schedule
+    assert schedule is not None
+    assert schedule[0][:1] == (1,)
+    assert schedule[0][2] == 3
+    args = _latency_args(cluster)
+    config = json.loads(args[args.index("--speculative-config") + 1])
+    assert config["num_speculative_tokens"] == 3
+    assert config["num_speculative_tokens_per_batch_size"] == [list(row) for row in schedule]
+    assert [k for _, _, k in schedule] == [3, 1, 0]
+    status = _status(cluster)
+    assert status["pools"]["latency"]["dynamicSchedule"][0] == {
+        "minBatchSize": 1,
+        "maxBatchSize": schedule[0][1],
+        "numSpeculativeTokens": 3,
+    }
+    assert "dynamicSchedule" in status["history"][-1]["observations"]
+    assert any(e.reason == "SpeculationRetuned" and "schedule" in e.message for e in outcome.events)
+    # The same measurement again: the schedule is the one it runs, nothing changes.
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    again = controller.evaluate_policy("default", "llama")
+    assert not any(d.changes for d in again.decisions)
 
 
 def _until_baseline(cluster, clock, controller):

@@ -672,6 +672,15 @@ class GoodputPolicy(ApiModel):
         le=50,
         description="Retune K when another K predicts more than this much above the current one.",
     )
+    engine_schedule: bool | None = Field(
+        default=None,
+        description="Give each speculating pool a Dynamic SD schedule (K per batch size inside the "
+        "engine, vLLM's num_speculative_tokens_per_batch_size) made from the cost profile and the "
+        "pool's measured acceptance, so K follows load without a rollout; the pool drafts up to "
+        "drafter.numSpeculativeTokens and is retuned only when its acceptance moves the schedule. "
+        "Unset: on where engine.image names vLLM >= 0.32 and drafter.dynamicSchedule is unset; true: "
+        "on for any image (it must accept the field); false: K changes by rollout.",
+    )
     cost_profile_config_map: str | None = Field(
         default=None,
         max_length=253,
@@ -898,6 +907,11 @@ class PoolRollout(StatusModel):
     reason: str = Field(default="", description="Reason of the change.")
     from_mode: SpeculationMode = Field(default="On", description="Mode before the change.")
     from_num_speculative_tokens: int | None = Field(default=None, description="K before the change.")
+    from_dynamic_schedule: list[DynamicScheduleRange] | None = Field(
+        default=None,
+        max_length=MAX_SCHEDULE_RANGES,
+        description="The policy's Dynamic SD schedule before the change.",
+    )
     from_canary_replicas: int | None = Field(
         default=None, description="Canary replicas the policy ran before the change (unset: spec's)."
     )
@@ -929,6 +943,12 @@ class PoolStatus(StatusModel):
         default=None,
         description="K the pool drafts while speculating, when the Goodput policy chose one below "
         "drafter.numSpeculativeTokens (unset: the drafter's K).",
+    )
+    dynamic_schedule: list[DynamicScheduleRange] | None = Field(
+        default=None,
+        max_length=MAX_SCHEDULE_RANGES,
+        description="Dynamic SD schedule the Goodput policy chose for the pool while it speculates "
+        "(policy.goodput.engineSchedule): K per batch-size range, up to numSpeculativeTokens.",
     )
     k: int | None = Field(
         default=None,

@@ -42,6 +42,18 @@ def vllm_version_of_image(image: str) -> tuple[int, int, int] | None:
     return (int(match[1]), int(match[2]), int(match[3])) if match else None
 
 
+def engine_schedules(spec: SpeculativeDeploymentSpec) -> bool:
+    """Whether the Goodput policy gives speculating pools a Dynamic SD schedule of its own
+    (policy.goodput.engineSchedule; unset: where the image names a vLLM that has Dynamic SD)."""
+    if spec.policy.mode != "Goodput" or spec.drafter.dynamic_schedule:
+        return False
+    chosen = spec.policy.goodput.engine_schedule
+    if chosen is not None:
+        return chosen
+    version = vllm_version_of_image(spec.engine.image)
+    return version is not None and version >= MIN_VLLM_FOR_DYNAMIC_SCHEDULE
+
+
 def _fmt(version: tuple[int, int, int]) -> str:
     return ".".join(map(str, version))
 

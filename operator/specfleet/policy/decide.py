@@ -62,6 +62,7 @@ from specfleet.api import reasons as r
 from specfleet.api.models import PolicySpec
 from specfleet.policy.acceptance import Estimate, estimate
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
+from specfleet.policy.schedule import Schedule, best_schedule, observed_under_schedule, schedule_speedup
 from specfleet_runtime.cost_profile import (
     PUBLISHED_ACCEPTANCE,
     StepTimeProfile,
@@ -109,11 +110,18 @@ class PoolDecision:
     canary_replicas: int | None = None
     # The acceptance to remember (None: nothing new was measured in a window the policy trusts).
     acceptance: MeasuredAcceptance | None = None
+    # The pool's Dynamic SD schedule after this decision (None: unchanged; empty: none).
+    target_schedule: Schedule | None = None
 
     @property
     def changes(self) -> bool:
         """The decision rolls the pool out (a flip, a new K, canaries scaled, or a revert)."""
-        return self.flip or self.target_k is not None or self.canary_replicas is not None
+        return (
+            self.flip
+            or self.target_k is not None
+            or self.canary_replicas is not None
+            or self.target_schedule is not None
+        )
 
     @property
     def adjusts(self) -> bool:
@@ -416,17 +424,31 @@ def _acceptance_of(est: Estimate | None) -> tuple[tuple[float, ...], str]:
     return est.per_position, est.source
 
 
+def _speedup_now(
+    profile: StepTimeProfile,
+    load: float,
+    k_now: int,
+    schedule: Schedule | None,
+    per_position: Sequence[float],
+) -> float:
+    """The speculating pool's predicted speedup: at its K, or following its Dynamic SD schedule."""
+    if schedule:
+        return schedule_speedup(profile, load, schedule, per_position)
+    return predicted_speedup(profile, load, k_now, per_position)
+
+
 def _goodput_prediction(
     k_now: int | None,
     load: float,
     est: Estimate | None,
     profile: StepTimeProfile,
     max_k: int,
+    schedule: Schedule | None = None,
 ) -> _Goodput:
     per_position, source = _acceptance_of(est)
     best = best_k(profile, max(1.0, load), list(per_position), candidates=candidate_ks(profile, max_k))
     gain_best = predicted_speedup(profile, load, best, per_position)
-    gain_now = None if k_now is None else predicted_speedup(profile, load, k_now, per_position)
+    gain_now = None if k_now is None else _speedup_now(profile, load, k_now, schedule, per_position)
     return _Goodput(per_position, source, best, gain_best, gain_now)
 
 
@@ -453,6 +475,7 @@ def _goodput_over(
     est: Estimate | None,
     profile: StepTimeProfile,
     max_k: int,
+    schedule: Schedule | None = None,
 ) -> _Goodput:
     """Like `_goodput_prediction`, with each K's speedup averaged over a path of loads."""
     per_position, source = _acceptance_of(est)
@@ -463,7 +486,10 @@ def _goodput_over(
     ks = candidate_ks(profile, max_k)
     gains = {kk: mean(kk) for kk in ks}
     best = max(ks, key=lambda kk: (gains[kk], -kk))  # the smaller K on a tie, as best_k
-    return _Goodput(per_position, source, best, gains[best], None if k_now is None else mean(k_now))
+    now = None
+    if k_now is not None:
+        now = sum(_speedup_now(profile, c, k_now, schedule, per_position) for c in loads) / len(loads)
+    return _Goodput(per_position, source, best, gains[best], now)
 
 
 def _goodput(
@@ -600,6 +626,7 @@ def _revert(
     if canaries is None and state.canary_replicas is not None:
         canaries = policy.reentry.canary_replicas
     flip = rollout.from_mode != state.mode
+    schedule = rollout.from_schedule if rollout.from_mode == "On" else None
     waited = int((now - rollout.at).total_seconds())
     message = (
         f"the change at {rollout.at:%H:%M:%S} ({rollout.reason or 'policy'}) has not finished rolling out "
@@ -617,6 +644,7 @@ def _revert(
         current_k,
         target_k if (target_k != current_k or flip) else None,
         canaries if canaries != state.canary_replicas else None,
+        target_schedule=(schedule or ()) if schedule != state.schedule else None,
     )
 
 
@@ -640,6 +668,48 @@ def _retune(
         return g.best, (
             f"K {g.best} predicts {g.gain_best:.2f}x against {g.gain_now:.2f}x at K {current_k} "
             f"(margin {margin:.0%})"
+        )
+    return None
+
+
+def _retune_schedule(
+    policy: PolicySpec,
+    state: PoolState,
+    k: int,
+    wanted: Wanted,
+    g: _Goodput | None,
+    load: float,
+    profile: StepTimeProfile,
+) -> tuple[int, Schedule, str] | None:
+    """A better Dynamic SD schedule for a speculating pool (K ceiling, schedule, why); None to keep it.
+
+    The schedule follows load inside the engine, so only a new acceptance makes a better one; it is
+    rolled out when it predicts more than the retune margin above the pool's now, at the expected load
+    (or the pool's no longer pays while the new one does).
+    """
+    if g is None or state.mode != "On" or wanted.mode != "On" or g.gain_now is None:
+        return None
+    new = best_schedule(profile, g.per_position, k)
+    top = max(kk for _, _, kk in new)
+    if new == state.schedule or top == 0:
+        return None
+    gain_new = schedule_speedup(profile, load, new, g.per_position)
+    margin = policy.goodput.retune_margin_percent / 100
+    now_text = "its schedule" if state.schedule else f"K {_pool_k(policy, state, k)}"
+    if g.gain_now < 1 - _margin(policy) <= gain_new:
+        return (
+            top,
+            new,
+            f"{now_text} no longer pays ({g.gain_now:.2f}x) but a new schedule does ({gain_new:.2f}x)",
+        )
+    if gain_new > g.gain_now * (1 + margin):
+        return (
+            top,
+            new,
+            (
+                f"a schedule for the measured acceptance predicts {gain_new:.2f}x against {g.gain_now:.2f}x "
+                f"for {now_text} at {load:.1f} running per replica (margin {margin:.0%})"
+            ),
         )
     return None
 
@@ -722,6 +792,8 @@ class _Pool:
     loads: tuple[float, float]  # (expected, observed)
     gains: tuple[_Goodput, _Goodput] | None  # Goodput: (at the expected load, at the observed load)
     numbers: dict[str, str]
+    # The policy gives speculating pools Dynamic SD schedules (policy.goodput.engineSchedule).
+    schedules: bool = False
 
     @property
     def memory(self) -> MeasuredAcceptance | None:
@@ -735,6 +807,7 @@ class _Pool:
         target: str | None = None,
         target_k: int | None = None,
         canaries: int | None = None,
+        schedule: Schedule | None = None,
     ) -> PoolDecision:
         mode = self.state.mode
         to = target or mode
@@ -750,6 +823,7 @@ class _Pool:
             target_k,
             canaries,
             self.memory,
+            schedule,
         )
 
 
@@ -761,8 +835,10 @@ def _assess(
     observed: PoolObservation,
     now: datetime,
     profile: StepTimeProfile,
+    schedules: bool = False,
 ) -> _Pool:
     current_k = _pool_k(policy, state, k)
+    schedule = state.schedule if schedules and state.mode == "On" else None
     est = _estimate(policy, state, observed, now, k)
     # A flip is judged on the newest interval's acceptance while the window's is moving.
     est_flip = est
@@ -778,14 +854,29 @@ def _assess(
     obs = replace(observed, running_per_replica=load)
     gains = None
     if policy.mode == "Goodput":
-        g = _goodput_prediction(current_k if state.mode == "On" else None, load, est, profile, k)
+        g = _goodput_prediction(current_k if state.mode == "On" else None, load, est, profile, k, schedule)
         g_observed = _goodput_prediction(None, observed.running_per_replica or 0.0, est, profile, k)
         gains = (g, g_observed)
         # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
         # locked, lighter budget) and the canaries on the projected load (`gains`).
         path = commit_path(policy, state, observed.running_per_replica or 0.0, load)
-        g_commit = _goodput_over(current_k if state.mode == "On" else None, path, est_flip, profile, k)
+        g_commit = _goodput_over(
+            current_k if state.mode == "On" else None, path, est_flip, profile, k, schedule
+        )
         wanted = _goodput(policy, state, obs, g_commit, est_flip)
+        if schedule and wanted.mode == "Off" and g_observed.gain_best > 1 + _margin(policy):
+            # A pool following a schedule already drafts less (or nothing) as batches grow, so turning
+            # it off gains at most the in-engine K 0 cost while the load stays up, and locks it off
+            # when the load falls again: it turns off once the load measured is near break-even too
+            # (within the margin), not on a projected peak alone.
+            wanted = Wanted(
+                "On",
+                r.GOODPUT_WITHIN_MARGIN,
+                f"{observed.running_per_replica or 0.0:.1f} running per replica measured is not near "
+                f"break-even yet ({g_observed.gain_best:.2f}x at K {g_observed.best}); the schedule "
+                "drafts less as batches grow",
+                wanted.numbers,
+            )
     else:
         wanted = _threshold(policy, k, state, obs, est, profile)
     numbers = {**observed.as_text(), **wanted.numbers}
@@ -808,7 +899,7 @@ def _assess(
             "Off", r.PROBE_ACCEPTANCE, "acceptance is unknown: the canaries measure it first", wanted.numbers
         )
     loads = (load, observed.running_per_replica or 0.0)
-    return _Pool(pool, state, obs, current_k, est, wanted, loads, gains, numbers)
+    return _Pool(pool, state, obs, current_k, est, wanted, loads, gains, numbers, schedules)
 
 
 def _flip(
@@ -833,15 +924,37 @@ def _flip(
         canaries = 0
         message += "; canaries start when the remembered acceptance expires"
     target_k = wanted.k if policy.mode == "Goodput" else None
-    return p.decision(wanted.reason, message, target=wanted.mode, target_k=target_k, canaries=canaries)
+    schedule = None
+    if wanted.mode == "On" and p.schedules and p.gains is not None:
+        # K follows the batch size inside the engine, from the acceptance the pool turned on with.
+        schedule = best_schedule(profile, p.gains[0].per_position, k)
+        top = max(kk for _, _, kk in schedule)
+        if top > 0:
+            target_k = top
+            message += f"; K up to {top} by batch size (Dynamic SD schedule)"
+        else:
+            schedule = None
+    return p.decision(
+        wanted.reason, message, target=wanted.mode, target_k=target_k, canaries=canaries, schedule=schedule
+    )
 
 
 def _adjust(
     policy: PolicySpec, k: int, p: _Pool, now: datetime, other_busy: bool, profile: StepTimeProfile
 ) -> PoolDecision | None:
     """A retune or a canary scaling for a pool that keeps its mode; None when neither is wanted."""
-    retune = _retune(policy, p.state, p.current_k, p.wanted, p.gains[0] if p.gains else None)
-    if retune is not None:
+    g = p.gains[0] if p.gains else None
+    schedule: Schedule | None = None
+    retune = None if p.schedules else _retune(policy, p.state, p.current_k, p.wanted, g)
+    by_schedule = (
+        _retune_schedule(policy, p.state, k, p.wanted, g, p.loads[0], profile) if p.schedules else None
+    )
+    if by_schedule is not None:
+        top, schedule, message = by_schedule
+        target_k = top if top != p.current_k else None
+        what, reason = "new Dynamic SD schedule", r.GOODPUT_RETUNE
+        canaries = None
+    elif retune is not None:
         target_k, why = retune
         what, reason, message = f"K {p.current_k} -> {target_k}", r.GOODPUT_RETUNE, why
         canaries = None
@@ -858,7 +971,7 @@ def _adjust(
     if gate is not None:
         held, why_held = gate
         return p.decision(held, f"wants {what} ({reason}: {message}) but holds: {why_held}")
-    return p.decision(reason, f"{what}: {message}", target_k=target_k, canaries=canaries)
+    return p.decision(reason, f"{what}: {message}", target_k=target_k, canaries=canaries, schedule=schedule)
 
 
 def decide(
@@ -868,11 +981,15 @@ def decide(
     observations: Mapping[str, PoolObservation],
     now: datetime,
     profile: StepTimeProfile,
+    engine_schedule: bool = False,
 ) -> list[PoolDecision]:
     """Decisions for the given (Auto) pools, in order; at most one of them changes its pool.
 
-    `k` is the drafter's K (spec.drafter.numSpeculativeTokens), the most a pool may draft.
+    `k` is the drafter's K (spec.drafter.numSpeculativeTokens), the most a pool may draft;
+    `engine_schedule` lets Goodput give speculating pools Dynamic SD schedules
+    (`specfleet.api.semantics.engine_schedules`; see `specfleet.policy.schedule`).
     """
+    schedules = engine_schedule and policy.mode == "Goodput"
     last_flip_any = max((s.last_transition for s in states.values() if s.last_transition), default=None)
     busy = any(not s.settled for s in states.values())
     changed = False
@@ -889,7 +1006,9 @@ def decide(
                 PoolDecision(pool, state.mode, state.mode, False, r.METRICS_UNAVAILABLE, obs.problem or "")
             )
             continue
-        p = _assess(policy, k, pool, state, obs, now, profile)
+        p = _assess(
+            policy, k, pool, state, observed_under_schedule(obs, state, schedules), now, profile, schedules
+        )
         other_busy = changed or (busy and state.settled)
         if p.wanted.mode != state.mode:
             decision = _flip(policy, k, p, now, last_flip_any, other_busy, profile)

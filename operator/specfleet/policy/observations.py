@@ -91,6 +91,8 @@ class PoolRolloutState:
     from_mode: str = "On"
     from_k: int | None = None
     from_canaries: int | None = None
+    # The Dynamic SD schedule it replaced ((first, last batch size, K) rows; None: none).
+    from_schedule: tuple[tuple[int, int, int], ...] | None = None
     # Fewest positions any speculating engine of the pool drafted before / after the change (0: none).
     drafted_before: int = 0
     drafted_after: int = 0
@@ -110,6 +112,8 @@ class PoolState:
     last_acceptance: MeasuredAcceptance | None = None
     # K the pool drafts while speculating, if the policy chose one (None: the drafter's K).
     k: int | None = None
+    # The Dynamic SD schedule the policy chose for the pool while it speculates (None: none).
+    schedule: tuple[tuple[int, int, int], ...] | None = None
     # Adjustments that keep the mode (a new K, canaries scaled): the last one and those of the last hour.
     last_retune: datetime | None = None
     recent_retunes: tuple[datetime, ...] = field(default_factory=tuple)

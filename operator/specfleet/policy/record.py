@@ -18,6 +18,7 @@ from specfleet.api.constants import POOLS
 from specfleet.api.models import (
     MAX_CHANGES_PER_HOUR,
     Decision,
+    DynamicScheduleRange,
     PoolName,
     PoolRollout,
     PoolStatus,
@@ -26,6 +27,7 @@ from specfleet.api.models import (
 )
 from specfleet.policy.decide import PoolDecision
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolRolloutState, PoolState
+from specfleet.policy.schedule import Schedule, drafted_by
 
 HISTORY_LIMIT = 20
 # Loads kept for the trend: the last few evaluations within this long.
@@ -69,6 +71,26 @@ def _loads(entries: Sequence[str] | None) -> tuple[tuple[datetime, float], ...]:
     return tuple(sorted(out))
 
 
+def schedule_rows(ranges: Sequence[DynamicScheduleRange] | None) -> Schedule | None:
+    """A status schedule as the policy's (first, last batch size, K) rows (None: none)."""
+    if not ranges:
+        return None
+    return tuple(
+        (r.min_batch_size, r.max_batch_size, r.num_speculative_tokens)
+        for r in sorted(ranges, key=lambda r: r.min_batch_size)
+    )
+
+
+def schedule_ranges(schedule: Schedule | None) -> list[DynamicScheduleRange] | None:
+    """The policy's schedule rows as status ranges (None: none)."""
+    if not schedule:
+        return None
+    return [
+        DynamicScheduleRange(min_batch_size=a, max_batch_size=b, num_speculative_tokens=k)
+        for a, b, k in schedule
+    ]
+
+
 def _memory(ps: PoolStatus) -> MeasuredAcceptance | None:
     measured_at = parse_time(ps.acceptance_measured_at)
     if not ps.acceptance_length or measured_at is None:
@@ -97,6 +119,7 @@ def _rollout(ps: PoolStatus) -> PoolRolloutState | None:
         from_mode=ch.from_mode,
         from_k=ch.from_num_speculative_tokens,
         from_canaries=ch.from_canary_replicas,
+        from_schedule=schedule_rows(ch.from_dynamic_schedule),
         drafted_before=ch.drafted_before,
         drafted_after=ch.drafted_after,
         settled_at=parse_time(ch.settled_time),
@@ -129,6 +152,7 @@ def pool_states(
             settled=ps.settled,
             last_acceptance=_memory(ps),
             k=ps.num_speculative_tokens,
+            schedule=schedule_rows(ps.dynamic_schedule),
             last_retune=parse_time(ps.last_retune_time),
             recent_retunes=tuple(t for t in _times(ps.recent_retune_times) if t > hour_ago),
             canary_replicas=ps.canary_replicas,
@@ -147,17 +171,25 @@ class Recorded:
     flipped: list[PoolDecision] = field(default_factory=list)
 
 
+def _rows_text(schedule: Schedule | None) -> str:
+    """A schedule as batch ranges and K (`1-52:3,53-171:1,172-65536:0`; `none`)."""
+    return ",".join(f"{a}-{b}:{k}" for a, b, k in schedule) if schedule else "none"
+
+
 def _numbers(decision: PoolDecision) -> str:
     keys = ("acceptanceLength", "runningPerReplica", "predictedSpeedup", "acceptanceSource")
     shown = [f"{k}={decision.observations[k]}" for k in keys if k in decision.observations]
     return f" [{', '.join(shown)}]" if shown else ""
 
 
-def _drafted(mode: str, k: int | None, canaries: int | None) -> int:
+def _drafted(mode: str, k: int | None, canaries: int | None, schedule: Schedule | None = None) -> int:
     """Fewest positions any speculating engine drafts in this state (0: none speculates).
 
-    Canaries (while the pool is off) draft the pool's K; `canaries` None means the spec's count.
+    Canaries (while the pool is off) draft the pool's K; `canaries` None means the spec's count. A
+    pool following a Dynamic SD schedule drafts its smallest K above 0 in some steps.
     """
+    if mode == "On" and schedule:
+        return drafted_by(schedule, k or 0)
     if mode == "On" or canaries is None or canaries > 0:
         return k or 0
     return 0
@@ -242,6 +274,14 @@ def record(
         if decision.target_k is not None:
             change["num_speculative_tokens"] = decision.target_k
             numbers["numSpeculativeTokens"] = f"{decision.current_k}->{decision.target_k}"
+        after_schedule = ps_schedule = schedule_rows(ps.dynamic_schedule)
+        if decision.target == "Off":
+            after_schedule = None
+        elif decision.target_schedule is not None:
+            after_schedule = decision.target_schedule or None
+        if after_schedule != ps_schedule:
+            change["dynamic_schedule"] = schedule_ranges(after_schedule)
+            numbers["dynamicSchedule"] = f"{_rows_text(ps_schedule)}->{_rows_text(after_schedule)}"
         if decision.canary_replicas is not None:
             change["canary_replicas"] = decision.canary_replicas
             before = "spec" if ps.canary_replicas is None else str(ps.canary_replicas)
@@ -254,9 +294,13 @@ def record(
             from_mode=decision.current,
             from_num_speculative_tokens=ps.num_speculative_tokens,
             from_canary_replicas=ps.canary_replicas,
-            drafted_before=_drafted(decision.current, decision.current_k, ps.canary_replicas),
+            from_dynamic_schedule=ps.dynamic_schedule,
+            drafted_before=_drafted(decision.current, decision.current_k, ps.canary_replicas, ps_schedule),
             drafted_after=_drafted(
-                decision.target, after_k, after_canaries if isinstance(after_canaries, int) else None
+                decision.target,
+                after_k,
+                after_canaries if isinstance(after_canaries, int) else None,
+                after_schedule,
             ),
         )
         setattr(pools, decision.pool, ps.model_copy(update=change))
@@ -281,9 +325,13 @@ def record(
             on = decision.target == "On"
             event_reason = reasons.EVENT_SPECULATION_ON if on else reasons.EVENT_SPECULATION_OFF
             what = f"speculation {decision.current} -> {decision.target}"
-        elif decision.target_k is not None:
+        elif decision.target_k is not None or decision.target_schedule is not None:
             event_reason = reasons.EVENT_SPECULATION_RETUNED
-            what = f"K {decision.current_k} -> {decision.target_k}"
+            what = (
+                f"K {decision.current_k} -> {decision.target_k}"
+                if decision.target_schedule is None
+                else f"schedule {_rows_text(ps_schedule)} -> {_rows_text(after_schedule)}"
+            )
         else:
             event_reason = reasons.EVENT_CANARIES_SCALED
             what = f"canaries -> {decision.canary_replicas}"

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from specfleet.api.constants import LABEL_INSTANCE, LABEL_MANAGED_BY, POOLS, PoolName
-from specfleet.api.models import SpeculationMode
+from specfleet.api.models import DynamicScheduleRange, SpeculationMode
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.autoscaling import render_pool_autoscaler
 from specfleet.render.common import MANAGED_BY, Manifest, RenderOptions, with_render_hash
@@ -74,6 +74,8 @@ class PoolPlan:
     mode: SpeculationMode
     k: int | None = None
     canaries: int | None = None
+    # The Goodput policy's Dynamic SD schedule for the pool while it speculates (None: none chosen).
+    schedule: tuple[DynamicScheduleRange, ...] | None = None
 
 
 def plan_of(
@@ -101,7 +103,13 @@ def render_children(
             render_pool_service(sd, pool),
             render_pool_pdb(sd, pool),
             render_pool_deployment(
-                sd, pool, plan[pool].mode, k=plan[pool].k, canaries=plan[pool].canaries, options=options
+                sd,
+                pool,
+                plan[pool].mode,
+                k=plan[pool].k,
+                canaries=plan[pool].canaries,
+                options=options,
+                schedule=plan[pool].schedule,
             ),
         ]
         if canary_replicas(sd, pool) is not None:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from specfleet.api.constants import LABEL_SPECULATION, LABEL_TRACK
 from specfleet.api.effective import PoolEngine, pool_engine
-from specfleet.api.models import METHODS_NEEDING_MODEL, DrafterSpec, PoolName, SpeculationMode
+from specfleet.api.models import (
+    METHODS_NEEDING_MODEL,
+    DrafterSpec,
+    DynamicScheduleRange,
+    PoolName,
+    SpeculationMode,
+)
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, RenderOptions, metadata, pool_name, selector_labels
 from specfleet_runtime.vllm_args import (
@@ -27,16 +34,20 @@ STARTUP_PROBE_PERIOD_SECONDS = 10
 PRESTOP_SLEEP_SECONDS = 10
 
 
-def speculative_config(drafter: DrafterSpec, k: int | None = None) -> SpeculativeConfig:
+def speculative_config(
+    drafter: DrafterSpec, k: int | None = None, schedule: Sequence[DynamicScheduleRange] | None = None
+) -> SpeculativeConfig:
     """vLLM's --speculative-config for a drafter spec (schedule sorted by batch size).
 
-    `k` is the K the policy decided for the pool (never above the drafter's); a Dynamic SD schedule
-    is clamped to it, as vLLM would clamp it.
+    `k` is the K the policy decided for the pool (never above the drafter's); `schedule` the Dynamic
+    SD schedule it chose (None: the drafter's own, if any). A schedule is clamped to K, as vLLM would
+    clamp it.
     """
     k = drafter.num_speculative_tokens if k is None else min(k, drafter.num_speculative_tokens)
-    schedule = tuple(
+    rows = drafter.dynamic_schedule if schedule is None else schedule
+    ranges = tuple(
         DynamicSpeculationRange(r.min_batch_size, r.max_batch_size, min(r.num_speculative_tokens, k))
-        for r in sorted(drafter.dynamic_schedule or [], key=lambda r: r.min_batch_size)
+        for r in sorted(rows or [], key=lambda r: r.min_batch_size)
     )
     return SpeculativeConfig(
         method=drafter.method,
@@ -45,14 +56,19 @@ def speculative_config(drafter: DrafterSpec, k: int | None = None) -> Speculativ
         draft_tensor_parallel_size=drafter.draft_tensor_parallel_size,
         prompt_lookup_min=drafter.prompt_lookup_min,
         prompt_lookup_max=drafter.prompt_lookup_max,
-        dynamic_schedule=schedule,
+        dynamic_schedule=ranges,
     )
 
 
 def engine_args(
-    sd: SpeculativeDeployment, pool: PoolName, mode: SpeculationMode, k: int | None = None
+    sd: SpeculativeDeployment,
+    pool: PoolName,
+    mode: SpeculationMode,
+    k: int | None = None,
+    schedule: Sequence[DynamicScheduleRange] | None = None,
 ) -> EngineArgs:
-    """The engine arguments of one pool in one speculation mode (drafting `k` tokens if decided)."""
+    """The engine arguments of one pool in one speculation mode (drafting `k` tokens if decided,
+    following the policy's Dynamic SD `schedule` if it chose one)."""
     eng = pool_engine(sd.spec, pool)
     util = eng.gpu_memory_utilization_percent
     return EngineArgs(
@@ -64,7 +80,7 @@ def engine_args(
         max_num_seqs=eng.max_num_seqs,
         max_model_len=eng.max_model_len,
         gpu_memory_utilization=None if util is None else util / 100,
-        speculative=speculative_config(sd.spec.drafter, k) if mode == "On" else None,
+        speculative=speculative_config(sd.spec.drafter, k, schedule) if mode == "On" else None,
         extra_args=eng.extra_args,
     )
 
@@ -232,6 +248,7 @@ def render_pool_deployment(
     k: int | None = None,
     canaries: int | None = None,
     options: RenderOptions | None = None,
+    schedule: Sequence[DynamicScheduleRange] | None = None,
 ) -> Manifest:
     """The pool's Deployment of vLLM servers, with or without --speculative-config.
 
@@ -240,7 +257,8 @@ def render_pool_deployment(
 
     track "stable" is the pool itself; track "canary" is the few replicas of an Auto pool that keep
     speculating while the pool is off, so acceptance stays measurable for re-entry; they draft the
-    pool's K. `canaries` is the policy's canary count (None: the spec's).
+    pool's K. `canaries` is the policy's canary count (None: the spec's). `schedule` is the policy's
+    Dynamic SD schedule for the speculating pool (canaries draft the full K: they measure acceptance).
     """
     spec = sd.spec
     pool_spec = getattr(spec.pools, pool)
@@ -250,6 +268,7 @@ def render_pool_deployment(
         name = canary_name(sd, pool)
         replicas = (canaries or 0) if mode == "Off" else 0
         mode = "On"
+        schedule = None
     else:
         name = pool_name(sd, pool)
         # Canaries come out of a fixed pool's replicas (the total stays `replicas`).
@@ -271,7 +290,7 @@ def render_pool_deployment(
         "image": spec.engine.image,
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": ["python3", "-m", VLLM_SERVER_MODULE],
-        "args": build_vllm_args(engine_args(sd, pool, mode, k)),
+        "args": build_vllm_args(engine_args(sd, pool, mode, k, schedule)),
         "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
         "env": _env(sd),
         "resources": _resources(eng),

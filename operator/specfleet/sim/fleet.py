@@ -43,6 +43,7 @@ from specfleet.api.models import (
     SpeculativeDeploymentSpec,
     SpeculativeDeploymentStatus,
 )
+from specfleet.api.semantics import engine_schedules
 from specfleet.api.validation import SpeculativeDeployment, parse_spec
 from specfleet.policy.decide import decide
 from specfleet.policy.observations import PoolObservation
@@ -124,11 +125,16 @@ class Change:
     observed_load: float | None = None
     expected_load: float | None = None
 
+    # The policy chose a new Dynamic SD schedule for the pool (a retune that may keep K).
+    schedule: bool = False
+
     @property
     def kind(self) -> str:
         if self.from_mode != self.to_mode:
             return "flip"
-        return "retune" if self.to_k is not None and self.to_k != self.from_k else "canaries"
+        if self.schedule or (self.to_k is not None and self.to_k != self.from_k):
+            return "retune"
+        return "canaries"
 
 
 @dataclass
@@ -688,7 +694,13 @@ class _Fleet:
                 expected_replicas=expected,
             )
         decisions = decide(
-            self.policy, self.spec.drafter.num_speculative_tokens, states, observations, when, self.profile
+            self.policy,
+            self.spec.drafter.num_speculative_tokens,
+            states,
+            observations,
+            when,
+            self.profile,
+            engine_schedule=engine_schedules(self.spec),
         )
         recorded = record(self.status, decisions, observations, 1, when)
         self.status = recorded.status
@@ -718,6 +730,7 @@ class _Fleet:
                     canaries,
                     basis.get("observedRunningPerReplica"),
                     basis.get("expectedRunningPerReplica"),
+                    schedule=bool(d.target_schedule) and d.current == d.target,
                 )
             )
         if recorded.flipped:
