@@ -114,3 +114,26 @@ def test_conditions_are_a_map_list_and_kubectl_get_shows_k_and_progressing(crd, 
     table = crd.kubectl("get", "sd", "assistant", "-n", namespace).stdout.splitlines()
     assert table[0].split() == PRINTER_COLUMNS
     assert table[1].split()[:7] == ["assistant", "On", "Off", "2", "0", "True", "True"]
+    # The policy's Dynamic SD schedule (status, policy/schedule.py) is kept by the apiserver, not pruned.
+    schedule = [
+        {"minBatchSize": 1, "maxBatchSize": 45, "numSpeculativeTokens": 3},
+        {"minBatchSize": 46, "maxBatchSize": 252, "numSpeculativeTokens": 1},
+        {"minBatchSize": 253, "maxBatchSize": 65536, "numSpeculativeTokens": 0},
+    ]
+    rollout = {"time": "2026-12-01T08:00:00Z", "fromMode": "On", "fromDynamicSchedule": schedule[:1]}
+    crd.kubectl(
+        "patch",
+        "sd",
+        "assistant",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"pools": {"latency": {"dynamicSchedule": schedule, "rollout": rollout}}}}),
+    )
+    latency = json.loads(crd.kubectl("get", "sd", "assistant", "-n", namespace, "-o", "json").stdout)[
+        "status"
+    ]["pools"]["latency"]
+    assert latency["dynamicSchedule"] == schedule
+    assert latency["rollout"]["fromDynamicSchedule"] == schedule[:1]

@@ -4,13 +4,17 @@ measured acceptance, unmixed per position from vLLM's counters, and what they ch
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from specfleet.api.models import PolicySpec, SpeculativeDeploymentSpec
+from specfleet.api.models import PolicySpec, SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
 from specfleet.api.semantics import engine_schedules
 from specfleet.policy import PoolObservation, PoolState, decide
+from specfleet.policy.decide import PoolDecision
+from specfleet.policy.observations import PoolRolloutState
+from specfleet.policy.record import pool_states, record, schedule_rows
 from specfleet.policy.schedule import (
     IN_ENGINE_K0_PENALTY,
     MAX_BATCH,
@@ -179,3 +183,52 @@ def test_engine_schedules_where_the_engine_has_dynamic_sd(image, goodput, schedu
     assert engine_schedules(SpeculativeDeploymentSpec.model_validate(doc)) is expected
     threshold = {**doc, "policy": {**doc["policy"], "mode": "Threshold"}}
     assert engine_schedules(SpeculativeDeploymentSpec.model_validate(threshold)) is False
+
+
+def test_a_schedule_change_that_never_settles_is_reverted_to_the_schedule_before():
+    before = best_schedule(PROFILE, PUBLISHED, 3)
+    after = best_schedule(PROFILE, WEAK, 3)
+    started = NOW - timedelta(seconds=GOODPUT.rollout_deadline_seconds + 30)
+    state = PoolState(
+        mode="On",
+        k=1,
+        schedule=after,
+        settled=False,
+        rollout=PoolRolloutState(
+            at=started, reason="GoodputRetune", from_mode="On", from_k=3, from_schedule=before
+        ),
+    )
+    d = decide(GOODPUT, 3, {"latency": state}, {"latency": observation(30, WEAK)}, NOW, PROFILE, True)[0]
+    assert d.reason == "RolloutFailed"
+    assert (d.target_k, d.target_schedule) == (3, before)
+    # A pool that had no schedule before gets none back (an empty schedule clears it).
+    first = PoolRolloutState(at=started, reason="GoodputRetune", from_mode="On", from_k=3)
+    d = decide(
+        GOODPUT,
+        3,
+        {"latency": PoolState(mode="On", k=1, schedule=after, settled=False, rollout=first)},
+        {"latency": observation(30, WEAK)},
+        NOW,
+        PROFILE,
+        True,
+    )[0]
+    assert d.target_schedule == ()
+
+
+def test_record_keeps_the_schedule_in_status_and_drops_it_when_the_pool_turns_off():
+    spec = SpeculativeDeploymentSpec.model_validate(example_spec(mode="Goodput"))
+    status = SpeculativeDeploymentStatus()
+    schedule = best_schedule(PROFILE, PUBLISHED, 3)
+    on = PoolDecision(
+        "latency", "On", "On", False, "GoodputRetune", "new schedule", current_k=3, target_schedule=schedule
+    )
+    ob = observation(80, PUBLISHED)
+    status = record(status, [on], {"latency": ob}, 1, NOW).status
+    assert schedule_rows(status.pools.latency.dynamic_schedule) == schedule
+    assert pool_states(spec, status, NOW)["latency"].schedule == schedule
+    off = PoolDecision("latency", "On", "Off", True, "GoodputBelowBreakEven", "far", current_k=3, target_k=1)
+    later = NOW + timedelta(minutes=10)
+    status = record(status, [off], {"latency": replace(ob, at=later)}, 1, later).status
+    assert status.pools.latency.dynamic_schedule is None
+    assert schedule_rows(status.pools.latency.rollout.from_dynamic_schedule) == schedule
+    assert status.history[-1].observations["dynamicSchedule"].endswith("->none")

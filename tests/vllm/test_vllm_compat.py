@@ -39,6 +39,7 @@ from vllm_harness import (
     wait_all_healthy,
 )
 
+from specfleet.policy.schedule import unmix
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.vllm_args import build_vllm_args
 
@@ -287,6 +288,40 @@ def test_dynamic_schedule_cuts_k_at_larger_batches(ngram_server: ServerProcess, 
     measured = counters(ngram_server) - before
     assert measured.accepted > 0
     assert measured.tokens_per_draft < 1.5, measured
+
+
+def test_per_position_acceptance_is_unmixed_under_a_schedule(
+    eagle3_dynamic_server: ServerProcess, tiny: TinyModels
+) -> None:
+    """vLLM divides every position's accepts by all drafts, short ones included; `unmix` (what the
+    policy reads a scheduled pool with) recovers the deeper positions from the draft-token counter."""
+    server = eagle3_dynamic_server
+    load = [p for _, p in prompts_for(tiny, {"accept": 8, "partial1": 8, "partial2": 8, "reject": 8})]
+    before = counters(server)
+    complete_all(server, load, concurrency=1)  # batch size 1: every draft is K tokens
+    long_only = counters(server) - before
+    complete_all(server, load, concurrency=8)  # larger batches: mostly one-token drafts
+    mixed = counters(server) - before
+    assert long_only.tokens_per_draft == K
+    assert mixed.tokens_per_draft < 2.0, mixed
+    schedule = ((1, 1, K), (2, 256, 1))
+    unmixed = unmix(
+        mixed.per_position_rates,
+        mixed.mean_acceptance_length,
+        mixed.accepted / mixed.draft_tokens,
+        mixed.drafts,
+        schedule,
+    )
+    print(
+        f"K-only {[round(r, 3) for r in long_only.per_position_rates]}, mixed as vLLM reports it "
+        f"{[round(r, 3) for r in mixed.per_position_rates]}, unmixed {[round(r, 3) for r in unmixed]}"
+    )
+    assert len(unmixed) == K
+    for position in range(1, K):
+        # The deeper positions come only from K-token drafts: those of the first pass, and the few a
+        # batch that shrank to one request drafted at the end of the second.
+        assert unmixed[position] == pytest.approx(long_only.per_position_rates[position], abs=0.05)
+        assert mixed.per_position_rates[position] < 0.8 * long_only.per_position_rates[position]
 
 
 # --- the saved exposition and the emulator -----------------------------------------------------------

@@ -72,9 +72,20 @@ def engine_args(model: Path, speculative: SpeculativeConfig | None) -> EngineArg
 
 
 def fleet_specs(tiny: TinyModels) -> dict[str, SpeculativeConfig | None]:
-    """The speculation settings of the tier's three servers."""
+    """The speculation settings of the tier's four servers."""
     return {
         "eagle3": SpeculativeConfig(method="eagle3", model=str(tiny.eagle3), num_speculative_tokens=K),
+        # EAGLE-3 (always a full draft of the step's K) under the kind of schedule the policy renders:
+        # K at batch size 1, one draft token above (two draft lengths, as policy/schedule.py unmixes).
+        "eagle3-dynamic": SpeculativeConfig(
+            method="eagle3",
+            model=str(tiny.eagle3),
+            num_speculative_tokens=K,
+            dynamic_schedule=(
+                DynamicSpeculationRange(1, 1, K),
+                DynamicSpeculationRange(2, MAX_NUM_SEQS, 1),
+            ),
+        ),
         "off": None,
         "ngram": SpeculativeConfig(
             method="ngram",

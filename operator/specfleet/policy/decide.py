@@ -24,6 +24,14 @@ along the load's expected path (`commit_path`: the observed load, along its tren
 held there), not at the projected instant alone: a short spike whose trend projects past break-even
 does not lock the pool off. A retune (not locked) is judged at the projected load.
 
+K inside the engine (`decide(..., engine_schedule=True)`, where `policy.goodput.engineSchedule` and
+the image allow it; see `specfleet.policy.schedule`): a speculating pool drafts up to the best K at
+batch 1 under a Dynamic SD schedule made from the profile and the acceptance it turned on with, so K
+follows the batch size without a rollout. Such a pool is retuned only when a new acceptance makes a
+better schedule (by the retune margin at the projected load), and it turns off only once the load
+measured, not only its projection, is within the margin of break-even: while the load stays up,
+turning off gains at most the in-engine K 0 cost, and it locks the pool off if a spike falls back.
+
 A window whose acceptance is still moving (`acceptance_moving`: the first position moved since the
 last evaluation by more than sampling noise and by more than twice the margin of its value) averages
 the acceptance before and after a shift; a change decided on that mix is followed by a second once
