@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from specfleet.api.semantics import engine_schedules
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.sim.bound import NAME as BOUND
 from specfleet.sim.bound import rollout_paying_oracle
@@ -382,6 +383,7 @@ def main() -> None:
             comp = compare(sd, workload, options, profile, only=("policy",))
             changes = "; ".join(
                 f"{c.time / 60:.1f} min {c.kind} {c.from_mode}/K{c.from_k} -> {c.to_mode}/K{c.to_k}"
+                + (" (schedule)" if c.schedule else "")
                 for c in comp.runs["policy"].changes
             )
             print(
@@ -507,7 +509,9 @@ def render(
         "Fleet: `examples/02-two-pools-routing-policy.yaml` (latency pool 3 replicas, batch pool 2, "
         f"policy `{policy.mode}`, evaluation every {policy.evaluation_interval_seconds} s over "
         f"{policy.window_seconds} s, dwell {policy.min_dwell_seconds} s, cooldown {policy.cooldown_seconds} s, "
-        f"{policy.max_flips_per_hour} flips/h, {policy.reentry.canary_replicas} canary), "
+        f"{policy.max_flips_per_hour} flips/h, {policy.reentry.canary_replicas} canary; "
+        f"K inside the engine: {'yes' if engine_schedules(sd.spec) else 'no'}, "
+        "`policy.goodput.engineSchedule`), "
         "published H100 Llama-3.1-8B step-time profile, engine start-up 60 s, scrape every 15 s, "
         "K=0 penalty of in-engine Dynamic SD 10%. The simulator and what it approximates: "
         "`operator/specfleet/sim/` (module docstrings).",
@@ -647,6 +651,8 @@ def render(
 def describe(c: Any) -> str:
     if c.kind == "flip":
         return f"{c.from_mode} -> {c.to_mode}"
+    if c.kind == "retune" and c.schedule:
+        return f"K{c.from_k} -> Dynamic SD schedule up to K{c.to_k}"
     if c.kind == "retune":
         return f"K{c.from_k} -> K{c.to_k}"
     return f"canaries -> {c.canaries}"

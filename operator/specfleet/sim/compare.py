@@ -206,7 +206,12 @@ class Comparison:
                         "from": c.from_mode if c.kind == "flip" else f"K{c.from_k}",
                         "to": c.to_mode
                         if c.kind == "flip"
-                        else (f"K{c.to_k}" if c.kind == "retune" else f"{c.canaries} canaries"),
+                        else (
+                            (f"schedule up to K{c.to_k}" if c.schedule else f"K{c.to_k}")
+                            if c.kind == "retune"
+                            else f"{c.canaries} canaries"
+                        ),
+                        "schedule": c.schedule,
                         "k": c.to_k,
                         "reason": c.reason,
                         "observedRunningPerReplica": _round(c.observed_load, 1),
