@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import yaml
@@ -78,8 +79,8 @@ def test_conditions_are_a_map_list_and_kubectl_get_shows_k_and_progressing(crd, 
             "lastTransitionTime": "2026-11-29T12:00:00Z",
         }
 
-    def patch_status(conditions: list[dict[str, str]], check: bool = True):
-        body = json.dumps({"status": {"conditions": conditions}})
+    def patch_status(status: dict[str, Any], check: bool = True):
+        body = json.dumps({"status": status})
         return crd.kubectl(
             "patch",
             "sd",
@@ -94,23 +95,15 @@ def test_conditions_are_a_map_list_and_kubectl_get_shows_k_and_progressing(crd, 
         )
 
     # The apiserver enforces one condition per type (x-kubernetes-list-type: map, keyed by type).
-    twice = patch_status([condition("Ready", "True"), condition("Ready", "False")], check=False)
+    twice = patch_status(
+        {"conditions": [condition("Ready", "True"), condition("Ready", "False")]}, check=False
+    )
     assert twice.returncode != 0
     assert "Duplicate value" in twice.stderr
-    patch_status([condition("Ready", "True"), condition("Progressing", "True")])
+    patch_status({"conditions": [condition("Ready", "True"), condition("Progressing", "True")]})
     # K is what each pool drafts now (status), not the spec's K (3): a K the policy chose shows.
     pools = {"latency": {"speculation": "On", "k": 2}, "batch": {"speculation": "Off", "k": 0}}
-    crd.kubectl(
-        "patch",
-        "sd",
-        "assistant",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"pools": pools}}),
-    )
+    patch_status({"pools": pools})
     table = crd.kubectl("get", "sd", "assistant", "-n", namespace).stdout.splitlines()
     assert table[0].split() == PRINTER_COLUMNS
     assert table[1].split()[:7] == ["assistant", "On", "Off", "2", "0", "True", "True"]
@@ -121,17 +114,7 @@ def test_conditions_are_a_map_list_and_kubectl_get_shows_k_and_progressing(crd, 
         {"minBatchSize": 253, "maxBatchSize": 65536, "numSpeculativeTokens": 0},
     ]
     rollout = {"time": "2026-12-01T08:00:00Z", "fromMode": "On", "fromDynamicSchedule": schedule[:1]}
-    crd.kubectl(
-        "patch",
-        "sd",
-        "assistant",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"pools": {"latency": {"dynamicSchedule": schedule, "rollout": rollout}}}}),
-    )
+    patch_status({"pools": {"latency": {"dynamicSchedule": schedule, "rollout": rollout}}})
     latency = json.loads(crd.kubectl("get", "sd", "assistant", "-n", namespace, "-o", "json").stdout)[
         "status"
     ]["pools"]["latency"]
