@@ -247,70 +247,6 @@ def test_concurrency_turns_speculation_off_and_back_on_without_failed_requests(e
     assert stats.failed == 0, stats.errors
 
 
-def _tokens_per_draft(env: Env, name: str) -> float | None:
-    """Draft tokens per draft of the pool's engines over the last 6 s, through the real Prometheus."""
-    assert env.prometheus is not None
-    sel = f'specfleet_io_deployment="{name}",specfleet_io_pool="latency"'
-    result = env.prometheus.query(
-        f"sum(rate(vllm:spec_decode_num_draft_tokens_total{{{sel}}}[6s])) / "
-        f"sum(rate(vllm:spec_decode_num_drafts_total{{{sel}}}[6s]))"
-    )
-    if not result:
-        return None
-    value = float(result[0]["value"][1])
-    return None if math.isnan(value) else value
-
-
-def test_goodput_gives_the_pool_a_schedule_and_k_then_follows_load_without_a_rollout(env):
-    """Goodput with engineSchedule: past the batch size where K 3 stops paying, the operator gives the
-    pool a Dynamic SD schedule (one rollout, status kept by the apiserver, the engines started from
-    it); afterwards K follows the load inside the engines, with no further change of the pool."""
-    name = _fleet(
-        env,
-        "sched",
-        {
-            "spec": {
-                "engine": {"maxNumSeqs": 128},
-                "policy": {"mode": "Goodput", "goodput": {"engineSchedule": True}},
-            }
-        },
-    )
-    load = LoadGenerator(env.router_url(name), "llama", max_tokens=48).start(concurrency=2)
-    try:
-        _wait_metrics(env, name)
-        assert "dynamicSchedule" not in _latency(env, name)
-        # Well above the published drafter's K 3 / K 1 crossing (batch 45): K 1 predicts 7% more at 100.
-        load.set_concurrency(100)
-        retuned = wait_for(
-            f"{name} schedule", lambda: (s := _latency(env, name)).get("dynamicSchedule") and s, timeout=120
-        )
-        assert retuned["speculation"] == "On"
-        assert retuned["reason"] == "GoodputRetune"
-        assert [r["numSpeculativeTokens"] for r in retuned["dynamicSchedule"]] == [3, 1, 0]
-        _wait_settled(env, name)
-        args = _engine_args(env, name)
-        config = json.loads(args[args.index("--speculative-config") + 1])
-        assert config["num_speculative_tokens"] == 3
-        assert config["num_speculative_tokens_per_batch_size"] == [
-            [r["minBatchSize"], r["maxBatchSize"], r["numSpeculativeTokens"]]
-            for r in retuned["dynamicSchedule"]
-        ]
-        # The engines draft one token per step at these batch sizes, three once the load falls.
-        wait_for(
-            f"{name} drafts of 1", lambda: (t := _tokens_per_draft(env, name)) is not None and t < 1.5, 60
-        )
-        load.set_concurrency(2)
-        wait_for(
-            f"{name} drafts of 3", lambda: (t := _tokens_per_draft(env, name)) is not None and t > 2.5, 60
-        )
-    finally:
-        stats = load.stop()
-    history = env.sd(name)["status"]["history"]
-    assert [h["reason"] for h in history] == ["GoodputRetune"], history
-    assert _latency(env, name)["speculation"] == "On"
-    assert stats.failed == 0, stats.errors
-
-
 def _load_alert_rules(env: Env, name: str, alerts: dict[str, Any]) -> None:
     """Render the resource's PrometheusRule groups (as prometheus-operator would hand them to
     Prometheus) and load them; the test bed has no prometheus-operator, so the resource itself keeps
@@ -649,3 +585,71 @@ def test_simulator_tells_the_truth_about_this_loop(env):
     every = 2.0  # evaluationIntervalSeconds of _fleet
     for (t_sim, _), (t_real, _) in zip(sim_flips, real_flips, strict=True):
         assert abs(t_sim - t_real) <= 2 * every, evidence
+
+
+def _tokens_per_draft(env: Env, name: str) -> float | None:
+    """Draft tokens per draft of the pool's engines over the last 6 s, through the real Prometheus."""
+    assert env.prometheus is not None
+    sel = f'specfleet_io_deployment="{name}",specfleet_io_pool="latency"'
+    result = env.prometheus.query(
+        f"sum(rate(vllm:spec_decode_num_draft_tokens_total{{{sel}}}[6s])) / "
+        f"sum(rate(vllm:spec_decode_num_drafts_total{{{sel}}}[6s]))"
+    )
+    if not result:
+        return None
+    value = float(result[0]["value"][1])
+    return None if math.isnan(value) else value
+
+
+def test_goodput_gives_the_pool_a_schedule_and_k_then_follows_load_without_a_rollout(env):
+    """Goodput with engineSchedule: past the batch size where K 3 stops paying, the operator gives the
+    pool a Dynamic SD schedule (one rollout, status kept by the apiserver, the engines started from
+    it); afterwards K follows the load inside the engines, with no further change of the pool. Last in
+    the module (and deleted at its end): its 100 clients must not weigh on the simulator's check."""
+    name = _fleet(
+        env,
+        "sched",
+        {
+            "spec": {
+                "engine": {"maxNumSeqs": 128},
+                "policy": {"mode": "Goodput", "goodput": {"engineSchedule": True}},
+            }
+        },
+    )
+    load = LoadGenerator(env.router_url(name), "llama", max_tokens=48).start(concurrency=2)
+    try:
+        _wait_metrics(env, name)
+        assert "dynamicSchedule" not in _latency(env, name)
+        # Well above the published drafter's K 3 / K 1 crossing (batch 45): K 1 predicts 7% more at 100.
+        load.set_concurrency(100)
+        retuned = wait_for(
+            f"{name} schedule", lambda: (s := _latency(env, name)).get("dynamicSchedule") and s, timeout=120
+        )
+        assert retuned["speculation"] == "On"
+        assert retuned["reason"] == "GoodputRetune"
+        assert [r["numSpeculativeTokens"] for r in retuned["dynamicSchedule"]] == [3, 1, 0]
+        _wait_settled(env, name)
+        args = _engine_args(env, name)
+        config = json.loads(args[args.index("--speculative-config") + 1])
+        assert config["num_speculative_tokens"] == 3
+        assert config["num_speculative_tokens_per_batch_size"] == [
+            [r["minBatchSize"], r["maxBatchSize"], r["numSpeculativeTokens"]]
+            for r in retuned["dynamicSchedule"]
+        ]
+        # The engines draft one token per step at these batch sizes, three once the load falls.
+        wait_for(
+            f"{name} drafts of 1", lambda: (t := _tokens_per_draft(env, name)) is not None and t < 1.5, 60
+        )
+        load.set_concurrency(2)
+        wait_for(
+            f"{name} drafts of 3", lambda: (t := _tokens_per_draft(env, name)) is not None and t > 2.5, 60
+        )
+    finally:
+        stats = load.stop()
+        history = env.sd(name)["status"]["history"]
+        pool = _latency(env, name)
+        # Its engines and router stop with it: no load left behind for anything that runs later.
+        env.kubectl("delete", "sd", name, "-n", env.namespace, "--wait=false")
+    assert [h["reason"] for h in history] == ["GoodputRetune"], history
+    assert pool["speculation"] == "On"
+    assert stats.failed == 0, stats.errors
