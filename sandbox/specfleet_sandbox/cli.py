@@ -40,7 +40,6 @@ from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config
 from specfleet_sandbox.scenario import BASELINE_ACCEPTANCE, SCENARIOS, Phase, run_scenario, summary_lines
 from specfleet_testbed import Cluster, ClusterError, ensure_binaries, local_address
 from specfleet_testbed.cluster import STATE_FILE as CLUSTER_STATE
-from specfleet_testbed.cluster import KubectlError
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "specfleet-demo"
 STATE = "sandbox.json"
@@ -109,20 +108,6 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_established(cluster: Cluster, crd: str) -> None:
-    """`kubectl wait --for=condition=Established`, again while the new CRD has no conditions yet
-    (kubectl then fails at once with "status.conditions accessor error" instead of waiting)."""
-    for _ in range(30):
-        try:
-            cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", crd)
-            return
-        except KubectlError as err:
-            if "accessor error" not in str(err.stderr):
-                raise
-            time.sleep(1)
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", crd)
-
-
 def up(work: Path, namespace: str) -> dict[str, Any]:
     """Start every part, apply the fleet, wait for Ready; returns the recorded state."""
     work.mkdir(parents=True, exist_ok=True)
@@ -138,7 +123,7 @@ def up(work: Path, namespace: str) -> dict[str, Any]:
     _write_state(work, state)
     try:
         cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-sandbox", "-f", str(CRD))
-        _wait_established(cluster, "crd/speculativedeployments.specfleet.io")
+        cluster.wait_established("crd/speculativedeployments.specfleet.io")
         cluster.kubectl("create", "namespace", namespace)
 
         _say("starting the pod agent: engine emulators and the router, as kwok's pods come and go")

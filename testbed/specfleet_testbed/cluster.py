@@ -710,6 +710,23 @@ class Cluster:
             raise KubectlError(result.returncode, argv, result.stdout, result.stderr)
         return result
 
+    def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
+        """`kubectl wait --for=condition=Established` on CRDs (e.g. "crd/NAME") just applied.
+
+        Right after a CRD is created it may have no conditions yet, and kubectl then fails at once
+        ("status.conditions accessor error") instead of waiting; that one error is retried.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            left = max(1, int(deadline - time.monotonic()))
+            try:
+                self.kubectl("wait", "--for=condition=Established", f"--timeout={left}s", *crds)
+                return
+            except KubectlError as err:
+                if "accessor error" not in str(err.stderr) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
     # --- state, attach, stop -----------------------------------------------------------------
 
     def _write_state(self) -> None:

@@ -19,9 +19,7 @@ CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
 def crd(cluster):
     """The CRD applied and Established (CEL compiled, structural schema accepted)."""
     cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/speculativedeployments.specfleet.io"
-    )
+    cluster.wait_established("crd/speculativedeployments.specfleet.io")
     return cluster
 
 

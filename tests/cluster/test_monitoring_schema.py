@@ -30,7 +30,7 @@ def monitoring_crds(cluster) -> Iterator[object]:
     for kind in KINDS:
         path = crd_dir / f"monitoring.coreos.com_{kind}.yaml"
         cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(path))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names])
+    cluster.wait_established(*[f"crd/{n}" for n in names])
     yield cluster
     # Other cluster tests run without prometheus-operator.
     cluster.kubectl("delete", "crd", *names, "--wait=false", check=False)

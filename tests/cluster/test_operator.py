@@ -23,9 +23,7 @@ NO_PROMETHEUS = "http://127.0.0.1:9"
 @pytest.fixture(scope="module")
 def crd(cluster):
     cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/speculativedeployments.specfleet.io"
-    )
+    cluster.wait_established("crd/speculativedeployments.specfleet.io")
     return cluster
 
 

@@ -35,9 +35,7 @@ def hung_prometheus() -> Iterator[SilentServer]:
 @pytest.fixture
 def operator(cluster, tmp_path, request) -> Iterator[OperatorProcess]:
     cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/speculativedeployments.specfleet.io"
-    )
+    cluster.wait_established("crd/speculativedeployments.specfleet.io")
     # The default resync (30 s), as in production: a 2 s resync of 100 resources would only load the bed.
     proc = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", resync_seconds=30).start()
     yield proc

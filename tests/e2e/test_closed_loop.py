@@ -94,9 +94,7 @@ def env(cluster, tmp_path_factory, request) -> Iterator[Env]:
     namespace = f"e2e-{int(time.time()) % 100000}"
     cluster.kubectl("create", "namespace", namespace)
     cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/speculativedeployments.specfleet.io"
-    )
+    cluster.wait_established("crd/speculativedeployments.specfleet.io")
     e = Env(cluster, namespace, tmp)
     discovery = PodDiscovery(Path(cluster.kubeconfig), namespace).start()
     # Rules rendered for a resource are written here and loaded with PrometheusProcess.reload().
