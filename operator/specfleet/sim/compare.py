@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from specfleet.api.validation import SpeculativeDeployment
+from specfleet.policy.schedule import best_schedule
 from specfleet.sim.bound import NAME as BOUND
 from specfleet.sim.bound import held_through, rollout_paying_oracle
-from specfleet.sim.engine import schedule_from_profile
 from specfleet.sim.fleet import (
     POOLS,
     RunResult,
@@ -298,7 +298,8 @@ def compare(
     options = options or SimOptions()
     profile = profile or default_profile()
     drafter_k = sd.spec.drafter.num_speculative_tokens
-    schedule = schedule_from_profile(profile, options.acceptance, drafter_k)
+    # The table a user would give vLLM: the same one the policy makes from this acceptance.
+    schedule = best_schedule(profile, options.acceptance, drafter_k)
     runs: dict[str, RunResult] = {}
     for strategy in strategies(profile, drafter_k):
         if only is not None and strategy.name not in only and strategy.kind != "static":

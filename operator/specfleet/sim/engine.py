@@ -23,7 +23,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -368,20 +367,3 @@ class Replica:
         self.outstanding -= len(out)
         self.waiting.clear()
         return out
-
-
-def schedule_from_profile(
-    profile: StepTimeProfile, acceptance: Sequence[float], max_k: int, max_batch: int = 1024
-) -> tuple[tuple[int, int, int], ...]:
-    """A Dynamic SD table (batch ranges -> best K, 0 where speculation loses) from acceptance and profile."""
-    from specfleet_runtime.cost_profile import goodput
-
-    ks = [k for k in profile.speculative_tokens if k <= max_k]
-    rows: list[tuple[int, int, int]] = []
-    for b in range(1, max_batch + 1):
-        best = max(ks, key=lambda k: (goodput(profile, b, k, list(acceptance)), -k))
-        if rows and rows[-1][2] == best:
-            rows[-1] = (rows[-1][0], b, best)
-        else:
-            rows.append((b, b, best))
-    return tuple(rows)

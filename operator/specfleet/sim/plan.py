@@ -18,11 +18,10 @@ from typing import Any
 import numpy as np
 
 from specfleet.api.effective import pool_engine
-from specfleet.api.models import PoolName
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.decide import threshold_values
+from specfleet.policy.schedule import best_schedule
 from specfleet.sim.compare import Comparison, static_ks
-from specfleet.sim.engine import schedule_from_profile
 from specfleet.sim.fleet import POOLS, load_per_replica
 from specfleet_runtime.cost_profile import StepTimeProfile, break_even_concurrency, speedup
 
@@ -97,9 +96,7 @@ def plan(
         acceptance,
     )
     stop_c = max(2, min(MAX_CONCURRENCY, math.floor(derived.stop_concurrency)))
-    names: tuple[PoolName, ...] = ("latency", "batch")
-    max_batch = max(pool_engine(spec, p).max_num_seqs or 256 for p in names)
-    schedule = schedule_from_profile(profile, acceptance, spec.drafter.num_speculative_tokens, max_batch)
+    schedule = best_schedule(profile, acceptance, spec.drafter.num_speculative_tokens)
     pools: dict[str, Any] = {}
     for pool in POOLS:
         load = pool_load(comparison, pool)
