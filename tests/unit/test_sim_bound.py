@@ -61,6 +61,49 @@ def test_a_change_is_made_only_where_it_pays_for_its_rollout() -> None:
     assert out[-1] == "a"
 
 
+def test_gated_flips_start_no_sooner_than_the_gap_after_the_last_one() -> None:
+    # Off is best in two short stretches 9 windows apart, the speculating setting elsewhere. A change
+    # serves the old setting in its own window (mix [0]), so each list entry names where it is moving.
+    n = 30
+    on = np.ones(n)
+    off = np.full(n, 0.8)
+    off[5:8] = off[14:17] = 1.3
+    values = {"alwaysOnK1": on, "alwaysOff": off}
+
+    def flips(seq: list[str]) -> list[int]:
+        return [w for w in range(1, n) if (seq[w] == "alwaysOff") != (seq[w - 1] == "alwaysOff")]
+
+    assert flips(best_schedule(values, [0.0])) == [4, 7, 13, 16]  # off for each stretch, on between
+    gated = best_schedule(values, [0.0], flip_gap=10)
+    # Turning back on between the stretches would hold the pool on through the second one: it stays
+    # off from the first to the end of the second and flips twice, 12 windows apart.
+    assert flips(gated) == [4, 16]
+    # Changes of K are not flips: a gate does not hold them.
+    k3 = np.full(n, 0.9)
+    k3[2:4] = 1.5
+    assert best_schedule({"alwaysOnK1": on, "alwaysOnK3": k3}, [0.0], flip_gap=100)[1:3] == ["alwaysOnK3"] * 2
+
+
+def test_the_worst_objective_lifts_the_lowest_window_not_the_sum() -> None:
+    # a: better everywhere but one window; b: a little lower, no dip. A change serves the old setting
+    # for three windows, so going to b for the dip and back costs more than the dip.
+    n = 20
+    a = np.full(n, 1.1)
+    a[12] = 0.8
+    b = np.full(n, 1.0)
+    values = {"a": a, "b": b}
+    mix = [0.0, 0.0, 0.0]
+    assert best_schedule(values, mix) == ["a"] * n
+    worst = best_schedule(values, mix, objective="worst")
+    # Moving to b three windows before the dip serves b in it; moving back starts in it (the list
+    # names where the pool is moving to, and a change serves the old setting for three windows).
+    assert worst[9:15] == ["b", "b", "b", "a", "a", "a"]
+    assert worst[:9] == ["a"] * 9  # among schedules with that minimum, the larger sum
+    # Windows before `skip` do not count for the minimum.
+    a[1] = 0.1
+    assert best_schedule(values, mix, objective="worst", skip=2)[:2] == ["a", "a"]
+
+
 def test_a_schedule_pays_for_the_stretch_it_cannot_change() -> None:
     # No change before a rollout is over: with a 4-window rollout, a window where another setting
     # wins alone is not worth switching for, even at three times the score there.

@@ -19,6 +19,11 @@ It ignores the resource's stability gates (dwell, cooldown, flip budgets): it sa
 (start-up time, surge rollout) allows, so a policy's shortfall against it is a decision's or a gate's,
 and a shortfall of the bound itself against the per-level oracle is one no policy can avoid. It is the
 best schedule under the mix model, simulated; not a proof that no schedule does better.
+
+Two variants answer narrower questions (`rollout_paying_oracle(objective=..., gated=...)`): the
+schedule chosen for its worst window instead of its sum (what the best worst minute is, not the best
+average), and the schedule whose flips are as far apart as the resource's dwell and cooldown let a
+policy flip (what the resource's own gates allow, still knowing the future).
 """
 
 from __future__ import annotations
@@ -58,48 +63,94 @@ def rollout_mix(replicas: int, max_surge: int, startup_seconds: float, bin_secon
     return out
 
 
-def best_schedule(values: Mapping[str, Sequence[float] | np.ndarray], mix: Sequence[float]) -> list[str]:
-    """The per-window setting sequence with the highest total score, when a change from a to b in
-    window w scores windows w..w+len(mix)-1 as (1 - f) x a + f x b (f from `mix`) and allows no other
-    change before that rollout is over. `values[s][w]` is setting s's score in window w (NaN: no
-    traffic, scores 0). The returned list names, per window, the setting the pool is moving to (the
-    change is made at that window's start)."""
+def best_schedule(
+    values: Mapping[str, Sequence[float] | np.ndarray],
+    mix: Sequence[float],
+    flip_gap: int = 0,
+    objective: str = "total",
+    skip: int = 0,
+) -> list[str]:
+    """The per-window setting sequence with the highest score, when a change from a to b in window w
+    scores windows w..w+len(mix)-1 as (1 - f) x a + f x b (f from `mix`) and allows no other change
+    before that rollout is over. `values[s][w]` is setting s's score in window w (NaN: no traffic,
+    scores 0). The returned list names, per window, the setting the pool is moving to (the change is
+    made at that window's start).
+
+    `flip_gap` > 0: a flip (a change between "alwaysOff" and a speculating setting) starts at least
+    that many windows after the previous flip started (a resource's dwell and cooldown); a change of
+    K between speculating settings is not a flip (the policy's retunes do not spend them either).
+    `objective` "total" maximises the sum of the windows' scores; "worst" the lowest window score
+    from window `skip` on (ties: the sum), a max-min program whose sum is only a tie-break, so not
+    the best sum under that minimum in every case."""
     names = list(values)
     if not names:
         return []
     n = len(values[names[0]])
     v = {s: np.nan_to_num(np.asarray(values[s], dtype=float), nan=0.0) for s in names}
+    # For the minimum a window without traffic constrains nothing.
+    floor = {
+        s: np.where(np.isnan(np.asarray(values[s], dtype=float)) | (np.arange(n) < skip), math.inf, v[s])
+        for s in names
+    }
+    worst = objective == "worst"
+    off = [s == "alwaysOff" for s in names]
     r = len(mix)
-    # best[w][s]: the most the windows w.. can score with s serving at w's start and no rollout in flight.
-    best = np.zeros((n + 1, len(names)))
-    move: list[list[int]] = [[-1] * len(names) for _ in range(n)]
+    gap = max(0, flip_gap)
+    # best[w][i][g]: the best (primary, total) the windows w.. can score with setting i serving at w's
+    # start, no rollout in flight, and min(gap, windows since the last flip started) = g.
+    end_value = (math.inf if worst else 0.0, 0.0)
+    best = [[[end_value] * (gap + 1) for _ in names] for _ in range(n + 1)]
+    move = [[[-1] * (gap + 1) for _ in names] for _ in range(n)]
+
+    def better(x: tuple[float, float], y: tuple[float, float]) -> bool:
+        # (Primaries may both be infinite: no window constrains the minimum yet.)
+        return x[0] > y[0] + 1e-12 or (x[0] >= y[0] - 1e-12 and x[1] > y[1] + 1e-12)
+
     for w in range(n - 1, -1, -1):
         for i, a in enumerate(names):
-            keep = v[a][w] + best[w + 1][i]
-            choice, score = -1, keep
-            for j, b in enumerate(names):
-                if j == i:
-                    continue
-                end = min(n, w + r)
-                mixed = sum((1 - mix[t - w]) * v[a][t] + mix[t - w] * v[b][t] for t in range(w, end))
-                total = mixed + best[end][j]
-                if total > score + 1e-12:
-                    choice, score = j, total
-            best[w][i] = score
-            move[w][i] = choice
+            for g in range(gap + 1):
+                rest = best[w + 1][i][min(gap, g + 1)]
+                here = (min(floor[a][w], rest[0]) if worst else v[a][w] + rest[0], v[a][w] + rest[1])
+                choice, score = -1, here
+                for j, b in enumerate(names):
+                    if j == i:
+                        continue
+                    flip = off[i] != off[j]
+                    if flip and g < gap:
+                        continue
+                    end = min(n, w + r)
+                    span = range(w, end)
+                    total = sum((1 - mix[t - w]) * v[a][t] + mix[t - w] * v[b][t] for t in span)
+                    low = min(
+                        (
+                            (1 - mix[t - w]) * floor[a][t] + mix[t - w] * floor[b][t]
+                            if math.isfinite(floor[a][t]) and math.isfinite(floor[b][t])
+                            else math.inf
+                            for t in span
+                        ),
+                        default=math.inf,
+                    )
+                    after = min(gap, end - w) if flip else min(gap, g + end - w)
+                    rest = best[end][j][after]
+                    value = (min(low, rest[0]) if worst else total + rest[0], total + rest[1])
+                    if better(value, score):
+                        choice, score = j, value
+                best[w][i][g] = score
+                move[w][i][g] = choice
     # Start with the setting that does best from window 0 (no rollout at the start: the static runs
-    # start that way too).
-    current = int(np.argmax(best[0]))
+    # start that way too), free to flip at once (a new pool has no last flip).
+    current = max(range(len(names)), key=lambda i: best[0][i][gap])
     out: list[str] = []
-    w = 0
+    w, g = 0, gap
     while w < n:
-        j = move[w][current]
+        j = move[w][current][g]
         if j < 0:
             out.append(names[current])
-            w += 1
+            w, g = w + 1, min(gap, g + 1)
             continue
         end = min(n, w + r)
         out.extend([names[j]] * (end - w))
+        g = min(gap, end - w) if off[current] != off[j] else min(gap, g + end - w)
         current, w = j, end
     return out
 
@@ -149,6 +200,9 @@ def rollout_paying_oracle(
     profile: StepTimeProfile,
     smooth: int = 2,
     lag_seconds: float = 0.0,
+    objective: str = "total",
+    gated: bool = False,
+    name: str = NAME,
 ) -> RunResult:
     """The best hindsight schedule of static settings that pays each change's surge rollout, simulated
     (see the module docstring). `statics` are the static runs on the same workload and seed.
@@ -156,18 +210,28 @@ def rollout_paying_oracle(
     `lag_seconds` > 0 runs the same schedule with every change made that much later (rounded to a
     window): a diagnostic of how much of the bound comes from starting a rollout before the change it
     answers (a policy that measures sees a change only after part of a window). Not a bound: a
-    schedule chosen knowing the lag could do differently."""
+    schedule chosen knowing the lag could do differently.
+
+    `objective` "worst" chooses the schedule for its lowest window from the policy's first reaction
+    on (one window plus one evaluation; see `best_schedule`) instead of for the sum. `gated` starts a
+    flip no sooner than max(minDwellSeconds, cooldownSeconds) after the pool's previous one, as the
+    resource's gates allow a policy (the hourly flip budget and the retune interval are not modelled:
+    the bound stays above what the gates allow)."""
     any_run = next(iter(statics.values()))
+    policy = sd.spec.policy
+    step = any_run.bin_seconds
+    gap = math.ceil(max(policy.min_dwell_seconds, policy.cooldown_seconds) / step - 1e-9) if gated else 0
+    skip = math.ceil((policy.window_seconds + policy.evaluation_interval_seconds) / step - 1e-9)
     choices: dict[str, list[str]] = {}
     for pool in auto_pools(sd.spec):
         spec = getattr(sd.spec.pools, pool)
-        mix = rollout_mix(spec.replicas, spec.max_surge, options.startup_seconds, any_run.bin_seconds)
-        choices[pool] = best_schedule(scores(statics, pool, smooth), mix)
+        mix = rollout_mix(spec.replicas, spec.max_surge, options.startup_seconds, step)
+        choices[pool] = best_schedule(scores(statics, pool, smooth), mix, gap, objective, skip)
     schedule = schedule_of(choices, any_run.bin_seconds)
     if lag_seconds > 0:
         lag = round(lag_seconds / any_run.bin_seconds) * any_run.bin_seconds
         schedule = tuple((at + lag if at > 0 else at, *rest) for at, *rest in schedule)  # type: ignore[misc]
-    name = NAME if lag_seconds <= 0 else f"{NAME}Lagged"
+        name = f"{name}Lagged"
     return simulate(sd, workload, Strategy(name, "schedule", schedule=schedule), options, profile)
 
 
