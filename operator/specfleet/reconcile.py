@@ -11,13 +11,13 @@ resume and a timer, the policy after a flip; tests call it with a fake `Cluster`
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from specfleet.api import reasons
 from specfleet.api.conditions import ConditionStatus, set_condition
-from specfleet.api.constants import ANNOTATION_RENDER_HASH, FIELD_MANAGER, LABEL_POOL
+from specfleet.api.constants import ANNOTATION_RENDER_HASH, FIELD_MANAGER, LABEL_POOL, LABEL_TRACK
 from specfleet.api.models import (
     Condition,
     PoolName,
@@ -44,6 +44,7 @@ from specfleet.render import (
     owner_labels,
     render_children,
 )
+from specfleet.render.common import with_render_hash
 
 EventType = Literal["Normal", "Warning"]
 
@@ -283,6 +284,72 @@ def desired_state(
     return DesiredState(generation, previous, sd, plan, render_children(sd, plan, options))
 
 
+def _with_replicas(manifest: Manifest, replicas: int) -> Manifest:
+    held = {**manifest, "spec": {**manifest["spec"], "replicas": replicas}}
+    held["metadata"] = {
+        **manifest["metadata"],
+        "annotations": dict(manifest["metadata"].get("annotations") or {}),
+    }
+    return with_render_hash(held)
+
+
+def hand_over(children: list[Manifest], live: Mapping[str, Manifest | None]) -> list[Manifest]:
+    """Make before break between a pool's stable and canary Deployments (pure).
+
+    Canaries come out of a pool's replicas, so scaling them moves replicas between two Deployments.
+    Applied at once, the shrinking one stops pods while the growing one's are still starting, and the
+    pool serves on fewer engines for a start-up. So the shrinking Deployment is held at its live count
+    until the growing one is settled (its pods ready); the reconcile after that (a resync, or the
+    policy's next change) lets it go. Meanwhile the pool runs up to that many pods more than its
+    replicas, as a surge rollout does. `live` is by "Kind/name"; Deployments without both parts live
+    (a first reconcile, an autoscaled stable one) are left as rendered.
+    """
+    out = list(children)
+    for pool in POOLS:
+        tracks: dict[str, int] = {}
+        for i, child in enumerate(children):
+            labels = child["metadata"].get("labels") or {}
+            if child["kind"] == "Deployment" and labels.get(LABEL_POOL) == pool:
+                tracks[labels.get(LABEL_TRACK, "stable")] = i
+        if "stable" not in tracks or "canary" not in tracks:
+            continue
+        stable, canary = children[tracks["stable"]], children[tracks["canary"]]
+        stable_live, canary_live = live.get(_describe(stable)), live.get(_describe(canary))
+        if stable_live is None or canary_live is None or "replicas" not in stable["spec"]:
+            continue
+        for shrinking, growing, growing_live, shrinking_live in (
+            ("canary", stable, stable_live, canary_live),
+            ("stable", canary, canary_live, stable_live),
+        ):
+            desired = children[tracks[shrinking]]
+            running = int((shrinking_live.get("spec") or {}).get("replicas", 0))
+            if int(desired["spec"]["replicas"]) < running and not deployment_settled(growing, growing_live):
+                out[tracks[shrinking]] = _with_replicas(desired, running)
+    return out
+
+
+def read_hand_over(
+    desired: DesiredState, cluster: Cluster
+) -> tuple[DesiredState, dict[str, Manifest | None]]:
+    """`hand_over` on the live pool Deployments (the I/O step: reads the stable and canary
+    Deployments of pools that have a canary); the held desired state and what was read."""
+    read: dict[str, Manifest | None] = {}
+    canary_pools = {
+        (c["metadata"].get("labels") or {}).get(LABEL_POOL)
+        for c in desired.children
+        if c["kind"] == "Deployment" and (c["metadata"].get("labels") or {}).get(LABEL_TRACK) == "canary"
+    }
+    if not canary_pools:
+        return desired, read
+    for child in desired.children:
+        if (
+            child["kind"] == "Deployment"
+            and (child["metadata"].get("labels") or {}).get(LABEL_POOL) in canary_pools
+        ):
+            read[_describe(child)] = cluster.get(child)
+    return replace(desired, children=hand_over(desired.children, read)), read
+
+
 @dataclass
 class AppliedChildren:
     """What applying the children did: the live objects by kind/name, and what was written and why."""
@@ -296,18 +363,29 @@ class AppliedChildren:
     failures: dict[str, PoolFailure] = field(default_factory=dict)
 
 
-def apply_children(children: list[Manifest], cluster: Cluster, *, reconciled_before: bool) -> AppliedChildren:
+def apply_children(
+    children: list[Manifest],
+    cluster: Cluster,
+    *,
+    reconciled_before: bool,
+    read: Mapping[str, Manifest | None] | None = None,
+) -> AppliedChildren:
     """Write only the children whose live object differs (the I/O step); read every one back.
 
     A resource never reconciled before has no children yet: they are applied without reading each
     first (server-side apply of an identical object changes nothing if one does exist), which halves
-    the API calls when hundreds of resources arrive at once.
+    the API calls when hundreds of resources arrive at once. `read`: live objects this reconcile has
+    already read (by "Kind/name"), not read again.
     """
     out = AppliedChildren()
+    read = read or {}
     for child in children:
         # An autoscaled Deployment is always read first: if one exists with replicas we own (status
         # lost, resource re-created over its children), an apply without them would reset the count.
-        live = cluster.get(child) if reconciled_before or _autoscaled_deployment(child) else None
+        if _describe(child) in read:
+            live = read[_describe(child)]
+        else:
+            live = cluster.get(child) if reconciled_before or _autoscaled_deployment(child) else None
         why = write_reason(child, live)
         if live is not None and _releases_replicas(child, live):
             # Autoscaling was just turned on: an apply that leaves out a field only we own resets it
@@ -620,7 +698,11 @@ def reconcile(
     if desired.stopped is not None:
         return desired.stopped
     reconciled_before = desired.previous.observed_generation is not None
-    applied = apply_children(desired.children, cluster, reconciled_before=reconciled_before)
+    read: dict[str, Manifest | None] = {}
+    if reconciled_before:
+        # Canaries scaled: the shrinking Deployment waits for the growing one (make before break).
+        desired, read = read_hand_over(desired, cluster)
+    applied = apply_children(desired.children, cluster, reconciled_before=reconciled_before, read=read)
     if reconciled_before and desired.previous.observed_generation != desired.generation:
         # Only a spec change can make the render produce fewer children: prune then, not every resync
         # (a list per managed kind per resource would dominate the API load of a large fleet).

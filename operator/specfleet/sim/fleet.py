@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from specfleet.api.constants import LABEL_POOL, LABEL_TRACK
 from specfleet.api.models import (
     PoolName,
     PoolStatus,
@@ -48,7 +49,7 @@ from specfleet.api.validation import SpeculativeDeployment, parse_spec
 from specfleet.policy.decide import decide
 from specfleet.policy.observations import PoolObservation
 from specfleet.policy.record import auto_pools, pool_states, record
-from specfleet.reconcile import decided_plan
+from specfleet.reconcile import decided_plan, hand_over
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import pool_name
 from specfleet.render.engine import canary_name
@@ -312,6 +313,14 @@ class _Fleet:
         sd = self.current_sd()
         # Exactly what reconcile renders from this spec and status; the engine Deployments are the pools.
         children = render_children(sd, decided_plan(sd), RenderOptions())
+        if not initial:
+            # ... and holds back, as reconcile does, a shrinking one while its pool's other one grows.
+            live = {
+                f"Deployment/{m['metadata']['name']}": self.live_manifest(m, now)
+                for m in children
+                if m["kind"] == "Deployment"
+            }
+            children = hand_over(children, live)
         by_name = {m["metadata"]["name"]: m for m in children if m["kind"] == "Deployment"}
         names: tuple[PoolName, ...] = ("latency", "batch")
         for pool in names:
@@ -334,6 +343,26 @@ class _Fleet:
                     dep.template, dep.config = template, self.engine_config(args, pool)
                 dep.replicas, dep.max_surge = int(dspec["replicas"]), surge
                 self.sync(dep, now, initial)
+
+    def live_manifest(self, desired: dict[str, Any], now: float) -> dict[str, Any] | None:
+        """A simulated Deployment as the apiserver would show it, for `hand_over` (None: none yet)."""
+        labels = desired["metadata"].get("labels") or {}
+        dep = self.deployments.get((labels.get(LABEL_POOL, ""), labels.get(LABEL_TRACK, "")))
+        if dep is None:
+            return None
+        template = json.dumps(desired["spec"]["template"]["spec"]["containers"][0]["args"])
+        active = dep.active()
+        return {
+            "kind": "Deployment",
+            "metadata": {"name": desired["metadata"]["name"], "generation": 1},
+            "spec": {"replicas": dep.replicas},
+            "status": {
+                "observedGeneration": 1,
+                "replicas": len(active),
+                "updatedReplicas": sum(1 for p in active if p.template == template),
+                "readyReplicas": sum(1 for p in active if p.ready_at <= now),
+            },
+        }
 
     def new_pod(self, dep: _Deployment, now: float, ready_at: float) -> Replica:
         rep = Replica(
@@ -733,9 +762,10 @@ class _Fleet:
                     schedule=bool(d.target_schedule) and d.current == d.target,
                 )
             )
-        if recorded.flipped:
-            self.render(now)
-            self.update_status(now)
+        # Rendered at every evaluation, as the operator's resync reconciles (a held canary hand-over
+        # is let go once the growing Deployment is ready), and at once after a change.
+        self.render(now)
+        self.update_status(now)
 
     # -- the loop ------------------------------------------------------------------------------------
 
