@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
+from specfleet.api.constants import LABEL_POOL, LABEL_TRACK
 from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
+from specfleet_testbed import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
 from support.failure_report import PRINTER_COLUMNS, print_if_failed
 from support.manifests import ROOT, load_yaml, merge
 
@@ -232,6 +235,64 @@ def test_changing_one_pool_rolls_only_that_pool(crd, operator, namespace):
     batch = _children(crd, namespace)["Deployment/assistant-batch"]
     assert "64" in batch["spec"]["template"]["spec"]["containers"][0]["args"]
     _ready(crd, namespace)
+
+
+def _pods(cluster, ns: str, selector: str) -> list[dict[str, Any]]:
+    return json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "json").stdout)["items"]
+
+
+def _mark_ready(cluster, ns: str, selector: str) -> None:
+    for pod in _pods(cluster, ns, selector):
+        if (pod["metadata"].get("annotations") or {}).get(READY_ANNOTATION) != "true":
+            cluster.kubectl(
+                "annotate", "pod", pod["metadata"]["name"], "-n", ns, f"{READY_ANNOTATION}=true", check=False
+            )
+
+
+def test_canaries_come_up_before_their_pool_gives_up_a_replica(crd, operator):
+    """A canary scaling moves a replica between two real Deployments: the pool's Deployment keeps its
+    replicas until the canary's pod is ready (reconcile.hand_over), so it never serves on fewer."""
+    # In an e2e- namespace kwok keeps pods unready until they are annotated ready (as a readiness
+    # probe would until vLLM answers), so the test decides when the canary's pod is ready.
+    namespace = f"{PROBED_NAMESPACE_PREFIX}handover-{uuid.uuid4().hex[:6]}"
+    crd.create_namespace(namespace)
+    try:
+        _apply(crd, _manifest(namespace))
+        wait_for(
+            "Ready",
+            lambda: (
+                (_mark_ready(crd, namespace, "app.kubernetes.io/managed-by=specfleet-operator") or True)
+                and _conditions(_get(crd, "sd", "assistant", namespace)).get("Ready", {}).get("status")
+                == "True"
+            ),
+            timeout=120,
+        )
+        # What the policy writes when it turns the pool off near break-even: Off, one canary.
+        status = {"status": {"pools": {"latency": {"speculation": "Off", "canaryReplicas": 1}}}}
+        crd.kubectl(
+            "patch", "sd", "assistant", "-n", namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps(status),
+        )  # fmt: skip
+        canary = f"{LABEL_TRACK}=canary,{LABEL_POOL}=latency"
+        wait_for("the canary's pod", lambda: _pods(crd, namespace, canary), timeout=60)
+        # Several resyncs (2 s) with the canary unready: the pool's Deployment keeps its 2 replicas.
+        time.sleep(8)
+        stable = _get(crd, "deployment", "assistant-latency", namespace)
+        assert stable is not None
+        assert stable["spec"]["replicas"] == 2
+        _mark_ready(crd, namespace, canary)
+        wait_for(
+            "the pool's Deployment at 1 once the canary is ready",
+            lambda: (
+                ((_get(crd, "deployment", "assistant-latency", namespace) or {}).get("spec") or {}).get(
+                    "replicas"
+                )
+                == 1
+            ),
+            timeout=60,
+        )
+    finally:
+        crd.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def test_drift_is_corrected_and_deletion_garbage_collects(crd, operator, namespace):

@@ -70,8 +70,13 @@ def test_a_speculation_flip_is_progressing_not_degraded():
     assert conditions["Ready"] == "True"
     assert conditions["Degraded"] == "False"
     assert health(_body(flipping)) == ("Progressing", "RollingOut: rolling out: latency")
+    # The pool's canary starts first; its stable Deployment keeps its replicas until the canary is
+    # ready (make before break), and gives one up in the next reconcile.
     cluster.roll_out()
-    done = reconcile(_body(flipping), cluster, NOW + timedelta(minutes=7)).status
+    handing_over = reconcile(_body(flipping), cluster, NOW + timedelta(minutes=7)).status
+    assert health(_body(handing_over)) == ("Progressing", "RollingOut: rolling out: latency")
+    cluster.roll_out()
+    done = reconcile(_body(handing_over), cluster, NOW + timedelta(minutes=8)).status
     assert health(_body(done))[0] == "Healthy"
 
 

@@ -222,6 +222,23 @@ def test_canaries_measure_again_when_the_remembered_acceptance_expires():
     assert result.status.pools.latency.canary_replicas == 0
 
 
+def test_near_break_even_canaries_stay_and_see_a_drafter_that_got_better():
+    # The weak drafter at 90 running per replica: K 1 predicts 0.94x, so the pool turns off, but not
+    # far past break-even (above 1 - 2 x margin): its canary keeps measuring. When the drafter gets
+    # better (the published acceptance from 20 min on) the canary measures that, and the pool turns
+    # back on long before its remembered acceptance (one hour) would have expired.
+    result = simulate(
+        goodput_spec(),
+        ramp([(0, 90), (3000, 90)]),
+        3000,
+        lambda t: WEAK if t < 1200 else PUBLISHED,
+    )
+    assert [c.mode for c in result.flips] == ["Off", "On"], result.summary()
+    off = next(d for _, d in result.decisions if d.flip)
+    assert off.canary_replicas == 1
+    assert 1200 < result.flips[1].at < 1200 + 300, result.summary()
+
+
 # ---- 7. Threshold mode takes its defaults from the break-even point ------------------------------
 
 

@@ -275,3 +275,78 @@ def test_status_k_is_what_each_pool_drafts_now(cluster):
     on = {"pools": {"latency": {"speculation": "On"}, "batch": {"speculation": "On"}}}
     result = reconcile(_body(status=on), cluster, NOW)
     assert [result.status["pools"][p]["k"] for p in ("latency", "batch")] == [3, 3]
+
+
+def _replicas(cluster, name):
+    return cluster.objects[("Deployment", "inference", name)]["spec"]["replicas"]
+
+
+def _settled_status(cluster):
+    first = reconcile(_body(), cluster, NOW)
+    cluster.roll_out()
+    return reconcile(_body(status=first.status), cluster, NOW + timedelta(seconds=30)).status
+
+
+def test_canaries_coming_up_start_before_the_pool_gives_a_replica_up(cluster):
+    status = _settled_status(cluster)
+    # The policy turns the latency pool off; its one canary keeps speculating.
+    status["pools"]["latency"]["speculation"] = "Off"
+    status["pools"]["latency"]["canaryReplicas"] = 1
+    flipping = reconcile(_body(status=status), cluster, NOW + timedelta(minutes=1)).status
+    assert _replicas(cluster, "assistant-latency-canary") == 1
+    # Held at its 3 until the canary is ready (applied at 2 the old pod would stop at once).
+    assert _replicas(cluster, "assistant-latency") == 3
+    assert flipping["pools"]["latency"]["settled"] is False
+    # Nothing ready yet: still held on the next reconcile.
+    again = reconcile(_body(status=flipping), cluster, NOW + timedelta(minutes=1, seconds=30)).status
+    assert _replicas(cluster, "assistant-latency") == 3
+    cluster.roll_out()
+    released = reconcile(_body(status=again), cluster, NOW + timedelta(minutes=2)).status
+    assert _replicas(cluster, "assistant-latency") == 2
+    assert released["pools"]["latency"]["settled"] is False  # the stable one is now giving one up
+    cluster.roll_out()
+    done = reconcile(_body(status=released), cluster, NOW + timedelta(minutes=3)).status
+    assert done["pools"]["latency"]["settled"] is True
+    assert done["pools"]["latency"]["readyReplicas"] == 3
+
+
+def test_canaries_going_down_stop_only_once_the_pool_has_its_replica_back(cluster):
+    status = _settled_status(cluster)
+    status["pools"]["latency"]["speculation"] = "Off"
+    status["pools"]["latency"]["canaryReplicas"] = 1
+    off = reconcile(_body(status=status), cluster, NOW + timedelta(minutes=1)).status
+    cluster.roll_out()
+    off = reconcile(_body(status=off), cluster, NOW + timedelta(minutes=2)).status
+    cluster.roll_out()
+    off = reconcile(_body(status=off), cluster, NOW + timedelta(minutes=3)).status
+    assert (_replicas(cluster, "assistant-latency"), _replicas(cluster, "assistant-latency-canary")) == (2, 1)
+    # Far past break-even: the policy scales the canary down.
+    off["pools"]["latency"]["canaryReplicas"] = 0
+    down = reconcile(_body(status=off), cluster, NOW + timedelta(minutes=4)).status
+    assert _replicas(cluster, "assistant-latency") == 3
+    assert _replicas(cluster, "assistant-latency-canary") == 1  # held until the pool's third is ready
+    cluster.roll_out()
+    down = reconcile(_body(status=down), cluster, NOW + timedelta(minutes=5)).status
+    assert _replicas(cluster, "assistant-latency-canary") == 0
+    cluster.roll_out()
+    down = reconcile(_body(status=down), cluster, NOW + timedelta(minutes=6)).status
+    assert down["pools"]["latency"]["settled"] is True
+    # A pool turning back on also keeps its canary until its own three new pods are ready.
+    down["pools"]["latency"]["canaryReplicas"] = 1
+    off = reconcile(_body(status=down), cluster, NOW + timedelta(minutes=7)).status
+    cluster.roll_out()
+    off = reconcile(_body(status=off), cluster, NOW + timedelta(minutes=8)).status
+    cluster.roll_out()
+    off = reconcile(_body(status=off), cluster, NOW + timedelta(minutes=9)).status
+    off["pools"]["latency"]["speculation"] = "On"
+    on = reconcile(_body(status=off), cluster, NOW + timedelta(minutes=10)).status
+    assert (_replicas(cluster, "assistant-latency"), _replicas(cluster, "assistant-latency-canary")) == (3, 1)
+    cluster.roll_out()
+    on = reconcile(_body(status=on), cluster, NOW + timedelta(minutes=11)).status
+    assert _replicas(cluster, "assistant-latency-canary") == 0
+
+
+def test_hand_over_leaves_a_first_reconcile_and_settled_pools_as_rendered(cluster):
+    status = {"pools": {"latency": {"speculation": "Off", "canaryReplicas": 1}}}
+    reconcile(_body(status=status), cluster, NOW)  # nothing live yet: nothing to hold
+    assert (_replicas(cluster, "assistant-latency"), _replicas(cluster, "assistant-latency-canary")) == (2, 1)

@@ -212,6 +212,23 @@ def test_a_flip_rolls_out_by_surge_and_costs_gpu_seconds() -> None:
     assert last["updatedReplicas"] == last["replicas"] == 3
 
 
+def test_canaries_scale_by_hand_over_and_the_pool_never_serves_on_fewer_engines() -> None:
+    # Load crosses the published drafter's break-even (about 170) and falls back: the pool turns off
+    # near it and keeps its canary measuring, which goes once far past break-even and comes back as
+    # the load returns near it. Each scaling moves a replica between the pool's two Deployments, the
+    # growing one first (reconcile's hand_over), so ready engines never drop below the replicas.
+    load = ClosedLoop(
+        points=((0, 3 * 120), (300, 3 * 200), (1200, 3 * 260), (1500, 3 * 260), (2100, 3 * 120)),
+        sizes=((200, 300),),
+    )
+    result = simulate(example(), load, options=SimOptions(startup_seconds=60))
+    kinds = [c.kind for c in result.changes if c.pool == "latency"]
+    assert "canaries" in kinds, kinds
+    after_start = [row["latency"] for row in result.timeline if row["t"] > 60]
+    assert min(row["readyReplicas"] for row in after_start) >= 3
+    assert max(row["replicas"] for row in after_start) > 3  # the hand-over ran a pod more for a while
+
+
 def test_router_classification_sends_tenants_and_shapes_to_their_pools() -> None:
     trace = Trace(
         (

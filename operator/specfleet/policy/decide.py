@@ -7,7 +7,7 @@ stability gates and changes a pool only when every gate is open. There are three
   minimum dwell since its last flip, the deployment's cooldown since any flip, the per-pool hourly
   flip budget, and one pool of a deployment changing at a time;
 - an **adjustment** that keeps the mode: a new K (Goodput), or the canaries of an Off pool scaled
-  up to measure an expired acceptance and down again far past break-even. Adjustments have their own, lighter budget
+  (up where a measurement could change a decision, down far past break-even). Adjustments have their own, lighter budget
   (`minRetuneIntervalSeconds` since the pool's last change, `maxRetunesPerHour`) and never spend
   dwell, cooldown or flips, so a K retune cannot delay a needed flip;
 - a **revert**: a change whose rollout has not settled after `rolloutDeadlineSeconds` (a surge pod
@@ -47,13 +47,15 @@ does not draft now come from memory, and positions unknown or older than
 `reentry.maxAcceptanceAgeSeconds` are extrapolated, so a lowered K is raised again when load falls.
 
 Re-entry (a pool without speculation cannot measure acceptance): the policy uses the acceptance the
-pool remembers while it is younger than `reentry.maxAcceptanceAgeSeconds`. Once it expires, canary
-replicas (`reentry.canaryReplicas`) start to measure it again, and go back down once far past
-break-even (below 1 - 2 x margin); without canaries, or when they get no traffic for a whole window,
-the policy judges with the published acceptance and, if that says speculation pays, turns the pool
-on to measure ("probe"; the dwell bounds how often). A pool turning off starts without canaries: a
-canary scaling resizes two Deployments and costs a replica's start-up of capacity (measured on the
-fleet simulator's surge rollouts), so canaries run only when the policy lacks a measurement.
+pool remembers while it is younger than `reentry.maxAcceptanceAgeSeconds`. Canary replicas
+(`reentry.canaryReplicas`) keep measuring it where that can change a decision: a pool turning off
+near break-even keeps them (a drafter that gets better makes it pay again, and they see that long
+before the memory expires), far past break-even (below 1 - 2 x margin) they go down, and they come
+back once the pool is within one margin of break-even again, or once the memory expires. Without
+canaries, or when they get no traffic for a whole window, the policy judges with the published
+acceptance and, if that says speculation pays, turns the pool on to measure ("probe"; the dwell
+bounds how often). A canary scaling moves replicas between the pool's two Deployments, the growing
+one first (`specfleet.reconcile.hand_over`), so it costs GPU-seconds, not serving capacity.
 
 Threshold mode compares acceptance length and running requests per replica with fixed values; any
 value left unset is derived from the cost profile's break-even point (`threshold_values`).
@@ -736,6 +738,32 @@ def _active_canaries(policy: PolicySpec, state: PoolState) -> int:
     return spec if state.canary_replicas is None else max(0, min(state.canary_replicas, spec))
 
 
+def _far_past_break_even(
+    policy: PolicySpec,
+    k: int,
+    loads: tuple[float, float],
+    gains: tuple[_Goodput, _Goodput] | None,
+    profile: StepTimeProfile,
+    slack: float = 2.0,
+) -> str | None:
+    """Why an Off pool is far past break-even (its canaries would only cost), or None when it is not.
+
+    Goodput: the best K's speedup at the projected load is below 1 - slack x margin. Threshold: the
+    load is above the stop value plus `slack` / 2 hysteresis bands.
+    """
+    if gains is not None:
+        limit = 1 - slack * _margin(policy)
+        g = gains[0]
+        if g.gain_best < limit:
+            return f"predicted speedup {g.gain_best:.2f}x at the best K is below {limit:.2f}: far past break-even"
+        return None
+    v = threshold_values(policy, k, profile)
+    far_load = v.stop_concurrency + slack / 2 * (v.stop_concurrency - v.resume_concurrency)
+    if loads[0] > far_load:
+        return f"{loads[0]:.1f} running per replica is above {far_load:.0f}: far past break-even"
+    return None
+
+
 def _canary_target(
     policy: PolicySpec,
     k: int,
@@ -748,12 +776,13 @@ def _canary_target(
 ) -> tuple[int, str, str] | None:
     """Scale an Off pool's canaries: (replicas, reason, why), or None to keep them.
 
-    A canary scaling is a scale of two Deployments (the pool's and its canary's) and costs a
-    replica's start-up of capacity, so canaries run only to measure what the policy lacks: they come
-    up when the remembered acceptance has expired (or was never measured), and go down again once
-    they have measured it and the pool is far past break-even (expected speedup of the best K below
-    1 - 2 x margin; Threshold mode: load above the stop value plus the hysteresis band). A pool
-    turning off starts without them: it has just measured its acceptance.
+    Canaries run where a measurement can change a decision: while the remembered acceptance has
+    expired (or was never measured), and while the pool is near break-even, where a drafter that got
+    better would make speculation pay again. They go down once the pool is far past break-even
+    (expected speedup of the best K below 1 - 2 x margin; Threshold mode: load above the stop value
+    plus the hysteresis band) and come back once it is within one margin of it again (the band
+    between is hysteresis). A pool turning off keeps them unless it is far past break-even (`_flip`).
+    A scaling moves replicas between two Deployments, made before broken (`reconcile.hand_over`).
     """
     spec = policy.reentry.canary_replicas
     if spec == 0 or state.mode != "Off" or wanted.mode != "Off":
@@ -764,23 +793,11 @@ def _canary_target(
         if active < spec:
             return spec, r.CANARIES_SCALED_UP, "acceptance is unknown: the canaries measure it"
         return None
-    if gains is not None:
-        far = 1 - 2 * _margin(policy)
-        expected = gains[0]
-        if active > 0 and expected.gain_best < far:
-            return (
-                0,
-                r.CANARIES_SCALED_DOWN,
-                (
-                    f"predicted speedup {expected.gain_best:.2f}x at the best K is below {far:.2f}: far past "
-                    "break-even"
-                ),
-            )
-        return None
-    v = threshold_values(policy, k, profile)
-    far_load = v.stop_concurrency + (v.stop_concurrency - v.resume_concurrency)
-    if active > 0 and loads[0] > far_load:
-        return 0, r.CANARIES_SCALED_DOWN, f"{loads[0]:.1f} running per replica is above {far_load:.0f}"
+    if active > 0:
+        far = _far_past_break_even(policy, k, loads, gains, profile)
+        return None if far is None else (0, r.CANARIES_SCALED_DOWN, far)
+    if active < spec and _far_past_break_even(policy, k, loads, gains, profile, slack=1.0) is None:
+        return spec, r.CANARIES_SCALED_UP, "near break-even again: the canaries measure acceptance"
     return None
 
 
@@ -927,10 +944,14 @@ def _flip(
     message = wanted.message
     canaries = None
     if wanted.mode == "Off" and policy.reentry.canary_replicas:
-        # The pool just measured its acceptance: that memory decides re-entry. Canaries start only
-        # once it expires (a canary scaling costs a replica's start-up of capacity).
-        canaries = 0
-        message += "; canaries start when the remembered acceptance expires"
+        # Near break-even a change of acceptance decides whether the pool should speculate again, so
+        # its canaries keep measuring it (they come out of the same rollout). Far past it they would
+        # only cost; they start when the remembered acceptance expires or the load comes back near.
+        far = _far_past_break_even(policy, k, p.loads, p.gains, profile)
+        canaries = 0 if far else policy.reentry.canary_replicas
+        message += (
+            "; canaries stay to measure acceptance" if not far else "; no canaries: far past break-even"
+        )
     target_k = wanted.k if policy.mode == "Goodput" else None
     schedule = None
     if wanted.mode == "On" and p.schedules and p.gains is not None:

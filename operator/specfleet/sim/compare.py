@@ -233,6 +233,7 @@ class Comparison:
                     "mode": state["mode"],
                     "k": state["k"] if state["mode"] == "On" else None,
                     "replicas": state["replicas"],
+                    "readyReplicas": state["readyReplicas"],
                     "requestsPerReplica": round(loads[pool][i], 2),
                     "tokensPerSecond": round(float(run.bin_tokens[pool][i]) / self.bin_seconds, 1),
                     "oracleTokensPerSecond": round(float(self.oracle_tokens[pool][i]) / self.bin_seconds, 1),

@@ -659,6 +659,7 @@ class _Fleet:
                 "mode": "On" if stable.config.speculative else "Off",
                 "k": stable.config.k,
                 "replicas": sum(len(d.active()) for d in deps),
+                "readyReplicas": sum(1 for d in deps for p in d.active() if p.ready_at <= now),
                 "updatedReplicas": sum(1 for d in deps for p in d.active() if p.template == d.template),
                 "running": sum(p.running for p in self.pool_pods(pool) if p.gone_at is None),
                 **self.last_decisions.get(pool, {}),
