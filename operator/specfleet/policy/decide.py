@@ -748,19 +748,21 @@ def _far_past_break_even(
 ) -> str | None:
     """Why an Off pool is far past break-even (its canaries would only cost), or None when it is not.
 
-    Goodput: the best K's speedup at the projected load is below 1 - slack x margin. Threshold: the
-    load is above the stop value plus `slack` / 2 hysteresis bands.
+    Goodput: the best K's speedup at the measured load is below 1 - slack x margin. Threshold: the
+    measured load is above the stop value plus `slack` / 2 hysteresis bands. On the load measured,
+    not projected: a canary scaling locks nothing and costs no serving capacity (`hand_over`), so a
+    trend that has not happened yet is no reason to stop measuring.
     """
     if gains is not None:
         limit = 1 - slack * _margin(policy)
-        g = gains[0]
+        g = gains[1]
         if g.gain_best < limit:
             return f"predicted speedup {g.gain_best:.2f}x at the best K is below {limit:.2f}: far past break-even"
         return None
     v = threshold_values(policy, k, profile)
     far_load = v.stop_concurrency + slack / 2 * (v.stop_concurrency - v.resume_concurrency)
-    if loads[0] > far_load:
-        return f"{loads[0]:.1f} running per replica is above {far_load:.0f}: far past break-even"
+    if loads[1] > far_load:
+        return f"{loads[1]:.1f} running per replica is above {far_load:.0f}: far past break-even"
     return None
 
 
@@ -778,9 +780,9 @@ def _canary_target(
 
     Canaries run where a measurement can change a decision: while the remembered acceptance has
     expired (or was never measured), and while the pool is near break-even, where a drafter that got
-    better would make speculation pay again. They go down once the pool is far past break-even
-    (expected speedup of the best K below 1 - 2 x margin; Threshold mode: load above the stop value
-    plus the hysteresis band) and come back once it is within one margin of it again (the band
+    better would make speculation pay again. They go down once the pool is far past break-even at
+    the load measured (speedup of the best K below 1 - 2 x margin; Threshold mode: load above the stop
+    value plus the hysteresis band) and come back once it is within one margin of it again (the band
     between is hysteresis). A pool turning off keeps them unless it is far past break-even (`_flip`).
     A scaling moves replicas between two Deployments, made before broken (`reconcile.hand_over`).
     """
