@@ -310,15 +310,20 @@ def test_canaries_coming_up_start_before_the_pool_gives_a_replica_up(cluster):
     assert done["pools"]["latency"]["readyReplicas"] == 3
 
 
+def _through(cluster, status, minute):
+    """Reconcile `status`, then roll out and reconcile twice (a hand-over takes two): settled again."""
+    for m in range(3):
+        if m:
+            cluster.roll_out()
+        status = reconcile(_body(status=status), cluster, NOW + timedelta(minutes=minute + m)).status
+    return status
+
+
 def test_canaries_going_down_stop_only_once_the_pool_has_its_replica_back(cluster):
     status = _settled_status(cluster)
     status["pools"]["latency"]["speculation"] = "Off"
     status["pools"]["latency"]["canaryReplicas"] = 1
-    off = reconcile(_body(status=status), cluster, NOW + timedelta(minutes=1)).status
-    cluster.roll_out()
-    off = reconcile(_body(status=off), cluster, NOW + timedelta(minutes=2)).status
-    cluster.roll_out()
-    off = reconcile(_body(status=off), cluster, NOW + timedelta(minutes=3)).status
+    off = _through(cluster, status, 1)
     assert (_replicas(cluster, "assistant-latency"), _replicas(cluster, "assistant-latency-canary")) == (2, 1)
     # Far past break-even: the policy scales the canary down.
     off["pools"]["latency"]["canaryReplicas"] = 0
@@ -333,11 +338,7 @@ def test_canaries_going_down_stop_only_once_the_pool_has_its_replica_back(cluste
     assert down["pools"]["latency"]["settled"] is True
     # A pool turning back on also keeps its canary until its own three new pods are ready.
     down["pools"]["latency"]["canaryReplicas"] = 1
-    off = reconcile(_body(status=down), cluster, NOW + timedelta(minutes=7)).status
-    cluster.roll_out()
-    off = reconcile(_body(status=off), cluster, NOW + timedelta(minutes=8)).status
-    cluster.roll_out()
-    off = reconcile(_body(status=off), cluster, NOW + timedelta(minutes=9)).status
+    off = _through(cluster, down, 7)
     off["pools"]["latency"]["speculation"] = "On"
     on = reconcile(_body(status=off), cluster, NOW + timedelta(minutes=10)).status
     assert (_replicas(cluster, "assistant-latency"), _replicas(cluster, "assistant-latency-canary")) == (3, 1)
