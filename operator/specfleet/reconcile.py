@@ -293,6 +293,10 @@ def _with_replicas(manifest: Manifest, replicas: int) -> Manifest:
     return with_render_hash(held)
 
 
+def _track(child: Manifest) -> str:
+    return str((child["metadata"].get("labels") or {}).get(LABEL_TRACK, "stable"))
+
+
 def hand_over(children: list[Manifest], live: Mapping[str, Manifest | None]) -> list[Manifest]:
     """Make before break between a pool's stable and canary Deployments (pure).
 
@@ -304,28 +308,22 @@ def hand_over(children: list[Manifest], live: Mapping[str, Manifest | None]) -> 
     replicas, as a surge rollout does. `live` is by "Kind/name"; Deployments without both parts live
     (a first reconcile, an autoscaled stable one) are left as rendered.
     """
-    out = list(children)
+    held: dict[str, Manifest] = {}
     for pool in POOLS:
-        tracks: dict[str, int] = {}
-        for i, child in enumerate(children):
-            labels = child["metadata"].get("labels") or {}
-            if child["kind"] == "Deployment" and labels.get(LABEL_POOL) == pool:
-                tracks[labels.get(LABEL_TRACK, "stable")] = i
+        tracks = {_track(child): (child, lv) for child, lv in _pool_deployments(children, live, pool)}
         if "stable" not in tracks or "canary" not in tracks:
             continue
-        stable, canary = children[tracks["stable"]], children[tracks["canary"]]
-        stable_live, canary_live = live.get(_describe(stable)), live.get(_describe(canary))
+        (stable, stable_live), (canary, canary_live) = tracks["stable"], tracks["canary"]
         if stable_live is None or canary_live is None or "replicas" not in stable["spec"]:
             continue
-        for shrinking, growing, growing_live, shrinking_live in (
-            ("canary", stable, stable_live, canary_live),
-            ("stable", canary, canary_live, stable_live),
+        for shrinking, shrinking_live, growing, growing_live in (
+            (canary, canary_live, stable, stable_live),
+            (stable, stable_live, canary, canary_live),
         ):
-            desired = children[tracks[shrinking]]
             running = int((shrinking_live.get("spec") or {}).get("replicas", 0))
-            if int(desired["spec"]["replicas"]) < running and not deployment_settled(growing, growing_live):
-                out[tracks[shrinking]] = _with_replicas(desired, running)
-    return out
+            if int(shrinking["spec"]["replicas"]) < running and not deployment_settled(growing, growing_live):
+                held[_describe(shrinking)] = _with_replicas(shrinking, running)
+    return [held.get(_describe(child), child) for child in children]
 
 
 def read_hand_over(
@@ -334,19 +332,12 @@ def read_hand_over(
     """`hand_over` on the live pool Deployments (the I/O step: reads the stable and canary
     Deployments of pools that have a canary); the held desired state and what was read."""
     read: dict[str, Manifest | None] = {}
-    canary_pools = {
-        (c["metadata"].get("labels") or {}).get(LABEL_POOL)
-        for c in desired.children
-        if c["kind"] == "Deployment" and (c["metadata"].get("labels") or {}).get(LABEL_TRACK) == "canary"
-    }
-    if not canary_pools:
+    for pool in POOLS:
+        deployments = [child for child, _ in _pool_deployments(desired.children, {}, pool)]
+        if any(_track(child) == "canary" for child in deployments):
+            read.update({_describe(child): cluster.get(child) for child in deployments})
+    if not read:
         return desired, read
-    for child in desired.children:
-        if (
-            child["kind"] == "Deployment"
-            and (child["metadata"].get("labels") or {}).get(LABEL_POOL) in canary_pools
-        ):
-            read[_describe(child)] = cluster.get(child)
     return replace(desired, children=hand_over(desired.children, read)), read
 
 
