@@ -239,6 +239,48 @@ def test_near_break_even_canaries_stay_and_see_a_drafter_that_got_better():
     assert 1200 < result.flips[1].at < 1200 + 300, result.summary()
 
 
+def racing(*loads: float) -> tuple[tuple[datetime, float], ...]:
+    """The running-per-replica of the evaluations before NOW, 30 s apart, oldest first."""
+    return tuple((NOW - timedelta(seconds=30 * (len(loads) - i)), v) for i, v in enumerate(loads))
+
+
+CANARY = PolicySpec.model_validate({"mode": "Goodput", "reentry": {"canaryReplicas": 1}})
+
+
+def test_a_pool_turning_off_on_a_load_racing_far_past_break_even_keeps_no_canary():
+    # Weak drafter, 90 running per replica measured (K 1 predicts 0.94x: near break-even) and rising
+    # by one per second: the flip is decided on the projection (far past, about 0.8x), and so is the
+    # canary, which would only cost by the time the rollout is over.
+    state = PoolState("On", k=1, last_transition=NOW - timedelta(days=1), recent_load=racing(0, 30, 60))
+    d = one(CANARY, state, obs(90, WEAK[:1]))
+    assert (d.flip, d.target) == (True, "Off")
+    assert d.canary_replicas == 0, d.message
+    assert "far past break-even" in d.message
+    # The same load measured, standing still: near break-even, the canary stays to measure.
+    still = replace(state, recent_load=racing(90, 90, 90))
+    d = one(CANARY, still, obs(90, WEAK[:1]))
+    assert (d.flip, d.target, d.canary_replicas) == (True, "Off", 1)
+
+
+def test_canaries_do_not_come_back_while_the_load_races_away_from_break_even():
+    # An Off pool without canaries, 80 running per replica measured (within one margin of break-even,
+    # where canaries come back), but rising steeply: they would be scaled down again once the load
+    # gets there. Only a load that stays near brings them back.
+    memory = MeasuredAcceptance(1 + sum(WEAK), WEAK, NOW - timedelta(minutes=5))
+    state = PoolState(
+        "Off",
+        k=1,
+        last_transition=NOW - timedelta(hours=2),
+        canary_replicas=0,
+        last_acceptance=memory,
+        recent_load=racing(20, 50, 65),
+    )
+    d = one(CANARY, state, obs(80, None))
+    assert d.canary_replicas is None, d.message
+    d = one(CANARY, replace(state, recent_load=racing(80, 80, 80)), obs(80, None))
+    assert (d.reason, d.canary_replicas) == ("CanariesScaledUp", 1)
+
+
 # ---- 7. Threshold mode takes its defaults from the break-even point ------------------------------
 
 

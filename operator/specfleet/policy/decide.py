@@ -50,9 +50,10 @@ Re-entry (a pool without speculation cannot measure acceptance): the policy uses
 pool remembers while it is younger than `reentry.maxAcceptanceAgeSeconds`. Canary replicas
 (`reentry.canaryReplicas`) keep measuring it where that can change a decision: a pool turning off
 near break-even keeps them (a drafter that gets better makes it pay again, and they see that long
-before the memory expires), far past break-even (below 1 - 2 x margin) they go down, and they come
-back once the pool is within one margin of break-even again, or once the memory expires. Without
-canaries, or when they get no traffic for a whole window, the policy judges with the published
+before the memory expires; not when the load it turns off for, projected, is already far past),
+far past break-even (below 1 - 2 x margin) they go down, and they come back once the pool is within
+one margin of break-even again (and its projected load is not far past), or once the memory expires.
+Without canaries, or when they get no traffic for a whole window, the policy judges with the published
 acceptance and, if that says speculation pays, turns the pool on to measure ("probe"; the dwell
 bounds how often). A canary scaling moves replicas between the pool's two Deployments, the growing
 one first (`specfleet.reconcile.hand_over`), so it costs GPU-seconds, not serving capacity.
@@ -745,24 +746,29 @@ def _far_past_break_even(
     gains: tuple[_Goodput, _Goodput] | None,
     profile: StepTimeProfile,
     slack: float = 2.0,
+    at: int = 1,
 ) -> str | None:
     """Why an Off pool is far past break-even (its canaries would only cost), or None when it is not.
 
-    Goodput: the best K's speedup at the measured load is below 1 - slack x margin. Threshold: the
-    measured load is above the stop value plus `slack` / 2 hysteresis bands. On the load measured,
-    not projected: a canary scaling locks nothing and costs no serving capacity (`hand_over`), so a
-    trend that has not happened yet is no reason to stop measuring.
+    Goodput: the best K's speedup at the load is below 1 - slack x margin. Threshold: the load is
+    above the stop value plus `slack` / 2 hysteresis bands. `at` picks the load: 1 the measured one
+    (the default: a canary scaling locks nothing and costs no serving capacity, `hand_over`, so a
+    trend that has not happened yet is no reason to stop measuring), 0 the projected one.
     """
+    load = "measured" if at == 1 else "projected"
     if gains is not None:
         limit = 1 - slack * _margin(policy)
-        g = gains[1]
+        g = gains[at]
         if g.gain_best < limit:
-            return f"predicted speedup {g.gain_best:.2f}x at the best K is below {limit:.2f}: far past break-even"
+            return (
+                f"predicted speedup {g.gain_best:.2f}x at the best K and the {load} load is below"
+                f" {limit:.2f}: far past break-even"
+            )
         return None
     v = threshold_values(policy, k, profile)
     far_load = v.stop_concurrency + slack / 2 * (v.stop_concurrency - v.resume_concurrency)
-    if loads[1] > far_load:
-        return f"{loads[1]:.1f} running per replica is above {far_load:.0f}: far past break-even"
+    if loads[at] > far_load:
+        return f"{loads[at]:.1f} running per replica ({load}) is above {far_load:.0f}: far past break-even"
     return None
 
 
@@ -783,8 +789,10 @@ def _canary_target(
     better would make speculation pay again. They go down once the pool is far past break-even at
     the load measured (speedup of the best K below 1 - 2 x margin; Threshold mode: load above the stop
     value plus the hysteresis band) and come back once it is within one margin of it again (the band
-    between is hysteresis). A pool turning off keeps them unless it is far past break-even (`_flip`).
-    A scaling moves replicas between two Deployments, made before broken (`reconcile.hand_over`).
+    between is hysteresis) while the projected load is not far past it: on a load racing away they
+    would go down again once it gets there. A pool turning off keeps them unless the load measured or
+    the load projected (the one the flip is decided on) is far past break-even (`_flip`). A scaling
+    moves replicas between two Deployments, made before broken (`reconcile.hand_over`).
     """
     spec = policy.reentry.canary_replicas
     if spec == 0 or state.mode != "Off" or wanted.mode != "Off":
@@ -798,7 +806,11 @@ def _canary_target(
     if active > 0:
         far = _far_past_break_even(policy, k, loads, gains, profile)
         return None if far is None else (0, r.CANARIES_SCALED_DOWN, far)
-    if active < spec and _far_past_break_even(policy, k, loads, gains, profile, slack=1.0) is None:
+    if (
+        active < spec
+        and _far_past_break_even(policy, k, loads, gains, profile, slack=1.0) is None
+        and _far_past_break_even(policy, k, loads, gains, profile, at=0) is None
+    ):
         return spec, r.CANARIES_SCALED_UP, "near break-even again: the canaries measure acceptance"
     return None
 
@@ -947,9 +959,12 @@ def _flip(
     canaries = None
     if wanted.mode == "Off" and policy.reentry.canary_replicas:
         # Near break-even a change of acceptance decides whether the pool should speculate again, so
-        # its canaries keep measuring it (they come out of the same rollout). Far past it they would
-        # only cost; they start when the remembered acceptance expires or the load comes back near.
-        far = _far_past_break_even(policy, k, p.loads, p.gains, profile)
+        # its canaries keep measuring it (they come out of the same rollout). Far past it, measured
+        # or where the load this flip is decided for is heading, they would only cost; they start
+        # when the remembered acceptance expires or the load comes back near.
+        far = _far_past_break_even(policy, k, p.loads, p.gains, profile) or _far_past_break_even(
+            policy, k, p.loads, p.gains, profile, at=0
+        )
         canaries = 0 if far else policy.reentry.canary_replicas
         message += (
             "; canaries stay to measure acceptance" if not far else "; no canaries: far past break-even"
