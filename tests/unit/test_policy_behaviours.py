@@ -281,6 +281,25 @@ def test_canaries_do_not_come_back_while_the_load_races_away_from_break_even():
     assert (d.reason, d.canary_replicas) == ("CanariesScaledUp", 1)
 
 
+def test_canaries_speculate_while_a_gate_holds_a_pool_that_wants_to_turn_on():
+    # Off for 200 s (dwell 300 s, cooldown 600 s) and the load fell to 10 running per replica, where
+    # the remembered published acceptance pays: the flip is held, but the canary (an adjustment, with
+    # its own gate) comes up meanwhile and serves its share at the setting the pool wants.
+    memory = MeasuredAcceptance(1 + sum(PUBLISHED), PUBLISHED, NOW - timedelta(minutes=5))
+    state = PoolState(
+        "Off", k=1, last_transition=NOW - timedelta(seconds=200), canary_replicas=0, last_acceptance=memory
+    )
+    d = one(CANARY, state, obs(10, None))
+    assert (d.flip, d.target, d.reason, d.canary_replicas) == (False, "Off", "CanariesScaledUp", 1), d.message
+    assert "MinDwell" in d.message
+    # Its own gate closed (adjusted 60 s ago, minRetuneIntervalSeconds 120): only the hold.
+    d = one(CANARY, replace(state, last_retune=NOW - timedelta(seconds=60)), obs(10, None))
+    assert (d.reason, d.canary_replicas) == ("MinDwell", None)
+    # Canaries already up: nothing more to do than wait.
+    d = one(CANARY, replace(state, canary_replicas=1), obs(10, None))
+    assert (d.reason, d.canary_replicas) == ("MinDwell", None)
+
+
 # ---- 7. Threshold mode takes its defaults from the break-even point ------------------------------
 
 

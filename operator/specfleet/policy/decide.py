@@ -52,8 +52,10 @@ pool remembers while it is younger than `reentry.maxAcceptanceAgeSeconds`. Canar
 near break-even keeps them (a drafter that gets better makes it pay again, and they see that long
 before the memory expires; not when the load it turns off for, projected, is already far past),
 far past break-even (below 1 - 2 x margin) they go down, and they come back once the pool is within
-one margin of break-even again (and its projected load is not far past), or once the memory expires.
-Without canaries, or when they get no traffic for a whole window, the policy judges with the published
+one margin of break-even again (and its projected load is not far past), once the memory expires,
+or while a gate holds the flip of a pool that wants to turn on (they serve their share at the setting
+it wants until the gate opens; a canary scaling is an adjustment, with its own gate). Without
+canaries, or when they get no traffic for a whole window, the policy judges with the published
 acceptance and, if that says speculation pays, turns the pool on to measure ("probe"; the dwell
 bounds how often). A canary scaling moves replicas between the pool's two Deployments, the growing
 one first (`specfleet.reconcile.hand_over`), so it costs GPU-seconds, not serving capacity.
@@ -954,7 +956,16 @@ def _flip(
     gate = _flip_gate(policy, p.state, now, last_flip_any, other_busy)
     if gate is not None:
         reason, why = gate
-        return p.decision(reason, f"wants {wanted.mode} ({wanted.reason}: {wanted.message}) but holds: {why}")
+        held = f"wants {wanted.mode} ({wanted.reason}: {wanted.message}) but holds: {why}"
+        spec = policy.reentry.canary_replicas
+        # Meanwhile the canaries speculate as the pool would: their share of it is served at the
+        # better setting until the gate opens (an adjustment: its own gate and budget).
+        canaries_up = wanted.mode == "On" and spec and _active_canaries(policy, p.state) < spec
+        if canaries_up and _adjust_gate(policy, p.state, now, other_busy) is None:
+            return p.decision(
+                r.CANARIES_SCALED_UP, f"canaries -> {spec} while {reason}: {held}", canaries=spec
+            )
+        return p.decision(reason, held)
     message = wanted.message
     canaries = None
     if wanted.mode == "Off" and policy.reentry.canary_replicas:
