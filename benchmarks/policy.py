@@ -308,7 +308,10 @@ def worst_minute_cause(comp: Comparison, sd: SpeculativeDeployment) -> str:
         state = run.timeline[b]["latency"]
         return "alwaysOff" if state["mode"] == "Off" else f"alwaysOnK{state['k']}"
 
+    canaries = max(run.timeline[b]["latency"].get("canaryReplicas", 0) for b in bins)
     if all(setting(b) == comp.oracle_choice["latency"][b] for b in bins):
+        if canaries:
+            return f"the oracle's setting, but for {canaries} canary replica(s) speculating"
         return "same setting as the oracle (sampling)"
     last = max((c.time for c in run.changes if c.time < at), default=None)
     since = "since the start" if last is None else f"since its change at {last / 60:.1f} min"

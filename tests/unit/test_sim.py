@@ -227,6 +227,10 @@ def test_canaries_scale_by_hand_over_and_the_pool_never_serves_on_fewer_engines(
     after_start = [row["latency"] for row in result.timeline if row["t"] > 60]
     assert min(row["readyReplicas"] for row in after_start) >= 3
     assert max(row["replicas"] for row in after_start) > 3  # the hand-over ran a pod more for a while
+    # The timeline shows the canary replicas of an off pool: they speculate while its mode says Off.
+    off = [row for row in after_start if row["mode"] == "Off"]
+    assert any(row["canaryReplicas"] == 1 for row in off)
+    assert any(row["canaryReplicas"] == 0 for row in off)
 
 
 def test_router_classification_sends_tenants_and_shapes_to_their_pools() -> None:

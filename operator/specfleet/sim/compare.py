@@ -222,7 +222,8 @@ class Comparison:
         return doc
 
     def timeline_json(self, run: RunResult) -> list[dict[str, Any]]:
-        """Per window: each pool's mode, K, replicas, load and tokens/s, and the oracle's tokens/s."""
+        """Per window: each pool's mode, K, replicas (canaries: speculating in an off pool), load and
+        tokens/s, and the oracle's tokens/s."""
         loads = {pool: load_per_replica(run, pool) for pool in POOLS}
         rows = []
         for i, row in enumerate(run.timeline):
@@ -234,6 +235,7 @@ class Comparison:
                     "k": state["k"] if state["mode"] == "On" else None,
                     "replicas": state["replicas"],
                     "readyReplicas": state["readyReplicas"],
+                    "canaryReplicas": state["canaryReplicas"],
                     "requestsPerReplica": round(loads[pool][i], 2),
                     "tokensPerSecond": round(float(run.bin_tokens[pool][i]) / self.bin_seconds, 1),
                     "oracleTokensPerSecond": round(float(self.oracle_tokens[pool][i]) / self.bin_seconds, 1),

@@ -661,6 +661,7 @@ class _Fleet:
                 "replicas": sum(len(d.active()) for d in deps),
                 "readyReplicas": sum(1 for d in deps for p in d.active() if p.ready_at <= now),
                 "updatedReplicas": sum(1 for d in deps for p in d.active() if p.template == d.template),
+                "canaryReplicas": sum(len(d.active()) for d in deps if d.track == "canary"),
                 "running": sum(p.running for p in self.pool_pods(pool) if p.gone_at is None),
                 **self.last_decisions.get(pool, {}),
             }
