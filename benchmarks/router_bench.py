@@ -269,9 +269,22 @@ class Result:
     p99_ms: float
     rps: float
     errors: int
+    rps_rounds: list[float]
     cpu_ms: float | None
     paced_p50_ms: float
     paced_p99_ms: float
+
+
+def paired_ratio(ours: Result, theirs: Result | None) -> str:
+    """Max req/s over vllm-router's, round by round (the rounds alternate, so each pair ran minutes
+    apart at most): the median and range of the per-round ratios. On a shared machine one round's
+    rate moves by 10% or more, so the spread says how far a ratio of medians can be trusted."""
+    if theirs is None or ours is theirs or not theirs.rps_rounds:
+        return "-"
+    ratios = [a / b for a, b in zip(ours.rps_rounds, theirs.rps_rounds, strict=True) if b > 0]
+    if not ratios:
+        return "-"
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def thread_count(pid: int) -> int:
@@ -424,14 +437,17 @@ def percentile(values: list[float], q: int) -> float:
 
 async def measure(targets: list[tuple[str, str, int]], args: argparse.Namespace) -> list[Result]:
     """Latency interleaved over all targets; throughput and paced latency in `--rounds` alternating
-    rounds (median kept); CPU per request from /proc in alternating rounds (median kept)."""
+    rounds (median kept), each round starting at the next target (no target always runs first or
+    last); CPU per request from /proc in the same rounds (median kept)."""
     urls = [f"{base}/v1/completions" for _, base, _ in targets]
     latencies, errors = await interleaved_latencies(urls, args.requests, args.seconds * len(urls))
     rates: list[list[float]] = [[] for _ in urls]
     cpu: list[list[float]] = [[] for _ in urls]
     paced: list[list[float]] = [[] for _ in urls]
-    for _ in range(args.rounds):
-        for i, url in enumerate(urls):
+    for round_ in range(args.rounds):
+        # Each round starts at the next target, so none always runs first or last in a round.
+        for i in [(round_ + j) % len(urls) for j in range(len(urls))]:
+            url = urls[i]
             rate, failed = await closed_loop_rps(
                 url, args.concurrency, args.seconds / args.rounds, args.requests * 20
             )
@@ -447,6 +463,7 @@ async def measure(targets: list[tuple[str, str, int]], args: argparse.Namespace)
             p50_ms=percentile(latencies[i], 50) * 1000,
             p99_ms=percentile(latencies[i], 99) * 1000,
             rps=statistics.median(rates[i]),
+            rps_rounds=rates[i],
             errors=errors[i],
             cpu_ms=statistics.median(cpu[i]),
             paced_p50_ms=percentile(paced[i], 50) * 1000,
@@ -564,17 +581,20 @@ async def run(args: argparse.Namespace) -> None:
         f"median of {args.rounds} rounds; paced: open loop at {args.rate:g} req/s, every other request "
         "streamed (to the end of the stream), all rounds pooled\n"
     )
+    theirs = next((r for r in results if r.target == "vllm-router"), None)
     print(
         "| target | processes x threads | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s "
+        "| max req/s / vllm-router's, per round: median (range) "
         f"| CPU ms/req | at {args.rate:g} req/s: p50 ms | p99 ms | added p99 ms | errors |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         added = "-" if r is direct else f"{r.p50_ms - direct.p50_ms:+.2f}"
         added99 = "-" if r is direct else f"{r.p99_ms - direct.p99_ms:+.2f}"
         paced99 = "-" if r is direct else f"{r.paced_p99_ms - direct.paced_p99_ms:+.2f}"
         print(
             f"| {r.target} | {shape[r.target]} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {added99} | {r.rps:.0f} "
+            f"| {paired_ratio(r, None if r is direct else theirs)} "
             f"| {r.cpu_ms:.2f} | {r.paced_p50_ms:.2f} | {r.paced_p99_ms:.2f} | {paced99} | {r.errors} |"
         )
     for name, why in skipped.items():
@@ -587,8 +607,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", choices=["emulator", "fast"], default="emulator")
     parser.add_argument("--requests", type=int, default=500, help="sequential requests per target")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--seconds", type=float, default=6.0, help="time bound of each phase, per target")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating throughput rounds per target")
+    parser.add_argument("--seconds", type=float, default=18.0, help="time bound of each phase, per target")
+    parser.add_argument("--rounds", type=int, default=9, help="alternating throughput rounds per target")
     parser.add_argument("--rate", type=float, default=200.0, help="paced phase: requests per second")
     parser.add_argument(
         "--cpu-requests", type=int, default=2000, help="requests per CPU-per-request round (concurrency 8)"
