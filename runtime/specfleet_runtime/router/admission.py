@@ -62,7 +62,7 @@ class Admission:
         classification = classify(config, facts, verdict.segmented)
         self.metrics.value(self.metrics.classifications, classification.pool, classification.label).inc()
         if classification.reason == Reason.AUTO_SEGMENTATION and classification.pool != config.default_pool:
-            self.metrics.reclassifications.labels(config.default_pool, classification.pool).inc()
+            self.metrics.value(self.metrics.reclassifications, config.default_pool, classification.pool).inc()
         return classification
 
     def end(self, config: RoutingConfig, facts: RequestFacts) -> None:

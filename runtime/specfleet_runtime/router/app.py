@@ -292,7 +292,7 @@ class Router:
                     gauge.dec()
                     labels = (classification.pool, outcome.pool)
                     if outcome.pool != classification.pool:
-                        metrics.fallbacks.labels(*labels).inc()
+                        metrics.value(metrics.fallbacks, *labels).inc()
                     metrics.value(metrics.requests, *labels, str(outcome.status), outcome.error).inc()
                     metrics.histogram(metrics.duration, *labels).observe(self.clock() - received)
             finally:
