@@ -10,13 +10,15 @@ that answers a fixed completion), the specfleet router over both (one pool, stat
 under ${SPECFLEET_CACHE:-~/.cache/specfleet}/bench-vllm-router; one specfleet router per
 --routers entry (event loop, worker processes, and source or compiled build), so each lever is a row of the same run. Then: a warm-up; sequential latency,
 the targets taking turns request by request (at most --requests each, --seconds per target); and
-closed-loop throughput with --concurrency workers, in --rounds alternating rounds per target (together
---seconds per target, at most 20x --requests a round), reporting the median round; in each round also
-the server's CPU time per request (/proc/PID/stat over --cpu-requests at concurrency 8) and latency
-under an open-loop pace of --rate req/s with every other request streamed. Taking turns keeps
-the comparison fair on a machine whose load drifts. With --references, two bare Python proxies
-(see serve_reference_proxy) are measured alongside as the floor a Python router stands on. Prints one Markdown table. Load is generated from
-this process only, to 127.0.0.1 only; every process it starts is stopped by PID.
+closed-loop throughput with --concurrency keep-alive connections from a lean client in a process of its
+own (_ClosedLoop), in --rounds alternating rounds per target (together --seconds per target, at most
+100x --requests a round), reporting the median round and the server's CPU per request meanwhile; in
+each round also the server's CPU time per request at concurrency 8 (/proc/PID/stat over --cpu-requests
+from aiohttp) and latency under an open-loop pace of --rate req/s with every other request streamed.
+Taking turns keeps the comparison fair on a machine whose load drifts. With --references, two bare
+Python proxies (see serve_reference_proxy) are measured alongside as the floor a Python router stands
+on. Prints one Markdown table. Load is generated from this process and its closed-loop children only,
+to 127.0.0.1 only; every process it starts is stopped by PID.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
+from urllib.parse import urlsplit
 
 import aiohttp
+import httptools
 from aiohttp import web
 
 MODEL = "bench"
@@ -271,6 +275,8 @@ class Result:
     errors: int
     rps_rounds: list[float]
     cpu_ms: float | None
+    max_cpu_ms: float
+    client_cpu_ms: float
     paced_p50_ms: float
     paced_p99_ms: float
 
@@ -387,28 +393,149 @@ async def paced_latencies(url: str, rate: float, seconds: float) -> tuple[list[f
     return latencies, errors
 
 
-async def closed_loop_rps(url: str, concurrency: int, seconds: float, max_requests: int) -> tuple[float, int]:
-    """Requests per second with `concurrency` workers, each sending its next request when one returns."""
-    done = 0
-    errors = 0
-    deadline = time.monotonic() + seconds
+class _LoadConnection(asyncio.Protocol):
+    """One keep-alive connection of the closed loop: sends the next request when a response completes."""
 
-    async def worker(http: aiohttp.ClientSession) -> None:
-        nonlocal done, errors
-        while time.monotonic() < deadline and done + errors < max_requests:
-            try:
-                if await one_request(http, url):
-                    done += 1
-                else:
-                    errors += 1
-            except aiohttp.ClientError:
-                errors += 1
+    def __init__(self, loop: _ClosedLoop) -> None:
+        self.loop = loop
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.complete = False
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self.transport is not None:
+                self.transport.close()  # counted as an error in connection_lost
+
+    def on_message_complete(self) -> None:
+        if self.parser.get_status_code() == 200:
+            self.loop.done += 1
+        else:
+            self.loop.errors += 1
+        self.send()
+
+    def send(self) -> None:
+        if self.transport is not None and self.loop.more():
+            self.transport.write(self.loop.request)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        self.complete = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.loop.lost(self)
+
+
+class _ClosedLoop:
+    """`concurrency` connections, each sending its next request the moment a response completes; pre-built
+    request bytes and httptools' C parser keep the client's own CPU per request to a fraction of a
+    router's (it shares the machine with what it measures)."""
+
+    def __init__(self, url: str, concurrency: int, seconds: float, max_requests: int) -> None:
+        parsed = urlsplit(url)
+        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80
+        self.request = (
+            f"POST {parsed.path} HTTP/1.1\r\nHost: {parsed.netloc}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(BODY)}\r\n\r\n"
+        ).encode() + BODY
+        self.concurrency, self.seconds, self.max_requests = concurrency, seconds, max_requests
+        self.done = self.errors = 0
+        self.deadline = 0.0
+        self.open: set[_LoadConnection] = set()
+        self.finished: asyncio.Future[None] | None = None
+
+    def more(self) -> bool:
+        return time.monotonic() < self.deadline and self.done + self.errors < self.max_requests
+
+    def lost(self, connection: _LoadConnection) -> None:
+        self.open.discard(connection)
+        if self.more() and not connection.complete:
+            # Lost mid-loop (closed by the server, or a bad response): an error, and a fresh connection
+            # keeps the concurrency.
+            self.errors += 1
+            asyncio.get_running_loop().create_task(self.connect(start=True))
+        else:
+            self.finish_if_idle()
+
+    def finish_if_idle(self) -> None:
+        if not self.open and self.finished is not None and not self.finished.done():
+            self.finished.set_result(None)
+
+    async def connect(self, start: bool) -> None:
+        try:
+            _, conn = await asyncio.get_running_loop().create_connection(
+                lambda: _LoadConnection(self), self.host, self.port
+            )
+        except OSError:
+            self.errors += 1
+            self.finish_if_idle()
+            return
+        self.open.add(conn)
+        if start:
+            conn.send()
+
+    async def run(self) -> dict[str, float]:
+        self.finished = asyncio.get_running_loop().create_future()
+        for _ in range(self.concurrency):
+            await self.connect(start=False)
+        cpu = os.times()
         started = time.monotonic()
-        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+        self.deadline = started + self.seconds
+        for conn in list(self.open):
+            conn.send()
+        await self.finished
         elapsed = time.monotonic() - started
-    return done / elapsed, errors
+        used = os.times()
+        cpu_s = used.user - cpu.user + used.system - cpu.system
+        return {"done": self.done, "errors": self.errors, "seconds": elapsed, "cpu_seconds": cpu_s}
+
+
+def run_closed_loop(url: str, concurrency: int, seconds: float, max_requests: int) -> None:
+    """The closed loop in a process of its own (run by closed_loop_rps), on uvloop; prints one JSON line."""
+    import uvloop
+
+    print(json.dumps(uvloop.run(_ClosedLoop(url, concurrency, seconds, max_requests).run())))
+
+
+@dataclass
+class Throughput:
+    rps: float
+    errors: int
+    server_cpu_ms: float  # the target's CPU per request during the loop
+    client_cpu_ms: float  # the load generator's own
+
+
+async def closed_loop_rps(
+    url: str, pid: int, concurrency: int, seconds: float, max_requests: int
+) -> Throughput:
+    """Max requests per second with `concurrency` connections in a closed loop, from a lean client in a
+    process of its own (a Python HTTP client such as aiohttp spends ~0.2 ms of CPU a request, as much as
+    two routers, on the same two CPUs: the routers would be measured through the client's share)."""
+    before = cpu_seconds(pid)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--closed-loop", url, str(concurrency), str(seconds), str(max_requests),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    after = cpu_seconds(pid)
+    if proc.returncode != 0:
+        raise RuntimeError(f"closed loop against {url} exited with {proc.returncode}")
+    got = json.loads(out.decode().splitlines()[-1])
+    done = max(1, int(got["done"]))
+    return Throughput(
+        rps=got["done"] / got["seconds"],
+        errors=int(got["errors"]),
+        server_cpu_ms=(after - before) * 1000 / done,
+        client_cpu_ms=got["cpu_seconds"] * 1000 / done,
+    )
 
 
 async def cpu_per_request(url: str, pid: int, requests: int, concurrency: int) -> float:
@@ -443,16 +570,20 @@ async def measure(targets: list[tuple[str, str, int]], args: argparse.Namespace)
     latencies, errors = await interleaved_latencies(urls, args.requests, args.seconds * len(urls))
     rates: list[list[float]] = [[] for _ in urls]
     cpu: list[list[float]] = [[] for _ in urls]
+    max_cpu: list[list[float]] = [[] for _ in urls]
+    client_cpu: list[list[float]] = [[] for _ in urls]
     paced: list[list[float]] = [[] for _ in urls]
     for round_ in range(args.rounds):
         # Each round starts at the next target, so none always runs first or last in a round.
         for i in [(round_ + j) % len(urls) for j in range(len(urls))]:
             url = urls[i]
-            rate, failed = await closed_loop_rps(
-                url, args.concurrency, args.seconds / args.rounds, args.requests * 20
+            loop = await closed_loop_rps(
+                url, targets[i][2], args.concurrency, args.seconds / args.rounds, args.requests * 100
             )
-            rates[i].append(rate)
-            errors[i] += failed
+            rates[i].append(loop.rps)
+            max_cpu[i].append(loop.server_cpu_ms)
+            client_cpu[i].append(loop.client_cpu_ms)
+            errors[i] += loop.errors
             cpu[i].append(await cpu_per_request(url, targets[i][2], args.cpu_requests, 8))
             got, failed = await paced_latencies(url, args.rate, args.seconds / args.rounds)
             paced[i] += got
@@ -466,6 +597,8 @@ async def measure(targets: list[tuple[str, str, int]], args: argparse.Namespace)
             rps_rounds=rates[i],
             errors=errors[i],
             cpu_ms=statistics.median(cpu[i]),
+            max_cpu_ms=statistics.median(max_cpu[i]),
+            client_cpu_ms=statistics.median(client_cpu[i]),
             paced_p50_ms=percentile(paced[i], 50) * 1000,
             paced_p99_ms=percentile(paced[i], 99) * 1000,
         )
@@ -567,6 +700,7 @@ async def run(args: argparse.Namespace) -> None:
         procs.stop_all()
 
     direct = results[0]
+    client_cpu = statistics.median(r.client_cpu_ms for r in results)
     print(
         f"\nRouter overhead, {args.backend} backend x2, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
         f"{platform.node()} ({os.cpu_count()} CPUs, {platform.python_implementation()} "
@@ -575,9 +709,11 @@ async def run(args: argparse.Namespace) -> None:
     )
     print(
         f"latency: {args.requests} sequential non-streaming completions (max_tokens 4) per target, "
-        f"targets taking turns; throughput: closed loop, {args.concurrency} workers, median of "
+        f"targets taking turns; throughput: closed loop, {args.concurrency} keep-alive connections from a "
+        f"lean client in its own process (its CPU: median {client_cpu:.3f} ms/req), median of "
         f"{args.rounds} alternating rounds of {args.seconds / args.rounds:g}s; CPU ms/req: the server "
-        f"processes' (a supervisor and its workers together) user+system time from /proc over {args.cpu_requests} requests at concurrency 8, "
+        f"processes' (a supervisor and its workers together) user+system time from /proc, at max req/s "
+        f"and over {args.cpu_requests} requests at concurrency 8 from aiohttp, "
         f"median of {args.rounds} rounds; paced: open loop at {args.rate:g} req/s, every other request "
         "streamed (to the end of the stream), all rounds pooled\n"
     )
@@ -585,9 +721,10 @@ async def run(args: argparse.Namespace) -> None:
     print(
         "| target | processes x threads | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s "
         "| max req/s / vllm-router's, per round: median (range) "
-        f"| CPU ms/req | at {args.rate:g} req/s: p50 ms | p99 ms | added p99 ms | errors |"
+        "| CPU ms/req at max req/s | CPU ms/req at concurrency 8 "
+        f"| at {args.rate:g} req/s: p50 ms | p99 ms | added p99 ms | errors |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         added = "-" if r is direct else f"{r.p50_ms - direct.p50_ms:+.2f}"
         added99 = "-" if r is direct else f"{r.p99_ms - direct.p99_ms:+.2f}"
@@ -595,7 +732,7 @@ async def run(args: argparse.Namespace) -> None:
         print(
             f"| {r.target} | {shape[r.target]} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {added99} | {r.rps:.0f} "
             f"| {paired_ratio(r, None if r is direct else theirs)} "
-            f"| {r.cpu_ms:.2f} | {r.paced_p50_ms:.2f} | {r.paced_p99_ms:.2f} | {paced99} | {r.errors} |"
+            f"| {r.max_cpu_ms:.3f} | {r.cpu_ms:.3f} | {r.paced_p50_ms:.2f} | {r.paced_p99_ms:.2f} | {paced99} | {r.errors} |"
         )
     for name, why in skipped.items():
         print(f"| {name} | not run: {why} | | | | | | |")
@@ -627,7 +764,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--serve-fast-backend", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-reference", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
+    parser.add_argument("--closed-loop", nargs=4, metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.closed_loop:
+        url, concurrency, seconds, max_requests = args.closed_loop
+        run_closed_loop(url, int(concurrency), float(seconds), int(max_requests))
+        return
     if args.serve_fast_backend:
         serve_fast_backend(args.serve_fast_backend)
         return
