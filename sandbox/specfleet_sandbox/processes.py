@@ -103,6 +103,30 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, in
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
+def wait_for_event(
+    kubectl: Callable[..., subprocess.CompletedProcess[str]], namespace: str, text: str, timeout: float = 30.0
+) -> str:
+    """Poll the namespace's events until one mentions `text` (a reason, usually); return them all.
+
+    Kopf posts events from a background task, a moment after the change they report is visible, so
+    a test that sees the change must still wait for its event.
+    """
+    events = ""
+
+    def seen() -> bool:
+        nonlocal events
+        events = events_by_time(kubectl, namespace)
+        return text in events
+
+    try:
+        wait_for(f"an event mentioning {text} in {namespace}", seen, timeout)
+    except AssertionError:
+        raise AssertionError(
+            f"no event mentioning {text} in {namespace} after {timeout}s; events:\n{events}"
+        ) from None
+    return events
+
+
 def events_by_time(kubectl: Callable[..., subprocess.CompletedProcess[str]], namespace: str) -> str:
     """The namespace's events sorted by time, one line each (dumped when a test fails)."""
     out = kubectl("get", "events", "-n", namespace, "-o", "json", check=False)

@@ -22,7 +22,7 @@ import yaml
 from specfleet.api.validation import parse_resource
 from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
-from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
+from specfleet_sandbox.processes import OperatorProcess, wait_for, wait_for_event
 from specfleet_testbed import ensure_keda_crds
 from support.failure_report import print_if_failed
 from support.manifests import ROOT, load_yaml, merge
@@ -235,7 +235,7 @@ def test_turning_autoscaling_on_keeps_the_count_and_off_prunes_the_hpa(crds, ope
     wait_for("HPA pruned", lambda: _get(crds, "hpa", "assistant-latency", namespace) is None, timeout=60)
     wait_for("replicas back to the spec's", lambda: _replicas(crds, namespace) == 3, timeout=60)
     assert FIELD_MANAGER in _replica_managers(_get(crds, "deployment", "assistant-latency", namespace))
-    assert "ChildrenPruned" in events_by_time(crds.kubectl, namespace)
+    wait_for_event(crds.kubectl, namespace, "ChildrenPruned")
     _ready(crds, namespace)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
+from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for, wait_for_event
 from specfleet_testbed import ensure_keda_crds
 from support.manifests import ROOT, load_yaml, merge
 
@@ -287,8 +287,7 @@ def test_operator_works_with_only_the_charts_rbac(installed, tmp_path, namespace
         refused = [line for line in operator.log().splitlines() if "Forbidden" in line and SA in line]
         assert refused == []
         assert "became leader" in operator.log()
-        events = events_by_time(cluster.kubectl, namespace)
-        assert "ChildrenApplied" in events
+        wait_for_event(cluster.kubectl, namespace, "ChildrenApplied")
         # No finalizer: with the operator gone (helm uninstall), deleting a resource must not hang.
         obj = json.loads(cluster.kubectl("get", "sd", "llama", "-n", namespace, "-o", "json").stdout)
         assert not obj["metadata"].get("finalizers"), obj["metadata"].get("finalizers")

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from specfleet.api.constants import LABEL_POOL, LABEL_TRACK
-from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
+from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for, wait_for_event
 from specfleet_testbed import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
 from support.failure_report import PRINTER_COLUMNS, print_if_failed
 from support.manifests import ROOT, load_yaml, merge
@@ -323,8 +323,7 @@ def test_drift_is_corrected_and_deletion_garbage_collects(crd, operator, namespa
         )
 
     wait_for("children restored", restored, timeout=30)
-    events = events_by_time(crd.kubectl, namespace)
-    assert "DriftCorrected" in events
+    wait_for_event(crd.kubectl, namespace, "DriftCorrected")
 
     crd.kubectl("delete", "sd", "assistant", "-n", namespace, "--wait=true", "--timeout=60s")
     wait_for("children garbage-collected", lambda: _children(crd, namespace) == {}, timeout=60)
@@ -398,7 +397,7 @@ def test_a_child_the_spec_no_longer_wants_is_deleted(crd, operator, namespace):
     children = _children(crd, namespace)
     assert "Deployment/assistant-latency" in children
     assert "Deployment/assistant-batch" in children
-    assert "ChildrenPruned" in events_by_time(crd.kubectl, namespace)
+    wait_for_event(crd.kubectl, namespace, "ChildrenPruned")
     _ready(crd, namespace)
 
 
@@ -423,7 +422,7 @@ def test_a_pool_the_scheduler_cannot_place_says_why(crd, operator, namespace):
     )
     assert "Insufficient nvidia.com/gpu" in ready["message"]
     assert "latency" in ready["message"]
-    assert "PoolNotReady" in events_by_time(crd.kubectl, namespace)
+    wait_for_event(crd.kubectl, namespace, "PoolNotReady")
     # Give the GPUs back before other tests schedule their pods.
     crd.kubectl("delete", "sd", "assistant", "-n", namespace, "--wait=true", "--timeout=60s")
     wait_for(
@@ -514,7 +513,7 @@ def test_a_drafter_that_does_not_fit_stops_the_pool_with_drafter_incompatible(cr
         in (ready["message"])
     )
     assert "latency" in ready["message"]
-    assert "PoolNotReady" in events_by_time(crd.kubectl, namespace)
+    wait_for_event(crd.kubectl, namespace, "PoolNotReady")
 
 
 def test_the_policy_reads_the_cost_profile_config_map_the_spec_names(crd, operator, namespace):
@@ -552,5 +551,4 @@ def test_the_policy_reads_the_cost_profile_config_map_the_spec_names(crd, operat
     _apply(cluster, config_map)
     loaded = wait_for("CostProfileLoaded=True", condition("True"), timeout=120)
     assert loaded["reason"] == "ProfileFromConfigMap"
-    events = cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
-    assert "CostProfileUnavailable" in events
+    wait_for_event(cluster.kubectl, namespace, "CostProfileUnavailable")

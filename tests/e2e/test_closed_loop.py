@@ -25,7 +25,7 @@ from specfleet.render.monitoring import alert_groups
 from specfleet_sandbox.discovery import PodDiscovery
 from specfleet_sandbox.load import LoadGenerator
 from specfleet_sandbox.pods import PodRunner, compiled_router
-from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
+from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for, wait_for_event
 from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config
 from support.argocd import argocd_health
 from support.manifests import ROOT, load_yaml, merge
@@ -395,9 +395,8 @@ def test_acceptance_drift_sets_the_condition_and_starts_one_retrain_job(env):
         time.sleep(10)
         assert [j["metadata"]["name"] for j in _retrain_jobs(env, name)] == [job["metadata"]["name"]]
         assert _latency(env, name)["lastRetrainTime"] == status["lastRetrainTime"]
-        events = events_by_time(env.cluster.kubectl, env.namespace)
-        assert "RetrainJobCreated" in events
-        assert "AcceptanceBaselineSet" in events
+        wait_for_event(env.cluster.kubectl, env.namespace, "RetrainJobCreated")
+        wait_for_event(env.cluster.kubectl, env.namespace, "AcceptanceBaselineSet")
         # The operator's gauge, scraped by Prometheus, says the same.
         assert env.prometheus is not None
         scraped = wait_for(
