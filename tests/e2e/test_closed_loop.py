@@ -114,7 +114,9 @@ def env(cluster, tmp_path_factory, request) -> Iterator[Env]:
             namespace,
             tmp / "pods",
             emulator_args=EMULATOR_ARGS,
-            router_args=["--endpoint-address-map", "10.0.0.0/8=127.0.0.0/8", "--log-level", "warning"],
+            # info: endpoint changes and config reloads are logged (a few lines, never per request), so
+            # a failure's dump says what the router saw.
+            router_args=["--endpoint-address-map", "10.0.0.0/8=127.0.0.0/8", "--log-level", "info"],
             router_pythonpath=compiled_router(),  # the router as the image ships it
         ).start()
         e.operator = OperatorProcess(

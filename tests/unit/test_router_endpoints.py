@@ -303,6 +303,31 @@ async def test_router_follows_config_and_slices() -> None:
     assert not router.pool_endpoints["latency"]
 
 
+async def test_a_pool_losing_its_last_ready_endpoint_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    watches = FakeWatches()
+    router = Router(RouterSettings(namespace="prod"), None, watches)
+    config = routing_json({"service": "m-latency", "port": 8000}, {"staticUrls": ["http://10.9.9.9:8000/"]})
+    assert router.apply_config_text(config, "test")
+    publish = watches.publish[("prod", "m-latency")]
+    publish([endpoint_slice("s", [endpoint("10.0.0.1")])])
+    await asyncio.sleep(0.01)
+    assert router.pool_endpoints["latency"] == ("http://10.0.0.1:8000",)
+    assert "no ready endpoint left" not in caplog.text
+    publish([endpoint_slice("s", [endpoint("10.0.0.1", ready=False)])])
+    await asyncio.sleep(0.01)
+    assert router.pool_endpoints["latency"] == ()
+    warnings = [
+        r for r in caplog.records if r.levelname == "WARNING" and "no ready endpoint left" in r.message
+    ]
+    assert [r.getMessage() for r in warnings] == [
+        "pool latency: no ready endpoint left; its requests get 503 until one is ready"
+    ]
+    # Staying empty says nothing more.
+    publish([])
+    await asyncio.sleep(0.01)
+    assert len([r for r in caplog.records if "no ready endpoint left" in r.getMessage()]) == 1
+
+
 async def test_service_without_kubernetes_access_uses_static_urls(caplog: pytest.LogCaptureFixture) -> None:
     router = Router(RouterSettings(), None, None)
     config = routing_json({"service": "svc", "staticUrls": ["http://s:1"]}, {"staticUrls": ["http://b:1"]})

@@ -117,6 +117,9 @@ class Backends:
                 for key, found in self._discovered.items():
                     if key[0] == pool:
                         urls.update(found)
+            if self.pool_endpoints[pool] and not urls:
+                # Operationally loud: every request for this pool now gets a 503 (or its fallback).
+                log.warning("pool %s: no ready endpoint left; its requests get 503 until one is ready", pool)
             self.pool_endpoints[pool] = tuple(sorted(urls))
             self.metrics.endpoints.labels(pool).set(len(urls))
 
