@@ -400,7 +400,7 @@ class _LoadConnection(asyncio.Protocol):
         self.loop = loop
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
-        self.complete = False
+        self.closed_here = False  # closed by this client (done), not lost
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -426,7 +426,7 @@ class _LoadConnection(asyncio.Protocol):
             self.close()
 
     def close(self) -> None:
-        self.complete = True
+        self.closed_here = True
         if self.transport is not None:
             self.transport.close()
 
@@ -457,7 +457,7 @@ class _ClosedLoop:
 
     def lost(self, connection: _LoadConnection) -> None:
         self.open.discard(connection)
-        if self.more() and not connection.complete:
+        if self.more() and not connection.closed_here:
             # Lost mid-loop (closed by the server, or a bad response): an error, and a fresh connection
             # keeps the concurrency.
             self.errors += 1
