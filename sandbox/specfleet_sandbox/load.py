@@ -11,6 +11,7 @@ counters so a caller can compute per-phase rates.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Mapping
@@ -78,6 +79,10 @@ class LoadGenerator:
     def concurrency(self) -> int:
         return self._concurrency
 
+    def message(self, n: int) -> str:
+        """The user message of this generator's request number `n` (from 1)."""
+        return f"{self.name} request {n}: tell me a story"
+
     def snapshot(self) -> LoadStats:
         """A consistent copy of the counters so far."""
         with self._lock:
@@ -97,22 +102,34 @@ class LoadGenerator:
             default_headers=self.headers,
         )
         deadline = time.monotonic() + self.max_seconds
-        workers: list[asyncio.Task[None]] = []
-        counter = 0
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            workers = [w for w in workers if not w.done()]
-            while len(workers) < self._concurrency:
-                counter += 1
-                workers.append(asyncio.create_task(self._one(client, counter)))
+        counter = itertools.count(1)
+
+        def running() -> bool:
+            return not self._stop.is_set() and time.monotonic() < deadline
+
+        async def client_slot(index: int) -> None:
+            # One client: its next request the moment the last one ends, as the simulator's closed loop
+            # has it (polling for free slots left each one empty for 25 ms on average); a pause only
+            # after a failure, so a router that refuses connections is not hammered.
+            while index < self._concurrency and running():
+                if not await self._one(client, next(counter)):
+                    await asyncio.sleep(0.05)
+
+        slots: dict[int, asyncio.Task[None]] = {}
+        while running():
+            for index in range(self._concurrency):
+                if index not in slots or slots[index].done():
+                    slots[index] = asyncio.create_task(client_slot(index))
             await asyncio.sleep(0.05)
-        await asyncio.gather(*workers, return_exceptions=True)
+        await asyncio.gather(*slots.values(), return_exceptions=True)
         await client.close()
 
-    async def _one(self, client: openai.AsyncOpenAI, n: int) -> None:
+    async def _one(self, client: openai.AsyncOpenAI, n: int) -> bool:
+        """One streamed request; whether it succeeded."""
         try:
             raw = await client.chat.completions.with_raw_response.create(
                 model=self.model,
-                messages=[{"role": "user", "content": f"{self.name} request {n}: tell me a story"}],
+                messages=[{"role": "user", "content": self.message(n)}],
                 max_tokens=self.max_tokens,
                 stream=True,
                 stream_options={"include_usage": True},
@@ -138,3 +155,5 @@ class LoadGenerator:
                 self.stats.failed += 1
                 if len(self.stats.errors) < 20:
                     self.stats.errors.append(f"{type(err).__name__}: {err}")
+            return False
+        return True
