@@ -12,11 +12,15 @@ from specfleet_runtime.emulator.testing import serve_emulator
 from specfleet_sandbox.load import LoadGenerator
 
 
+def _in_flight(engine) -> int:
+    return engine.num_running + engine.num_waiting
+
+
 async def _in_flight_samples(engine, seconds: float) -> list[int]:
     samples = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        samples.append(engine.num_running + engine.num_waiting)
+        samples.append(_in_flight(engine))
         await asyncio.sleep(0.005)
     return samples
 
@@ -35,13 +39,13 @@ async def test_keeps_exactly_its_concurrency_in_flight_and_follows_changes() -> 
     async with serve_emulator(config) as emu:
         load = LoadGenerator(emu.url, "m", max_tokens=8).start(concurrency=4)
         try:
-            await _until(lambda: emu.engine.num_running + emu.engine.num_waiting == 4)
+            await _until(lambda: _in_flight(emu.engine) == 4)
             at_four = await _in_flight_samples(emu.engine, 1.0)
             load.set_concurrency(1)
-            await _until(lambda: emu.engine.num_running + emu.engine.num_waiting == 1)
+            await _until(lambda: _in_flight(emu.engine) == 1)
             at_one = await _in_flight_samples(emu.engine, 0.5)
             load.set_concurrency(3)
-            await _until(lambda: emu.engine.num_running + emu.engine.num_waiting == 3)
+            await _until(lambda: _in_flight(emu.engine) == 3)
         finally:
             stats = await asyncio.to_thread(load.stop)
     assert max(at_four) <= 4
