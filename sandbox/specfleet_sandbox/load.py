@@ -63,6 +63,7 @@ class LoadGenerator:
         self.api_key = api_key
         self.stats = LoadStats()
         self._concurrency = 0
+        self._clients = 0  # client loops running now; changed only on the generator's event loop
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name=name, daemon=True)
@@ -78,6 +79,12 @@ class LoadGenerator:
     @property
     def concurrency(self) -> int:
         return self._concurrency
+
+    @property
+    def clients(self) -> int:
+        """Clients running now: after a lower `set_concurrency` the extra ones leave as their request
+        ends, so this follows `concurrency` with a lag of up to one request."""
+        return self._clients
 
     def message(self, n: int) -> str:
         """The user message of this generator's request number `n` (from 1)."""
@@ -111,9 +118,13 @@ class LoadGenerator:
             # One client: its next request the moment the last one ends, as the simulator's closed loop
             # has it (polling for free slots left each one empty for 25 ms on average); a pause only
             # after a failure, so a router that refuses connections is not hammered.
-            while index < self._concurrency and running():
-                if not await self._one(client, next(counter)):
-                    await asyncio.sleep(0.05)
+            self._clients += 1
+            try:
+                while index < self._concurrency and running():
+                    if not await self._one(client, next(counter)):
+                        await asyncio.sleep(0.05)
+            finally:
+                self._clients -= 1
 
         slots: dict[int, asyncio.Task[None]] = {}
         while running():
