@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import socket
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import openai
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specfleet_runtime.emulator.testing import serve_emulator
 from specfleet_runtime.router.__main__ import parse_args
 from specfleet_runtime.router.app import Router, RouterSettings
 from specfleet_runtime.router.endpoints import (
@@ -23,7 +27,9 @@ from specfleet_runtime.router.endpoints import (
     resolve_pool,
 )
 from specfleet_runtime.router.kube import Informer, Object, WatchEvent, WatchExpired
-from specfleet_runtime.router.sources import SlicePublish
+from specfleet_runtime.router.serving import serve_router
+from specfleet_runtime.router.sources import ConfigFileSource, SlicePublish
+from support.router_harness import MODEL, emulator_config, free_port, wait_for
 
 
 def endpoint(address: str, ready: bool | None = True, terminating: bool = False) -> dict[str, Any]:
@@ -334,3 +340,96 @@ async def test_service_without_kubernetes_access_uses_static_urls(caplog: pytest
     assert router.apply_config_text(config, "test")
     assert router.pool_endpoints["latency"] == ("http://s:1",)
     assert "no Kubernetes access" in caplog.text
+
+
+# ---- a worker beside others on one port joins it warm ---------------------------------------------
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+async def test_a_worker_on_a_shared_port_listens_once_it_knows_config_and_endpoints(tmp_path: Any) -> None:
+    # What the e2e tier caught: of a router pod's two workers the readiness probe reached the warm one,
+    # and the load's first requests the other, which had its config but not yet its Service's
+    # endpoints: 503 "no ready endpoint for pool latency" from a pod marked Ready.
+    watches = FakeWatches()
+    async with serve_emulator(emulator_config()) as emu:
+        emu_port = int(emu.url.rsplit(":", 1)[1])
+        ports = [{"name": "http", "port": emu_port, "protocol": "TCP"}]
+        path = tmp_path / "routing.json"
+        path.write_text(
+            json.dumps(
+                {
+                    "servedModelName": MODEL,
+                    "pools": {
+                        "latency": {"service": "m-latency", "port": emu_port},
+                        "batch": {"service": "m-batch", "port": emu_port},
+                    },
+                    "fallback": "reject",
+                }
+            )
+        )
+        router = Router(RouterSettings(namespace="prod"), ConfigFileSource(path, poll_seconds=0.05), watches)
+        port = free_port()
+        listening, done = asyncio.Event(), asyncio.Event()
+
+        async def serve() -> None:
+            async with serve_router(router, "127.0.0.1", port, reuse_port=True):
+                listening.set()
+                await done.wait()
+
+        task = asyncio.create_task(serve())
+        try:
+            await wait_for(lambda: len(watches.publish) == 2)  # the config is in, both watches started
+            watches.publish[("prod", "m-latency")]([endpoint_slice("l", [endpoint("127.0.0.1")], ports)])
+            await wait_for(lambda: router.pool_endpoints["latency"] != ())
+            await asyncio.sleep(0.2)
+            # Ready by its own /readyz (a pool has an endpoint), but the batch Service has not listed yet.
+            assert router.ready() == (True, "ok")
+            assert router.warm() == (False, "no EndpointSlice list yet for prod/m-batch")
+            assert not listening.is_set()
+            assert _refused(port)
+            watches.publish[("prod", "m-batch")]([])  # no ready endpoint there: known as well
+            await asyncio.wait_for(listening.wait(), 5)
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+            assert (await client.completions.create(model=MODEL, prompt="x", max_tokens=2)).choices
+            await client.close()
+        finally:
+            done.set()
+            await task
+
+
+async def test_a_worker_that_stays_cold_listens_after_its_timeout_and_says_why(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    watches = FakeWatches()
+    path = tmp_path / "routing.json"
+    path.write_text(
+        routing_json({"service": "m-latency", "port": 8000}, {"staticUrls": ["http://10.9.9.9:8000"]})
+    )
+    settings = RouterSettings(namespace="prod", warm_timeout=0.3)
+    router = Router(settings, ConfigFileSource(path, poll_seconds=0.05), watches)
+    port = free_port()
+    with caplog.at_level(logging.WARNING, logger="specfleet_runtime.router.app"):
+        async with serve_router(router, "127.0.0.1", port, reuse_port=True):
+            # The Service never lists (an apiserver that denies it): /healthz must still answer.
+            assert not _refused(port)
+            assert router.warm() == (False, "no EndpointSlice list yet for prod/m-latency")
+            assert router.ready() == (True, "ok")  # the static batch pool
+    assert (
+        "not warm after 0.3s (no EndpointSlice list yet for prod/m-latency); listening anyway" in caplog.text
+    )
+
+
+async def test_a_lone_process_listens_at_once() -> None:
+    router = Router(RouterSettings(), None, None)
+    port = free_port()
+    async with serve_router(router, "127.0.0.1", port):
+        assert not _refused(port)
+        assert router.ready() == (False, "no routing config loaded")
+        assert router.warm() == (False, "no routing config loaded")

@@ -113,6 +113,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eject-seconds", type=float, default=defaults.eject_seconds)
     parser.add_argument("--drain-seconds", type=float, default=defaults.drain_seconds)
     parser.add_argument(
+        "--warm-timeout",
+        type=float,
+        default=defaults.warm_timeout,
+        help="with --reuse-port (each worker of --workers): listen once the routing config and every "
+        "pool's first endpoint list are in, or after this many seconds",
+    )
+    parser.add_argument(
         "--endpoint-address-map",
         metavar="FROM_CIDR=TO_CIDR",
         type=_address_map,
@@ -176,6 +183,7 @@ def build_router(args: argparse.Namespace) -> Router:
         max_attempts=args.max_attempts,
         eject_seconds=args.eject_seconds,
         drain_seconds=args.drain_seconds,
+        warm_timeout=args.warm_timeout,
         endpoint_address_map=tuple(args.endpoint_address_map),
     )
     # In file mode the API client is only created if a pool names a Service.

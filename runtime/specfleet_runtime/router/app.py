@@ -72,6 +72,8 @@ class RouterSettings:
     # How long an endpoint that refused a connection or stalled is skipped while others are available.
     eject_seconds: float = 5.0
     drain_seconds: float = 30.0
+    # A worker sharing its port (SO_REUSEPORT) listens once warm (see `warm`), or after this long.
+    warm_timeout: float = 10.0
     housekeeping_seconds: float = 1.0
     # Request line and each header line at most this long (400 beyond).
     max_header_bytes: int = 16 * 1024
@@ -160,6 +162,26 @@ class Router:
         if not any(self.pool_endpoints.values()):
             return False, "no pool has a ready endpoint"
         return True, "ok"
+
+    def warm(self) -> tuple[bool, str]:
+        """Whether this process knows what it serves (and if not, what it lacks): a routing config, and
+        the first EndpointSlice list of every pool's Service (an empty list counts: that pool has none)."""
+        if self.config is None:
+            return False, "no routing config loaded"
+        unlisted = self.backends.unlisted()
+        if unlisted:
+            return False, "no EndpointSlice list yet for " + ", ".join(unlisted)
+        return True, "ok"
+
+    async def wait_warm(self, timeout: float) -> bool:
+        """Wait until `warm()`, at most `timeout` seconds; whether it is."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.warm()[0]:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     # ---- lifespan ---------------------------------------------------------------------------------
 

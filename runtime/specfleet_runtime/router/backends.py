@@ -71,6 +71,10 @@ class Backends:
             self._start_watch(key)
         self._recompute()
 
+    def unlisted(self) -> list[str]:
+        """The Services (namespace/name) watched whose EndpointSlices have not been listed yet."""
+        return sorted({f"{key[1]}/{key[2]}" for key in self._watches if key not in self._discovered})
+
     def _start_watch(self, key: WatchKey) -> None:
         pool, namespace, service, _ = key
         if self.slice_watch_factory is None:

@@ -28,11 +28,22 @@ async def serve_router(
 ) -> AsyncIterator[Listening]:
     """Serve `router` on host:port until the block exits; then stop listening and drain.
 
+    With `reuse_port` (a worker beside others on the same port) it listens only once the router is
+    warm, or after `warm_timeout`: the kernel hands each listening worker a share of the new
+    connections while the readiness probe reaches only one of them, so a worker that listened before
+    it had its config and endpoints would answer 503 to clients of a pod already marked Ready. (A lone
+    process listens at once: its own /readyz tells the probe the truth.) After the timeout it listens
+    anyway, so /healthz answers and /readyz says what is missing.
+
     On exit the listening socket closes at once, in-flight requests (streams included) get up to
     `drain_seconds` to finish, then the lifespan (session, watches, config source) stops.
     """
     await router.start()
     try:
+        if reuse_port and not await router.wait_warm(router.settings.warm_timeout):
+            log.warning(
+                "not warm after %gs (%s); listening anyway", router.settings.warm_timeout, router.warm()[1]
+            )
         server = router.make_server()
         try:
             addresses = await server.listen(host, port, reuse_port)
