@@ -362,18 +362,8 @@ async def test_a_worker_on_a_shared_port_listens_once_it_knows_config_and_endpoi
         emu_port = int(emu.url.rsplit(":", 1)[1])
         ports = [{"name": "http", "port": emu_port, "protocol": "TCP"}]
         path = tmp_path / "routing.json"
-        path.write_text(
-            json.dumps(
-                {
-                    "servedModelName": MODEL,
-                    "pools": {
-                        "latency": {"service": "m-latency", "port": emu_port},
-                        "batch": {"service": "m-batch", "port": emu_port},
-                    },
-                    "fallback": "reject",
-                }
-            )
-        )
+        latency, batch = {"service": "m-latency", "port": emu_port}, {"service": "m-batch", "port": emu_port}
+        path.write_text(routing_json(latency, batch, servedModelName=MODEL, fallback="reject"))
         router = Router(RouterSettings(namespace="prod"), ConfigFileSource(path, poll_seconds=0.05), watches)
         port = free_port()
         listening, done = asyncio.Event(), asyncio.Event()
