@@ -72,7 +72,7 @@ def facts(**kw: Any) -> RequestFacts:
         ),
         (facts(pool_header="batch", stream=True), False, ("batch", Reason.POOL_HEADER)),
         (facts(tenant="etl"), False, ("batch", Reason.TENANT)),
-        (facts(tenant="chat", max_tokens=4096, n=8), True, ("latency", Reason.TENANT)),
+        (facts(tenant="chat", max_tokens=4096, choices=8), True, ("latency", Reason.TENANT)),
         (facts(api_key_sha256=sha256_hex("sk-vip"), max_tokens=4096), False, ("latency", Reason.API_KEY)),
         (facts(api_key_sha256=KEY_HASH), False, ("batch", Reason.API_KEY)),
         (
@@ -83,8 +83,9 @@ def facts(**kw: Any) -> RequestFacts:
         # 3. request shape
         (facts(max_tokens=1024), False, ("batch", Reason.SHAPE_MAX_TOKENS)),
         (facts(max_tokens=1023), False, ("latency", Reason.DEFAULT)),
-        (facts(n=4), False, ("batch", Reason.SHAPE_N)),
-        (facts(n=3, stream=True), False, ("latency", Reason.DEFAULT)),
+        (facts(choices=4), False, ("batch", Reason.SHAPE_N)),
+        (facts(choices=3, stream=True), False, ("latency", Reason.DEFAULT)),
+        (facts(unbounded=True, stream=True), False, ("batch", Reason.SHAPE_MAX_TOKENS)),
         (facts(max_tokens=2048), True, ("batch", Reason.SHAPE_MAX_TOKENS)),
         # 4. auto-segmentation
         (facts(stream=True), True, ("batch", Reason.AUTO_SEGMENTATION)),
@@ -141,8 +142,25 @@ def test_extract_facts_reads_headers_and_body() -> None:
         api_key_sha256=KEY_HASH,
         stream=True,
         max_tokens=300,
-        n=2,
+        choices=2,
     )
+
+
+@pytest.mark.parametrize(
+    ("body", "prompts", "endpoint", "max_tokens", "unbounded", "choices"),
+    [
+        ({}, 1, "chat", None, True, 1),  # a chat request without a limit runs to the end of the context
+        ({"max_completion_tokens": 9}, 1, "chat", 9, False, 1),
+        ({}, 1, "completions", 16, False, 1),  # vLLM's completions default
+        ({"n": 3}, 32, "completions", 16, False, 96),  # prompts x n choices
+        ({"n": 3}, 1, None, None, False, 3),
+    ],
+)
+def test_extract_facts_shapes_the_output_a_request_asks_for(
+    body: dict[str, Any], prompts: int, endpoint: Any, max_tokens: int | None, unbounded: bool, choices: int
+) -> None:
+    got = extract_facts(CONFIG, {}, body, None, prompts=prompts, endpoint=endpoint)
+    assert (got.max_tokens, got.unbounded, got.choices) == (max_tokens, unbounded, choices)
 
 
 def test_extract_facts_without_body_or_headers() -> None:
@@ -262,7 +280,8 @@ facts_strategy = st.builds(
     api_key_sha256=st.none() | st.sampled_from([KEY_HASH, sha256_hex("sk-vip"), sha256_hex("x")]),
     stream=st.booleans(),
     max_tokens=maybe_int,
-    n=maybe_int,
+    unbounded=st.booleans(),
+    choices=st.integers(min_value=0, max_value=10_000),
 )
 configs = st.builds(
     make_config,

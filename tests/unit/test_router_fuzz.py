@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import resource
 import socket
 import string
@@ -27,8 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfleet_runtime.router.app import Router
+from specfleet_runtime.router.body import FIELDS as BODY_FIELDS
+from specfleet_runtime.router.body import MAX_DEPTH, read_body_fields
 from specfleet_runtime.router.classify import InvalidRequest
-from specfleet_runtime.router.intake import parse_json_object
 from support.router_harness import (
     FAST,
     GOOD,
@@ -258,34 +260,66 @@ def no_tracebacks(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
         assert record.levelno < logging.ERROR, record.getMessage()
 
 
-# ---- the body parser against json.loads ------------------------------------------------------------
+# ---- the body reader against json.loads ------------------------------------------------------------
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text()
+    | st.sampled_from(["\ud800", "x\udc00", "\ud83d\ude00", "\x01"]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from([*sorted(BODY_FIELDS), "prompt", "a"]) | st.text(max_size=8), inner, max_size=4
+        )
+    ),
     max_leaves=12,
 )
 
 
-def _loads_verdict(body: bytes) -> tuple[str, Any]:
-    """What the router answered before it parsed bodies itself: json.loads, then the object check."""
+def _engine_verdict(body: bytes) -> Any:
+    """What an engine's json.loads accepts, less what the router refuses on purpose, and the fields."""
+    if len(body) >= 2 and body[:4].count(0):
+        return "error"  # UTF-16/32
     try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError) as err:
-        return "error", f"request body is not valid JSON: {err}"
-    if not isinstance(doc, dict):
-        return "error", "request body must be a JSON object"
-    return "ok", doc
+        text = body.decode().removeprefix("\ufeff")
+        non_finite: list[str] = []
+
+        def finite(number: str) -> float:
+            value = float(number)
+            if not math.isfinite(value):
+                non_finite.append(number)
+            return value
+
+        doc = json.loads(text, parse_constant=non_finite.append, parse_float=finite)
+        if non_finite or not isinstance(doc, dict):
+            return "error"
+        json.dumps(doc, ensure_ascii=False).encode()  # a lone surrogate cannot be encoded
+    except (ValueError, RecursionError, UnicodeEncodeError):
+        return "error"
+
+    def depth(value: Any) -> int:
+        inner = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        return 1 + max(map(depth, inner), default=0) if isinstance(value, list | dict) else 0
+
+    if depth(doc) > MAX_DEPTH:
+        return "error"
+    return {
+        k: type(v).__name__ if isinstance(v, list | dict) else v for k, v in doc.items() if k in BODY_FIELDS
+    }
 
 
-def _parser_verdict(body: bytes) -> tuple[str, Any]:
+def _reader_verdict(body: bytes, whole_parse_max: int) -> Any:
     try:
-        return "ok", parse_json_object(body)
-    except InvalidRequest as err:
-        return "error", str(err)
+        read = read_body_fields(body, whole_parse_max)
+    except InvalidRequest:
+        return "error"
+    return {k: type(v).__name__ if isinstance(v, list | dict) else v for k, v in read.fields.items()}
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(
     st.one_of(
         st.binary(max_size=64),
@@ -297,8 +331,24 @@ def _parser_verdict(body: bytes) -> tuple[str, Any]:
                 item[1], "surrogatepass"
             )
         ),
+        st.text().map(lambda text: ('{"a": "' + text + '"}').encode("utf-8", "surrogatepass")),
     )
 )
-def test_body_parser_answers_exactly_as_json_loads(body: bytes) -> None:
-    """Same documents, same errors with the same messages, for any bytes (NaN compared by its text)."""
-    assert repr(_parser_verdict(body)) == repr(_loads_verdict(body))
+def test_body_reader_agrees_with_json_loads(body: bytes) -> None:
+    """Parsed whole or scanned, the same verdict and fields as json.loads, less non-finite numbers,
+    lone surrogates, UTF-16/32 and nesting past MAX_DEPTH (NaN compared by its text)."""
+    expected = repr(_engine_verdict(body))
+    assert repr(_reader_verdict(body, 1 << 20)) == expected
+    assert repr(_reader_verdict(body, 0)) == expected
+
+
+def test_a_scanned_body_reads_prompts_fields_and_utf8_across_its_windows() -> None:
+    # A 4-byte character straddling the scanner's 1 MiB window, then the fields.
+    pad = "x" * ((1 << 20) - 20) + "\U0001f600" * 8
+    body = json.dumps({"pad": pad, "model": "m\u00e9", "prompt": [[1], [2], [3]], "n": 2}, ensure_ascii=False)
+    read = read_body_fields(body.encode())
+    assert read.fields == {"model": "m\u00e9", "n": 2}
+    assert read.prompts == 3
+    assert read_body_fields(json.dumps({"prompt": list(range(100_000))}).encode()).prompts == 1
+    with pytest.raises(InvalidRequest, match="not valid UTF-8"):
+        read_body_fields(body.encode()[:-30] + b"\xff" + body.encode()[-29:])

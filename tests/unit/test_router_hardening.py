@@ -22,6 +22,7 @@ from support.router_harness import (
     FAST,
     GOOD,
     MODEL,
+    RunningRouter,
     assert_openai_error,
     engine_process,
     raw_exchange,
@@ -466,3 +467,133 @@ async def test_mid_stream_failure_is_counted_as_an_error(tmp_path: Path) -> None
             labels = {"class": "latency", "pool": "latency", "code": "200"}
             assert rr.counter("specfleet_router_requests_total", **labels, error="mid_stream") == 1
             assert rr.counter("specfleet_router_requests_total", **labels, error="none") == 0
+
+
+# ---- hostile bodies, round two: budgets count arrived bytes, bodies are scanned, not built -------------
+
+
+async def open_body(
+    url: str, declared: int, first: bytes
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection that declares a `declared`-byte body, sends `first` of it and then nothing."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = raw_request("POST", "/v1/completions").split(b"Content-Length")[0]
+    writer.write(head + b"Content-Length: %d\r\n\r\n" % declared + first)
+    await writer.drain()
+    return reader, writer
+
+
+async def test_a_declared_length_reserves_nothing(tmp_path: Path) -> None:
+    """Eight clients that declare the largest body and send one byte lock nobody out."""
+    settings = replace(FAST, max_body_bytes=64 * 1024, max_bytes_in_flight=100 * 1024)
+    async with (
+        recording_engine() as engine,
+        running_router(tmp_path, routing([engine.url], []), settings) as rr,
+        aiohttp.ClientSession() as http,
+    ):
+        held = [(await open_body(rr.url, 64 * 1024, b"{"))[1] for _ in range(8)]
+        await wait_for(lambda: rr.router.budget.used == 8)
+        async with http.post(f"{rr.url}/v1/completions", data=GOOD) as resp:
+            assert resp.status == 200
+        for writer in held:
+            writer.close()
+        await wait_for(lambda: rr.router.budget.used == 0)
+
+
+async def test_a_stalled_body_is_shed_to_make_room_for_one_that_arrives(tmp_path: Path) -> None:
+    settings = replace(FAST, max_body_bytes=64 * 1024, max_bytes_in_flight=100 * 1024)
+    body = json.dumps({"model": MODEL, "prompt": "x" * 60_000, "max_tokens": 2}).encode()
+    now = [1000.0]
+    async with (
+        recording_engine() as engine,
+        running_router(tmp_path, routing([engine.url], []), settings) as rr,
+        aiohttp.ClientSession() as http,
+    ):
+        rr.router.budget.clock = lambda: now[0]
+        reader, writer = await open_body(rr.url, len(body), body[:-1])
+        await wait_for(lambda: rr.router.budget.used == len(body) - 1)
+        # Not yet stalled: the newcomer is the one refused.
+        async with http.post(f"{rr.url}/v1/completions", data=body) as resp:
+            assert resp.status == 503
+        now[0] += 1.5  # the first body has sent nothing for longer than the stall allowance
+        async with http.post(f"{rr.url}/v1/completions", data=body) as resp:
+            assert resp.status == 200
+        answer = await asyncio.wait_for(reader.read(), timeout=10)
+        assert answer.startswith(b"HTTP/1.1 408 ")
+        assert b"stalled" in answer
+        writer.close()
+        await wait_for(lambda: rr.router.budget.used == 0)
+    assert engine.seen == ["/v1/completions"]
+
+
+HOSTILE_BODIES = [
+    (b'{"model": "%s", "prompt": "x", "temperature": NaN}', "not finite"),
+    (b'{"model": "%s", "prompt": "x", "temperature": -Infinity}', "not finite"),
+    (b'{"model": "%s", "prompt": "x", "top_p": 1e400}', "not finite"),
+    (b'{"model": "%s", "prompt": "\\ud800x"}', "lone surrogate"),
+    (b'{"model": "%s", "prompt": "x", "stop": ["\\udc00"]}', "lone surrogate"),
+    (b'{"model": "%s", "prompt": "x", "a": ' + b"[" * 70 + b"]" * 70 + b"}", "deeper than"),
+]
+
+
+@pytest.mark.parametrize("pad", [0, 100_000], ids=["parsed", "scanned"])
+async def test_bodies_an_engine_should_never_see_are_refused(tmp_path: Path, pad: int) -> None:
+    async with recording_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
+        for template, why in HOSTILE_BODIES:
+            body = template.replace(b"%s", MODEL.encode())
+            # Padding past the whole-parse size sends the same body through the scanner.
+            body = body[:-1] + b', "pad": "' + b"p" * pad + b'"}' if pad else body
+            resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", body))
+            assert resp is not None
+            assert resp.status == 400, (template, resp.body)
+            assert_openai_error(resp.json(), code="invalid_request")
+            assert why in resp.json()["error"]["message"], resp.json()
+        # Many empty objects: refused past the value count, never built.
+        flood = b'{"model": "%s", "prompt": "x", "x": [' % MODEL.encode() + b"{}," * 600_000 + b"{}]}"
+        resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", flood))
+        assert resp is not None
+        assert resp.status == 400
+        assert "more than 500000 JSON values" in resp.json()["error"]["message"]
+        # A long model name is not echoed in full.
+        resp = await raw_exchange(
+            rr.url, raw_request("POST", "/v1/completions", json.dumps({"model": "m" * 100_000}).encode())
+        )
+        assert resp is not None
+        assert resp.status == 404
+        assert len(resp.body) < 1000
+    assert engine.seen == []
+
+
+def classified(rr: RunningRouter, pool: str) -> float:
+    """Requests the router classified into `pool`, whatever the rule."""
+    return sum(
+        sample.value
+        for metric in rr.router.metrics.registry.collect()
+        for sample in metric.samples
+        if sample.name == "specfleet_router_classifications_total" and sample.labels["class"] == pool
+    )
+
+
+async def test_shape_rules_see_chat_without_max_tokens_and_prompt_lists(tmp_path: Path) -> None:
+    config = routing(
+        ["http://127.0.0.1:1"], [], shape={"batchIfMaxTokensAtLeast": 1024, "batchIfNAtLeast": 16}
+    )
+    async with recording_engine() as engine:
+        config["pools"] = {"latency": {"staticUrls": [engine.url]}, "batch": {"staticUrls": [engine.url]}}
+        async with running_router(tmp_path, config) as rr, aiohttp.ClientSession() as http:
+            cases = [
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "batch"),
+                ("/v1/chat/completions", {"messages": [], "max_tokens": 10}, "latency"),
+                ("/v1/completions", {"prompt": "x"}, "latency"),  # vLLM's completions default: 16
+                ("/v1/completions", {"prompt": ["a"] * 32, "n": 3, "max_tokens": 5}, "batch"),
+                ("/v1/completions", {"prompt": list(range(64)), "n": 3, "max_tokens": 5}, "latency"),
+                ("/v1/completions", {"prompt": [[1, 2]] * 8, "n": 2, "max_tokens": 5}, "batch"),
+            ]
+            for path, doc, pool in cases:
+                # (the recording engine has no chat route; the class is what the router counted)
+                before = classified(rr, pool)
+                async with http.post(f"{rr.url}{path}", json={"model": MODEL, **doc}) as resp:
+                    await resp.read()
+                after = classified(rr, pool)
+                assert after - before == 1, (doc, pool)

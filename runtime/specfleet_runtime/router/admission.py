@@ -9,20 +9,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
+from specfleet_runtime.router.body import read_body_fields
 from specfleet_runtime.router.classify import (
     Classification,
     ClientLoadTracker,
+    Endpoint,
     InvalidRequest,
     Reason,
     RequestFacts,
     classify,
     extract_facts,
 )
-from specfleet_runtime.router.intake import Refusal, parse_json_object
+from specfleet_runtime.router.intake import Refusal
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.routing_config import RoutingConfig
 
 log = logging.getLogger(__name__)
+
+# An unknown model name is echoed in the 404 up to this many characters (a client may send megabytes).
+MODEL_ECHO_CHARS = 100
 
 
 class Admission:
@@ -34,17 +39,25 @@ class Admission:
         self.tracker = ClientLoadTracker()
 
     def facts(
-        self, config: RoutingConfig, headers: Mapping[str, str], body: bytes, remote: str | None
+        self,
+        config: RoutingConfig,
+        headers: Mapping[str, str],
+        body: bytes,
+        remote: str | None,
+        endpoint: Endpoint | None = None,
     ) -> RequestFacts:
-        """Parse and check the body of an inference request; Refusal (400, 404) for a bad one."""
+        """Check the body of an inference request and read its facts; Refusal (400, 404) for a bad one."""
         try:
-            doc = parse_json_object(body)
-            model = doc.get("model")
+            read = read_body_fields(body)
+            model = read.fields.get("model")
             if model is not None and not isinstance(model, str):
                 raise InvalidRequest("'model' must be a string", "model")
             if model is not None and model != config.served_model_name:
-                raise Refusal(404, f"The model `{model}` does not exist.", "model_not_found", "model")
-            return extract_facts(config, headers, doc, remote)
+                shown = model if len(model) <= MODEL_ECHO_CHARS else model[:MODEL_ECHO_CHARS] + "…"
+                raise Refusal(404, f"The model `{shown}` does not exist.", "model_not_found", "model")
+            return extract_facts(
+                config, headers, read.fields, remote, prompts=read.prompts, endpoint=endpoint
+            )
         except InvalidRequest as err:
             raise Refusal(400, err.message, "invalid_request", err.param) from None
 

@@ -24,13 +24,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from specfleet_runtime.router.admission import Admission
 from specfleet_runtime.router.backends import Backends, WatchKey
-from specfleet_runtime.router.classify import Classification, ClientLoadTracker
+from specfleet_runtime.router.classify import Classification, ClientLoadTracker, Endpoint
 from specfleet_runtime.router.configuration import ConfigStore
 from specfleet_runtime.router.endpoints import AddressMap, other_pool
 from specfleet_runtime.router.errors import error_response
 from specfleet_runtime.router.intake import BodyLimits, ByteBudget, Refusal, read_body
 from specfleet_runtime.router.metrics import RouterMetrics
-from specfleet_runtime.router.paths import METHODS, MODEL_PREFIX, PROXIED, Route, match
+from specfleet_runtime.router.paths import CHAT_PATH, METHODS, MODEL_PREFIX, PROXIED, Route, match
 from specfleet_runtime.router.proxy import CLIENT_CLOSED, Outcome, Proxy, ProxySettings
 from specfleet_runtime.router.reply import Reply, json_reply
 from specfleet_runtime.router.server import HttpServer, RateLimitedLog, Request, ServerLimits
@@ -119,7 +119,7 @@ class Router:
             clock,
         )
         self.body_limits = BodyLimits(settings.max_body_bytes, settings.body_timeout)
-        self.budget = ByteBudget(settings.max_bytes_in_flight, self.metrics)
+        self.budget = ByteBudget(settings.max_bytes_in_flight, self.metrics, self.clock)
         self.errors_log = RateLimitedLog(log)
         self.in_flight = 0
         self.draining = False
@@ -273,7 +273,8 @@ class Router:
             raise Refusal(503, "the router has no routing config yet", "not_ready")
         body, reserved = await read_body(request, self.body_limits, self.budget)
         try:
-            facts = self.admission.facts(config, request.headers, body, request.remote)
+            endpoint: Endpoint = "chat" if path == CHAT_PATH else "completions"
+            facts = self.admission.facts(config, request.headers, body, request.remote, endpoint)
             if self.settings.max_in_flight and self.in_flight >= self.settings.max_in_flight:
                 raise Refusal(
                     429,

@@ -6,7 +6,7 @@ Precedence, first match wins:
 2. the client's explicit pool header (`RoutingConfig.pool_header`, value `latency` or `batch`), as far
    as `RoutingConfig.pool_header_trust` allows: `AfterTenantRules` (default) here, below the rules an
    operator wrote; `Always` above them (step 0); `Ignored` never;
-3. request shape (`ShapeRules`: max_tokens, n, not streaming) -> batch;
+3. request shape (`ShapeRules`: max_tokens, or none on a chat request; prompts x n; not streaming) -> batch;
 4. auto-segmentation: a client whose in-flight count exceeded the threshold is batch until it has
    stayed at or below the threshold for `calm_seconds` (state in `ClientLoadTracker`);
 5. the config's default pool.
@@ -73,8 +73,18 @@ class RequestFacts:
     tenant: str | None = None
     api_key_sha256: str | None = None
     stream: bool = False
+    # The output bound of each choice: what the client set, else the engine's default where it has one.
     max_tokens: int | None = None
-    n: int | None = None
+    # No bound at all: a chat request without max_tokens runs to the end of the context.
+    unbounded: bool = False
+    # Choices the request asks for: its prompts times n.
+    choices: int = 1
+
+
+# vLLM's default `max_tokens` for /v1/completions (a chat request's default is the rest of the context).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+Endpoint = Literal["chat", "completions"]
 
 
 class InvalidRequest(ValueError):
@@ -149,11 +159,16 @@ def extract_facts(
     headers: Mapping[str, str],
     body: Mapping[str, Any] | None,
     remote: str | None,
+    *,
+    prompts: int = 1,
+    endpoint: Endpoint | None = None,
 ) -> RequestFacts:
-    """Turn headers (case-insensitive mapping) and the parsed JSON body into `RequestFacts`.
+    """Turn headers (case-insensitive mapping) and the body's top-level fields into `RequestFacts`.
 
-    `body` is None for endpoints whose body the router does not inspect. Raises `InvalidRequest`
-    for fields of the wrong type, so a malformed request never reaches classification.
+    `body` is None for endpoints whose body the router does not inspect; `prompts` is how many
+    prompts the body carries (a completion's list); `endpoint` says whose default output bound
+    applies when the body sets none. Raises `InvalidRequest` for fields of the wrong type, so a
+    malformed request never reaches classification.
     """
     token = bearer_token(headers.get("authorization"))
     key_hash = sha256_hex(token) if token else None
@@ -161,6 +176,7 @@ def extract_facts(
     stream = False
     max_tokens: int | None = None
     n: int | None = None
+    unbounded = False
     if body is not None:
         raw_stream = body.get("stream", False)
         if raw_stream is None:
@@ -170,6 +186,9 @@ def extract_facts(
         stream = raw_stream
         max_tokens = _max_tokens(body)
         n = _optional_int(body, "n")
+        if max_tokens is None and endpoint == "completions":
+            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+        unbounded = max_tokens is None and endpoint == "chat"
     return RequestFacts(
         client_id=client_identity(headers.get(config.client_header), key_hash, remote),
         pool_header=(
@@ -181,7 +200,8 @@ def extract_facts(
         api_key_sha256=key_hash,
         stream=stream,
         max_tokens=max_tokens,
-        n=n,
+        unbounded=unbounded,
+        choices=prompts * (1 if n is None else n),
     )
 
 
@@ -198,13 +218,12 @@ def classify(config: RoutingConfig, facts: RequestFacts, client_segmented: bool)
     if facts.pool_header is not None and trust == "AfterTenantRules":
         return _classification(facts.pool_header, Reason.POOL_HEADER)
     shape = config.shape
-    if (
-        shape.batch_if_max_tokens_at_least is not None
-        and facts.max_tokens is not None
-        and facts.max_tokens >= shape.batch_if_max_tokens_at_least
+    if shape.batch_if_max_tokens_at_least is not None and (
+        facts.unbounded
+        or (facts.max_tokens is not None and facts.max_tokens >= shape.batch_if_max_tokens_at_least)
     ):
         return _classification("batch", Reason.SHAPE_MAX_TOKENS)
-    if shape.batch_if_n_at_least is not None and facts.n is not None and facts.n >= shape.batch_if_n_at_least:
+    if shape.batch_if_n_at_least is not None and facts.choices >= shape.batch_if_n_at_least:
         return _classification("batch", Reason.SHAPE_N)
     if shape.batch_if_not_streaming and not facts.stream:
         return _classification("batch", Reason.SHAPE_NOT_STREAMING)

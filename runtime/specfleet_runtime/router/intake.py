@@ -1,4 +1,4 @@
-"""Reading a request body within bounds: size, time, and the bytes all requests hold together.
+"""Reading a request body within bounds: size, time, and the bytes that arrived for all requests.
 
 Every refusal is a `Refusal` carrying the OpenAI-format error to send, so the handler has one place
 that turns them into responses.
@@ -7,12 +7,10 @@ that turns them into responses.
 from __future__ import annotations
 
 import asyncio
-import json
-import json.scanner
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from specfleet_runtime.router.classify import InvalidRequest
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.router.server import BadRequestBody, Request
 
@@ -36,24 +34,77 @@ class Refusal(Exception):
         self.headers = headers
 
 
-class ByteBudget:
-    """Request body bytes held by all requests together, against a cap (0: no cap)."""
+# A body still arriving that has sent nothing for this long may be shed when the budget is full.
+STALL_SECONDS = 1.0
 
-    def __init__(self, cap: int, metrics: RouterMetrics) -> None:
+
+@dataclass(eq=False, slots=True)
+class BodyHold:
+    """The bytes one request's body holds in the budget while it arrives."""
+
+    request: Request
+    last: float  # when its last bytes arrived
+    held: int = 0
+    shed: bool = False
+
+
+class ByteBudget:
+    """Request body bytes that arrived and are held by all requests together, against a cap (0: none).
+
+    Bytes count as they arrive, never from a declared Content-Length, so declaring a large body reserves
+    nothing. When arriving bytes do not fit, bodies still arriving that sent nothing for `STALL_SECONDS`
+    are shed to make room, stalest first (their senders get 408): a slow body costs its sender, not
+    everyone. Only if that is not enough is the arriving request refused (503). One request never holds
+    more than the body limit (413).
+    """
+
+    def __init__(self, cap: int, metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic) -> None:
         self.cap = cap
         self.used = 0
+        self.clock = clock
+        self._arriving: set[BodyHold] = set()
         self._gauge = metrics.value(metrics.bytes_in_flight)
 
-    def take(self, size: int) -> bool:
-        if self.cap and self.used + size > self.cap:
+    def take(self, size: int, hold: BodyHold | None = None) -> bool:
+        """Count `size` more bytes (for `hold`, a body still arriving, if given); False if they do not fit."""
+        if self.cap and self.used + size > self.cap and not self._shed_stalled(size, hold):
             return False
         self.used += size
         self._gauge.inc(size)
+        if hold is not None:
+            hold.held += size
+            hold.last = self.clock()
         return True
 
     def give(self, size: int) -> None:
         self.used -= size
         self._gauge.dec(size)
+
+    def arriving(self, request: Request) -> BodyHold:
+        hold = BodyHold(request, self.clock())
+        self._arriving.add(hold)
+        return hold
+
+    def arrived(self, hold: BodyHold) -> None:
+        """The body is complete (or refused): it can no longer be shed."""
+        self._arriving.discard(hold)
+
+    def _shed_stalled(self, size: int, keep: BodyHold | None) -> bool:
+        now = self.clock()
+        stalled = sorted(
+            (h for h in self._arriving if h is not keep and not h.shed and now - h.last >= STALL_SECONDS),
+            key=lambda h: h.last,
+        )
+        for hold in stalled:
+            if self.used + size <= self.cap:
+                break
+            hold.shed = True
+            self._arriving.discard(hold)
+            self.give(hold.held)
+            hold.held = 0
+            # Wakes its reader, which answers 408 (see read_body).
+            hold.request._fail("shed")
+        return self.used + size <= self.cap
 
 
 @dataclass(frozen=True)
@@ -77,33 +128,39 @@ def _overloaded(limits: BodyLimits) -> Refusal:
 
 
 async def read_body(request: Request, limits: BodyLimits, budget: ByteBudget) -> tuple[bytes, int]:
-    """The request body and the bytes reserved for it in `budget` (the caller gives them back).
+    """The request body and the bytes it holds in `budget` (the caller gives them back).
 
-    Refuses past `limits.max_bytes` (413), when the budget cannot hold it (503 + Retry-After), when
-    the whole body does not arrive within `limits.timeout` (408: a body shorter than its
-    Content-Length, or a client trickling it), and broken chunked framing (400). Nothing beyond the
-    limit is kept.
+    Refuses past `limits.max_bytes` (413, as soon as it is declared or arrives), when the budget cannot
+    hold the bytes that arrived (503 + Retry-After), when the whole body does not arrive within
+    `limits.timeout` (408: a body shorter than its Content-Length, or a client trickling it), when the
+    budget shed it as stalled (408), and broken chunked framing (400). Nothing beyond the limit is kept.
     """
     declared = request.content_length
-    if declared is not None:
-        if declared > limits.max_bytes:
-            raise _too_large(limits.max_bytes)
-        if not budget.take(declared):
-            raise _overloaded(limits)
-        reserved = declared
-    else:
-        reserved = 0
+    if declared is not None and declared > limits.max_bytes:
+        raise _too_large(limits.max_bytes)
     if request.body_complete and request.error is None:
         # The whole body came with the head (the common case): no wait, so no timer to arm (an
         # asyncio.timeout costs several µs a request).
         body = request.take()
-        if declared is not None:
-            return body, reserved
         if len(body) > limits.max_bytes:
             raise _too_large(limits.max_bytes)
         if not budget.take(len(body)):
             raise _overloaded(limits)
         return body, len(body)
+    hold = budget.arriving(request)
+    try:
+        return await _read_arriving(request, limits, budget, hold)
+    except BaseException:
+        budget.give(hold.held)
+        hold.held = 0
+        raise
+    finally:
+        budget.arrived(hold)
+
+
+async def _read_arriving(
+    request: Request, limits: BodyLimits, budget: ByteBudget, hold: BodyHold
+) -> tuple[bytes, int]:
     try:
         async with asyncio.timeout(limits.timeout):
             chunks: list[bytes] = []
@@ -112,64 +169,21 @@ async def read_body(request: Request, limits: BodyLimits, budget: ByteBudget) ->
                 size += len(chunk)
                 if size > limits.max_bytes:
                     raise _too_large(limits.max_bytes)
-                if declared is None:
-                    if not budget.take(len(chunk)):
-                        raise _overloaded(limits)
-                    reserved += len(chunk)
+                if not budget.take(len(chunk), hold):
+                    raise _overloaded(limits)
                 chunks.append(chunk)
-            return b"".join(chunks), reserved
+            return b"".join(chunks), hold.held
     except TimeoutError:
-        budget.give(reserved)
         raise Refusal(
             408, f"request body not received within {limits.timeout:g}s", "request_timeout"
         ) from None
     except BadRequestBody as err:
-        budget.give(reserved)
+        if hold.shed:
+            raise Refusal(
+                408,
+                f"request body stalled for {STALL_SECONDS:g}s while the router was short of memory",
+                "request_timeout",
+            ) from None
         raise Refusal(400, f"malformed HTTP request: {err}", "invalid_request") from None
     except asyncio.IncompleteReadError:
-        budget.give(reserved)
         raise Refusal(400, "request body shorter than its Content-Length", "invalid_request") from None
-    except BaseException:
-        budget.give(reserved)
-        raise
-
-
-# json's own C scanner, made for the default decoder as json.loads uses it, and json's whitespace.
-# (typeshed types its argument as a scanner; it is the decoder whose settings it copies)
-_scan_once = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
-_WHITESPACE = " \t\n\r"
-
-
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or InvalidRequest (400) for anything else.
-
-    Exactly `json.loads(body)`, without its Python-level steps in the common case: UTF-8 without a
-    byte order mark is decoded here and handed to json's own scanner (the C one) once, with json's
-    whitespace rule and errors; anything else (a byte order mark, UTF-16/32, lone surrogates) goes
-    through json.loads itself.
-    """
-    try:
-        try:
-            text = body.decode()
-        except UnicodeDecodeError:
-            text = ""
-        if not text or text[0] == "\ufeff":
-            doc = json.loads(body)
-        else:
-            start = len(text) - len(text.lstrip(_WHITESPACE))
-            try:
-                doc, end = _scan_once(text, start)
-            except StopIteration as stop:
-                raise json.JSONDecodeError("Expecting value", text, stop.value) from None
-            rest = text[end:]
-            if rest:
-                extra = len(rest) - len(rest.lstrip(_WHITESPACE))
-                if extra != len(rest):
-                    raise json.JSONDecodeError("Extra data", text, end + extra)
-    except (ValueError, RecursionError) as err:
-        # ValueError covers JSONDecodeError, bad UTF-8 and integers past Python's digit limit;
-        # RecursionError very deep nesting.
-        raise InvalidRequest(f"request body is not valid JSON: {err}") from None
-    if not isinstance(doc, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    return doc

@@ -27,9 +27,10 @@ class Route(Enum):
 
 
 # Canonical path -> route; inference routes are proxied to an engine, the others answered here.
+CHAT_PATH = "/v1/chat/completions"
 ROUTES: dict[str, Route] = {
     "/v1/completions": Route.COMPLETIONS,
-    "/v1/chat/completions": Route.CHAT_COMPLETIONS,
+    CHAT_PATH: Route.CHAT_COMPLETIONS,
     "/v1/models": Route.MODELS,
     "/healthz": Route.HEALTHZ,
     "/readyz": Route.READYZ,
