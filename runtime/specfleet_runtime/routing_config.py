@@ -18,6 +18,10 @@ PoolName = Literal["latency", "batch"]
 # (the default: an operator's rules beat a client's wish), or above every rule.
 PoolHeaderTrust = Literal["Ignored", "AfterTenantRules", "Always"]
 POOL_HEADER_TRUST_VALUES: Final = ("Ignored", "AfterTenantRules", "Always")
+# Whether an identity header (tenant, client) is believed: only where an authenticating gateway in front
+# of the router sets it on every request (Trusted); otherwise any client could claim any identity.
+IdentityHeaderTrust = Literal["Ignored", "Trusted"]
+IDENTITY_HEADER_TRUST_VALUES: Final = ("Ignored", "Trusted")
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,9 @@ class RoutingConfig:
     pool_header: str = "x-specfleet-pool"
     pool_header_trust: PoolHeaderTrust = "AfterTenantRules"
     tenant_header: str = "x-specfleet-tenant"
+    tenant_header_trust: IdentityHeaderTrust = "Ignored"
     client_header: str = "x-specfleet-client"
+    client_header_trust: IdentityHeaderTrust = "Ignored"
     tenant_rules: tuple[TenantRule, ...] = ()
     shape: ShapeRules = field(default_factory=ShapeRules)
     auto_segmentation: AutoSegmentation = field(default_factory=AutoSegmentation)
@@ -108,7 +114,9 @@ class RoutingConfig:
                 pool_header=doc.get("pool_header", "x-specfleet-pool"),
                 pool_header_trust=doc.get("pool_header_trust", "AfterTenantRules"),
                 tenant_header=doc.get("tenant_header", "x-specfleet-tenant"),
+                tenant_header_trust=doc.get("tenant_header_trust", "Ignored"),
                 client_header=doc.get("client_header", "x-specfleet-client"),
+                client_header_trust=doc.get("client_header_trust", "Ignored"),
                 tenant_rules=rules,
                 shape=ShapeRules(**doc.get("shape", {})),
                 auto_segmentation=AutoSegmentation(**doc.get("auto_segmentation", {})),
@@ -136,6 +144,15 @@ class RoutingConfig:
                 "invalid routing config: poolHeaderTrust must be one of "
                 f"{', '.join(POOL_HEADER_TRUST_VALUES)}, not {self.pool_header_trust!r}"
             )
+        for name, trust in (
+            ("tenantHeaderTrust", self.tenant_header_trust),
+            ("clientHeaderTrust", self.client_header_trust),
+        ):
+            if trust not in IDENTITY_HEADER_TRUST_VALUES:
+                raise ValueError(
+                    f"invalid routing config: {name} must be one of "
+                    f"{', '.join(IDENTITY_HEADER_TRUST_VALUES)}, not {trust!r}"
+                )
         if self.fallback not in ("otherPool", "reject"):
             raise ValueError(
                 f"invalid routing config: fallback must be otherPool or reject, not {self.fallback!r}"

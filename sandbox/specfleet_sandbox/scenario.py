@@ -20,7 +20,8 @@ from typing import Any
 
 from specfleet_sandbox.load import LoadGenerator, LoadStats
 
-# The tenant the sandbox resource routes to the batch pool (its routing.tenantRules).
+# The tenant the sandbox resource routes to the batch pool (its routing.tenantRules). The resource
+# trusts the tenant header (tenantHeaderTrust: Trusted); here the load generator plays the gateway.
 BATCH_TENANT = "nightly-evals"
 TENANT_HEADER = "x-specfleet-tenant"
 # Per-position acceptance of the emulated EAGLE-3 drafter (about the published Llama-3.1-8B values)

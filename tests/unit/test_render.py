@@ -8,6 +8,7 @@ from specfleet.api.constants import ANNOTATION_RENDER_HASH, LABEL_POOL, LABEL_SP
 from specfleet.api.validation import parse_resource
 from specfleet.render import plan_of, render_children
 from specfleet.render.engine import engine_args
+from specfleet.render.router import routing_config
 from specfleet_runtime.vllm_args import parse_vllm_args
 from support.manifests import ROOT, load_yaml, merge
 
@@ -172,6 +173,31 @@ def test_router_role_reads_only_its_config_map():
     config_rule = next(r for r in role["rules"] if r["resources"] == ["configmaps"])
     assert config_rule["resourceNames"] == ["assistant-routing"]
     assert set(config_rule["verbs"]) == {"get", "list", "watch"}
+
+
+def test_every_routing_field_reaches_the_router():
+    """Each `spec.routing` field (but `router`) is copied into routing.json, none left at its default."""
+    routing = {
+        "defaultPool": "batch",
+        "poolHeader": "x-gateway-pool",
+        "poolHeaderTrust": "Always",
+        "tenantHeader": "x-gateway-tenant",
+        "tenantHeaderTrust": "Trusted",
+        "clientHeader": "x-gateway-client",
+        "clientHeaderTrust": "Trusted",
+        "tenantRules": [{"pool": "batch", "tenants": ["etl"], "apiKeySha256": ["a" * 64]}],
+        "shape": {"batchIfMaxTokensAtLeast": 9, "batchIfNAtLeast": 3, "batchIfNotStreaming": True},
+        "autoSegmentation": {"enabled": False, "inFlightThreshold": 3, "calmSeconds": 7},
+        "fallback": "reject",
+    }
+    sd = _sd(patch={"spec": {"routing": routing}})
+    spec = sd.spec.routing.model_dump(by_alias=True, exclude={"router"})
+    defaults = type(sd.spec.routing)().model_dump(by_alias=True)
+    rendered = json.loads(routing_config(sd).to_json())
+    assert set(spec) == set(routing)
+    for key, value in spec.items():
+        assert value != defaults[key], key
+        assert rendered[key] == value, key
 
 
 def test_owner_references_and_no_uid_means_none():

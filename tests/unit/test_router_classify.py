@@ -128,13 +128,14 @@ def test_segmentation_ignored_when_disabled() -> None:
 
 
 def test_extract_facts_reads_headers_and_body() -> None:
+    trusted = make_config(tenant_header_trust="Trusted")
     headers = {
         "authorization": f"Bearer {KEY}",
         "x-specfleet-tenant": " etl ",
         "x-specfleet-pool": "BATCH",
     }
     body = {"stream": True, "max_tokens": 10, "max_completion_tokens": 300, "n": 2}
-    got = extract_facts(CONFIG, headers, body, "10.0.0.9")
+    got = extract_facts(trusted, headers, body, "10.0.0.9")
     assert got == RequestFacts(
         client_id=f"key:{KEY_HASH[:16]}",
         pool_header="batch",
@@ -207,6 +208,51 @@ def test_client_identity_precedence() -> None:
     assert client_identity("job-7", KEY_HASH, "1.2.3.4") == "client:job-7"
     assert client_identity(" ", KEY_HASH, "1.2.3.4") == f"key:{KEY_HASH[:16]}"
     assert client_identity(None, None, "1.2.3.4") == "addr:1.2.3.4"
+
+
+# ---- identity trust ------------------------------------------------------------------------------
+
+# A client claiming a tenant whose rule comes first (etl -> batch) and another client's identity.
+CLAIMS = {"x-specfleet-tenant": "etl", "x-specfleet-client": "victim"}
+VIP = {**CLAIMS, "authorization": "Bearer sk-vip"}
+
+
+def test_identity_headers_are_ignored_unless_trusted() -> None:
+    assert (CONFIG.tenant_header_trust, CONFIG.client_header_trust) == ("Ignored", "Ignored")
+    vip = extract_facts(CONFIG, VIP, None, "10.0.0.9")
+    assert (vip.tenant, vip.client_id) == (None, f"key:{sha256_hex('sk-vip')[:16]}")
+    # The claimed tenant does not beat the rule of the client's own API key.
+    assert classify(CONFIG, vip, False) == Classification("latency", Reason.API_KEY)
+    anonymous = extract_facts(CONFIG, CLAIMS, None, "10.0.0.9")
+    assert (anonymous.tenant, anonymous.client_id) == (None, "addr:10.0.0.9")
+    assert classify(CONFIG, anonymous, False) == Classification("latency", Reason.DEFAULT)
+
+
+def test_trusted_identity_headers_are_read() -> None:
+    both = make_config(tenant_header_trust="Trusted", client_header_trust="Trusted")
+    vip = extract_facts(both, VIP, None, "10.0.0.9")
+    assert (vip.tenant, vip.client_id) == ("etl", "client:victim")
+    assert classify(both, vip, False) == Classification("batch", Reason.TENANT)
+    # Each header is trusted on its own, under the name the config gives it; blank is no identity.
+    tenant_only = extract_facts(make_config(tenant_header_trust="Trusted"), CLAIMS, None, "10.0.0.9")
+    assert (tenant_only.tenant, tenant_only.client_id) == ("etl", "addr:10.0.0.9")
+    gateway = make_config(client_header="x-gateway-client", client_header_trust="Trusted")
+    got = extract_facts(gateway, {**CLAIMS, "x-gateway-client": " job-7 "}, None, "10.0.0.9")
+    assert (got.tenant, got.client_id) == (None, "client:job-7")
+    blank = extract_facts(both, {"x-specfleet-tenant": " ", "x-specfleet-client": ""}, None, "10.0.0.9")
+    assert (blank.tenant, blank.client_id) == (None, "addr:10.0.0.9")
+
+
+def test_identity_trust_in_the_routing_document() -> None:
+    base = '{"servedModelName": "m", "pools": {"latency": {"staticUrls": ["http://l"]}}'
+    parsed = RoutingConfig.from_json(base + "}")
+    assert (parsed.tenant_header_trust, parsed.client_header_trust) == ("Ignored", "Ignored")
+    both = RoutingConfig.from_json(base + ', "tenantHeaderTrust": "Trusted", "clientHeaderTrust": "Trusted"}')
+    assert RoutingConfig.from_json(both.to_json()) == both
+    assert (both.tenant_header_trust, both.client_header_trust) == ("Trusted", "Trusted")
+    for field in ("tenantHeaderTrust", "clientHeaderTrust"):
+        with pytest.raises(ValueError, match=field):
+            RoutingConfig.from_json(base + f', "{field}": "Always"}}')
 
 
 # ---- auto-segmentation state machine --------------------------------------------------------------

@@ -144,6 +144,7 @@ async def test_classification_rules_end_to_end(tmp_path: Path) -> None:
                 {"pool": "batch", "apiKeySha256": [sha256_hex(BATCH_KEY)]},
             ],
             shape={"batchIfMaxTokensAtLeast": 64, "batchIfNAtLeast": 3},
+            tenantHeaderTrust="Trusted",  # as if a gateway in front set the tenant header
         )
         async with running_router(tmp_path, config) as rr:
             client = rr.client()
@@ -196,7 +197,8 @@ async def test_classification_rules_end_to_end(tmp_path: Path) -> None:
 async def test_auto_segmentation_under_concurrent_load(tmp_path: Path) -> None:
     async with two_emulators(time_scale=1.0) as (lat, bat):
         segmentation = {"enabled": True, "inFlightThreshold": 3, "calmSeconds": 1}
-        config = routing([lat.url], [bat.url], autoSegmentation=segmentation)
+        # The client header is trusted here, as if a gateway in front set it.
+        config = routing([lat.url], [bat.url], autoSegmentation=segmentation, clientHeaderTrust="Trusted")
         async with running_router(tmp_path, config) as rr:
             client = rr.client()
 

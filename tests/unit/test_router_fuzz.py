@@ -71,7 +71,14 @@ class Target:
             max_bytes_in_flight=1024 * 1024,
         )
         async with recording_engine() as engine:
-            doc = routing([engine.url], [], tenantRules=[{"pool": "latency", "tenants": ["t"]}])
+            # Both identity headers trusted, so the fuzzed values of each are read.
+            doc = routing(
+                [engine.url],
+                [],
+                tenantRules=[{"pool": "latency", "tenants": ["t"]}],
+                tenantHeaderTrust="Trusted",
+                clientHeaderTrust="Trusted",
+            )
             async with running_router(self.tmp, doc, settings) as rr:
                 self.url, self.router, self.engine = rr.url, rr.router, engine
                 self.ready.set()

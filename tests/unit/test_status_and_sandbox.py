@@ -15,7 +15,14 @@ from specfleet.status_view import fleet_view, plain_lines
 from specfleet_sandbox.cli import build_parser
 from specfleet_sandbox.fleet import sandbox_fleet
 from specfleet_sandbox.load import LoadStats
-from specfleet_sandbox.scenario import SCENARIOS, PhaseRecord, ScenarioResult, phase_rows, summary_lines
+from specfleet_sandbox.scenario import (
+    SCENARIOS,
+    TENANT_HEADER,
+    PhaseRecord,
+    ScenarioResult,
+    phase_rows,
+    summary_lines,
+)
 
 RESOURCE = {
     "metadata": {"namespace": "inference", "name": "assistant", "generation": 3},
@@ -106,6 +113,9 @@ def test_the_sandbox_fleet_is_a_valid_resource_that_can_work() -> None:
     assert sd.spec.policy.prometheus.url == "http://127.0.0.1:9090"
     assert sd.spec.pools.latency.replicas == 1
     assert any("nightly-evals" in rule.tenants for rule in sd.spec.routing.tenant_rules)
+    # The demo's batch tenant is routed by its header, which the resource must trust.
+    assert sd.spec.routing.tenant_header == TENANT_HEADER
+    assert sd.spec.routing.tenant_header_trust == "Trusted"
 
 
 def _stats(ok: int, failed: int, latency_tokens: int, batch_tokens: int) -> LoadStats:

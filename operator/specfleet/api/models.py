@@ -37,6 +37,8 @@ Quantity = Annotated[
     Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$", max_length=32),
 ]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+# Whether an identity header is believed (runtime: routing_config.IdentityHeaderTrust).
+IdentityHeaderTrust = Literal["Ignored", "Trusted"]
 
 
 def _quote(names: tuple[str, ...]) -> str:
@@ -514,7 +516,9 @@ class TenantRule(ApiModel):
 
     pool: PoolName = Field(description="Pool these requests go to.")
     tenants: list[Annotated[str, Field(max_length=253)]] = Field(
-        default_factory=list, max_length=256, description="Values of the tenant header."
+        default_factory=list,
+        max_length=256,
+        description="Values of the tenant header (needs routing.tenantHeaderTrust: Trusted).",
     )
     api_key_sha256: list[Sha256Hex] = Field(
         default_factory=list,
@@ -559,6 +563,16 @@ class RouterSpec(ApiModel):
 class RoutingSpec(ApiModel):
     """How the router classifies each request into the latency or the batch pool."""
 
+    rules = (
+        Rule(
+            cel="self.tenantHeaderTrust == 'Trusted' || !has(self.tenantRules) "
+            "|| self.tenantRules.all(r, !has(r.tenants) || size(r.tenants) == 0)",
+            message="tenant rules that list tenants need tenantHeaderTrust: Trusted (the tenant header is "
+            "read only where an authenticating gateway sets it)",
+            check=lambda r: r.tenant_header_trust == "Trusted" or not any(t.tenants for t in r.tenant_rules),
+        ),
+    )
+
     default_pool: PoolName = Field(default="latency", description="Pool for requests no rule classifies.")
     pool_header: str = Field(
         default="x-specfleet-pool", max_length=128, description="Header that names the pool explicitly."
@@ -571,7 +585,29 @@ class RoutingSpec(ApiModel):
         "never read.",
     )
     tenant_header: str = Field(
-        default="x-specfleet-tenant", max_length=128, description="Header carrying the tenant name."
+        default="x-specfleet-tenant",
+        max_length=128,
+        description="Header carrying the tenant name; read only where tenantHeaderTrust is Trusted.",
+    )
+    tenant_header_trust: IdentityHeaderTrust = Field(
+        default="Ignored",
+        description="Whether the tenant header is believed. Ignored (default): never read, so no client "
+        "can claim a tenant, and tenant rules match API keys only; Trusted: read on every request. Set "
+        "Trusted only where an authenticating gateway in front of the router sets this header on every "
+        "request, replacing any value the client sent.",
+    )
+    client_header: str = Field(
+        default="x-specfleet-client",
+        max_length=128,
+        description="Header naming the client for auto-segmentation; read only where clientHeaderTrust "
+        "is Trusted.",
+    )
+    client_header_trust: IdentityHeaderTrust = Field(
+        default="Ignored",
+        description="Whether the client header is believed. Ignored (default): a client is its API key, "
+        "else its network address, so no client can push another's requests into the batch pool; "
+        "Trusted: read on every request. Set Trusted only where an authenticating gateway in front of "
+        "the router sets this header on every request, replacing any value the client sent.",
     )
     tenant_rules: list[TenantRule] = Field(
         default_factory=list, max_length=64, description="Tenant and API-key rules, first match wins."

@@ -39,6 +39,9 @@ def routing_config(sd: SpeculativeDeployment) -> RoutingConfig:
         pool_header=routing.pool_header,
         pool_header_trust=routing.pool_header_trust,
         tenant_header=routing.tenant_header,
+        tenant_header_trust=routing.tenant_header_trust,
+        client_header=routing.client_header,
+        client_header_trust=routing.client_header_trust,
         tenant_rules=tuple(
             TenantRule(pool=r.pool, tenants=tuple(r.tenants), api_key_sha256=tuple(r.api_key_sha256))
             for r in routing.tenant_rules

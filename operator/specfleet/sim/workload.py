@@ -1,7 +1,8 @@
 """Workloads for the simulator: trace files (open loop) and concurrency profiles (closed loop).
 
 Trace format: CSV with the columns of the Azure LLM inference trace, `TIMESTAMP,ContextTokens,
-GeneratedTokens`, plus optional columns `tenant`, `pool` (the client's pool header), `max_tokens`,
+GeneratedTokens`, plus optional columns `tenant` (the tenant header, which tenant rules read only
+where the resource sets `tenantHeaderTrust: Trusted`), `pool` (the client's pool header), `max_tokens`,
 `n`, `stream` (true/false) and `acceptance` (a profile name, or per-position values separated by `;`).
 TIMESTAMP is either a date-time (`2023-11-16 18:17:03.9799600`) or seconds; arrivals are taken
 relative to the first row and divided by `time_scale` (2 compresses the trace to half its length).

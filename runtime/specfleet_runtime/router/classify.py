@@ -11,6 +11,10 @@ Precedence, first match wins:
    stayed at or below the threshold for `calm_seconds` (state in `ClientLoadTracker`);
 5. the config's default pool.
 
+Identity headers are believed only where the config trusts them (`tenant_header_trust`,
+`client_header_trust`: an authenticating gateway in front sets them); otherwise a request has no
+tenant, and its client for auto-segmentation is its API key, else its peer address.
+
 The router turns an HTTP request into `RequestFacts` with `extract_facts`, asks the tracker whether
 the client is segmented, and calls `classify`. Time is passed in, so everything here is testable
 without sleeping.
@@ -24,7 +28,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from specfleet_runtime.routing_config import POOLS, AutoSegmentation, PoolName, RoutingConfig
+from specfleet_runtime.routing_config import (
+    POOLS,
+    AutoSegmentation,
+    IdentityHeaderTrust,
+    PoolName,
+    RoutingConfig,
+)
 
 
 class Reason(StrEnum):
@@ -145,13 +155,24 @@ def parse_pool_header(value: str | None, header: str) -> PoolName | None:
 
 
 def client_identity(client_header: str | None, api_key_sha256: str | None, remote: str | None) -> str:
-    """Who a request comes from, for auto-segmentation: client header, else API key, else address."""
+    """Who a request comes from, for auto-segmentation: trusted client header, else API key, else address.
+
+    Pass `client_header` only where the config trusts it (`trusted_header`).
+    """
     if client_header and client_header.strip():
         return f"client:{client_header.strip()}"
     if api_key_sha256:
         # A prefix is enough to tell keys apart and keeps the full hash out of logs.
         return f"key:{api_key_sha256[:16]}"
     return f"addr:{remote or 'unknown'}"
+
+
+def trusted_header(headers: Mapping[str, str], name: str, trust: IdentityHeaderTrust) -> str | None:
+    """An identity header's stripped value where the config trusts it; None if untrusted or blank."""
+    if trust != "Trusted":
+        return None
+    value = (headers.get(name) or "").strip()
+    return value or None
 
 
 def extract_facts(
@@ -172,7 +193,8 @@ def extract_facts(
     """
     token = bearer_token(headers.get("authorization"))
     key_hash = sha256_hex(token) if token else None
-    tenant = headers.get(config.tenant_header)
+    tenant = trusted_header(headers, config.tenant_header, config.tenant_header_trust)
+    client = trusted_header(headers, config.client_header, config.client_header_trust)
     stream = False
     max_tokens: int | None = None
     n: int | None = None
@@ -190,13 +212,13 @@ def extract_facts(
             max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
         unbounded = max_tokens is None and endpoint == "chat"
     return RequestFacts(
-        client_id=client_identity(headers.get(config.client_header), key_hash, remote),
+        client_id=client_identity(client, key_hash, remote),
         pool_header=(
             parse_pool_header(headers.get(config.pool_header), config.pool_header)
             if config.pool_header_trust != "Ignored"
             else None
         ),
-        tenant=tenant.strip() if tenant and tenant.strip() else None,
+        tenant=tenant,
         api_key_sha256=key_hash,
         stream=stream,
         max_tokens=max_tokens,
