@@ -597,3 +597,21 @@ async def test_shape_rules_see_chat_without_max_tokens_and_prompt_lists(tmp_path
                     await resp.read()
                 after = classified(rr, pool)
                 assert after - before == 1, (doc, pool)
+
+
+async def test_a_trusted_identity_header_sent_twice_is_refused(tmp_path: Path) -> None:
+    """A gateway that appends its tenant after the client's would let the client's value win."""
+    config = routing([], [], tenantHeaderTrust="Trusted")
+    async with recording_engine() as engine:
+        config["pools"] = {"latency": {"staticUrls": [engine.url]}}
+        async with running_router(tmp_path, config) as rr:
+            twice = "x-specfleet-tenant: etl\r\nx-specfleet-tenant: gateway-says\r\n"
+            resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD, twice))
+            assert resp is not None
+            assert resp.status == 400
+            assert_openai_error(resp.json(), code="invalid_request", param="x-specfleet-tenant")
+            once = "x-specfleet-tenant: etl\r\n"
+            resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD, once))
+            assert resp is not None
+            assert resp.status == 200
+    assert engine.seen == ["/v1/completions"]

@@ -22,12 +22,25 @@ from specfleet_runtime.router.classify import (
 )
 from specfleet_runtime.router.intake import Refusal
 from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.router.server import Headers
 from specfleet_runtime.routing_config import RoutingConfig
 
 log = logging.getLogger(__name__)
 
 # An unknown model name is echoed in the 404 up to this many characters (a client may send megabytes).
 MODEL_ECHO_CHARS = 100
+
+
+def _refuse_repeated_identity(config: RoutingConfig, headers: Headers) -> None:
+    """A trusted identity header sent twice means a gateway appended to a client's value: refuse it."""
+    for name, trust in (
+        (config.tenant_header, config.tenant_header_trust),
+        (config.client_header, config.client_header_trust),
+    ):
+        if trust == "Trusted" and len(headers.getall(name)) > 1:
+            raise InvalidRequest(
+                f"header {name} appears more than once; the gateway must replace a client's value", name
+            )
 
 
 class Admission:
@@ -48,6 +61,8 @@ class Admission:
     ) -> RequestFacts:
         """Check the body of an inference request and read its facts; Refusal (400, 404) for a bad one."""
         try:
+            if isinstance(headers, Headers):
+                _refuse_repeated_identity(config, headers)
             read = read_body_fields(body)
             model = read.fields.get("model")
             if model is not None and not isinstance(model, str):
