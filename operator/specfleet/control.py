@@ -12,7 +12,7 @@ Kopf handlers drive reconcile; tests call both with the in-memory cluster and a 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -172,11 +172,14 @@ class Controller:
             outcome.events, outcome.applied = result.events, result.applied
         return outcome
 
-    def observe_target(self, target: PrometheusTarget) -> FleetAnswers:
-        """One round of fleet queries against one Prometheus (no lock held; may take the timeout).
+    def observe_target(self, target: PrometheusTarget, namespaces: Collection[str]) -> FleetAnswers:
+        """One round of fleet queries against one Prometheus over the engines of `namespaces` (those of
+        the resources it serves; no lock held; may take the timeout).
 
         `querier_for` is called for each round, so a querier may pin the round to one instant."""
-        return query_fleet(self.querier_for(target.url, target.timeout_seconds), target.window_seconds)
+        now = self.clock().timestamp()
+        query = self.querier_for(target.url, target.timeout_seconds)
+        return query_fleet(query, target.window_seconds, namespaces, now)
 
     def decide_policy(
         self, namespace: str, name: str, target: PrometheusTarget, answers: FleetAnswers, now: datetime
@@ -318,7 +321,7 @@ class Controller:
         if schedule.target is None:
             return Outcome(next_seconds=schedule.interval_seconds)
         now = self.clock()
-        answers = self.observe_target(schedule.target)
+        answers = self.observe_target(schedule.target, [namespace])
         return self.decide_policy(namespace, name, schedule.target, answers, now)
 
 

@@ -154,7 +154,11 @@ class PolicyScheduler:
         report.targets = len(groups)
         now = self.controller.clock()
         futures: dict[Future[FleetAnswers], PrometheusTarget] = {
-            self._queries.submit(self.controller.observe_target, target): target for target in groups
+            # Each round asks only about the namespaces of the resources it serves.
+            self._queries.submit(
+                self.controller.observe_target, target, {key[0] for key, _ in members}
+            ): target
+            for target, members in groups.items()
         }
         for future in as_completed(futures):
             target = futures[future]

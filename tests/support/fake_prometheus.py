@@ -1,10 +1,14 @@
 """A scripted Prometheus for unit tests: answers the fleet's grouped PromQL from a table of pool values.
 
+Like a real Prometheus it honours the queries' namespace matcher (only pools of the namespaces asked
+about answer), and `extra` injects raw samples (hostile or malformed ones) into a query's answer.
 The e2e tier runs the same queries against a real Prometheus scraping engines.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from specfleet.metrics.prometheus import POOL_LABELS, PoolKey, QueryError, fleet_queries
@@ -26,6 +30,27 @@ _VALUE_KEYS = {
     "itl_p99": "itl99",
     "sample_age": "age",
 }
+_MATCHER = re.compile(r'namespace(=~|=)("(?:[^"\\]|\\.)*")')
+
+
+def asked_namespaces(promql: str) -> list[str]:
+    """The namespaces a fleet query's matcher selects (its regex of escaped alternatives undone)."""
+    match = _MATCHER.search(promql)
+    assert match is not None, f"a fleet query without a namespace matcher: {promql}"
+    op, literal = match.groups()
+    text: str = json.loads(literal)
+    if op == "=":
+        return [text]
+    names, current, chars = [], "", iter(text)
+    for c in chars:
+        if c == "\\":
+            current += next(chars)
+        elif c == "|":
+            names.append(current)
+            current = ""
+        else:
+            current += c
+    return [*names, current]
 
 
 class FakePrometheus:
@@ -35,9 +60,10 @@ class FakePrometheus:
     def __init__(self, namespace: str, deployment: str, window: int) -> None:
         self.namespace, self.deployment, self.window = namespace, deployment, window
         self.values: dict[PoolKey, dict[str, Any]] = {}
+        # query name -> raw samples added to its answer (in the namespaces asked about)
+        self.extra: dict[str, list[Any]] = {}
         self.down = False
         self.queries: list[str] = []
-        self._names = {text: name for name, text in fleet_queries(window).items()}
 
     def set_pool(
         self, pool: str, *, namespace: str | None = None, deployment: str | None = None, **values: Any
@@ -50,11 +76,15 @@ class FakePrometheus:
         self.queries.append(promql)
         if self.down:
             raise QueryError("ConnectionError: connection refused")
-        name = self._names.get(promql)
+        namespaces = asked_namespaces(promql)
+        names = {text: name for name, text in fleet_queries(self.window, namespaces).items()}
+        name = names.get(promql)
         if name is None:
             return []
         out: list[dict[str, Any]] = []
         for key, v in self.values.items():
+            if key[0] not in namespaces:
+                continue
             labels = dict(zip(POOL_LABELS, key, strict=True))
             if name == "accepted_per_pos":
                 out += [
@@ -64,4 +94,9 @@ class FakePrometheus:
                 ]
             else:
                 out += vector(v.get(_VALUE_KEYS[name]), **labels)
+        for sample in self.extra.get(name, []):
+            labels = sample.get("metric") if isinstance(sample, dict) else None
+            # What has no labels to match (a broken proxy's answer) comes back whatever was asked.
+            if not isinstance(labels, dict) or labels.get("namespace") in namespaces:
+                out.append(sample)
         return out

@@ -130,6 +130,37 @@ def test_high_load_flips_off_then_holds_then_back_on(world):
     assert len(_status(cluster)["history"]) == 2
 
 
+@pytest.mark.parametrize(
+    ("running", "why"),
+    [
+        (None, ""),
+        (float("nan"), " (running_per_replica sample rejected: value nan is not a finite number)"),
+        (float("inf"), " (running_per_replica sample rejected: value inf is not a finite number)"),
+        (-1000.0, " (running_per_replica sample rejected: negative value -1000)"),
+    ],
+)
+def test_an_off_pool_without_a_measured_load_holds_and_never_reads_it_as_idle(world, running, why):
+    cluster, prom, clock, controller = world
+    _rolled_out(cluster, controller)
+    prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[8.0, 4.0, 2.0], running=80.0)
+    assert controller.evaluate_policy("default", "llama").decisions[0].target == "Off"
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    clock.advance(120)  # past dwell and cooldown: 2 running per replica would turn it back on
+    prom.set_pool("latency", drafts=0.0, accepted=0.0, running=running)
+
+    outcome = controller.evaluate_policy("default", "llama")
+
+    decision = outcome.decisions[0]
+    assert (decision.flip, decision.target, decision.reason) == (False, "Off", "MetricsUnavailable")
+    assert decision.message == f"no running-request count for pool latency in Prometheus{why}"
+    assert _status(cluster)["pools"]["latency"]["speculation"] == "Off"
+    condition = _conditions(cluster)["MetricsAvailable"]
+    assert condition["status"] == "False"
+    assert decision.message in condition["message"]
+    assert len(_status(cluster)["history"]) == 1
+
+
 def test_prometheus_down_holds_and_reports(world):
     cluster, prom, clock, controller = world
     controller.reconcile_object("default", "llama")

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import UTC, datetime
 
 import pytest
+from prometheus_client import REGISTRY
 
 from specfleet.metrics.prometheus import (
     FleetAnswers,
     PoolSelector,
     QueryFn,
     fleet_queries,
+    namespace_matcher,
     observe,
     query_fleet,
 )
+from specfleet.policy.answers import CLOCK_SKEW_SECONDS
 from specfleet.policy.observations import PoolObservation
-from support.fake_prometheus import FakePrometheus
+from support.fake_prometheus import FakePrometheus, asked_namespaces
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 SEL = PoolSelector("ns", "llama", "latency")
@@ -30,11 +35,11 @@ def observe_pool(
     query: QueryFn, selector: PoolSelector, window: int, now: datetime, **kw: object
 ) -> PoolObservation:
     """One round of fleet queries, then one pool's observation (what the scheduler does per target)."""
-    return observe(query_fleet(query, window), selector, window, now, **kw)  # type: ignore[arg-type]
+    return observe(query_fleet(query, window, [selector.namespace]), selector, window, now, **kw)  # type: ignore[arg-type]
 
 
 def test_queries_group_by_pool_and_use_the_window():
-    queries = fleet_queries(60)
+    queries = fleet_queries(60, ["ns"])
     by = "namespace, specfleet_io_deployment, specfleet_io_pool"
     assert queries["drafts"].startswith(f"sum by ({by}) (rate(")
     assert "[60s]" in queries["drafts"]
@@ -49,8 +54,8 @@ def test_one_round_of_queries_serves_every_pool_of_every_deployment(prom):
     prom.set_pool("latency", drafts=10.0, accepted=15.0, per_pos=[7.0, 5.0], running=12.0)
     prom.set_pool("batch", running=50.0, replicas=4)
     prom.set_pool("latency", namespace="other", deployment="qwen", drafts=10.0, accepted=5.0, running=3.0)
-    answers = query_fleet(prom, 60)
-    assert len(prom.queries) == len(fleet_queries(60))
+    answers = query_fleet(prom, 60, ["ns", "other"])
+    assert len(prom.queries) == len(fleet_queries(60, ["ns"]))
     latency = observe(answers, SEL, 60, NOW)
     batch = observe(answers, PoolSelector("ns", "llama", "batch"), 60, NOW)
     qwen = observe(answers, PoolSelector("other", "qwen", "latency"), 60, NOW)
@@ -66,7 +71,7 @@ def test_one_round_of_queries_serves_every_pool_of_every_deployment(prom):
     )
 
 
-def test_answers_skip_values_that_are_not_numbers():
+def test_a_nan_quantile_is_no_data_but_an_infinite_load_is_rejected():
     sample = {"namespace": "ns", "specfleet_io_deployment": "llama", "specfleet_io_pool": "latency"}
     answers = FleetAnswers.from_results(
         {
@@ -76,14 +81,19 @@ def test_answers_skip_values_that_are_not_numbers():
             "running_per_replica": [{"metric": sample, "value": [0, "+Inf"]}],
         }
     )
+    # NaN is Prometheus' quantile of no observations: no value, nothing wrong with the answer.
+    assert answers.get("itl_p99", SEL.key) is None
+    assert answers.rejected == {("running_per_replica", "not_finite"): 1}
     obs = observe(answers, SEL, 60, NOW)
-    assert obs.usable
-    assert (obs.itl_p99_seconds, obs.running_per_replica) == (None, None)
+    assert obs.problem == (
+        "no running-request count for pool latency in Prometheus "
+        "(running_per_replica sample rejected: value inf is not a finite number)"
+    )
 
 
 def test_a_failed_round_holds_every_pool(prom):
     prom.down = True
-    answers = query_fleet(prom, 60)
+    answers = query_fleet(prom, 60, ["ns"])
     assert len(prom.queries) == 1  # the first failure ends the round
     for pool in ("latency", "batch"):
         assert "Prometheus query failed" in (
@@ -151,3 +161,162 @@ def test_too_few_drafts_leave_acceptance_unknown(prom):
     assert obs.usable
     assert obs.acceptance_length is None
     assert obs.drafts_in_window == 60
+
+
+# ---- hostile or broken answers: range-checked, skipped and counted, never fatal to the round --------
+
+
+def _rejected(query: str, reason: str) -> float:
+    """The operator's count of rejected samples so far (a process-wide counter: compare deltas)."""
+    value = REGISTRY.get_sample_value(
+        "specfleet_prometheus_samples_rejected_total", {"query": query, "reason": reason}
+    )
+    return value or 0.0
+
+
+def _labels(pool: str = "latency", **extra: str) -> dict[str, str]:
+    return {"namespace": "ns", "specfleet_io_deployment": "llama", "specfleet_io_pool": pool, **extra}
+
+
+def test_negative_accepted_tokens_are_rejected_not_a_negative_acceptance_length(prom):
+    prom.set_pool("latency", drafts=10.0, accepted=-50.0, draft_tokens=30.0, per_pos=[7.0, 5.0])
+    before = _rejected("accepted", "negative")
+    obs = observe_pool(prom, SEL, 60, NOW)
+    assert _rejected("accepted", "negative") == before + 1
+    assert obs.acceptance_length is None
+    assert obs.draft_acceptance_rate is None
+    assert obs.usable  # acceptance unknown is an ordinary state (memory, canaries); the load is known
+
+
+@pytest.mark.parametrize("running", [None, float("nan"), float("inf"), -1000.0])
+def test_a_running_count_not_measured_is_a_problem_never_zero_load(prom, running):
+    prom.set_pool("latency", running=running)
+    obs = observe_pool(prom, SEL, 60, NOW)
+    assert obs.running_per_replica is None
+    assert (obs.problem or "").startswith("no running-request count for pool latency in Prometheus")
+
+
+def test_a_future_sample_time_is_rejected():
+    now = NOW.timestamp()
+    answers = FleetAnswers.from_results(
+        {
+            "replicas": [{"metric": _labels(), "value": [now, "2"]}],
+            "sample_age": [{"metric": _labels(), "value": [now, "3"]}],
+            # Within the allowed clock skew: kept.
+            "waiting": [{"metric": _labels(), "value": [now + CLOCK_SKEW_SECONDS / 2, "1"]}],
+            "running_per_replica": [{"metric": _labels(), "value": [now + 3600, "4"]}],
+        },
+        now,
+    )
+    assert answers.rejected == {("running_per_replica", "future"): 1}
+    obs = observe(answers, SEL, 60, NOW)
+    assert obs.problem == (
+        "no running-request count for pool latency in Prometheus "
+        "(running_per_replica sample rejected: sample time is 3600s in the future)"
+    )
+
+
+def test_a_newest_sample_in_the_future_is_rejected(prom):
+    prom.set_pool("latency", age=-3600.0)
+    obs = observe_pool(prom, SEL, 60, NOW)
+    assert obs.problem == (
+        "no sample age for pool latency in Prometheus "
+        "(sample_age sample rejected: newest sample is 3600s in the future)"
+    )
+
+
+def test_malformed_samples_are_skipped_and_counted_and_the_round_goes_on(prom):
+    prom.set_pool("latency", drafts=10.0, accepted=15.0, per_pos=[7.0, 5.0], running=12.0)
+    prom.set_pool("batch", running=50.0)
+    prom.extra = {
+        "accepted_per_pos": [{"metric": _labels(position="x"), "value": [0, "3"]}],
+        "running_per_replica": [{"metric": _labels("batch")}, "not a sample"],
+        "waiting": [{"metric": _labels(), "value": [0]}, {"metric": _labels(), "value": [0, "lots"]}],
+    }
+    before = {
+        key: _rejected(*key)
+        for key in [
+            ("accepted_per_pos", "bad_position"),
+            ("running_per_replica", "malformed"),
+            ("waiting", "malformed"),
+        ]
+    }
+    answers = query_fleet(prom, 60, ["ns"])
+    assert answers.error is None
+    assert answers.rejected == {
+        ("accepted_per_pos", "bad_position"): 1,
+        ("running_per_replica", "malformed"): 2,
+        ("waiting", "malformed"): 2,
+    }
+    after = {key: _rejected(*key) for key in before}
+    assert after == {
+        ("accepted_per_pos", "bad_position"): before[("accepted_per_pos", "bad_position")] + 1,
+        ("running_per_replica", "malformed"): before[("running_per_replica", "malformed")] + 2,
+        ("waiting", "malformed"): before[("waiting", "malformed")] + 2,
+    }
+    latency = observe(answers, SEL, 60, NOW)
+    batch = observe(answers, PoolSelector("ns", "llama", "batch"), 60, NOW)
+    assert latency.usable
+    assert batch.usable
+    assert latency.per_position == pytest.approx((0.7, 0.5))
+    assert (batch.running_per_replica, latency.waiting) == (50.0, 0.0)  # the good samples stand
+
+
+def test_positions_must_count_from_zero_without_a_gap(prom):
+    prom.set_pool("latency", drafts=10.0, accepted=15.0, running=12.0)
+    prom.extra = {
+        "accepted_per_pos": [
+            {"metric": _labels(position=str(i)), "value": [0, str(p)]}
+            for i, p in ((0, 7.0), (1, 5.0), (3, 1.0))
+        ]
+    }
+    answers = query_fleet(prom, 60, ["ns"])
+    assert answers.rejected == {("accepted_per_pos", "position_gap"): 1}
+    assert observe(answers, SEL, 60, NOW).per_position == pytest.approx((0.7, 0.5))
+
+
+def test_acceptance_above_one_is_rejected_beyond_extrapolation_noise(prom):
+    # 10.5 accepted at position 0 per 10 drafts is within a rate's extrapolation noise: clamped to 1.
+    prom.set_pool("latency", drafts=10.0, accepted=15.0, draft_tokens=30.0, per_pos=[10.5, 5.0], running=12.0)
+    obs = observe_pool(prom, SEL, 60, NOW)
+    assert obs.per_position == pytest.approx((1.0, 0.5))
+    # 30 accepted per 10 drafts at position 1, and more accepted than drafted tokens: contradictions.
+    prom.set_pool("latency", drafts=10.0, accepted=90.0, draft_tokens=30.0, per_pos=[7.0, 30.0], running=12.0)
+    answers = query_fleet(prom, 60, ["ns"])
+    assert answers.rejected == {
+        ("accepted_per_pos", "accepted_exceeds_drafted"): 1,
+        ("accepted", "accepted_exceeds_drafted"): 1,
+    }
+    obs = observe(answers, SEL, 60, NOW)
+    assert (obs.acceptance_length, obs.per_position) == (None, ())
+
+
+def test_two_samples_for_one_series_leave_its_value_unknown(prom):
+    prom.set_pool("latency", running=12.0)
+    prom.extra = {"running_per_replica": [{"metric": _labels(), "value": [0, "0"]}]}
+    answers = query_fleet(prom, 60, ["ns"])
+    assert answers.rejected == {("running_per_replica", "duplicate"): 1}
+    assert observe(answers, SEL, 60, NOW).running_per_replica is None
+
+
+def test_queries_select_only_the_namespaces_asked_about():
+    one = fleet_queries(60, ["team-a"])
+    assert all('{namespace="team-a",specfleet_io_deployment!=""' in q for q in one.values())
+    several = fleet_queries(60, ["team-b", "team-a", "team-b"])
+    assert all('namespace=~"team-a|team-b",' in q for q in several.values())
+    with pytest.raises(ValueError, match="no namespace"):
+        fleet_queries(60, [])
+
+
+def test_the_namespace_matcher_escapes_regex_and_string_metacharacters():
+    # Kubernetes names allow none of these; the matcher must stay exact whatever it is given.
+    names = ["a.b", "c|d", 'e"f', "g\\h", "x"]
+    matcher = namespace_matcher(names)
+    assert matcher == r'namespace=~"a\\.b|c\\|d|e\"f|g\\\\h|x"'
+    pattern = json.loads(matcher.removeprefix("namespace=~"))
+    for name in names:
+        assert re.fullmatch(pattern, name)
+    for other in ("aXb", "c", "d", "a.b|x", ""):
+        assert not re.fullmatch(pattern, other)
+    # The fake Prometheus reads the same namespaces back out of the query.
+    assert sorted(asked_namespaces(fleet_queries(60, names)["drafts"])) == sorted(names)

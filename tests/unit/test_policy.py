@@ -134,6 +134,17 @@ def test_missing_metrics_hold():
     assert (d.flip, d.reason, d.message) == (False, "MetricsUnavailable", "Prometheus unreachable")
 
 
+@pytest.mark.parametrize("policy", [THRESHOLD, GOODPUT], ids=["Threshold", "Goodput"])
+@pytest.mark.parametrize("load", [None, float("nan"), float("inf"), -1000.0])
+def test_an_off_pool_without_a_measured_load_never_turns_on(policy, load):
+    # Acceptance well above resume and break-even: only the load is missing (zero would turn it on).
+    good = obs(accept=2.6, per_position=(0.8, 0.5, 0.3))
+    assert one(policy, state("Off"), replace(good, running_per_replica=2.0)).flip
+    d = one(policy, state("Off"), replace(good, running_per_replica=load))
+    assert (d.flip, d.target, d.reason) == (False, "Off", "MetricsUnavailable")
+    assert "pool latency" in d.message
+
+
 def test_rollout_in_progress_holds():
     d = one(THRESHOLD, state("On", settled=False), obs(load=99))
     assert (d.flip, d.reason) == (False, "RolloutInProgress")

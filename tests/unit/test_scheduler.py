@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from specfleet.control import Controller, Outcome
 from specfleet.metrics.prometheus import fleet_queries
@@ -21,7 +22,7 @@ from support.manifests import ROOT, load_yaml, merge
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 WINDOW = 30
-ROUND = len(fleet_queries(WINDOW))
+ROUND = len(fleet_queries(WINDOW, ["any"]))
 
 
 class Monotonic:
@@ -110,6 +111,45 @@ def test_one_round_of_queries_per_prometheus_serves_every_resource(world):
     for ns, name in names:
         assert world.status(ns, name)["pools"]["latency"]["speculation"] == "Off", name
     assert sorted(n for n, _ in world.emitted) == sorted(n for _, n in names)
+
+
+def test_a_malformed_sample_is_skipped_and_every_other_resource_is_decided(world):
+    for ns, name in (("a", "one"), ("a", "two"), ("b", "three")):
+        world.add(ns, name)
+        world.prom().set_pool("latency", namespace=ns, deployment=name, running=400.0)
+    world.cluster.roll_out()
+    for ns, name in (("a", "one"), ("a", "two"), ("b", "three")):
+        world.controller.reconcile_object(ns, name)
+    labels = {"namespace": "a", "specfleet_io_deployment": "one", "specfleet_io_pool": "latency"}
+    world.prom().extra = {
+        "accepted_per_pos": [{"metric": {**labels, "position": "x"}, "value": [0, "3"]}],
+        "running_per_replica": [{"metric": {**labels, "specfleet_io_deployment": "two"}}],  # no value
+    }
+    before = {
+        reason: REGISTRY.get_sample_value(
+            "specfleet_prometheus_samples_rejected_total", {"query": query, "reason": reason}
+        )
+        or 0.0
+        for query, reason in (("accepted_per_pos", "bad_position"), ("running_per_replica", "malformed"))
+    }
+
+    report = world.scheduler.sweep()
+
+    assert (report.evaluated, report.failed) == (3, 0)
+    for ns, name in (("a", "one"), ("a", "two"), ("b", "three")):
+        assert _metrics_available(world, ns, name) == "True", name
+        assert world.status(ns, name)["pools"]["latency"]["speculation"] == "Off", name
+    for (query, reason), was in zip(
+        (("accepted_per_pos", "bad_position"), ("running_per_replica", "malformed")),
+        before.values(),
+        strict=True,
+    ):
+        now = REGISTRY.get_sample_value(
+            "specfleet_prometheus_samples_rejected_total", {"query": query, "reason": reason}
+        )
+        assert now == was + 1, (query, reason)
+    # The round asked only about the namespaces of the resources it served.
+    assert all('namespace=~"a|b",' in q for q in world.prom().queries)
 
 
 def test_resources_on_different_prometheus_servers_get_one_round_each(world):

@@ -9,15 +9,23 @@ and never read as 0.
 
 Engine series are selected by the labels Prometheus' Kubernetes discovery copies from the pods
 (`labelmap` of `__meta_kubernetes_pod_label_(.+)`, or a PodMonitor's podTargetLabels):
-`namespace`, `specfleet_io_deployment`, `specfleet_io_pool`.
+`namespace`, `specfleet_io_deployment`, `specfleet_io_pool`, and only in the namespaces of the
+resources being evaluated: a pod elsewhere that carries the two labels is never asked about. A
+malformed or out-of-range sample is skipped (the pool it names goes without that number) and counted
+in `specfleet_prometheus_samples_rejected_total`; it never fails the round.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client import Counter
 
 from specfleet.policy.answers import (
     MIN_DRAFTS_FOR_ACCEPTANCE,
@@ -42,23 +50,48 @@ __all__ = [
     "QueryError",
     "QueryFn",
     "fleet_queries",
+    "namespace_matcher",
     "observe",
     "query_fleet",
 ]
 
+logger = logging.getLogger(__name__)
+
 # A query function: PromQL in, Prometheus' instant-vector result out (list of {metric, value}).
 QueryFn = Callable[[str], list[dict[str, Any]]]
+
+SAMPLES_REJECTED = Counter(
+    "specfleet_prometheus_samples_rejected_total",
+    "Samples in Prometheus' answers skipped as malformed or out of range, by fleet query and reason.",
+    ["query", "reason"],
+)
+# Characters RE2 (Prometheus' regex engine) gives a meaning; escaped to match themselves.
+_RE2_SPECIAL = re.compile(r"([\\.+*?()|\[\]{}^$])")
 
 
 class QueryError(Exception):
     """Prometheus could not answer (unreachable, timeout, bad status)."""
 
 
-def fleet_queries(window_seconds: int) -> dict[str, str]:
-    """The PromQL for every number the policy uses, by name, each grouped by pool."""
+def namespace_matcher(namespaces: Collection[str]) -> str:
+    """A label matcher selecting series of exactly these namespaces (a PromQL string literal; several
+    namespaces as an anchored regex of escaped alternatives)."""
+    names = sorted(set(namespaces))
+    if not names:
+        raise ValueError("no namespace to select")
+    if len(names) == 1:
+        return f"namespace={json.dumps(names[0], ensure_ascii=False)}"
+    pattern = "|".join(_RE2_SPECIAL.sub(r"\\\1", name) for name in names)
+    # JSON's string escapes are all valid in PromQL's double-quoted strings (Go's).
+    return f"namespace=~{json.dumps(pattern, ensure_ascii=False)}"
+
+
+def fleet_queries(window_seconds: int, namespaces: Collection[str]) -> dict[str, str]:
+    """The PromQL for every number the policy uses, by name, each grouped by pool, over the engines of
+    `namespaces` (those of the resources the round serves)."""
     by = ", ".join(POOL_LABELS)
-    # Only specfleet engines: the pod labels the renderer sets on every engine pod.
-    sel = 'specfleet_io_deployment!="",specfleet_io_pool!=""'
+    # Only specfleet engines (the pod labels the renderer sets on every engine pod) of those namespaces.
+    sel = f'{namespace_matcher(namespaces)},specfleet_io_deployment!="",specfleet_io_pool!=""'
     w = f"{window_seconds}s"
 
     def rate_sum(metric: str) -> str:
@@ -84,15 +117,26 @@ def fleet_queries(window_seconds: int) -> dict[str, str]:
     }
 
 
-def query_fleet(query: QueryFn, window_seconds: int) -> FleetAnswers:
-    """Run each fleet query once; the first failure stops the round (every pool then holds)."""
+def query_fleet(
+    query: QueryFn, window_seconds: int, namespaces: Collection[str], now: float | None = None
+) -> FleetAnswers:
+    """Run each fleet query once over `namespaces`; the first failure stops the round (every pool then
+    holds). Rejected samples are counted (and logged); `now` (Unix seconds) bounds sample times."""
     results: dict[str, list[dict[str, Any]]] = {}
-    for name, promql in fleet_queries(window_seconds).items():
+    for name, promql in fleet_queries(window_seconds, namespaces).items():
         try:
             results[name] = query(promql)
         except QueryError as err:
             return FleetAnswers(error=str(err))
-    return FleetAnswers.from_results(results)
+    answers = FleetAnswers.from_results(results, now)
+    for (name, reason), count in answers.rejected.items():
+        SAMPLES_REJECTED.labels(name, reason).inc(count)
+    if answers.rejected:
+        logger.info(
+            "skipped Prometheus samples: %s",
+            ", ".join(f"{n} {name} ({reason})" for (name, reason), n in sorted(answers.rejected.items())),
+        )
+    return answers
 
 
 @dataclass(frozen=True)

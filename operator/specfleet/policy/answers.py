@@ -1,8 +1,11 @@
 """A round of fleet answers from Prometheus and one pool's observation out of it (pure).
 
 `FleetAnswers` indexes Prometheus' instant vectors (each number grouped by the pool's labels) by
-pool; `observe` picks one pool out and builds its `PoolObservation`, reporting every way data can be
-missing in `problem` (Prometheus unreachable, no samples, stale or partial samples) and never as 0.
+pool, range-checking every sample on the way (well-formed, finite, counts and rates >= 0, times not
+in the future, positions 0..n-1, no more accepted than drafted): a sample that fails is skipped and
+counted, and only the pool it names goes without that number. `observe` picks one pool out and
+builds its `PoolObservation`, reporting every way data can be missing in `problem` (Prometheus
+unreachable, no samples, stale or partial samples, no load) and never as 0.
 The operator fills the answers from Prometheus (specfleet.metrics.prometheus); the fleet simulator
 fills them from its own series, so both decide from the same rules.
 """
@@ -43,47 +46,216 @@ class PoolSelector:
         return (self.namespace, self.deployment, self.pool)
 
 
-def _number(sample: dict[str, Any]) -> float | None:
-    """A sample's value; None when it is not a number (NaN, +-Inf: e.g. a quantile of no data)."""
-    value = float(sample["value"][1])
-    return None if math.isnan(value) or math.isinf(value) else value
+# Prometheus' evaluation time and the operator's clock may disagree by this much (NTP keeps them far
+# closer): a sample time, or a newest scrape, further in the future than this is rejected.
+CLOCK_SKEW_SECONDS = 10.0
+# Rates extrapolated to a window's edges can put accepted tokens a little past what was drafted; past
+# this fraction the answers contradict each other and the accepted numbers are rejected.
+ACCEPTANCE_SLACK = 0.5
+
+# What each fleet query measures, for its range check: "rate" and "count" must be finite and >= 0;
+# "seconds" too, where NaN is Prometheus' answer for no data (a quantile of no observations); "age"
+# is finite and not in the future.
+QUERY_KINDS: Mapping[str, str] = {
+    "drafts": "rate",
+    "draft_tokens": "rate",
+    "accepted": "rate",
+    "accepted_per_pos": "rate",
+    "generation_tps": "rate",
+    "running_per_replica": "count",
+    "replicas": "count",
+    "waiting": "count",
+    "itl_p50": "seconds",
+    "itl_p99": "seconds",
+    "sample_age": "age",
+}
+
+# Why a sample was rejected (the `reason` label of specfleet_prometheus_samples_rejected_total).
+MALFORMED = "malformed"
+NOT_FINITE = "not_finite"
+NEGATIVE = "negative"
+FUTURE = "future"
+BAD_POSITION = "bad_position"
+POSITION_GAP = "position_gap"
+DUPLICATE = "duplicate"
+ACCEPTED_EXCEEDS_DRAFTED = "accepted_exceeds_drafted"
 
 
-def _key(sample: dict[str, Any]) -> PoolKey:
+class _Rejected(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+@dataclass
+class _Tally:
+    """The samples one round rejected: counts by (query, reason), and why, by (query, pool)."""
+
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    why: dict[tuple[str, PoolKey], str] = field(default_factory=dict)
+
+    def add(self, name: str, key: PoolKey | None, reason: str, detail: str, count: int = 1) -> None:
+        self.counts[(name, reason)] = self.counts.get((name, reason), 0) + count
+        if key is not None:
+            self.why[(name, key)] = detail
+
+
+def _parse(name: str, sample: Any, now: float | None) -> tuple[PoolKey, float | None, Mapping[str, str]]:
+    """A sample's pool, value and labels; the value is None for NaN where NaN means no data.
+
+    Raises `_Rejected` for a sample that is malformed or out of range."""
+    if not isinstance(sample, Mapping):
+        raise _Rejected(MALFORMED, "a sample that is not an object")
     labels = sample.get("metric") or {}
+    if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
+        raise _Rejected(MALFORMED, "a sample with malformed labels")
+    pair = sample.get("value")
+    if not isinstance(pair, list | tuple) or len(pair) != 2:
+        raise _Rejected(MALFORMED, "a sample without a [time, value] pair")
+    try:
+        at, value = float(pair[0]), float(pair[1])
+    except (TypeError, ValueError):
+        raise _Rejected(MALFORMED, f"a sample whose time or value is not a number: {pair!r:.80}") from None
+    if not math.isfinite(at):
+        raise _Rejected(MALFORMED, f"sample time {at} is not a number")
+    if now is not None and at > now + CLOCK_SKEW_SECONDS:
+        raise _Rejected(FUTURE, f"sample time is {at - now:.0f}s in the future")
+    kind = QUERY_KINDS.get(name, "rate")
+    if math.isnan(value) and kind == "seconds":
+        return _key(labels), None, labels
+    if not math.isfinite(value):
+        raise _Rejected(NOT_FINITE, f"value {value} is not a finite number")
+    if kind == "age":
+        if value < -CLOCK_SKEW_SECONDS:
+            raise _Rejected(FUTURE, f"newest sample is {-value:.0f}s in the future")
+    elif value < 0:
+        raise _Rejected(NEGATIVE, f"negative value {value:g}")
+    return _key(labels), value, labels
+
+
+def _position(labels: Mapping[str, str]) -> int:
+    text = labels.get(vm.LABEL_POSITION, "")
+    if not (text.isascii() and text.isdigit()):
+        raise _Rejected(BAD_POSITION, f"{vm.LABEL_POSITION}={text!r} is not a position")
+    return int(text)
+
+
+def _key(labels: Mapping[str, str]) -> PoolKey:
     return (labels.get(POOL_LABELS[0], ""), labels.get(POOL_LABELS[1], ""), labels.get(POOL_LABELS[2], ""))
 
 
 @dataclass(frozen=True)
 class FleetAnswers:
-    """One round of fleet queries: each number by pool, or why Prometheus gave none."""
+    """One round of fleet queries: each number by pool, or why Prometheus gave none.
+
+    A malformed or out-of-range sample is skipped: the pool it names goes without that number (and says
+    why), every other pool is unaffected; `rejected` counts them for the operator's metrics.
+    """
 
     error: str | None = None
     # query name -> pool -> value (absent: no sample, or not a number)
     values: Mapping[str, Mapping[PoolKey, float]] = field(default_factory=dict)
-    # pool -> position -> accepted tokens per second at that position
+    # pool -> position -> accepted tokens per second at that position (positions 0..n-1)
     per_position: Mapping[PoolKey, Mapping[int, float]] = field(default_factory=dict)
+    # (query name, reason) -> samples rejected in this round
+    rejected: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # (query name, pool) -> why that pool's sample was rejected
+    rejected_for: Mapping[tuple[str, PoolKey], str] = field(default_factory=dict)
 
     @classmethod
-    def from_results(cls, results: Mapping[str, list[dict[str, Any]]]) -> FleetAnswers:
-        """Index Prometheus' answers (query name -> instant vector) by pool."""
+    def from_results(
+        cls, results: Mapping[str, list[dict[str, Any]]], now: float | None = None
+    ) -> FleetAnswers:
+        """Index Prometheus' answers (query name -> instant vector) by pool, range-checking each sample.
+
+        `now` (Unix seconds; None: not checked) is when the round was asked: later sample times are
+        rejected beyond CLOCK_SKEW_SECONDS.
+        """
         values: dict[str, dict[PoolKey, float]] = {}
         per_position: dict[PoolKey, dict[int, float]] = {}
+        tally = _Tally()
+        seen: set[tuple[str, PoolKey, int]] = set()
         for name, samples in results.items():
-            for sample in samples:
-                number = _number(sample)
+            # An answer that is not a vector at all counts as one malformed sample.
+            for sample in samples if isinstance(samples, list) else [samples]:
+                key: PoolKey | None = None
+                try:
+                    key, number, labels = _parse(name, sample, now)
+                    position = _position(labels) if name == "accepted_per_pos" else -1
+                except _Rejected as err:
+                    tally.add(name, key or _loose_key(sample), err.reason, err.detail)
+                    continue
+                if (name, key, position) in seen:
+                    # Two answers for one series (grouping makes that impossible): neither is trusted.
+                    tally.add(name, key, DUPLICATE, "two samples for one series")
+                    values.get(name, {}).pop(key, None)
+                    per_position.get(key, {}).pop(position, None)
+                    continue
+                seen.add((name, key, position))
                 if number is None:
                     continue
                 if name == "accepted_per_pos":
-                    position = int((sample.get("metric") or {}).get(vm.LABEL_POSITION, -1))
-                    if position >= 0:
-                        per_position.setdefault(_key(sample), {})[position] = number
+                    per_position.setdefault(key, {})[position] = number
                 else:
-                    values.setdefault(name, {})[_key(sample)] = number
-        return cls(values=values, per_position=per_position)
+                    values.setdefault(name, {})[key] = number
+        for key, by_pos in per_position.items():
+            # Positions count from 0 with none missing; those past a gap are not what they claim.
+            n = 0
+            while n in by_pos:
+                n += 1
+            if len(by_pos) > n:
+                tally.add("accepted_per_pos", key, POSITION_GAP, f"position {n} missing", len(by_pos) - n)
+                per_position[key] = {i: by_pos[i] for i in range(n)}
+        _cross_check(values, per_position, tally)
+        return cls(values=values, per_position=per_position, rejected=tally.counts, rejected_for=tally.why)
 
     def get(self, name: str, key: PoolKey) -> float | None:
         return self.values.get(name, {}).get(key)
+
+    def why_missing(self, name: str, key: PoolKey) -> str:
+        """Why a pool has no `name` ("" when Prometheus simply had no sample)."""
+        why = self.rejected_for.get((name, key))
+        return f" ({name} sample rejected: {why})" if why else ""
+
+
+def _loose_key(sample: Any) -> PoolKey | None:
+    """The pool a rejected sample names, where its labels can be read."""
+    labels = sample.get("metric") if isinstance(sample, Mapping) else None
+    if not isinstance(labels, Mapping):
+        return None
+    return _key({str(k): str(v) for k, v in labels.items()})
+
+
+def _cross_check(
+    values: dict[str, dict[PoolKey, float]],
+    per_position: dict[PoolKey, dict[int, float]],
+    tally: _Tally,
+) -> None:
+    """Accepted tokens never exceed those drafted: per position (acceptance within [0, 1]) and in all
+    (accepted / draft tokens). Answers that say otherwise (beyond rate-extrapolation noise) are dropped."""
+    limit = 1 + ACCEPTANCE_SLACK
+    drafts = values.get("drafts", {})
+    for key, by_pos in per_position.items():
+        d = drafts.get(key)
+        if not d:
+            continue
+        bad = next((i for i in sorted(by_pos) if by_pos[i] > limit * d), None)
+        if bad is not None:
+            dropped = [i for i in by_pos if i >= bad]
+            tally.add(
+                "accepted_per_pos",
+                key,
+                ACCEPTED_EXCEEDS_DRAFTED,
+                f"acceptance {by_pos[bad] / d:.2f} at position {bad} is above 1",
+                len(dropped),
+            )
+            per_position[key] = {i: v for i, v in by_pos.items() if i < bad}
+    accepted, draft_tokens = values.get("accepted", {}), values.get("draft_tokens", {})
+    for key, a in list(accepted.items()):
+        t = draft_tokens.get(key)
+        if t is not None and a > limit * t:
+            tally.add("accepted", key, ACCEPTED_EXCEEDS_DRAFTED, f"{a:g} accepted tokens/s of {t:g} drafted")
+            del accepted[key]
 
 
 def observe(
@@ -105,7 +277,11 @@ def observe(
         return PoolObservation(pool=pool, at=now, problem=f"Prometheus query failed: {answers.error}")
     replicas = answers.get("replicas", key)
     if not replicas:
-        return PoolObservation(pool=pool, at=now, problem=f"no engine samples for pool {pool} in Prometheus")
+        return PoolObservation(
+            pool=pool,
+            at=now,
+            problem=f"no engine samples for pool {pool} in Prometheus{answers.why_missing('replicas', key)}",
+        )
     if expected_replicas is not None and replicas < expected_replicas:
         return PoolObservation(
             pool=pool,
@@ -115,11 +291,28 @@ def observe(
             replicas_reporting=int(replicas),
         )
     age = answers.get("sample_age", key)
-    if age is None or age > max(STALE_AFTER_SECONDS, window_seconds):
+    if age is None:
         return PoolObservation(
             pool=pool,
             at=now,
-            problem=f"stale metrics for pool {pool}: newest sample is {age or float('nan'):.0f}s old",
+            problem=f"no sample age for pool {pool} in Prometheus{answers.why_missing('sample_age', key)}",
+            replicas_reporting=int(replicas),
+        )
+    if age > max(STALE_AFTER_SECONDS, window_seconds):
+        return PoolObservation(
+            pool=pool,
+            at=now,
+            problem=f"stale metrics for pool {pool}: newest sample is {age:.0f}s old",
+            replicas_reporting=int(replicas),
+        )
+    running = answers.get("running_per_replica", key)
+    if running is None:
+        # Every decision needs the load: not measured is not zero (it would read as an idle pool).
+        why = answers.why_missing("running_per_replica", key)
+        return PoolObservation(
+            pool=pool,
+            at=now,
+            problem=f"no running-request count for pool {pool} in Prometheus{why}",
             replicas_reporting=int(replicas),
         )
     drafts = answers.get("drafts", key)
@@ -142,7 +335,7 @@ def observe(
         per_position=per_position,
         draft_acceptance_rate=rate,
         acceptance_source=None if acceptance_length is None else ("pool" if pool_mode == "On" else "canary"),
-        running_per_replica=answers.get("running_per_replica", key),
+        running_per_replica=running,
         waiting=answers.get("waiting", key),
         generation_tokens_per_second=answers.get("generation_tps", key),
         itl_p50_seconds=answers.get("itl_p50", key),

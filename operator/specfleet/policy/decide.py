@@ -169,6 +169,15 @@ def rollout_seconds(policy: PolicySpec, state: PoolState) -> float:
     return min(float(policy.window_seconds), max(0.0, (rollout.settled_at - rollout.at).total_seconds()))
 
 
+def measured_load(obs: PoolObservation) -> float:
+    """Running requests per replica measured; raises for an observation without one (`decide` holds
+    such a pool first, MetricsUnavailable): no data is never zero load."""
+    problem = obs.decision_problem
+    if problem is not None or obs.running_per_replica is None:
+        raise ValueError(f"no decision without a measured load: {problem}")
+    return obs.running_per_replica
+
+
 def expected_load(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> float:
     """Running requests per replica to decide with: the load when a change decided now takes effect.
 
@@ -178,7 +187,7 @@ def expected_load(policy: PolicySpec, state: PoolState, obs: PoolObservation, no
     is the pool's last one). A running count fluctuates by about its square root (Poisson), so a
     projection within that band is noise and is dropped, as is that much of a larger one.
     """
-    load = obs.running_per_replica or 0.0
+    load = measured_load(obs)
     span = timedelta(seconds=TREND_SPAN_WINDOWS * policy.window_seconds + 1)
     points = [(t, v) for t, v in state.recent_load if timedelta(0) < now - t <= span]
     points.append((now, load))
@@ -356,7 +365,7 @@ def _threshold(
     profile: StepTimeProfile,
 ) -> Wanted:
     v = threshold_values(policy, k, profile)
-    load = obs.running_per_replica or 0.0
+    load = measured_load(obs)
     accept, source = _threshold_acceptance_length(est, obs, k)
     numbers = {
         "stopAboveConcurrency": f"{v.stop_concurrency:.0f}",
@@ -509,7 +518,7 @@ def _goodput(
     policy: PolicySpec, state: PoolState, obs: PoolObservation, g: _Goodput, est: Estimate | None
 ) -> Wanted:
     margin = _margin(policy)
-    load = obs.running_per_replica or 0.0
+    load = measured_load(obs)
     shown = g.gain_now if state.mode == "On" and g.gain_now is not None else g.gain_best
     numbers = {
         "predictedSpeedup": f"{shown:.3f}",
@@ -568,7 +577,7 @@ def wanted_mode(
     limit = max_k or k
     est = _estimate(policy, state, obs, now, limit)
     if policy.mode == "Goodput":
-        load = obs.running_per_replica or 0.0
+        load = measured_load(obs)
         g = _goodput_prediction(k if state.mode == "On" else None, load, est, profile, limit)
         return _goodput(policy, state, obs, g, est)
     return _threshold(policy, k, state, obs, est, profile)
@@ -891,16 +900,17 @@ def _assess(
         )
         if fresh is not None:
             est_flip = replace(fresh, source="newestInterval", remember=est.remember)
+    measured = measured_load(observed)
     load = expected_load(policy, state, observed, now)
     obs = replace(observed, running_per_replica=load)
     gains = None
     if policy.mode == "Goodput":
         g = _goodput_prediction(current_k if state.mode == "On" else None, load, est, profile, k, schedule)
-        g_observed = _goodput_prediction(None, observed.running_per_replica or 0.0, est, profile, k)
+        g_observed = _goodput_prediction(None, measured, est, profile, k)
         gains = (g, g_observed)
         # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
         # locked, lighter budget) and the canaries on the projected load (`gains`).
-        path = commit_path(policy, state, observed.running_per_replica or 0.0, load)
+        path = commit_path(policy, state, measured, load)
         g_commit = _goodput_over(
             current_k if state.mode == "On" else None, path, est_flip, profile, k, schedule
         )
@@ -913,7 +923,7 @@ def _assess(
             wanted = Wanted(
                 "On",
                 r.GOODPUT_WITHIN_MARGIN,
-                f"{observed.running_per_replica or 0.0:.1f} running per replica measured is not near "
+                f"{measured:.1f} running per replica measured is not near "
                 f"break-even yet ({g_observed.gain_best:.2f}x at K {g_observed.best}); the schedule "
                 "drafts less as batches grow",
                 wanted.numbers,
@@ -923,7 +933,7 @@ def _assess(
     numbers = {**observed.as_text(), **wanted.numbers}
     if moving is not None:
         numbers["acceptanceMoving"] = moving
-    if load != observed.running_per_replica:
+    if load != measured:
         numbers["expectedRunningPerReplica"] = f"{load:.3g}"
     if (
         est is None
@@ -939,7 +949,7 @@ def _assess(
         wanted = Wanted(
             "Off", r.PROBE_ACCEPTANCE, "acceptance is unknown: the canaries measure it first", wanted.numbers
         )
-    loads = (load, observed.running_per_replica or 0.0)
+    loads = (load, measured)
     return _Pool(pool, state, obs, current_k, est, wanted, loads, gains, numbers, schedules)
 
 
@@ -1058,10 +1068,9 @@ def decide(
             changed = True
             out.append(revert)
             continue
-        if not obs.usable:
-            out.append(
-                PoolDecision(pool, state.mode, state.mode, False, r.METRICS_UNAVAILABLE, obs.problem or "")
-            )
+        problem = obs.decision_problem
+        if problem is not None:
+            out.append(PoolDecision(pool, state.mode, state.mode, False, r.METRICS_UNAVAILABLE, problem))
             continue
         p = _assess(
             policy, k, pool, state, observed_under_schedule(obs, state, schedules), now, profile, schedules

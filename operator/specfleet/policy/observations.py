@@ -6,6 +6,7 @@ whole observation cannot be trusted (Prometheus down, a query error, no samples,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -38,6 +39,19 @@ class PoolObservation:
     @property
     def usable(self) -> bool:
         return self.problem is None
+
+    @property
+    def decision_problem(self) -> str | None:
+        """Why no decision can be made from this observation: its `problem`, or no load measured (every
+        decision needs it, and an unmeasured load is not an idle pool). None: one can."""
+        if self.problem is not None:
+            return self.problem
+        load = self.running_per_replica
+        if load is None:
+            return f"no running-request count for pool {self.pool}"
+        if not math.isfinite(load) or load < 0:
+            return f"running requests per replica of pool {self.pool} is {load:g}, not a count"
+        return None
 
     def as_text(self) -> dict[str, str]:
         """The numbers as strings, for status history and Events."""

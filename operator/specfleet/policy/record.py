@@ -208,7 +208,7 @@ def record(
     out = Recorded(status=status)
     hour_ago = now - timedelta(hours=1)
     for pool, obs in observations.items():
-        if not obs.usable:
+        if obs.decision_problem is not None:
             continue
         ps = getattr(pools, pool)
         update: dict[str, object] = {}
@@ -342,7 +342,9 @@ def record(
                 f"pool {decision.pool}: {what} ({decision.reason}): {decision.message}{_numbers(decision)}",
             )
         )
-    problems = [f"{pool}: {obs.problem}" for pool, obs in observations.items() if not obs.usable]
+    problems = [
+        f"{pool}: {problem}" for pool, obs in observations.items() if (problem := obs.decision_problem)
+    ]
     previous_ok = next((c.status for c in status.conditions if c.type == reasons.METRICS_AVAILABLE), None)
     ok: ConditionStatus
     if not observations:
