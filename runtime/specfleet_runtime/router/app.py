@@ -77,6 +77,8 @@ class RouterSettings:
     housekeeping_seconds: float = 1.0
     # Request line and each header line at most this long (400 beyond).
     max_header_bytes: int = 16 * 1024
+    # Header fields of a request (its trailer fields too) at most this many (431 beyond).
+    max_header_fields: int = 100
     # Rewrites EndpointSlice addresses (a test bed's fake pod IPs to loopback twins); empty in clusters.
     endpoint_address_map: AddressMap = ()
 
@@ -378,6 +380,7 @@ class Router:
                 write_timeout=settings.write_timeout,
                 idle_timeout=settings.idle_timeout,
                 max_header_bytes=settings.max_header_bytes,
+                max_header_fields=settings.max_header_fields,
             ),
         )
         return self.server

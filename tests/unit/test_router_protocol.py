@@ -1,0 +1,170 @@
+"""The router's HTTP edges against hostile clients and broken engines (hardening, round two).
+
+Heads it refuses (Host, version, header count, protocol upgrades), what of a client's head never
+reaches an engine (trailer fields, hop-by-hop and forwarding headers), streams whose engine freezes
+mid-way, the messages it sends back, and what its /readyz says about static engines. Requests go as
+raw bytes or through the official openai client; behind the router sits an engine that records the
+headers it was sent, or the engine emulator as a process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from specfleet_runtime.router.classify import sha256_hex
+from support.router_harness import (
+    BATCH_KEY,
+    COMPLETION,
+    GOOD,
+    assert_openai_error,
+    raw_exchange,
+    raw_request,
+    routing,
+    running_router,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@dataclass
+class HeaderEngine:
+    """Serves /v1/completions and /health; keeps the header fields of every completion request."""
+
+    url: str = ""
+    requests: list[list[tuple[str, str]]] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path == "/health":
+            return web.Response()
+        self.requests.append(list(request.headers.items()))
+        await request.read()
+        return web.json_response(COMPLETION)
+
+    def names(self, index: int = -1) -> set[str]:
+        return {name.lower() for name, _ in self.requests[index]}
+
+    def values(self, name: str, index: int = -1) -> list[str]:
+        return [value for key, value in self.requests[index] if key.lower() == name]
+
+
+@asynccontextmanager
+async def header_engine() -> AsyncIterator[HeaderEngine]:
+    engine = HeaderEngine()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", engine.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        engine.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield engine
+    finally:
+        await runner.cleanup()
+
+
+def head_only(request: bytes) -> bytes:
+    """`raw_request`'s head without its Content-Length line and final blank line."""
+    return request.split(b"Content-Length")[0]
+
+
+# ---- what of a client's request reaches an engine --------------------------------------------------
+
+
+async def test_trailer_fields_are_dropped_never_forwarded_nor_classified(tmp_path: Path) -> None:
+    config = routing([], [], tenantRules=[{"pool": "batch", "apiKeySha256": [sha256_hex(BATCH_KEY)]}])
+    async with header_engine() as engine:
+        config["pools"] = {"latency": {"staticUrls": [engine.url]}, "batch": {"staticUrls": [engine.url]}}
+        async with running_router(tmp_path, config) as rr:
+            trailers = (
+                f"Authorization: Bearer {BATCH_KEY}\r\nX-Forwarded-For: 203.0.113.9\r\n"
+                "X-Trailer-Probe: yes\r\n"
+            )
+            chunked = b"%x\r\n%b\r\n0\r\n" % (len(GOOD), GOOD) + trailers.encode() + b"\r\n"
+            head = head_only(raw_request("POST", "/v1/completions"))
+            resp = await raw_exchange(
+                rr.url, head + b"Trailer: Authorization\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked
+            )
+            assert resp is not None
+            assert resp.status == 200
+            # The batch key in a trailer classifies nothing ...
+            assert (resp.headers["x-specfleet-class"], resp.headers["x-specfleet-reason"]) == (
+                "latency",
+                "default",
+            )
+            # ... and no trailer field reaches the engine.
+            assert not {"authorization", "x-trailer-probe", "trailer"} & engine.names()
+            assert engine.values("x-forwarded-for") == ["127.0.0.1"]
+
+
+# ---- heads the router does not serve ----------------------------------------------------------------
+
+
+async def test_heads_without_one_host_or_of_another_version_are_refused(tmp_path: Path) -> None:
+    async with header_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
+        good = raw_request("POST", "/v1/completions", GOOD)
+        refused = {
+            "no Host": good.replace(b"Host: router\r\n", b""),
+            "two Hosts": good.replace(b"Host: router\r\n", b"Host: router\r\nHost: engine\r\n"),
+            "HTTP/2.0": good.replace(b" HTTP/1.1\r\n", b" HTTP/2.0\r\n", 1),
+            "HTTP/0.9": good.replace(b" HTTP/1.1\r\n", b" HTTP/0.9\r\n", 1),
+        }
+        for case, data in refused.items():
+            resp = await raw_exchange(rr.url, data)
+            assert resp is not None, case
+            assert resp.status == 400, case
+            assert_openai_error(resp.json(), code="invalid_request")
+        assert engine.requests == []
+        # HTTP/1.0 does not require Host: served.
+        http10 = good.replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1).replace(b"Host: router\r\n", b"")
+        resp = await raw_exchange(rr.url, http10)
+        assert resp is not None
+        assert resp.status == 200
+        assert len(engine.requests) == 1
+
+
+async def test_header_count_is_bounded(tmp_path: Path) -> None:
+    async with header_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
+        # raw_request sends four fields of its own (Host, Connection, Content-Type, Content-Length).
+        at_limit = "".join(f"X-Field-{i}: {i}\r\n" for i in range(96))
+        resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD, at_limit))
+        assert resp is not None
+        assert resp.status == 200
+        past = "".join(f"X-Field-{i}: {i}\r\n" for i in range(97))
+        resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD, past))
+        assert resp is not None
+        assert resp.status == 431
+        assert_openai_error(resp.json(), code="request_header_fields_too_large")
+        assert "100" in resp.json()["error"]["message"]
+        # Trailer fields count too: past the limit the request is refused, never forwarded.
+        many = "".join(f"X-Trailer-{i}: {i}\r\n" for i in range(200)).encode()
+        chunked = b"%x\r\n%b\r\n0\r\n" % (len(GOOD), GOOD) + many + b"\r\n"
+        head = head_only(raw_request("POST", "/v1/completions"))
+        resp = await raw_exchange(rr.url, head + b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
+        assert resp is not None
+        assert resp.status == 400
+        assert_openai_error(resp.json(), code="invalid_request")
+    assert len(engine.requests) == 1
+
+
+async def test_protocol_upgrades_get_a_clear_refusal(tmp_path: Path) -> None:
+    async with header_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
+        for upgrade in ("websocket", "h2c"):
+            extra = f"Upgrade: {upgrade}\r\n"
+            request = raw_request("POST", "/v1/completions", GOOD, extra).replace(
+                b"Connection: close", b"Connection: Upgrade"
+            )
+            resp = await raw_exchange(rr.url, request)
+            assert resp is not None
+            assert resp.status == 400
+            assert_openai_error(resp.json(), code="upgrade_not_supported")
+            message = resp.json()["error"]["message"]
+            assert "upgrade" in message.lower()
+            assert "JSON" not in message
+    assert engine.requests == []
