@@ -9,6 +9,7 @@ headers it was sent, or the engine emulator as a process.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -103,6 +104,26 @@ async def test_trailer_fields_are_dropped_never_forwarded_nor_classified(tmp_pat
             assert engine.values("x-forwarded-for") == ["127.0.0.1"]
 
 
+async def test_hop_by_hop_and_client_forwarding_headers_stay_at_the_router(tmp_path: Path) -> None:
+    async with header_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
+        extra = (
+            "Connection: keep-alive, X-Hop-Secret\r\nX-Hop-Secret: 1\r\nForwarded: for=198.51.100.7\r\n"
+            "X-Real-IP: 198.51.100.7\r\nX-Forwarded-Host: admin.internal\r\n"
+            "X-Forwarded-For: 198.51.100.7\r\nX-Forwarded-For: 198.51.100.8\r\nX-Kept: yes\r\n"
+        )
+        request = raw_request("POST", "/v1/completions", GOOD, extra).replace(
+            b"Connection: close\r\n", b"", 1
+        )
+        resp = await raw_exchange(rr.url, request)
+        assert resp is not None
+        assert resp.status == 200
+        names = engine.names()
+        assert not {"x-hop-secret", "forwarded", "x-real-ip", "x-forwarded-host"} & names
+        assert engine.values("x-kept") == ["yes"]
+        # The router vouches only for its own peer.
+        assert engine.values("x-forwarded-for") == ["127.0.0.1"]
+
+
 # ---- heads the router does not serve ----------------------------------------------------------------
 
 
@@ -167,4 +188,25 @@ async def test_protocol_upgrades_get_a_clear_refusal(tmp_path: Path) -> None:
             message = resp.json()["error"]["message"]
             assert "upgrade" in message.lower()
             assert "JSON" not in message
+    assert engine.requests == []
+
+
+# ---- what the router says back ----------------------------------------------------------------------
+
+
+async def test_a_long_model_name_is_not_echoed_in_full(tmp_path: Path) -> None:
+    async with header_engine() as engine, running_router(tmp_path, routing([engine.url], [])) as rr:
+        name = "m" * 100_000
+        body = json.dumps({"model": name, "prompt": "x", "max_tokens": 2}).encode()
+        for request in (
+            raw_request("POST", "/v1/completions", body),
+            raw_request("GET", f"/v1/models/{name[:10_000]}"),
+        ):
+            resp = await raw_exchange(rr.url, request)
+            assert resp is not None
+            assert resp.status == 404
+            assert_openai_error(resp.json(), code="model_not_found")
+            message = resp.json()["error"]["message"]
+            assert len(message) < 200
+            assert "m" * 100 + "…" in message
     assert engine.requests == []

@@ -185,6 +185,7 @@ async def test_a_silent_engine_times_out_on_a_pooled_connection_too(tmp_path: Pa
             elapsed = time.monotonic() - started
             assert status == 504
             assert_openai_error(json.loads(body), code="upstream_timeout")
+            assert engine.url.removeprefix("http://") not in body.decode()  # no engine address
             assert 0.25 <= elapsed < 5.0
         assert engine.connections >= 2  # a timed-out connection is not pooled again
         status, _, _ = await post(http, f"{rr.url}/v1/completions?length")

@@ -18,6 +18,7 @@ from specfleet_runtime.router.classify import (
     classify,
     extract_facts,
 )
+from specfleet_runtime.router.errors import clip
 from specfleet_runtime.router.intake import Refusal, parse_json_object
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.routing_config import RoutingConfig
@@ -43,7 +44,7 @@ class Admission:
             if model is not None and not isinstance(model, str):
                 raise InvalidRequest("'model' must be a string", "model")
             if model is not None and model != config.served_model_name:
-                raise Refusal(404, f"The model `{model}` does not exist.", "model_not_found", "model")
+                raise Refusal(404, f"The model `{clip(model)}` does not exist.", "model_not_found", "model")
             return extract_facts(config, headers, doc, remote)
         except InvalidRequest as err:
             raise Refusal(400, err.message, "invalid_request", err.param) from None

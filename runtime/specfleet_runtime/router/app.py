@@ -27,7 +27,7 @@ from specfleet_runtime.router.backends import Backends, WatchKey
 from specfleet_runtime.router.classify import Classification, ClientLoadTracker
 from specfleet_runtime.router.configuration import ConfigStore
 from specfleet_runtime.router.endpoints import AddressMap, other_pool
-from specfleet_runtime.router.errors import error_response
+from specfleet_runtime.router.errors import clip, error_response
 from specfleet_runtime.router.intake import BodyLimits, ByteBudget, Refusal, read_body
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.router.paths import METHODS, MODEL_PREFIX, PROXIED, Route, match
@@ -364,7 +364,7 @@ class Router:
             raise Refusal(503, "the router has no routing config yet", "not_ready")
         name = path[len(MODEL_PREFIX) :]
         if name != config.served_model_name:
-            raise Refusal(404, f"The model `{name[:200]}` does not exist.", "model_not_found", "model")
+            raise Refusal(404, f"The model `{clip(name)}` does not exist.", "model_not_found", "model")
         return json_reply(self._model_card(name))
 
     # ---- the server -------------------------------------------------------------------------------

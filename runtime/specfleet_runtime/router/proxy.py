@@ -59,6 +59,14 @@ HOP_BY_HOP = frozenset(
         "expect",
     }
 )
+# What a client says about the path in front of the router: unverifiable, so never passed on (the
+# router sets X-Forwarded-For itself, to its peer).
+CLIENT_FORWARDING = frozenset(
+    {"forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port", "x-real-ip"}
+)
+NOT_FORWARDED = HOP_BY_HOP | CLIENT_FORWARDING
+# Connection options that are not header names of their own.
+_CONNECTION_TOKENS = frozenset({"close", "keep-alive", ""})
 RESPONSE_HEADERS_SET_BY_SERVER = frozenset({"server", "date"})
 DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | RESPONSE_HEADERS_SET_BY_SERVER
 # Largest answer of known length that is read whole before it is sent (see Proxy._relay).
@@ -185,14 +193,18 @@ class _StallWatches:
 
 
 def forward_headers(headers: Headers, remote: str | None) -> list[tuple[str, str]]:
-    out = [
-        (name, value)
-        for lower, name, value in headers.fields
-        if lower not in HOP_BY_HOP and lower != "x-forwarded-for"
-    ]
+    """The client's header fields an engine gets: no hop-by-hop field (those named in the client's
+    `Connection` too, RFC 9110 7.6.1), no forwarding claim; X-Forwarded-For is the router's peer."""
+    dropped = NOT_FORWARDED
+    if "connection" in headers:
+        named = {
+            option.strip().lower() for value in headers.getall("connection") for option in value.split(",")
+        }
+        if not named <= _CONNECTION_TOKENS:
+            dropped = dropped | named
+    out = [(name, value) for lower, name, value in headers.fields if lower not in dropped]
     if remote:
-        previous = ", ".join(headers.getall("x-forwarded-for"))
-        out.append(("X-Forwarded-For", f"{previous}, {remote}" if previous else remote))
+        out.append(("X-Forwarded-For", remote))
     return out
 
 
@@ -305,7 +317,9 @@ class Proxy:
                 log.warning("pool %s: %s dropped the connection before answering; retrying", pool, url)
             except ReadTimedOut:
                 self.metrics.upstream_errors.labels(pool, "timeout").inc()
-                message = f"engine {url} did not answer within {self.settings.read_timeout:g}s"
+                log.warning("pool %s: %s sent nothing for %gs", pool, url, self.settings.read_timeout)
+                # The client learns nothing of the engine's address.
+                message = f"the engine did not answer within {self.settings.read_timeout:g}s"
                 return error_response(504, message, "upstream_timeout"), Outcome(
                     504, pool, "upstream_timeout"
                 )
