@@ -10,11 +10,13 @@ headers it was sent, or the engine emulator as a process.
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import openai
 import pytest
 from aiohttp import web
 
@@ -22,12 +24,17 @@ from specfleet_runtime.router.classify import sha256_hex
 from support.router_harness import (
     BATCH_KEY,
     COMPLETION,
+    FAST,
     GOOD,
+    MODEL,
     assert_openai_error,
+    engine_process,
     raw_exchange,
     raw_request,
     routing,
     running_router,
+    wait_for,
+    wait_http,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -210,3 +217,39 @@ async def test_a_long_model_name_is_not_echoed_in_full(tmp_path: Path) -> None:
             assert len(message) < 200
             assert "m" * 100 + "…" in message
     assert engine.requests == []
+
+
+# ---- streams that stall mid-way ---------------------------------------------------------------------
+
+
+async def test_a_stream_whose_engine_freezes_mid_way_ends_with_an_error_event(tmp_path: Path) -> None:
+    # (read_timeout past the test's own timeout: only the stall timeout can end the stream in time)
+    settings = replace(
+        FAST, stream_stall_timeout=0.5, read_timeout=300.0, probe_timeout=0.3, eject_seconds=60
+    )
+    with engine_process(time_scale=1.0) as (url, proc):
+        await wait_http(f"{url}/health")
+        async with running_router(tmp_path, routing([url], []), settings) as rr:
+            client = rr.client()
+            stream = await client.completions.create(
+                model=MODEL, prompt="x", max_tokens=5000, stream=True, extra_body={"ignore_eos": True}
+            )
+            received = 0
+
+            async def consume() -> None:
+                nonlocal received
+                async for _ in stream:
+                    received += 1
+                    if received == 3:
+                        proc.send_signal(signal.SIGSTOP)
+
+            try:
+                with pytest.raises(openai.APIError, match="stalled"):
+                    await consume()
+                # Suspected as for a stall before the first byte: its health probe failed, it is ejected.
+                await wait_for(lambda: url in rr.router.backends.ejected_until)
+                assert rr.counter("specfleet_router_upstream_errors_total", pool="latency", kind="stall") == 1
+                labels = {"class": "latency", "pool": "latency", "code": "200"}
+                assert rr.counter("specfleet_router_requests_total", **labels, error="mid_stream") == 1
+            finally:
+                proc.send_signal(signal.SIGCONT)

@@ -55,6 +55,9 @@ class RouterSettings:
     # fails within probe_timeout, eject it and retry elsewhere.
     stall_seconds: float = 10.0
     probe_timeout: float = 2.0
+    # An answer that started and then gives no byte for this long is ended (a stream with an error
+    # event) and its engine probed as for a stall; 0: only read_timeout bounds it.
+    stream_stall_timeout: float = 60.0
     max_body_bytes: int = 32 * 1024 * 1024
     # Request body bytes all requests may hold together; beyond it 503 + Retry-After. 0: no cap.
     max_bytes_in_flight: int = 256 * 1024 * 1024
@@ -115,6 +118,7 @@ class Router:
                 max_attempts=settings.max_attempts,
                 stall_seconds=settings.stall_seconds,
                 probe_timeout=settings.probe_timeout,
+                stream_stall_timeout=settings.stream_stall_timeout,
             ),
             self.backends,
             self.metrics,

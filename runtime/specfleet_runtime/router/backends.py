@@ -174,11 +174,13 @@ class Backends:
         else:
             del self.outstanding[url]
 
-    def eject(self, pool: PoolName, url: str, kind: str) -> None:
-        """Skip `url` for `eject_seconds`; `kind` says why (connect, connect_timeout, stall)."""
+    def eject(self, pool: PoolName, url: str, kind: str, retried: bool = True) -> None:
+        """Skip `url` for `eject_seconds`; `kind` says why (connect, connect_timeout, stall); `retried`:
+        whether its request is tried again elsewhere."""
         self.ejected_until[url] = self.clock() + self.eject_seconds
         self.metrics.upstream_errors.labels(pool, kind).inc()
-        self.metrics.retries.labels(pool).inc()
+        if retried:
+            self.metrics.retries.labels(pool).inc()
         log.warning("pool %s: %s failed (%s); ejected for %gs", pool, url, kind, self.eject_seconds)
 
     def expire_ejections(self, now: float) -> None:
