@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 from aiohttp import web
@@ -29,6 +30,7 @@ from support.router_harness import (
     MODEL,
     assert_openai_error,
     engine_process,
+    free_port,
     raw_exchange,
     raw_request,
     routing,
@@ -253,3 +255,28 @@ async def test_a_stream_whose_engine_freezes_mid_way_ends_with_an_error_event(tm
                 assert rr.counter("specfleet_router_requests_total", **labels, error="mid_stream") == 1
             finally:
                 proc.send_signal(signal.SIGCONT)
+
+
+# ---- readiness ----------------------------------------------------------------------------------------
+
+
+async def test_readyz_needs_a_static_engine_that_answers(tmp_path: Path) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"
+    async with (
+        header_engine() as engine,
+        running_router(tmp_path, routing([nobody], [])) as rr,
+        aiohttp.ClientSession() as http,
+    ):
+
+        async def readyz() -> tuple[int, dict[str, object]]:
+            async with http.get(f"{rr.url}/readyz") as resp:
+                return resp.status, await resp.json()
+
+        status, body = await readyz()
+        assert status == 503
+        assert "health" in str(body["reason"])
+        rr.write_config(routing([nobody, engine.url], []))
+        await wait_for(lambda: len(rr.router.pool_endpoints["latency"]) == 2)
+        # New static endpoints are checked at the next /readyz: one answers, so the router is ready.
+        status, body = await readyz()
+        assert (status, body["reason"]) == (200, "ok")

@@ -167,6 +167,8 @@ class Router:
             return False, "no routing config loaded"
         if not any(self.pool_endpoints.values()):
             return False, "no pool has a ready endpoint"
+        if not self.backends.has_serving_endpoint():
+            return False, "no static endpoint answered its last health check"
         return True, "ok"
 
     def warm(self) -> tuple[bool, str]:
@@ -334,6 +336,7 @@ class Router:
         return json_reply({"status": "ok"})
 
     async def _readyz(self, request: Request, path: str) -> Reply:
+        await self.backends.check_static(self.proxy.probe)
         ok, reason = self.ready()
         body = {
             "status": "ready" if ok else "not ready",
