@@ -282,7 +282,8 @@ async def test_router_follows_config_and_slices() -> None:
     assert router.apply_config_text(config, "test")
     assert watches.started == [("prod", "m-latency")]
     assert router.pool_endpoints == {"latency": (), "batch": ("http://10.9.9.9:8000",)}
-    assert router.ready() == (True, "ok")
+    # A static URL counts once it answers a health check (nothing listens at 10.9.9.9).
+    assert router.ready() == (False, "no static endpoint answered its last health check")
 
     # The watch reports from its own thread; the update lands on the loop.
     slices = [endpoint_slice("s", [endpoint("10.0.0.1"), endpoint("10.0.0.2", ready=False)])]
@@ -291,6 +292,7 @@ async def test_router_follows_config_and_slices() -> None:
     thread.join()
     await asyncio.sleep(0.01)
     assert router.pool_endpoints["latency"] == ("http://10.0.0.1:8000",)
+    assert router.ready() == (True, "ok")  # the kubelet found that one ready
 
     # A bad config is rejected and changes nothing.
     assert not router.apply_config_text('{"servedModelName": "m", "pools": {"gpu": {}}}', "test")
@@ -410,7 +412,8 @@ async def test_a_worker_that_stays_cold_listens_after_its_timeout_and_says_why(
             # The Service never lists (an apiserver that denies it): /healthz must still answer.
             assert not _refused(port)
             assert router.warm() == (False, "no EndpointSlice list yet for prod/m-latency")
-            assert router.ready() == (True, "ok")  # the static batch pool
+            # (The static batch URL does not answer: not ready by /readyz either.)
+            assert router.ready() == (False, "no static endpoint answered its last health check")
     assert (
         "not warm after 0.3s (no EndpointSlice list yet for prod/m-latency); listening anyway" in caplog.text
     )

@@ -54,6 +54,23 @@ ANSWERS: dict[str, tuple[bytes, bool]] = {
     ),
     "garbage": (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", True),
     "silent": (b"", False),
+    # Answers that start and then stall (the engine still answers its health probe).
+    "stall-length": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+        + BODY[:10],
+        False,
+    ),
+    "stall-chunked": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunked(BODY).partition(b"\r\n0\r\n")[0][:40],
+        False,
+    ),
+    "stall-sse": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunked(b"data: {}\n\n", 1).removesuffix(b"0\r\n\r\n"),
+        False,
+    ),
+    "health": (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", True),
     "short": (
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY)
         + BODY[:10],
@@ -82,7 +99,8 @@ class RawEngine:
                     if name.lower() == "content-length":
                         length = int(value)
                 await reader.readexactly(length)
-                case = head.split(b" ", 2)[1].partition(b"?")[2].decode()
+                path, _, query = head.split(b" ", 2)[1].partition(b"?")
+                case = "health" if path == b"/health" else query.decode()
                 answer, close = ANSWERS[case]
                 writer.write(answer)
                 await writer.drain()
@@ -185,8 +203,44 @@ async def test_a_silent_engine_times_out_on_a_pooled_connection_too(tmp_path: Pa
             elapsed = time.monotonic() - started
             assert status == 504
             assert_openai_error(json.loads(body), code="upstream_timeout")
+            assert engine.url.removeprefix("http://") not in body.decode()  # no engine address
             assert 0.25 <= elapsed < 5.0
         assert engine.connections >= 2  # a timed-out connection is not pooled again
+        status, _, _ = await post(http, f"{rr.url}/v1/completions?length")
+        assert status == 200
+
+
+async def test_answers_that_stall_mid_body_are_bounded(tmp_path: Path) -> None:
+    # The engine answers its health probe (alive, one answer stuck): each answer is ended, none ejected.
+    # (read_timeout past the test's own timeout: only the stall timeout can end these answers in time)
+    settings = replace(FAST, stream_stall_timeout=0.3, read_timeout=300.0, stall_seconds=60.0)
+    async with (
+        raw_engine() as engine,
+        running_router(tmp_path, routing([engine.url], []), settings) as rr,
+        aiohttp.ClientSession() as http,
+    ):
+        # A small answer of known length is read whole first: nothing reached the client, a clean 504.
+        status, body, _ = await post(http, f"{rr.url}/v1/completions?stall-length")
+        assert status == 504
+        assert_openai_error(json.loads(body), code="upstream_timeout")
+        assert "stalled" in json.loads(body)["error"]["message"]
+        # A stream ends with an OpenAI-format error event after what it had relayed.
+        status, body, content_type = await post(http, f"{rr.url}/v1/completions?stall-sse")
+        assert (status, content_type) == (200, "text/event-stream")
+        first, _, event = body.partition(b"\n\n")
+        assert first == b"data: {}"
+        error = json.loads(event.removeprefix(b"data: "))
+        assert_openai_error(error, code="upstream_stalled")
+        # An answer of unknown length is cut: the client sees a short body rather than a wrong one.
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await post(http, f"{rr.url}/v1/completions?stall-chunked")
+        labels = {"class": "latency", "pool": "latency"}
+        await wait(
+            lambda: (
+                rr.counter("specfleet_router_requests_total", **labels, code="200", error="mid_stream") == 2
+            )
+        )
+        assert rr.router.backends.ejected_until == {}
         status, _, _ = await post(http, f"{rr.url}/v1/completions?length")
         assert status == 200
 

@@ -72,6 +72,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--probe-timeout", type=float, default=defaults.probe_timeout)
     parser.add_argument(
+        "--stream-stall-timeout",
+        type=float,
+        default=defaults.stream_stall_timeout,
+        help="an answer that started and then gives no byte for this long is ended (a stream with an "
+        "OpenAI-format error event) and its engine probed, ejected if the probe fails; 0: --read-timeout",
+    )
+    parser.add_argument(
         "--max-body-bytes", type=int, default=defaults.max_body_bytes, help="larger bodies get 413"
     )
     parser.add_argument(
@@ -173,6 +180,7 @@ def build_router(args: argparse.Namespace) -> Router:
         read_timeout=args.read_timeout,
         stall_seconds=args.stall_seconds,
         probe_timeout=args.probe_timeout,
+        stream_stall_timeout=args.stream_stall_timeout,
         max_body_bytes=args.max_body_bytes,
         max_bytes_in_flight=args.max_bytes_in_flight,
         body_timeout=args.body_timeout,

@@ -20,15 +20,13 @@ from specfleet_runtime.router.classify import (
     classify,
     extract_facts,
 )
+from specfleet_runtime.router.errors import clip
 from specfleet_runtime.router.intake import Refusal
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.router.server import Headers
 from specfleet_runtime.routing_config import RoutingConfig
 
 log = logging.getLogger(__name__)
-
-# An unknown model name is echoed in the 404 up to this many characters (a client may send megabytes).
-MODEL_ECHO_CHARS = 100
 
 
 def _refuse_repeated_identity(config: RoutingConfig, headers: Headers) -> None:
@@ -68,8 +66,7 @@ class Admission:
             if model is not None and not isinstance(model, str):
                 raise InvalidRequest("'model' must be a string", "model")
             if model is not None and model != config.served_model_name:
-                shown = model if len(model) <= MODEL_ECHO_CHARS else model[:MODEL_ECHO_CHARS] + "…"
-                raise Refusal(404, f"The model `{shown}` does not exist.", "model_not_found", "model")
+                raise Refusal(404, f"The model `{clip(model)}` does not exist.", "model_not_found", "model")
             return extract_facts(
                 config, headers, read.fields, remote, prompts=read.prompts, endpoint=endpoint
             )

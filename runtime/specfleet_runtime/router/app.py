@@ -27,7 +27,7 @@ from specfleet_runtime.router.backends import Backends, WatchKey
 from specfleet_runtime.router.classify import Classification, ClientLoadTracker, Endpoint
 from specfleet_runtime.router.configuration import ConfigStore
 from specfleet_runtime.router.endpoints import AddressMap, other_pool
-from specfleet_runtime.router.errors import error_response
+from specfleet_runtime.router.errors import clip, error_response
 from specfleet_runtime.router.intake import BodyLimits, ByteBudget, Refusal, read_body
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.router.paths import CHAT_PATH, METHODS, MODEL_PREFIX, PROXIED, Route, match
@@ -55,6 +55,9 @@ class RouterSettings:
     # fails within probe_timeout, eject it and retry elsewhere.
     stall_seconds: float = 10.0
     probe_timeout: float = 2.0
+    # An answer that started and then gives no byte for this long is ended (a stream with an error
+    # event) and its engine probed as for a stall; 0: only read_timeout bounds it.
+    stream_stall_timeout: float = 60.0
     max_body_bytes: int = 32 * 1024 * 1024
     # Request body bytes all requests may hold together; beyond it 503 + Retry-After. 0: no cap.
     max_bytes_in_flight: int = 256 * 1024 * 1024
@@ -77,6 +80,8 @@ class RouterSettings:
     housekeeping_seconds: float = 1.0
     # Request line and each header line at most this long (400 beyond).
     max_header_bytes: int = 16 * 1024
+    # Header fields of a request (its trailer fields too) at most this many (431 beyond).
+    max_header_fields: int = 100
     # Rewrites EndpointSlice addresses (a test bed's fake pod IPs to loopback twins); empty in clusters.
     endpoint_address_map: AddressMap = ()
 
@@ -113,6 +118,7 @@ class Router:
                 max_attempts=settings.max_attempts,
                 stall_seconds=settings.stall_seconds,
                 probe_timeout=settings.probe_timeout,
+                stream_stall_timeout=settings.stream_stall_timeout,
             ),
             self.backends,
             self.metrics,
@@ -161,6 +167,8 @@ class Router:
             return False, "no routing config loaded"
         if not any(self.pool_endpoints.values()):
             return False, "no pool has a ready endpoint"
+        if not self.backends.has_serving_endpoint():
+            return False, "no static endpoint answered its last health check"
         return True, "ok"
 
     def warm(self) -> tuple[bool, str]:
@@ -329,6 +337,7 @@ class Router:
         return json_reply({"status": "ok"})
 
     async def _readyz(self, request: Request, path: str) -> Reply:
+        await self.backends.check_static(self.proxy.probe)
         ok, reason = self.ready()
         body = {
             "status": "ready" if ok else "not ready",
@@ -363,7 +372,7 @@ class Router:
             raise Refusal(503, "the router has no routing config yet", "not_ready")
         name = path[len(MODEL_PREFIX) :]
         if name != config.served_model_name:
-            raise Refusal(404, f"The model `{name[:200]}` does not exist.", "model_not_found", "model")
+            raise Refusal(404, f"The model `{clip(name)}` does not exist.", "model_not_found", "model")
         return json_reply(self._model_card(name))
 
     # ---- the server -------------------------------------------------------------------------------
@@ -379,6 +388,7 @@ class Router:
                 write_timeout=settings.write_timeout,
                 idle_timeout=settings.idle_timeout,
                 max_header_bytes=settings.max_header_bytes,
+                max_header_fields=settings.max_header_fields,
             ),
         )
         return self.server

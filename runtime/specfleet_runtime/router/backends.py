@@ -2,14 +2,16 @@
 
 Endpoints come from a pool's static URLs and from EndpointSlice watches of its Service (started and
 stopped as the routing config changes). An endpoint that refused a connection or stalled is ejected
-for `eject_seconds`: skipped while another endpoint is available.
+for `eject_seconds`: skipped while another endpoint is available. An EndpointSlice lists only what
+the kubelet found ready; a static URL has nobody vouching for it, so it counts towards readiness only
+once it answered its last health check (`check_static`, run when /readyz asks).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from specfleet_runtime.router.endpoints import (
@@ -26,6 +28,8 @@ log = logging.getLogger(__name__)
 
 # (pool, namespace, service, port) of one EndpointSlice watch.
 WatchKey = tuple[str, str, str, int]
+# Static URLs are health-checked again when asked and their last check is older than this.
+STATIC_CHECK_SECONDS = 1.0
 
 
 class Backends:
@@ -53,6 +57,11 @@ class Backends:
         self.outstanding: dict[str, int] = {}
         self.ejected_until: dict[str, float] = {}
         self._turn = 0
+        # Static URLs no EndpointSlice lists, those that answered their last health check, and when.
+        self._static: frozenset[str] = frozenset()
+        self.static_answering: frozenset[str] = frozenset()
+        self._static_checked: tuple[frozenset[str], float] | None = None
+        self._static_check: asyncio.Task[None] | None = None
 
     # ---- where the endpoints are -------------------------------------------------------------------
 
@@ -113,10 +122,12 @@ class Backends:
 
     def _recompute(self) -> None:
         config = self.config
+        static: set[str] = set()
         for pool in POOLS:
             urls: set[str] = set()
             backend = config.pools.get(pool) if config else None
             if backend is not None:
+                static.update(u.rstrip("/") for u in backend.static_urls)
                 urls.update(u.rstrip("/") for u in backend.static_urls)
                 for key, found in self._discovered.items():
                     if key[0] == pool:
@@ -126,11 +137,47 @@ class Backends:
                 log.warning("pool %s: no ready endpoint left; its requests get 503 until one is ready", pool)
             self.pool_endpoints[pool] = tuple(sorted(urls))
             self.metrics.endpoints.labels(pool).set(len(urls))
+        for found in self._discovered.values():
+            static.difference_update(found)
+        self._static = frozenset(static)
+
+    # ---- whether an endpoint serves -----------------------------------------------------------------
+
+    def has_serving_endpoint(self) -> bool:
+        """Whether a pool has an endpoint known to serve: listed ready in an EndpointSlice, or a static
+        URL that answered its last health check."""
+        unverified = self._static - self.static_answering
+        return any(url not in unverified for urls in self.pool_endpoints.values() for url in urls)
+
+    async def check_static(self, probe: Callable[[str], Awaitable[bool]]) -> None:
+        """Health-check the static URLs, unless the same ones were checked in the last
+        STATIC_CHECK_SECONDS; callers meanwhile share one check (so /readyz cannot be made to flood
+        the engines)."""
+        static = self._static
+        if not static:
+            return
+        checked = self._static_checked
+        if checked is not None and checked[0] == static and self.clock() - checked[1] < STATIC_CHECK_SECONDS:
+            return
+        task = self._static_check
+        if task is None or task.done():
+            task = asyncio.get_running_loop().create_task(self._probe_static(static, probe))
+            self._static_check = task
+        await asyncio.shield(task)
+
+    async def _probe_static(self, urls: frozenset[str], probe: Callable[[str], Awaitable[bool]]) -> None:
+        ordered = sorted(urls)
+        results = await asyncio.gather(*(probe(url) for url in ordered), return_exceptions=True)
+        self.static_answering = frozenset(url for url, ok in zip(ordered, results, strict=True) if ok is True)
+        self._static_checked = (urls, self.clock())
 
     def stop(self) -> None:
         for watch in self._watches.values():
             watch.stop()
         self._watches.clear()
+        if self._static_check is not None:
+            self._static_check.cancel()
+            self._static_check = None
 
     # ---- which endpoint serves a request -----------------------------------------------------------
 
@@ -174,11 +221,13 @@ class Backends:
         else:
             del self.outstanding[url]
 
-    def eject(self, pool: PoolName, url: str, kind: str) -> None:
-        """Skip `url` for `eject_seconds`; `kind` says why (connect, connect_timeout, stall)."""
+    def eject(self, pool: PoolName, url: str, kind: str, retried: bool = True) -> None:
+        """Skip `url` for `eject_seconds`; `kind` says why (connect, connect_timeout, stall); `retried`:
+        whether its request is tried again elsewhere."""
         self.ejected_until[url] = self.clock() + self.eject_seconds
         self.metrics.upstream_errors.labels(pool, kind).inc()
-        self.metrics.retries.labels(pool).inc()
+        if retried:
+            self.metrics.retries.labels(pool).inc()
         log.warning("pool %s: %s failed (%s); ejected for %gs", pool, url, kind, self.eject_seconds)
 
     def expire_ejections(self, now: float) -> None:

@@ -25,6 +25,11 @@ ERROR_TYPES: dict[int, str] = {
 }
 
 
+def clip(text: str, limit: int = 100) -> str:
+    """A client's text quoted in a message: its first `limit` characters, "…" if there were more."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def error_body(
     status: int, message: str, code: str | None = None, param: str | None = None
 ) -> dict[str, Any]:

@@ -5,6 +5,10 @@ connection, or a stalled engine (no byte for `stall_seconds` and then no answer 
 either; a busy engine still answers the probe, a frozen or wedged one does not). A stalled or refusing
 engine is ejected. Once the status line is sent, a broken engine ends the response with an SSE error
 event (streams) or a dropped connection (anything else), and the request is counted as an error.
+
+An answer that started and then gives no byte for `stream_stall_timeout` is ended the same way (a
+small answer not yet relayed gets a clean 504 instead), and its engine is suspected as for a stall
+before its first byte: probed, and ejected if the probe fails too.
 """
 
 from __future__ import annotations
@@ -59,6 +63,14 @@ HOP_BY_HOP = frozenset(
         "expect",
     }
 )
+# What a client says about the path in front of the router: unverifiable, so never passed on (the
+# router sets X-Forwarded-For itself, to its peer).
+CLIENT_FORWARDING = frozenset(
+    {"forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port", "x-real-ip"}
+)
+NOT_FORWARDED = HOP_BY_HOP | CLIENT_FORWARDING
+# Connection options that are not header names of their own.
+_CONNECTION_TOKENS = frozenset({"close", "keep-alive", ""})
 RESPONSE_HEADERS_SET_BY_SERVER = frozenset({"server", "date"})
 DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | RESPONSE_HEADERS_SET_BY_SERVER
 # Largest answer of known length that is read whole before it is sent (see Proxy._relay).
@@ -79,6 +91,14 @@ class ProxySettings:
     max_attempts: int
     stall_seconds: float
     probe_timeout: float
+    stream_stall_timeout: float = 0.0  # 0: only read_timeout bounds a silence once an answer started
+
+    @property
+    def mid_answer_timeout(self) -> float:
+        """The longest silence from an engine once its answer started."""
+        if self.stream_stall_timeout > 0:
+            return min(self.stream_stall_timeout, self.read_timeout)
+        return self.read_timeout
 
 
 @dataclass
@@ -185,14 +205,18 @@ class _StallWatches:
 
 
 def forward_headers(headers: Headers, remote: str | None) -> list[tuple[str, str]]:
-    out = [
-        (name, value)
-        for lower, name, value in headers.fields
-        if lower not in HOP_BY_HOP and lower != "x-forwarded-for"
-    ]
+    """The client's header fields an engine gets: no hop-by-hop field (those named in the client's
+    `Connection` too, RFC 9110 7.6.1), no forwarding claim; X-Forwarded-For is the router's peer."""
+    dropped = NOT_FORWARDED
+    if "connection" in headers:
+        named = {
+            option.strip().lower() for value in headers.getall("connection") for option in value.split(",")
+        }
+        if not named <= _CONNECTION_TOKENS:
+            dropped = dropped | named
+    out = [(name, value) for lower, name, value in headers.fields if lower not in dropped]
     if remote:
-        previous = ", ".join(headers.getall("x-forwarded-for"))
-        out.append(("X-Forwarded-For", f"{previous}, {remote}" if previous else remote))
+        out.append(("X-Forwarded-For", remote))
     return out
 
 
@@ -217,6 +241,7 @@ class Proxy:
         self._client: Client | None = None
         self._probe_timeout = aiohttp.ClientTimeout(total=settings.probe_timeout)
         self.watches = _StallWatches(settings.stall_seconds)
+        self._suspicions: set[asyncio.Task[None]] = set()
 
     def open(self) -> None:
         # No connection limit: the engines queue, the router must not add a second hidden queue.
@@ -230,6 +255,8 @@ class Proxy:
         )
 
     async def close(self) -> None:
+        for task in list(self._suspicions):
+            task.cancel()
         self.watches.close()
         if self._client is not None:
             self._client.close()
@@ -305,7 +332,9 @@ class Proxy:
                 log.warning("pool %s: %s dropped the connection before answering; retrying", pool, url)
             except ReadTimedOut:
                 self.metrics.upstream_errors.labels(pool, "timeout").inc()
-                message = f"engine {url} did not answer within {self.settings.read_timeout:g}s"
+                log.warning("pool %s: %s sent nothing for %gs", pool, url, self.settings.read_timeout)
+                # The client learns nothing of the engine's address.
+                message = f"the engine did not answer within {self.settings.read_timeout:g}s"
                 return error_response(504, message, "upstream_timeout"), Outcome(
                     504, pool, "upstream_timeout"
                 )
@@ -350,8 +379,20 @@ class Proxy:
                 # A small answer of known length (a non-streaming completion) is read whole and sent in
                 # one write: the client cannot use half a JSON document anyway, it saves a send, and an
                 # engine failure while reading it can still be answered with a clean 502.
+                upstream.read_timeout = self.settings.mid_answer_timeout
                 try:
                     whole = await upstream.read_all()
+                except ReadTimedOut:
+                    # Nothing reached the client: a frozen engine is replaced as if it had stalled
+                    # before its first byte; a live one with a stuck answer gets a clean 504.
+                    watch.stop()
+                    if not await self.probe(base):
+                        raise _Stalled() from None
+                    log.warning("pool %s: %s's answer stalled after its head; 504", pool, base)
+                    self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
+                    return error_response(504, self._stalled_message(), "upstream_timeout"), Outcome(
+                        504, pool, "mid_stream"
+                    )
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
                     log.warning("pool %s: engine answer broke before it was complete: %r", pool, err)
@@ -391,7 +432,7 @@ class Proxy:
         finally:
             watch.stop()
         try:
-            return await self._relay(request, upstream, first, classification, pool, started)
+            return await self._relay(request, base, upstream, first, classification, pool, started)
         finally:
             upstream.close()
 
@@ -430,9 +471,25 @@ class Proxy:
         headers.append((REASON_HEADER, classification.label))
         return headers
 
+    def _stalled_message(self) -> str:
+        return f"the engine's answer stalled: no byte for {self.settings.mid_answer_timeout:g}s"
+
+    def _suspect(self, pool: PoolName, url: str) -> None:
+        """An engine went silent mid-answer: probe it as for a stall before its first byte; eject it if
+        the probe fails too (nothing is retried: its answer had started). In a task of its own: the
+        client, told already, may hang up and cancel its request."""
+        task = self.watches.loop.create_task(self._probe_or_eject(pool, url))
+        self._suspicions.add(task)
+        task.add_done_callback(self._suspicions.discard)
+
+    async def _probe_or_eject(self, pool: PoolName, url: str) -> None:
+        if not await self.probe(url):
+            self.backends.eject(pool, url, "stall", retried=False)
+
     async def _relay(
         self,
         request: Request,
+        base: str,
         upstream: Response,
         first: bytes | None,
         classification: Classification,
@@ -453,10 +510,15 @@ class Proxy:
             return None, Outcome(CLIENT_CLOSED, pool, "client_closed")
         chunk = first
         observed = False
+        upstream.read_timeout = self.settings.mid_answer_timeout
         while True:
             if chunk is None:
                 try:
                     chunk = await upstream.read_chunk()
+                except ReadTimedOut as silence:  # (its own name: mypyc types `err` by its first binding)
+                    self._suspect(pool, base)
+                    await self._cut_mid_stream(request, pool, is_sse, silence, self._stalled_message())
+                    return None, Outcome(status, pool, "mid_stream")
                 except UpstreamError as err:
                     await self._cut_mid_stream(request, pool, is_sse, err)
                     return None, Outcome(status, pool, "mid_stream")
@@ -481,16 +543,20 @@ class Proxy:
         return None, Outcome(status, pool)
 
     async def _cut_mid_stream(
-        self, request: Request, pool: PoolName, is_sse: bool, err: BaseException
+        self, request: Request, pool: PoolName, is_sse: bool, err: BaseException, stalled: str | None = None
     ) -> None:
+        """End an answer whose engine broke (or, with `stalled` as the client's message, went silent)."""
         self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
         log.warning("pool %s: engine stream broke after the response started: %r", pool, err)
         if is_sse:
             # The status line is gone already; an SSE error event is how the client learns of it.
+            event = (
+                sse_error_event(stalled, "upstream_stalled")
+                if stalled is not None
+                else sse_error_event("the engine stream was interrupted", "upstream_interrupted")
+            )
             with contextlib.suppress(ConnectionError):
-                await request.write(
-                    sse_error_event("the engine stream was interrupted", "upstream_interrupted")
-                )
+                await request.write(event)
                 await request.end()
             return
         # Anything else: drop the connection, so the client sees a short body rather than a bad one.

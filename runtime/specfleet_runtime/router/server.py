@@ -10,7 +10,12 @@ turn). Everything about connections stays here:
   503 and is closed before any request is parsed.
 - Parse errors (bad request line, oversized request line or header, bad Content-Length, bad chunk)
   get an OpenAI-format 400 and one rate-limited WARNING line without a traceback (no client can flood
-  the log); the connection closes.
+  the log); the connection closes. So do heads the router does not serve: an HTTP version other than
+  1.0 and 1.1, an HTTP/1.1 request without a Host or any request with two (HTTP/1.0 does not require
+  Host: allowed), a protocol upgrade or CONNECT; and more than `max_header_fields` fields (431).
+- Trailer fields of a chunked body are dropped: never forwarded, never classified (a recipient may
+  discard them, RFC 9110 6.5.1, and nothing the router serves reads them). They count against the
+  head's limits all the same.
 - Idle and slow-header connections close after `idle_timeout`: the timer is armed when a connection
   opens and again after each answer, and only a complete request head stops it.
 - One request at a time per connection: a pipelined request waits (and the socket is not read on)
@@ -333,10 +338,22 @@ class ServerLimits:
     write_timeout: float = 0.0  # 0: never
     idle_timeout: float = 15.0
     max_header_bytes: int = 16 * 1024
+    max_header_fields: int = 100  # trailer fields included; beyond it 431
 
 
-class _LimitExceeded(Exception):
-    pass
+class _Refused(Exception):
+    """A request head the router refuses: a limit, or something it does not serve (see module doc)."""
+
+    def __init__(self, detail: str, status: int = 400, code: str = "invalid_request", malformed: bool = True):
+        super().__init__(detail)
+        self.detail = detail
+        self.status = status
+        self.code = code
+        self.malformed = malformed  # said as "malformed HTTP request: <detail>"
+
+    @property
+    def message(self) -> str:
+        return f"malformed HTTP request: {self.detail}" if self.malformed else self.detail
 
 
 class Connection(asyncio.Protocol):
@@ -356,11 +373,13 @@ class Connection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None  # serves every request of this connection
         self._next: asyncio.Future[None] | None = None  # what that task waits on between requests
         self.queue: collections.deque[Request] = collections.deque()
-        self.pending_error: str | None = None
+        self.pending_error: _Refused | None = None
         self.broken = False
         self._url: list[bytes] = []
         self._fields: list[tuple[str, str, str]] = []
         self._head_bytes = 0
+        self._field_count = 0
+        self._in_head = False  # False once the head is complete: fields then are trailers
         self._idle: asyncio.TimerHandle | None = None
         self._idle_deadline: float | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
@@ -543,27 +562,43 @@ class Connection(asyncio.Protocol):
         self._url = []
         self._fields = []
         self._head_bytes = 0
+        self._field_count = 0
+        self._in_head = True
 
     def on_url(self, url: bytes) -> None:
         self._head_bytes += len(url)
         if self._head_bytes > self.server.limits.max_header_bytes:
-            raise _LimitExceeded(f"request line longer than {self.server.limits.max_header_bytes} bytes")
+            raise _Refused(f"request line longer than {self.server.limits.max_header_bytes} bytes")
         self._url.append(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        limits = self.server.limits
         size = len(name) + len(value)
-        if size > self.server.limits.max_header_bytes:
-            raise _LimitExceeded(f"header line longer than {self.server.limits.max_header_bytes} bytes")
+        if size > limits.max_header_bytes:
+            raise _Refused(f"header line longer than {limits.max_header_bytes} bytes")
         self._head_bytes += size
-        if self._head_bytes > 8 * self.server.limits.max_header_bytes:
-            raise _LimitExceeded("request head too large")
+        if self._head_bytes > 8 * limits.max_header_bytes:
+            raise _Refused("request head too large")
+        self._field_count += 1
+        if self._field_count > limits.max_header_fields:
+            raise _Refused(
+                f"more than {limits.max_header_fields} header fields",
+                431,
+                "request_header_fields_too_large",
+                malformed=False,
+            )
+        if not self._in_head:
+            return  # a trailer field: dropped (see the module docstring)
         text = name.decode("latin-1")
         self._fields.append((text.lower(), text, value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
         self._cancel_idle()
+        self._in_head = False
         parser = self.parser
         headers = Headers(self._fields)
+        version = parser.get_http_version()
+        _check_head(version, headers, parser.should_upgrade())
         length_text = headers.get("content-length")
         request = Request(
             connection=self,
@@ -572,7 +607,7 @@ class Connection(asyncio.Protocol):
             headers=headers,
             remote=self.remote,
             keep_alive=parser.should_keep_alive(),
-            http11=parser.get_http_version() == "1.1",
+            http11=version == "1.1",
             content_length=int(length_text) if length_text is not None else None,
             expect_continue=headers.get("expect", "").lower() == "100-continue",
         )
@@ -597,26 +632,31 @@ class Connection(asyncio.Protocol):
     def _parse_error(self, err: Exception) -> None:
         self.broken = True
         self.closing = True
-        cause = err.__context__ if isinstance(err.__context__, _LimitExceeded) else err
-        message = _short(str(cause) or type(cause).__name__)
+        context = err.__context__
+        refused = (
+            context if isinstance(context, _Refused) else _Refused(_short(str(err) or type(err).__name__))
+        )
         server = self.server
         server.metrics.protocol_errors.labels("parse_error").inc()
-        server.errors_log.warning("parse_error", "refused a request from %s: 400 %s", self.remote, message)
+        server.errors_log.warning(
+            "parse_error", "refused a request from %s: %d %s", self.remote, refused.status, refused.detail
+        )
         request = self.parsing
         self.parsing = None
         if request is not None:
-            # Its head was fine, its body broke: its handler answers (see intake).
-            request._fail(message)
+            # Its head was fine, its body (or trailer) broke: its handler answers (see intake).
+            request._fail(refused.detail)
         elif self.active is None:
-            self._send_parse_error(message)
+            self._send_parse_error(refused)
         else:
-            self.pending_error = message
+            self.pending_error = refused
 
-    def _send_parse_error(self, message: str) -> None:
+    def _send_parse_error(self, refused: _Refused) -> None:
         if self.transport is None or self.lost:
             return
+        status = refused.status
         self.transport.write(
-            canned_response(400, "Bad Request", f"malformed HTTP request: {message}", "invalid_request")
+            canned_response(status, REASONS.get(status, "Bad Request"), refused.message, refused.code)
         )
         self.transport.close()
 
@@ -705,6 +745,25 @@ class Connection(asyncio.Protocol):
             self.transport.close()
             return True
         return False
+
+
+def _check_head(version: str, headers: Headers, upgrade: bool) -> None:
+    """Refuse (`_Refused`) a well-formed head the router does not serve."""
+    if version not in ("1.1", "1.0"):
+        raise _Refused(f"HTTP/{version} is not served here (HTTP/1.1 and HTTP/1.0 are)")
+    hosts = headers.getall("host") if "host" in headers else ()
+    if len(hosts) > 1:
+        raise _Refused("more than one Host header")
+    if not hosts and version == "1.1":
+        raise _Refused("an HTTP/1.1 request needs a Host header")
+    if upgrade:
+        # llhttp reads nothing past such a head (its body would be another protocol's bytes).
+        wanted = _short(headers.get("upgrade", "") or "CONNECT")[:40]
+        raise _Refused(
+            f"protocol upgrades and CONNECT are not supported (asked: {wanted}); send plain HTTP/1.1",
+            code="upgrade_not_supported",
+            malformed=False,
+        )
 
 
 class HttpServer:

@@ -64,6 +64,7 @@ class _Connection(asyncio.Protocol):
         self._deadline: float | None = None
         self._timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # when that handle fires
         # One parser for every answer on this connection, its callbacks handed to the answer being
         # read. (A parser per answer, holding that answer as its callbacks, made a reference cycle per
         # request that only the garbage collector freed.)
@@ -119,18 +120,23 @@ class _Connection(asyncio.Protocol):
     def arm(self, waiter: asyncio.Future[None], timeout: float) -> None:
         """Fail `waiter` with ReadTimedOut if it is still pending `timeout` seconds from now.
 
-        Lazy: arming sets a deadline and creates a timer handle only if none is pending (`disarm`
-        clears the deadline and leaves the handle); the handle, when it fires, re-arms itself for a
-        deadline that moved on, drops itself if none is set, and fails the waiter only once its
-        deadline passed. A pooled connection under load so costs a clock read per wait instead of a
+        Lazy: arming sets a deadline and creates a timer handle only if none is pending that fires no
+        later (`disarm` clears the deadline and leaves the handle); the handle, when it fires, re-arms
+        itself for a deadline that moved on, drops itself if none is set, and fails the waiter only once
+        its deadline passed. A pooled connection under load so costs a clock read per wait instead of a
         timer created and cancelled.
         """
         deadline = self.loop.time() + timeout
         self._waiter = waiter
         self._deadline = deadline
         self._timeout = timeout
-        if self._timer is None:
+        timer = self._timer
+        if timer is None or deadline < self._timer_at:
+            # None pending, or one for a longer timeout (the wait for an answer's head) that would fire late.
+            if timer is not None:
+                timer.cancel()
             self._timer = self.loop.call_at(deadline, self._check)
+            self._timer_at = deadline
 
     def disarm(self) -> None:
         self._waiter = None
@@ -143,6 +149,7 @@ class _Connection(asyncio.Protocol):
             return
         if self.loop.time() < deadline:
             self._timer = self.loop.call_at(deadline, self._check)
+            self._timer_at = deadline
             return
         self._timer = None
         waiter = self._waiter
@@ -161,7 +168,8 @@ class Response:
     def __init__(self, connection: _Connection, pool: Pool, read_timeout: float) -> None:
         self._connection = connection
         self._pool = pool
-        self._read_timeout = read_timeout
+        # The longest silence waited for; the proxy shortens it once the answer started.
+        self.read_timeout = read_timeout
         self._parser = connection.parser
         self.status = 0
         self.reason = ""
@@ -260,7 +268,7 @@ class Response:
         connection = self._connection
         waiter = connection.loop.create_future()
         self._waiter = waiter
-        connection.arm(waiter, self._read_timeout)
+        connection.arm(waiter, self.read_timeout)
         try:
             await waiter
         finally:
