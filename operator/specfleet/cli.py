@@ -18,6 +18,7 @@ import yaml
 from specfleet import __version__
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
+from specfleet.cli_help import CommandParser, describe_subcommands
 from specfleet.crd import crd_yaml
 from specfleet.logs import configure_json_logging
 from specfleet.reconcile import decided_plan
@@ -35,6 +36,10 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shown(path: str) -> str:
+    return "standard input" if path == "-" else path
+
+
 def _load_documents(path: str) -> list[Any]:
     text = sys.stdin.read() if path == "-" else Path(path).read_text()
     return [doc for doc in yaml.safe_load_all(text) if doc is not None]
@@ -45,6 +50,12 @@ def _cmd_render(args: argparse.Namespace) -> int:
         documents = _load_documents(args.filename)
     except (OSError, yaml.YAMLError) as err:
         print(f"error: cannot read {args.filename}: {err}", file=sys.stderr)
+        return 1
+    if not documents:
+        print(
+            f"error: {_shown(args.filename)} holds no resources (it is empty or only comments)",
+            file=sys.stderr,
+        )
         return 1
     options = RenderOptions(router_image=args.router_image) if args.router_image else RenderOptions()
     rendered: list[dict[str, Any]] = []
@@ -132,11 +143,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run_as_leader(elector, run_kopf)
 
 
-def _cmd_sandbox(args: argparse.Namespace) -> int:
+def _run_sandbox(argv: list[str]) -> int:
     # The sandbox is a local harness (test bed, emulated engines, load), not part of the operator image.
     from specfleet_sandbox.cli import main as sandbox_main
 
-    return sandbox_main(args.sandbox_args)
+    return sandbox_main(argv)
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -250,9 +261,13 @@ def _load_one_resource(path: str) -> Any:
         documents = _load_documents(path)
     except (OSError, yaml.YAMLError) as err:
         raise _UsageError(f"cannot read {path}: {err}") from None
+    if not documents:
+        raise _UsageError(f"{_shown(path)} holds no resources (it is empty or only comments)")
     docs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "SpeculativeDeployment"]
     if not docs:
-        raise _UsageError(f"{path} holds no SpeculativeDeployment")
+        kinds = sorted({str(d.get("kind")) for d in documents if isinstance(d, dict)})
+        found = f" (found kind {', '.join(kinds)})" if kinds else ""
+        raise _UsageError(f"{_shown(path)} holds no SpeculativeDeployment{found}")
     try:
         sd = parse_resource(docs[0])
     except InvalidResourceError as err:
@@ -321,22 +336,23 @@ def _progress(quiet: bool) -> Any:
     return lambda name: print(f"simulating {name} ...", file=sys.stderr)
 
 
+def _num(value: Any, fmt: str = "") -> str:
+    """A table cell: `-` where the simulation has no value (a pool without requests)."""
+    return "-" if value is None else format(value, fmt)
+
+
 def _simulation_table(doc: dict[str, Any]) -> str:
     width = max(16, *(len(name) for name in doc["results"]))
     lines = [
-        f"{'strategy':<{width}} {'tokens/s':>10} {'tok/req-s':>10} {'vs oracle':>9} {'worst min':>9} "
+        f"{'strategy':<{width}} {'tokens/s':>10} {'tok/req-s':>10} {'x oracle':>9} {'worst min':>9} "
         f"{'flips':>5} {'retunes':>7} {'GPU-s':>9}"
     ]
     for name, r in doc["results"].items():
         setting = f" ({r['setting']})" if "setting" in r else ""
-
-        def num(value: Any, fmt: str) -> str:
-            return "-" if value is None else format(value, fmt)
-
         lines.append(
-            f"{name:<{width}} {r['tokensPerSecond']:>10.1f} {num(r['tokensPerRequestSecond'], '.2f'):>10} "
-            f"{num(r['ratioToPerLevelOracle'], '.3f'):>9} {num(r['worstMinuteRatioToPerLevelOracle'], '.3f'):>9} "
-            f"{r['flips']:>5} {r['retunes']:>7} {num(r.get('gpuSeconds'), '.0f'):>9}{setting}"
+            f"{name:<{width}} {r['tokensPerSecond']:>10.1f} {_num(r['tokensPerRequestSecond'], '.2f'):>10} "
+            f"{_num(r['ratioToPerLevelOracle'], '.3f'):>9} {_num(r['worstMinuteRatioToPerLevelOracle'], '.3f'):>9} "
+            f"{r['flips']:>5} {r['retunes']:>7} {_num(r.get('gpuSeconds'), '.0f'):>9}{setting}"
         )
     policy = doc["results"]["policy"]
     lines.append("")
@@ -344,8 +360,8 @@ def _simulation_table(doc: dict[str, Any]) -> str:
     for pool, p in policy["pools"].items():
         lines.append(
             f"  {pool:<8} {p['tokensPerSecond']:>9.1f} tokens/s  {p['requests']} requests ({p['rejected']} rejected)  "
-            f"TTFT p50/p99 {p['ttftP50Seconds']}/{p['ttftP99Seconds']} s  ITL p50/p99 "
-            f"{p['itlP50Seconds']}/{p['itlP99Seconds']} s  {p['gpuSeconds']:.0f} GPU-s"
+            f"TTFT p50/p99 {_num(p['ttftP50Seconds'])}/{_num(p['ttftP99Seconds'])} s  ITL p50/p99 "
+            f"{_num(p['itlP50Seconds'])}/{_num(p['itlP99Seconds'])} s  {p['gpuSeconds']:.0f} GPU-s"
         )
     for change in policy.get("changes", []):
         lines.append(
@@ -354,9 +370,12 @@ def _simulation_table(doc: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.append(
-        "Ratios compare generated tokens per request-second with the per-level oracle (best static setting "
-        "per evaluation window, in hindsight). rolloutPayingOracle: the best hindsight schedule of static "
-        "settings that pays each change's surge rollout (simulated)."
+        "x oracle: generated tokens per request-second relative to the per-level oracle's (1.000 = as good "
+        "as the best static setting per evaluation window, in hindsight); worst min: the same ratio in the "
+        "worst minute; tok/req-s: generated tokens per request-second (over the time requests spend in the "
+        "fleet). "
+        "rolloutPayingOracle: the best hindsight schedule of static settings that pays each change's surge "
+        "rollout (simulated)."
     )
     return "\n".join(lines) + "\n"
 
@@ -428,19 +447,19 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--profile",
-        help="step-time profile file, or the ConfigMap holding one (default: published H100 Llama-3.1-8B)",
+        help="step-time profile file, or the ConfigMap holding one (default: the published H100 Llama-3.1-8B one)",
     )
     parser.add_argument(
-        "--startup-seconds", type=float, default=60.0, help="engine start-up time (default 60)"
+        "--startup-seconds", type=float, default=60.0, help="seconds an engine takes to start"
     )
     parser.add_argument(
-        "--scrape-interval", type=float, default=15.0, help="Prometheus scrape interval (default 15)"
+        "--scrape-interval", type=float, default=15.0, help="Prometheus scrape interval, seconds"
     )
     parser.add_argument(
         "--k0-penalty",
         type=float,
         default=0.10,
-        help="step-time penalty of K=0 in a speculating engine (0.10)",
+        help="step-time penalty of K=0 in a speculating engine, as a fraction",
     )
 
 
@@ -450,7 +469,7 @@ def _cmd_version(_: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specfleet", description=__doc__)
+    parser = CommandParser(prog="specfleet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     crd = sub.add_parser("crd", help="print (or write) the CustomResourceDefinition")
@@ -470,14 +489,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="watch this namespace (repeatable; default: all namespaces)",
     )
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
-    run.add_argument("--resync-seconds", type=float, default=30.0, help="drift-correction timer interval")
+    run.add_argument(
+        "--resync-seconds", type=float, default=30.0, help="seconds between drift-correction resyncs"
+    )
     run.add_argument("--router-image", help="router image (default: the operator's own)")
     run.add_argument("--max-workers", type=int, default=16, help="reconciles of changes that may run at once")
     run.add_argument("--resync-workers", type=int, default=2, help="periodic resyncs that may run at once")
     run.add_argument("--liveness-port", type=int, default=8080, help="0 disables the liveness endpoint")
-    run.add_argument("--liveness-address", default="0.0.0.0")
+    run.add_argument("--liveness-address", default="0.0.0.0", help="address the liveness endpoint listens on")
     run.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 disables")
-    run.add_argument("--metrics-address", default="0.0.0.0")
+    run.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics endpoint listens on")
     run.add_argument(
         "--leader-election-namespace",
         help="hold a Lease in this namespace so that of several replicas exactly one runs (default: off)",
@@ -492,18 +513,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--prometheus-bearer-token-file", help="send this file's token to Prometheus")
     run.add_argument("--prometheus-basic-auth-file", help="file with one line 'username:password'")
-    run.add_argument("-v", "--verbose", action="store_true")
+    run.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     run.set_defaults(func=_cmd_run)
 
     add_status_parser(sub)
 
-    sandbox = sub.add_parser(
+    # Listed here for `specfleet --help`; `main` hands its arguments (--help included) to the sandbox's parser.
+    sub.add_parser(
         "sandbox",
         help="local sandbox: control plane, Prometheus, operator, router, emulated engines, load",
         add_help=False,
     )
-    sandbox.add_argument("sandbox_args", nargs=argparse.REMAINDER)
-    sandbox.set_defaults(func=_cmd_sandbox)
 
     profile = sub.add_parser(
         "profile",
@@ -511,19 +531,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--vllm-python", help="python of a vLLM installation (venv or image)")
     profile.add_argument("--model", help="target model (HF id or local folder)")
-    profile.add_argument("--method", default="eagle3", help="vLLM speculative method (default eagle3)")
+    profile.add_argument("--method", default="eagle3", help="vLLM speculative method")
     profile.add_argument("--drafter", help="drafter model (eagle3, eagle, draft_model, medusa)")
     profile.add_argument("--ks", default="0,1,3,5", help="K values, comma-separated, 0 first")
-    profile.add_argument("--batch-sizes", default="1,8,32,64,128,256", help="comma-separated")
+    profile.add_argument(
+        "--batch-sizes", default="1,8,32,64,128,256", help="batch sizes to measure, comma-separated"
+    )
     profile.add_argument("--tokens", type=int, default=32, help="decode steps of the short run")
     profile.add_argument("--repeats", type=int, default=3, help="measurements per point (median)")
     profile.add_argument("--load-format", default="dummy", help="'dummy' (random weights) or 'auto'")
-    profile.add_argument("--max-model-len", type=int, help="default: the model's")
+    profile.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     profile.add_argument("--dtype", help="model dtype (default: the model's)")
     profile.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile")
     profile.add_argument("--engine-args", default="{}", help="more vllm.LLM keyword arguments, as JSON")
     profile.add_argument("--name", default="measured", help="profile name")
-    profile.add_argument("--timeout-seconds", type=float, default=3600)
+    profile.add_argument(
+        "--timeout-seconds", type=float, default=3600, help="give up the measurement after this long"
+    )
     profile.add_argument("--config-map", help="print a ConfigMap of this name holding the profile")
     profile.add_argument("-n", "--namespace", help="namespace of the ConfigMap")
     profile.add_argument("-o", "--output", help="write to this file instead of stdout")
@@ -550,21 +574,25 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate", help="replay a trace through a simulated fleet: the policy against baselines and oracles"
     )
     _add_simulation_arguments(simulate)
-    simulate.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    simulate.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
     simulate.add_argument("--plot", help="write a PNG timeline to this file")
     simulate.set_defaults(func=_cmd_simulate)
 
     plan_cmd = sub.add_parser("plan", help="recommend speculation settings for a workload (simulated)")
     _add_simulation_arguments(plan_cmd)
-    plan_cmd.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    plan_cmd.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
     plan_cmd.set_defaults(func=_cmd_plan)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
+    describe_subcommands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sandbox"]:
+        return _run_sandbox(argv[1:])
     args = build_parser().parse_args(argv)
     result: int = args.func(args)
     return result

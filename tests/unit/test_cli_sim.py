@@ -220,3 +220,15 @@ def test_bad_resource_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureF
     (tmp_path / "empty.yaml").write_text("kind: ConfigMap\n")
     assert main(["simulate", "-f", str(tmp_path / "empty.yaml"), "--trace", trace]) == 1
     assert "holds no SpeculativeDeployment" in capsys.readouterr().err
+
+
+def test_simulate_table_shows_a_dash_for_missing_values_and_says_what_ratios_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Example 01 routes nothing to its batch pool: that pool has no latencies to show.
+    minimal = str(Path(EXAMPLE).with_name("01-minimal-eagle3.yaml"))
+    assert main(["simulate", "-f", minimal, "--trace", _trace(tmp_path / "t.csv", rows=50)]) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out
+    assert "0 requests (0 rejected)  TTFT p50/p99 -/- s  ITL p50/p99 -/- s" in out
+    assert "x oracle: generated tokens per request-second relative to the per-level oracle's" in out
