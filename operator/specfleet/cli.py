@@ -4,11 +4,13 @@ show status, run the sandbox, print the version."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import socket
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from specfleet.api.validation import InvalidResourceError, parse_resource
 from specfleet.cli_help import CommandParser, describe_subcommands
 from specfleet.crd import crd_yaml
 from specfleet.logs import configure_json_logging
+from specfleet.progress import TerminalProgress
 from specfleet.reconcile import decided_plan
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import to_yaml
@@ -330,10 +333,9 @@ def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     return sd, trace, options, profile
 
 
-def _progress(quiet: bool) -> Any:
-    if quiet:
-        return None
-    return lambda name: print(f"simulating {name} ...", file=sys.stderr)
+def _progress() -> TerminalProgress | contextlib.nullcontext[None]:
+    """A progress line on stderr while simulating, when stderr is a terminal."""
+    return TerminalProgress(sys.stderr, "simulating") if sys.stderr.isatty() else contextlib.nullcontext()
 
 
 def _num(value: Any, fmt: str = "") -> str:
@@ -369,13 +371,14 @@ def _simulation_table(doc: dict[str, Any]) -> str:
             f"{change['from']} -> {change['to']} ({change['reason']})"
         )
     lines.append("")
-    lines.append(
+    lines += textwrap.wrap(
         "x oracle: generated tokens per request-second relative to the per-level oracle's (1.000 = as good "
         "as the best static setting per evaluation window, in hindsight); worst min: the same ratio in the "
         "worst minute; tok/req-s: generated tokens per request-second (over the time requests spend in the "
         "fleet). "
         "rolloutPayingOracle: the best hindsight schedule of static settings that pays each change's surge "
-        "rollout (simulated)."
+        "rollout (simulated).",
+        width=100,
     )
     return "\n".join(lines) + "\n"
 
@@ -388,7 +391,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     except _UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    comparison = compare(sd, trace, options, profile, progress=_progress(args.output == "json"))
+    with _progress() as progress:
+        comparison = compare(sd, trace, options, profile, progress=progress)
     comparison.extra.update(
         {
             "trace": trace.name,
@@ -422,7 +426,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     except _UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    comparison = compare(sd, trace, options, profile, progress=_progress(True))
+    with _progress() as progress:
+        comparison = compare(sd, trace, options, profile, progress=progress)
     doc = plan(sd, comparison, profile, options.acceptance)
     if args.output == "json":
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
