@@ -247,8 +247,9 @@ def test_every_trace_the_readme_and_docs_use_ships_in_the_repository() -> None:
     }
     assert used, "the README shows `specfleet plan --trace ...`"
     for doc, path in used:
-        inside = (root / path).resolve().is_relative_to(root.resolve())
-        assert inside and (root / path).is_file(), f"{doc} replays {path}, which a fresh clone lacks"
+        where = f"{doc} replays {path}, which a fresh clone lacks"
+        assert (root / path).resolve().is_relative_to(root.resolve()), where
+        assert (root / path).is_file(), where
 
 
 def test_a_gzip_trace_reads_as_its_csv(tmp_path: Path) -> None:
