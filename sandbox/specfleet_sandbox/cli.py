@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from specfleet.cli_help import CommandParser
+from specfleet.cli_common import CommandParser
 from specfleet_sandbox.fleet import DEFAULT_NAMESPACE, SERVED_MODEL, sandbox_fleet
 from specfleet_sandbox.processes import Detached, OperatorProcess
 from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config

@@ -94,6 +94,9 @@ def test_render_survives_garbage(tmp_path, capsys):
     path.write_text("- just\n- a list\n---\n: : :\n")
     assert main(["render", "-f", str(path)]) == 1
     assert "error" in capsys.readouterr().err
+    path.write_text("- just\n- a list\n")
+    assert main(["render", "-f", str(path)]) == 1
+    assert f"error: {path}: document 1 is a list, not a mapping" in capsys.readouterr().err
 
 
 def test_render_missing_file(capsys):

@@ -1,9 +1,14 @@
-"""The help layout every `specfleet` command shares: descriptions as written, each flag's default shown."""
+"""What every `specfleet` command shares: the help layout (descriptions as written, each flag's default
+shown) and reading YAML input."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -30,3 +35,14 @@ def describe_subcommands(subparsers: Any) -> None:
     for choice in subparsers._choices_actions:
         parser = subparsers.choices[choice.dest]
         parser.description = parser.description or choice.help
+
+
+def shown(path: str) -> str:
+    """A file argument as an error message names it (`-` is standard input)."""
+    return "standard input" if path == "-" else path
+
+
+def load_documents(path: str) -> list[Any]:
+    """The YAML documents of a file or of standard input, empty ones dropped."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
