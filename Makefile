@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint crd dashboard golden test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy
+.PHONY: help venv deps lint crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy
 
 help:
 	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
@@ -22,6 +22,7 @@ help:
 	@echo "make crd           regenerate crds/ from the models"
 	@echo "make bench-policy  simulate the policy against static settings and oracles (docs/benchmarks/policy.md)"
 	@echo "make dashboard     regenerate the chart's Grafana dashboard JSON"
+	@echo "make image         build the image with docker, podman or buildah (IMAGE=repo:tag names it)"
 
 venv:
 	@echo $(VENV)
@@ -38,6 +39,7 @@ lint:
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/hadolint Dockerfile
+	"$$(bash scripts/setup-actionlint.sh | tail -n 1)" .github/workflows/*.yml
 
 crd:
 	$(PY) -m specfleet crd -o crds/specfleet.io_speculativedeployments.yaml
@@ -45,6 +47,10 @@ crd:
 
 dashboard:
 	$(PY) -m specfleet.dashboard > charts/specfleet/dashboards/specfleet.json
+
+# The operator/router image, with whichever of docker, podman or buildah is on PATH (scripts/build-image.sh).
+image:
+	bash scripts/build-image.sh
 
 golden:
 	UPDATE_GOLDEN=1 $(PY) -m pytest tests/unit/test_render_golden.py -q

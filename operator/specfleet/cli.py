@@ -1,10 +1,9 @@
 """`specfleet`: print the CRD, render manifests, simulate and plan a fleet, measure a profile, run the operator,
-show status, run the sandbox, print the version."""
+show status, run the sandbox, print the version. `simulate` and `plan` live in sim_cli, `status` in status_cli."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import socket
@@ -18,11 +17,13 @@ import yaml
 from specfleet import __version__
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
+from specfleet.cli_common import CommandParser, describe_subcommands, load_documents, shown
 from specfleet.crd import crd_yaml
 from specfleet.logs import configure_json_logging
 from specfleet.reconcile import decided_plan
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import to_yaml
+from specfleet.sim_cli import add_parsers as add_simulation_parsers
 from specfleet.status_cli import add_parser as add_status_parser
 
 
@@ -35,23 +36,28 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_documents(path: str) -> list[Any]:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
-
-
 def _cmd_render(args: argparse.Namespace) -> int:
     try:
-        documents = _load_documents(args.filename)
+        documents = load_documents(args.filename)
     except (OSError, yaml.YAMLError) as err:
         print(f"error: cannot read {args.filename}: {err}", file=sys.stderr)
+        return 1
+    if not documents:
+        print(
+            f"error: {shown(args.filename)} holds no resources (it is empty or only comments)",
+            file=sys.stderr,
+        )
         return 1
     options = RenderOptions(router_image=args.router_image) if args.router_image else RenderOptions()
     rendered: list[dict[str, Any]] = []
     failed = False
-    for doc in documents:
+    for number, doc in enumerate(documents, 1):
         if not isinstance(doc, dict):
-            print("error: a document is not a mapping", file=sys.stderr)
+            kind = type(doc).__name__
+            print(
+                f"error: {shown(args.filename)}: document {number} is a {kind}, not a mapping",
+                file=sys.stderr,
+            )
             failed = True
             continue
         name = (doc.get("metadata") or {}).get("name", "?")
@@ -132,11 +138,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run_as_leader(elector, run_kopf)
 
 
-def _cmd_sandbox(args: argparse.Namespace) -> int:
+def _run_sandbox(argv: list[str]) -> int:
     # The sandbox is a local harness (test bed, emulated engines, load), not part of the operator image.
     from specfleet_sandbox.cli import main as sandbox_main
 
-    return sandbox_main(args.sandbox_args)
+    return sandbox_main(argv)
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -240,217 +246,13 @@ def _measure_options(args: argparse.Namespace) -> list[str]:
     return options
 
 
-class _UsageError(Exception):
-    """Bad input to a command: printed as one `error:` line, never a traceback."""
-
-
-def _load_one_resource(path: str) -> Any:
-    """The first SpeculativeDeployment in a file, validated as the apiserver and operator would."""
-    try:
-        documents = _load_documents(path)
-    except (OSError, yaml.YAMLError) as err:
-        raise _UsageError(f"cannot read {path}: {err}") from None
-    docs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "SpeculativeDeployment"]
-    if not docs:
-        raise _UsageError(f"{path} holds no SpeculativeDeployment")
-    try:
-        sd = parse_resource(docs[0])
-    except InvalidResourceError as err:
-        raise _UsageError("the SpeculativeDeployment is invalid: " + "; ".join(err.messages)) from None
-    problems = find_problems(sd.spec)
-    if problems:
-        raise _UsageError("the SpeculativeDeployment cannot work: " + "; ".join(problems))
-    return sd
-
-
-def _profile_file(path: str) -> Any:
-    """A profile file, or the ConfigMap holding one (as `specfleet profile --config-map` writes it):
-    the same parsing the operator applies to `costProfileConfigMap`."""
-    from specfleet.policy.profile_source import profile_from_config_map
-    from specfleet_runtime.cost_profile import load_profile
-
-    doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
-        meta = doc.get("metadata") or {}
-        return profile_from_config_map(
-            doc, str(meta.get("namespace", "default")), str(meta.get("name", path))
-        )
-    return load_profile(path)
-
-
-def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
-    from specfleet.sim.fleet import SimOptions
-    from specfleet.sim.workload import WorkloadError, parse_acceptance, read_trace
-    from specfleet_runtime.cost_profile import default_profile
-
-    sd = _load_one_resource(args.filename)
-    try:
-        acceptance = parse_acceptance(args.acceptance)
-        trace = read_trace(args.trace, time_scale=args.time_scale)
-    except WorkloadError as err:
-        raise _UsageError(str(err)) from None
-    try:
-        profile = _profile_file(args.profile) if args.profile else default_profile()
-    except (OSError, ValueError, yaml.YAMLError) as err:
-        raise _UsageError(f"cannot use cost profile {args.profile}: {err}") from None
-    named = sd.spec.policy.goodput.cost_profile_config_map
-    if named and not args.profile:
-        print(
-            f"note: the resource decides with ConfigMap {named} (costProfileConfigMap); pass its YAML "
-            "with --profile to simulate with it: this run uses the published profile",
-            file=sys.stderr,
-        )
-    for name in ("startup_seconds", "scrape_interval"):
-        if not getattr(args, name) > 0:
-            raise _UsageError(f"--{name.replace('_', '-')} must be > 0")
-    if not 0 <= args.k0_penalty < 10:
-        raise _UsageError("--k0-penalty must be within [0, 10)")
-    options = SimOptions(
-        seed=args.seed,
-        acceptance=acceptance,
-        startup_seconds=args.startup_seconds,
-        scrape_interval=args.scrape_interval,
-        k0_penalty=args.k0_penalty,
-    )
-    return sd, trace, options, profile
-
-
-def _progress(quiet: bool) -> Any:
-    if quiet:
-        return None
-    return lambda name: print(f"simulating {name} ...", file=sys.stderr)
-
-
-def _simulation_table(doc: dict[str, Any]) -> str:
-    width = max(16, *(len(name) for name in doc["results"]))
-    lines = [
-        f"{'strategy':<{width}} {'tokens/s':>10} {'tok/req-s':>10} {'vs oracle':>9} {'worst min':>9} "
-        f"{'flips':>5} {'retunes':>7} {'GPU-s':>9}"
-    ]
-    for name, r in doc["results"].items():
-        setting = f" ({r['setting']})" if "setting" in r else ""
-
-        def num(value: Any, fmt: str) -> str:
-            return "-" if value is None else format(value, fmt)
-
-        lines.append(
-            f"{name:<{width}} {r['tokensPerSecond']:>10.1f} {num(r['tokensPerRequestSecond'], '.2f'):>10} "
-            f"{num(r['ratioToPerLevelOracle'], '.3f'):>9} {num(r['worstMinuteRatioToPerLevelOracle'], '.3f'):>9} "
-            f"{r['flips']:>5} {r['retunes']:>7} {num(r.get('gpuSeconds'), '.0f'):>9}{setting}"
-        )
-    policy = doc["results"]["policy"]
-    lines.append("")
-    lines.append("policy, per pool:")
-    for pool, p in policy["pools"].items():
-        lines.append(
-            f"  {pool:<8} {p['tokensPerSecond']:>9.1f} tokens/s  {p['requests']} requests ({p['rejected']} rejected)  "
-            f"TTFT p50/p99 {p['ttftP50Seconds']}/{p['ttftP99Seconds']} s  ITL p50/p99 "
-            f"{p['itlP50Seconds']}/{p['itlP99Seconds']} s  {p['gpuSeconds']:.0f} GPU-s"
-        )
-    for change in policy.get("changes", []):
-        lines.append(
-            f"  t={change['timeSeconds']:>7.0f}s {change['pool']:<8} {change['kind']:<6} "
-            f"{change['from']} -> {change['to']} ({change['reason']})"
-        )
-    lines.append("")
-    lines.append(
-        "Ratios compare generated tokens per request-second with the per-level oracle (best static setting "
-        "per evaluation window, in hindsight). rolloutPayingOracle: the best hindsight schedule of static "
-        "settings that pays each change's surge rollout (simulated)."
-    )
-    return "\n".join(lines) + "\n"
-
-
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from specfleet.sim.compare import compare
-
-    try:
-        sd, trace, options, profile = _simulation_inputs(args)
-    except _UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    comparison = compare(sd, trace, options, profile, progress=_progress(args.output == "json"))
-    comparison.extra.update(
-        {
-            "trace": trace.name,
-            "requests": len(trace.requests),
-            "acceptance": list(options.acceptance),
-            "seed": args.seed,
-        }
-    )
-    doc = comparison.to_json()
-    if args.plot:
-        from specfleet.sim.plot import PlotUnavailableError, plot_timeline
-
-        try:
-            plot_timeline(comparison, args.plot, title=f"{sd.name}: {trace.name}")
-        except (PlotUnavailableError, OSError) as err:
-            print(f"error: cannot write {args.plot}: {err}", file=sys.stderr)
-            return 1
-    if args.output == "json":
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-    else:
-        sys.stdout.write(_simulation_table(doc))
-    return 0
-
-
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from specfleet.sim.compare import compare
-    from specfleet.sim.plan import plan
-
-    try:
-        sd, trace, options, profile = _simulation_inputs(args)
-    except _UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    comparison = compare(sd, trace, options, profile, progress=_progress(True))
-    doc = plan(sd, comparison, profile, options.acceptance)
-    if args.output == "json":
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-    else:
-        sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
-    return 0
-
-
-def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--filename", required=True, help="YAML file with a SpeculativeDeployment")
-    parser.add_argument(
-        "--trace", required=True, help="CSV trace: TIMESTAMP,ContextTokens,GeneratedTokens[,tenant,pool,...]"
-    )
-    parser.add_argument(
-        "--acceptance",
-        default="published",
-        help="drafter acceptance: published, weak, strong, or per-position values like 0.7;0.4;0.2",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
-    parser.add_argument(
-        "--time-scale", type=float, default=1.0, help="divide arrival times by this (2 = twice the rate)"
-    )
-    parser.add_argument(
-        "--profile",
-        help="step-time profile file, or the ConfigMap holding one (default: published H100 Llama-3.1-8B)",
-    )
-    parser.add_argument(
-        "--startup-seconds", type=float, default=60.0, help="engine start-up time (default 60)"
-    )
-    parser.add_argument(
-        "--scrape-interval", type=float, default=15.0, help="Prometheus scrape interval (default 15)"
-    )
-    parser.add_argument(
-        "--k0-penalty",
-        type=float,
-        default=0.10,
-        help="step-time penalty of K=0 in a speculating engine (0.10)",
-    )
-
-
 def _cmd_version(_: argparse.Namespace) -> int:
     print(__version__)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specfleet", description=__doc__)
+    parser = CommandParser(prog="specfleet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     crd = sub.add_parser("crd", help="print (or write) the CustomResourceDefinition")
@@ -470,14 +272,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="watch this namespace (repeatable; default: all namespaces)",
     )
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
-    run.add_argument("--resync-seconds", type=float, default=30.0, help="drift-correction timer interval")
+    run.add_argument(
+        "--resync-seconds", type=float, default=30.0, help="seconds between drift-correction resyncs"
+    )
     run.add_argument("--router-image", help="router image (default: the operator's own)")
     run.add_argument("--max-workers", type=int, default=16, help="reconciles of changes that may run at once")
     run.add_argument("--resync-workers", type=int, default=2, help="periodic resyncs that may run at once")
     run.add_argument("--liveness-port", type=int, default=8080, help="0 disables the liveness endpoint")
-    run.add_argument("--liveness-address", default="0.0.0.0")
+    run.add_argument("--liveness-address", default="0.0.0.0", help="address the liveness endpoint listens on")
     run.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 disables")
-    run.add_argument("--metrics-address", default="0.0.0.0")
+    run.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics endpoint listens on")
     run.add_argument(
         "--leader-election-namespace",
         help="hold a Lease in this namespace so that of several replicas exactly one runs (default: off)",
@@ -492,18 +296,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--prometheus-bearer-token-file", help="send this file's token to Prometheus")
     run.add_argument("--prometheus-basic-auth-file", help="file with one line 'username:password'")
-    run.add_argument("-v", "--verbose", action="store_true")
+    run.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     run.set_defaults(func=_cmd_run)
 
     add_status_parser(sub)
 
-    sandbox = sub.add_parser(
+    # Listed here for `specfleet --help`; `main` hands its arguments (--help included) to the sandbox's parser.
+    sub.add_parser(
         "sandbox",
         help="local sandbox: control plane, Prometheus, operator, router, emulated engines, load",
         add_help=False,
     )
-    sandbox.add_argument("sandbox_args", nargs=argparse.REMAINDER)
-    sandbox.set_defaults(func=_cmd_sandbox)
 
     profile = sub.add_parser(
         "profile",
@@ -511,19 +314,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--vllm-python", help="python of a vLLM installation (venv or image)")
     profile.add_argument("--model", help="target model (HF id or local folder)")
-    profile.add_argument("--method", default="eagle3", help="vLLM speculative method (default eagle3)")
+    profile.add_argument("--method", default="eagle3", help="vLLM speculative method")
     profile.add_argument("--drafter", help="drafter model (eagle3, eagle, draft_model, medusa)")
     profile.add_argument("--ks", default="0,1,3,5", help="K values, comma-separated, 0 first")
-    profile.add_argument("--batch-sizes", default="1,8,32,64,128,256", help="comma-separated")
+    profile.add_argument(
+        "--batch-sizes", default="1,8,32,64,128,256", help="batch sizes to measure, comma-separated"
+    )
     profile.add_argument("--tokens", type=int, default=32, help="decode steps of the short run")
     profile.add_argument("--repeats", type=int, default=3, help="measurements per point (median)")
     profile.add_argument("--load-format", default="dummy", help="'dummy' (random weights) or 'auto'")
-    profile.add_argument("--max-model-len", type=int, help="default: the model's")
+    profile.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     profile.add_argument("--dtype", help="model dtype (default: the model's)")
     profile.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile")
     profile.add_argument("--engine-args", default="{}", help="more vllm.LLM keyword arguments, as JSON")
     profile.add_argument("--name", default="measured", help="profile name")
-    profile.add_argument("--timeout-seconds", type=float, default=3600)
+    profile.add_argument(
+        "--timeout-seconds", type=float, default=3600, help="give up the measurement after this long"
+    )
     profile.add_argument("--config-map", help="print a ConfigMap of this name holding the profile")
     profile.add_argument("-n", "--namespace", help="namespace of the ConfigMap")
     profile.add_argument("-o", "--output", help="write to this file instead of stdout")
@@ -546,25 +353,18 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--kubeconfig", help="--publish: kubeconfig (default: in-cluster)")
     profile.set_defaults(func=_cmd_profile)
 
-    simulate = sub.add_parser(
-        "simulate", help="replay a trace through a simulated fleet: the policy against baselines and oracles"
-    )
-    _add_simulation_arguments(simulate)
-    simulate.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    simulate.add_argument("--plot", help="write a PNG timeline to this file")
-    simulate.set_defaults(func=_cmd_simulate)
-
-    plan_cmd = sub.add_parser("plan", help="recommend speculation settings for a workload (simulated)")
-    _add_simulation_arguments(plan_cmd)
-    plan_cmd.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
-    plan_cmd.set_defaults(func=_cmd_plan)
+    add_simulation_parsers(sub)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
+    describe_subcommands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sandbox"]:
+        return _run_sandbox(argv[1:])
     args = build_parser().parse_args(argv)
     result: int = args.func(args)
     return result

@@ -9,25 +9,27 @@ prints a resource's lines again only when they change.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from specfleet.api.constants import GROUP, PLURAL, VERSION
+from specfleet.api.constants import GROUP, KIND, PLURAL, VERSION
 from specfleet.status_view import POOL_COLUMNS, FleetView, fleet_view, plain_lines, pool_cells
 
 Fetch = Callable[[], list[dict[str, Any]]]
+# Where the Kubernetes client looks when neither --kubeconfig nor KUBECONFIG names a file.
+DEFAULT_KUBECONFIG = "~/.kube/config"
 
 
-def make_fetch(kubeconfig: str | None, namespace: str | None, name: str | None) -> Fetch:
+def make_fetch(api_client: Any, namespace: str | None, name: str | None) -> Fetch:
     """A function returning the selected resources, sorted by namespace and name."""
     from kubernetes import client as k8s
 
-    from specfleet.kube import load_kube_config
-
-    api = k8s.CustomObjectsApi(load_kube_config(kubeconfig))
+    api = k8s.CustomObjectsApi(api_client)
 
     def fetch() -> list[dict[str, Any]]:
         answer: Any
@@ -124,24 +126,64 @@ def add_parser(sub: Any) -> None:
     status.set_defaults(func=_cmd_status)
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
-    import os
+def _root_cause(err: BaseException) -> str:
+    """The innermost OS error's words (`connection refused`), else the error's first line."""
+    words, seen = "", set()
+    chain: BaseException | None = err
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        if isinstance(chain, OSError) and chain.strerror:
+            words = chain.strerror
+        reason = getattr(chain, "reason", None)  # urllib3's MaxRetryError keeps its cause here
+        chain = reason if isinstance(reason, BaseException) else (chain.__cause__ or chain.__context__)
+    words = words or (str(err).splitlines() or [type(err).__name__])[0]
+    return words[:1].lower() + words[1:]
 
+
+def _api_error(err: Any, args: argparse.Namespace, server: str) -> str:
+    """One line for an error status from the apiserver, with what to do about the common ones."""
+    try:
+        body = json.loads(err.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    if err.status == 404 and args.name and (body.get("details") or {}).get("name") == args.name:
+        return f'{KIND} "{args.name}" not found in namespace "{args.namespace or "default"}"'
+    if err.status == 404:
+        return (
+            f"{server} does not serve {PLURAL}.{GROUP}/{VERSION} (404 Not Found): install the CRD with "
+            "`specfleet crd | kubectl apply -f -` (or the Helm chart) and try again"
+        )
+    what = f'{KIND} "{args.name}"' if args.name else f"{KIND}s"
+    detail = body.get("message") or err.reason
+    return f"cannot read {what} from {server}: {err.status} {detail}"
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
+    from specfleet.kube import load_kube_config
+
+    kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG")
+    tried = f"kubeconfig {kubeconfig}" if kubeconfig else f"in-cluster, then kubeconfig {DEFAULT_KUBECONFIG}"
     try:
-        fetch = make_fetch(args.kubeconfig or os.environ.get("KUBECONFIG"), args.namespace, args.name)
+        api_client = load_kube_config(kubeconfig)
+    except Exception as err:  # kubeconfig problems raise the client's own ConfigException
+        if type(err).__name__ != "ConfigException" and not isinstance(err, OSError):
+            raise
+        print(f"error: no usable cluster credentials (tried {tried}): {err}", file=sys.stderr)
+        return 1
+    server = str(api_client.configuration.host)
+    try:
+        fetch = make_fetch(api_client, args.namespace, args.name)
         return run_status(fetch, watch=args.watch, interval=args.interval)
     except ApiException as err:
-        what = f"{args.name!r}" if args.name else "SpeculativeDeployments"
-        print(f"error: cannot read {what}: {err.status} {err.reason}", file=sys.stderr)
+        print(f"error: {_api_error(err, args, server)}", file=sys.stderr)
         return 1
     except (HTTPError, OSError) as err:
-        print(f"error: cannot reach the cluster: {err}", file=sys.stderr)
+        print(
+            f"error: cannot connect to {server}: {_root_cause(err)} (credentials from {tried})",
+            file=sys.stderr,
+        )
         return 1
-    except Exception as err:  # kubeconfig problems raise the client's own ConfigException
-        if type(err).__name__ == "ConfigException":
-            print(f"error: no usable cluster credentials: {err}", file=sys.stderr)
-            return 1
-        raise

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from specfleet.cli_common import CommandParser
 from specfleet_sandbox.fleet import DEFAULT_NAMESPACE, SERVED_MODEL, sandbox_fleet
 from specfleet_sandbox.processes import Detached, OperatorProcess
 from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config
@@ -437,26 +438,35 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="specfleet sandbox", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = CommandParser(prog="specfleet sandbox", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,load,demo,info,down}")
     for name, func, text in (
         ("up", _cmd_up, "start everything and apply the sandbox fleet"),
         ("load", _cmd_load, "drive a scenario through the router"),
         ("demo", _cmd_demo, "up, then the demo scenario"),
         ("info", _cmd_info, "how to reach the running sandbox"),
         ("down", _cmd_down, "stop exactly what up started"),
-        ("agent", _cmd_agent, argparse.SUPPRESS),
+        ("agent", _cmd_agent, None),  # internal: started by `up`, so not listed
     ):
-        cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("--dir", type=Path, default=Path(os.environ.get("DEMO_DIR", DEFAULT_DIR)))
+        cmd = sub.add_parser(name, help=text, description=text) if text else sub.add_parser(name)
+        cmd.add_argument(
+            "--dir",
+            type=Path,
+            default=Path(os.environ.get("DEMO_DIR", DEFAULT_DIR)),
+            help="the sandbox's working folder: its state, logs and control plane (DEMO_DIR overrides)",
+        )
         cmd.set_defaults(func=func)
     for name in ("up", "demo", "agent"):
-        sub.choices[name].add_argument("--namespace", default=DEFAULT_NAMESPACE)
+        sub.choices[name].add_argument(
+            "--namespace", default=DEFAULT_NAMESPACE, help="namespace of the fleet"
+        )
     for name in ("load", "demo"):
-        sub.choices[name].add_argument("--scenario", default="demo", choices=sorted(SCENARIOS))
-    sub.choices["agent"].add_argument("--discovery-port", type=int, required=True)
+        sub.choices[name].add_argument(
+            "--scenario", default="demo", choices=sorted(SCENARIOS), help="the load to drive"
+        )
+    sub.choices["agent"].add_argument(
+        "--discovery-port", type=int, required=True, help="port serving pod discovery to Prometheus"
+    )
     return parser
 
 

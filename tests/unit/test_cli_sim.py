@@ -220,3 +220,74 @@ def test_bad_resource_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureF
     (tmp_path / "empty.yaml").write_text("kind: ConfigMap\n")
     assert main(["simulate", "-f", str(tmp_path / "empty.yaml"), "--trace", trace]) == 1
     assert "holds no SpeculativeDeployment" in capsys.readouterr().err
+
+
+def test_simulate_table_shows_a_dash_for_missing_values_and_says_what_ratios_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Example 01 routes nothing to its batch pool: that pool has no latencies to show.
+    minimal = str(Path(EXAMPLE).with_name("01-minimal-eagle3.yaml"))
+    assert main(["simulate", "-f", minimal, "--trace", _trace(tmp_path / "t.csv", rows=50)]) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out
+    assert "0 requests (0 rejected)  TTFT p50/p99 -/- s  ITL p50/p99 -/- s" in out
+    assert "x oracle: generated tokens per request-second relative to the per-level oracle's" in out
+
+
+def test_every_trace_the_readme_and_docs_use_ships_in_the_repository() -> None:
+    import re
+
+    root = Path(EXAMPLE).parents[1]
+    texts = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    used = {
+        (doc.name, match)
+        for doc in texts
+        for match in re.findall(r"--trace[ =]+(\S+)", doc.read_text(encoding="utf-8"))
+        if not match.startswith(("FILE", "<", "$"))
+    }
+    assert used, "the README shows `specfleet plan --trace ...`"
+    for doc, path in used:
+        where = f"{doc} replays {path}, which a fresh clone lacks"
+        assert (root / path).resolve().is_relative_to(root.resolve()), where
+        assert (root / path).is_file(), where
+
+
+def test_a_gzip_trace_reads_as_its_csv(tmp_path: Path) -> None:
+    import gzip
+
+    from specfleet.sim.workload import read_trace
+
+    plain = _trace(tmp_path / "t.csv", rows=20)
+    packed = tmp_path / "t.csv.gz"
+    packed.write_bytes(gzip.compress(Path(plain).read_bytes()))
+    assert read_trace(packed) == read_trace(plain)
+    shipped = read_trace(Path(EXAMPLE).parent / "traces" / "AzureLLMInferenceTrace_code.csv.gz")
+    assert (shipped.name, len(shipped.requests)) == ("AzureLLMInferenceTrace_code", 8819)
+
+
+def test_progress_is_drawn_only_once_a_run_takes_a_few_seconds_and_then_erased() -> None:
+    import io
+
+    from specfleet.progress import TerminalProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    progress = TerminalProgress(out, "simulating", after_seconds=2, clock=lambda: now[0])
+    progress("policy")
+    now[0] = 1.5
+    progress.tick()
+    assert out.getvalue() == ""
+    progress("alwaysOff")
+    now[0] = 3.2
+    progress.tick()
+    assert out.getvalue() == "\r\x1b[Ksimulating alwaysOff (step 2), 3 s"
+    progress.close()
+    assert out.getvalue().endswith("\r\x1b[K")
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_no_progress_when_stderr_is_not_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    assert main([command, "-f", EXAMPLE, "--trace", _trace(tmp_path / "t.csv", rows=50)]) == 0
+    assert capsys.readouterr().err == ""

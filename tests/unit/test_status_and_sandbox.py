@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,92 @@ def test_sandbox_cli_refuses_an_unknown_scenario_and_a_missing_sandbox(
     with pytest.raises(SystemExit) as exit_:
         parser.parse_args(["load", "--scenario", "nope"])
     assert exit_.value.code == 2
+
+
+def _kubeconfig(path: Path, server: str) -> str:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+    )
+    return str(path)
+
+
+def _status_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    from specfleet.cli import main
+
+    assert main(["status", *argv]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    assert "urllib3" not in err
+    return err
+
+
+def test_status_names_the_kubeconfig_it_tried(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    err = _status_error(capsys, "--kubeconfig", str(tmp_path / "missing"))
+    assert f"error: no usable cluster credentials (tried kubeconfig {tmp_path / 'missing'})" in err
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "from-env"))
+    assert f"(tried kubeconfig {tmp_path / 'from-env'})" in _status_error(capsys)
+
+
+def test_status_says_in_one_line_that_the_server_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = _kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{port}")
+    err = _status_error(capsys, "--kubeconfig", config)
+    assert f"error: cannot connect to https://127.0.0.1:{port}: connection refused" in err
+
+
+@pytest.fixture
+def apiserver_without_the_crd() -> Iterator[str]:
+    """An HTTP server answering as an apiserver does for an API it does not serve, except that one
+    named object is "not found" the way it is when the CRD is there."""
+    import http.server
+    import json
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.endswith("/speculativedeployments/gone"):
+                status = {"kind": "Status", "reason": "NotFound", "code": 404, "details": {"name": "gone"}}
+                body, kind = json.dumps(status).encode(), "application/json"
+            else:
+                body, kind = b"404 page not found\n", "text/plain"
+            self.send_response(404)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+
+
+def test_status_on_a_404_hints_at_installing_the_crd(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], apiserver_without_the_crd: str
+) -> None:
+    config = _kubeconfig(tmp_path / "kubeconfig", apiserver_without_the_crd)
+    err = _status_error(capsys, "--kubeconfig", config)
+    assert f"{apiserver_without_the_crd} does not serve speculativedeployments.specfleet.io" in err
+    assert "install the CRD with `specfleet crd | kubectl apply -f -`" in err
+    err = _status_error(capsys, "--kubeconfig", config, "-n", "inference", "gone")
+    assert 'error: SpeculativeDeployment "gone" not found in namespace "inference"' in err

@@ -2,17 +2,21 @@
 
 `specfleet render` and the operator reject a bad resource with the same wording `kubectl apply` shows
 (`spec.drafter: Invalid value: "object": <rule message>`), so a user sees one message wherever the
-check fires first.
+check fires first. Where the apiserver's wording leaves a user guessing, a hint follows it: the nearest
+known field for an unknown one, quotes for a YAML boolean where `On`/`Off` is expected, the field path
+where the apiserver says `<nil>`, the apiVersion and kind received.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from specfleet.api.base import Rule
 from specfleet.api.constants import API_VERSION, KIND
@@ -79,18 +83,36 @@ def parse_status(status: Mapping[str, Any] | None) -> SpeculativeDeploymentStatu
         return SpeculativeDeploymentStatus()
 
 
+# The fields of an object as the apiserver stores it; others are unknown (kubectl's strict validation).
+_TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
+
+
+def _received(value: Any) -> str:
+    return "none" if value is None else f'"{value}"'
+
+
 def parse_resource(body: Mapping[str, Any]) -> SpeculativeDeployment:
     """Parse a whole object (as read from the API or a file)."""
     problems: list[str] = []
     if body.get("apiVersion") != API_VERSION or body.get("kind") != KIND:
-        problems.append(f"expected apiVersion {API_VERSION} and kind {KIND}")
+        problems.append(
+            f"expected apiVersion {API_VERSION} and kind {KIND}, got apiVersion "
+            f"{_received(body.get('apiVersion'))} and kind {_received(body.get('kind'))}"
+        )
+    problems += [
+        f'unknown field "{key}"{_did_you_mean(str(key), _TOP_LEVEL_FIELDS)}'
+        for key in body
+        if key not in _TOP_LEVEL_FIELDS
+    ]
     meta = body.get("metadata") or {}
     if not isinstance(meta, Mapping) or not meta.get("name"):
         problems.append("metadata.name: Required value")
         meta = {}
     else:
+        name = str(meta["name"])
+        # The apiserver words these `<nil>: Invalid value: "object": ...` (a rule at the schema's root).
         problems += [
-            f"<nil>: Invalid value: {r.message}" for r in NAME_RULES if not r.check(str(meta["name"]))
+            f'metadata.name: Invalid value: "{name}": {r.message}' for r in NAME_RULES if not r.check(name)
         ]
     spec_doc = body.get("spec")
     if not isinstance(spec_doc, Mapping):
@@ -133,7 +155,53 @@ def _path(loc: Sequence[int | str]) -> str:
 
 
 def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as the apiserver (JSON) writes it
     return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside `X`, `X | None`, `list[X]` or `dict[str, X]`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _fields_beside(loc: Sequence[int | str]) -> list[str]:
+    """The known fields of the object holding the last element of `loc` (a spec path)."""
+    model: type[BaseModel] = SpeculativeDeploymentSpec
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        found = _model_in(field.annotation) if field is not None else None
+        if found is None:
+            return []
+        model = found
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _did_you_mean(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if not close:
+        close = [k for k in known if k.lower() == name.lower()]
+    return f' (did you mean "{close[0]}"?)' if close else ""
+
+
+def _boolean_hint(loc: Sequence[int | str], value: Any, expected: str) -> str:
+    """YAML 1.1 reads unquoted On/Off/Yes/No as booleans: say so where a word was expected."""
+    if not isinstance(value, bool) or '"' not in expected:
+        return ""
+    words = re.findall(r'"([^"]*)"', expected)
+    meant = next(
+        (w for w in words if w.lower() in (("on", "yes", "true") if value else ("off", "no", "false"))), None
+    )
+    example = f'{loc[-1]}: "{meant}"' if meant and loc else 'quotes, e.g. "Off"'
+    return f" (YAML reads an unquoted On/Off/Yes/No as a boolean: quote the value, {example})"
 
 
 def format_error(err: Mapping[str, Any]) -> str:
@@ -146,10 +214,13 @@ def format_error(err: Mapping[str, Any]) -> str:
     if kind == "missing":
         return f"{path}: Required value"
     if kind == "extra_forbidden":
-        return f'unknown field "{path}"'
+        hint = _did_you_mean(str(loc[-1]), _fields_beside(loc)) if loc else ""
+        return f'unknown field "{path}"{hint}'
     if kind in ("literal_error", "enum"):
         expected = str(ctx.get("expected", "")).replace("'", '"').replace(" or ", ", ")
-        return f"{path}: Unsupported value: {_literal(value)}: supported values: {expected}"
+        return f"{path}: Unsupported value: {_literal(value)}: supported values: {expected}" + _boolean_hint(
+            loc, value, expected
+        )
     if kind.endswith("_type") or kind in ("model_type", "model_attributes_type", "dict_type", "list_type"):
         wanted = next((v for k, v in _JSON_TYPES.items() if kind.startswith(k)), "object")
         got = _json_type(value)

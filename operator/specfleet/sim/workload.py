@@ -6,6 +6,7 @@ where the resource sets `tenantHeaderTrust: Trusted`), `pool` (the client's pool
 `n`, `stream` (true/false) and `acceptance` (a profile name, or per-position values separated by `;`).
 TIMESTAMP is either a date-time (`2023-11-16 18:17:03.9799600`) or seconds; arrivals are taken
 relative to the first row and divided by `time_scale` (2 compresses the trace to half its length).
+A file whose name ends in `.gz` is read through gzip (the traces in `examples/traces/` are).
 
 A row without `stream` counts as streaming (interactive clients stream); a row without `tenant` is
 its own client (so auto-segmentation, which counts in-flight requests per client, never groups it).
@@ -14,6 +15,7 @@ its own client (so auto-segmentation, which counts in-flight requests per client
 from __future__ import annotations
 
 import csv
+import gzip
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -207,11 +209,15 @@ def parse_trace(lines: Iterable[str], *, time_scale: float = 1.0, name: str = "t
 
 def read_trace(path: str | Path, *, time_scale: float = 1.0) -> Trace:
     """Read a trace file (see the module docstring)."""
+    name = Path(Path(path).name.removesuffix(".gz")).stem
     try:
+        if str(path).endswith(".gz"):
+            with gzip.open(path, "rt", newline="", encoding="utf-8") as handle:
+                return parse_trace(handle, time_scale=time_scale, name=name)
         with open(path, newline="", encoding="utf-8") as handle:
-            return parse_trace(handle, time_scale=time_scale, name=Path(path).stem)
-    except OSError as err:
-        raise WorkloadError(f"cannot read trace {path}: {err.strerror or err}") from None
+            return parse_trace(handle, time_scale=time_scale, name=name)
+    except (OSError, EOFError) as err:
+        raise WorkloadError(f"cannot read trace {path}: {getattr(err, 'strerror', None) or err}") from None
     except UnicodeDecodeError:
         raise WorkloadError(f"trace {path} is not UTF-8 text") from None
 

@@ -1,0 +1,249 @@
+"""`specfleet simulate` and `specfleet plan`: read a resource, a trace and a profile, run the fleet
+simulator, print its comparison (a table or JSON) or the plan derived from it (YAML or JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specfleet.api.semantics import find_problems
+from specfleet.api.validation import InvalidResourceError, parse_resource
+from specfleet.cli_common import load_documents, shown
+from specfleet.progress import TerminalProgress
+
+
+class _UsageError(Exception):
+    """Bad input to a command: printed as one `error:` line, never a traceback."""
+
+
+def _load_one_resource(path: str) -> Any:
+    """The first SpeculativeDeployment in a file, validated as the apiserver and operator would."""
+    try:
+        documents = load_documents(path)
+    except (OSError, yaml.YAMLError) as err:
+        raise _UsageError(f"cannot read {path}: {err}") from None
+    if not documents:
+        raise _UsageError(f"{shown(path)} holds no resources (it is empty or only comments)")
+    docs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "SpeculativeDeployment"]
+    if not docs:
+        kinds = sorted({str(d.get("kind")) for d in documents if isinstance(d, dict)})
+        found = f" (found kind {', '.join(kinds)})" if kinds else ""
+        raise _UsageError(f"{shown(path)} holds no SpeculativeDeployment{found}")
+    try:
+        sd = parse_resource(docs[0])
+    except InvalidResourceError as err:
+        raise _UsageError("the SpeculativeDeployment is invalid: " + "; ".join(err.messages)) from None
+    problems = find_problems(sd.spec)
+    if problems:
+        raise _UsageError("the SpeculativeDeployment cannot work: " + "; ".join(problems))
+    return sd
+
+
+def _profile_file(path: str) -> Any:
+    """A profile file, or the ConfigMap holding one (as `specfleet profile --config-map` writes it):
+    the same parsing the operator applies to `costProfileConfigMap`."""
+    from specfleet.policy.profile_source import profile_from_config_map
+    from specfleet_runtime.cost_profile import load_profile
+
+    doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
+        meta = doc.get("metadata") or {}
+        return profile_from_config_map(
+            doc, str(meta.get("namespace", "default")), str(meta.get("name", path))
+        )
+    return load_profile(path)
+
+
+def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    from specfleet.sim.fleet import SimOptions
+    from specfleet.sim.workload import WorkloadError, parse_acceptance, read_trace
+    from specfleet_runtime.cost_profile import default_profile
+
+    sd = _load_one_resource(args.filename)
+    try:
+        acceptance = parse_acceptance(args.acceptance)
+        trace = read_trace(args.trace, time_scale=args.time_scale)
+    except WorkloadError as err:
+        raise _UsageError(str(err)) from None
+    try:
+        profile = _profile_file(args.profile) if args.profile else default_profile()
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        raise _UsageError(f"cannot use cost profile {args.profile}: {err}") from None
+    named = sd.spec.policy.goodput.cost_profile_config_map
+    if named and not args.profile:
+        print(
+            f"note: the resource decides with ConfigMap {named} (costProfileConfigMap); pass its YAML "
+            "with --profile to simulate with it: this run uses the published profile",
+            file=sys.stderr,
+        )
+    for name in ("startup_seconds", "scrape_interval"):
+        if not getattr(args, name) > 0:
+            raise _UsageError(f"--{name.replace('_', '-')} must be > 0")
+    if not 0 <= args.k0_penalty < 10:
+        raise _UsageError("--k0-penalty must be within [0, 10)")
+    options = SimOptions(
+        seed=args.seed,
+        acceptance=acceptance,
+        startup_seconds=args.startup_seconds,
+        scrape_interval=args.scrape_interval,
+        k0_penalty=args.k0_penalty,
+    )
+    return sd, trace, options, profile
+
+
+def _progress() -> TerminalProgress | contextlib.nullcontext[None]:
+    """A progress line on stderr while simulating, when stderr is a terminal."""
+    return TerminalProgress(sys.stderr, "simulating") if sys.stderr.isatty() else contextlib.nullcontext()
+
+
+def _num(value: Any, fmt: str = "") -> str:
+    """A table cell: `-` where the simulation has no value (a pool without requests)."""
+    return "-" if value is None else format(value, fmt)
+
+
+def _simulation_table(doc: dict[str, Any]) -> str:
+    width = max(16, *(len(name) for name in doc["results"]))
+    lines = [
+        f"{'strategy':<{width}} {'tokens/s':>10} {'tok/req-s':>10} {'x oracle':>9} {'worst min':>9} "
+        f"{'flips':>5} {'retunes':>7} {'GPU-s':>9}"
+    ]
+    for name, r in doc["results"].items():
+        setting = f" ({r['setting']})" if "setting" in r else ""
+        lines.append(
+            f"{name:<{width}} {r['tokensPerSecond']:>10.1f} {_num(r['tokensPerRequestSecond'], '.2f'):>10} "
+            f"{_num(r['ratioToPerLevelOracle'], '.3f'):>9} {_num(r['worstMinuteRatioToPerLevelOracle'], '.3f'):>9} "
+            f"{r['flips']:>5} {r['retunes']:>7} {_num(r.get('gpuSeconds'), '.0f'):>9}{setting}"
+        )
+    policy = doc["results"]["policy"]
+    lines.append("")
+    lines.append("policy, per pool:")
+    for pool, p in policy["pools"].items():
+        lines.append(
+            f"  {pool:<8} {p['tokensPerSecond']:>9.1f} tokens/s  {p['requests']} requests ({p['rejected']} rejected)  "
+            f"TTFT p50/p99 {_num(p['ttftP50Seconds'])}/{_num(p['ttftP99Seconds'])} s  ITL p50/p99 "
+            f"{_num(p['itlP50Seconds'])}/{_num(p['itlP99Seconds'])} s  {p['gpuSeconds']:.0f} GPU-s"
+        )
+    for change in policy.get("changes", []):
+        lines.append(
+            f"  t={change['timeSeconds']:>7.0f}s {change['pool']:<8} {change['kind']:<6} "
+            f"{change['from']} -> {change['to']} ({change['reason']})"
+        )
+    lines.append("")
+    lines += textwrap.wrap(
+        "x oracle: generated tokens per request-second relative to the per-level oracle's (1.000 = as good "
+        "as the best static setting per evaluation window, in hindsight); worst min: the same ratio in the "
+        "worst minute; tok/req-s: generated tokens per request-second (over the time requests spend in the "
+        "fleet). "
+        "rolloutPayingOracle: the best hindsight schedule of static settings that pays each change's surge "
+        "rollout (simulated).",
+        width=100,
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from specfleet.sim.compare import compare
+
+    try:
+        sd, trace, options, profile = _simulation_inputs(args)
+    except _UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    with _progress() as progress:
+        comparison = compare(sd, trace, options, profile, progress=progress)
+    comparison.extra.update(
+        {
+            "trace": trace.name,
+            "requests": len(trace.requests),
+            "acceptance": list(options.acceptance),
+            "seed": args.seed,
+        }
+    )
+    doc = comparison.to_json()
+    if args.plot:
+        from specfleet.sim.plot import PlotUnavailableError, plot_timeline
+
+        try:
+            plot_timeline(comparison, args.plot, title=f"{sd.name}: {trace.name}")
+        except (PlotUnavailableError, OSError) as err:
+            print(f"error: cannot write {args.plot}: {err}", file=sys.stderr)
+            return 1
+    if args.output == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(_simulation_table(doc))
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from specfleet.sim.compare import compare
+    from specfleet.sim.plan import plan
+
+    try:
+        sd, trace, options, profile = _simulation_inputs(args)
+    except _UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    with _progress() as progress:
+        comparison = compare(sd, trace, options, profile, progress=progress)
+    doc = plan(sd, comparison, profile, options.acceptance)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
+    return 0
+
+
+def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-f", "--filename", required=True, help="YAML file with a SpeculativeDeployment")
+    parser.add_argument(
+        "--trace", required=True, help="CSV trace: TIMESTAMP,ContextTokens,GeneratedTokens[,tenant,pool,...]"
+    )
+    parser.add_argument(
+        "--acceptance",
+        default="published",
+        help="drafter acceptance: published, weak, strong, or per-position values like 0.7;0.4;0.2",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0, help="divide arrival times by this (2 = twice the rate)"
+    )
+    parser.add_argument(
+        "--profile",
+        help="step-time profile file, or the ConfigMap holding one (default: the published H100 Llama-3.1-8B one)",
+    )
+    parser.add_argument(
+        "--startup-seconds", type=float, default=60.0, help="seconds an engine takes to start"
+    )
+    parser.add_argument(
+        "--scrape-interval", type=float, default=15.0, help="Prometheus scrape interval, seconds"
+    )
+    parser.add_argument(
+        "--k0-penalty",
+        type=float,
+        default=0.10,
+        help="step-time penalty of K=0 in a speculating engine, as a fraction",
+    )
+
+
+def add_parsers(sub: Any) -> None:
+    """Register `specfleet simulate` and `specfleet plan` on the CLI's subparsers."""
+    simulate = sub.add_parser(
+        "simulate", help="replay a trace through a simulated fleet: the policy against baselines and oracles"
+    )
+    _add_simulation_arguments(simulate)
+    simulate.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
+    simulate.add_argument("--plot", help="write a PNG timeline to this file")
+    simulate.set_defaults(func=_cmd_simulate)
+
+    plan_cmd = sub.add_parser("plan", help="recommend speculation settings for a workload (simulated)")
+    _add_simulation_arguments(plan_cmd)
+    plan_cmd.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
+    plan_cmd.set_defaults(func=_cmd_plan)
