@@ -32,6 +32,7 @@ deps:
 	$(PY) -m specfleet_testbed bin
 	bash scripts/setup-prometheus.sh
 	bash scripts/setup-vllm.sh
+	bash scripts/setup-actionlint.sh
 
 lint:
 	$(VENV)/bin/ruff check .
