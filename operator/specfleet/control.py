@@ -208,7 +208,7 @@ class Controller:
             new_status = status.to_wire()
             if evaluation.flipped:
                 # Render and roll out the flip now, from the status that records it (typed, as decided).
-                result = reconcile(body, self.cluster, now, self.options, status=status)
+                result = reconcile(sd, self.cluster, now, self.options, status=status)
                 new_status = result.status
                 outcome.events += result.events
                 outcome.applied = result.applied

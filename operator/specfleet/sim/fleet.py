@@ -713,7 +713,9 @@ class _Fleet:
         self.update_status(now)
         when = EPOCH + timedelta(seconds=now)
         sd = self.current_sd()
-        series = {pool: [s for s in self.series.values() if s.pool == pool] for pool in auto_pools(self.spec)}
+        series: dict[str, list[prom.Series]] = {
+            pool: [s for s in self.series.values() if s.pool == pool] for pool in auto_pools(self.spec)
+        }
         answers = prom.fleet_answers(sd.namespace, sd.name, series, now, float(self.policy.window_seconds))
         # The operator's own evaluation; a retrain it asks for is only recorded (no Job here).
         evaluation = evaluate_policy(sd, self.status, answers, self.profile, None, when)
