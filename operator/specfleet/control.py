@@ -3,9 +3,10 @@
 `reconcile_object` (create/update/resume/timer) re-reads one object, reconciles it and writes status
 under that object's lock. The policy works in two steps so that no lock is held while Prometheus is
 asked: `observe_target` runs one round of fleet queries for every resource that shares a Prometheus
-target (no lock), then `decide_policy` re-reads one object, decides from those answers, records and
-writes status (and rolls out a flip) under the object's lock, so a policy flip and a resync can never
-interleave and undo each other. The scheduler (scheduler.py) drives the policy for all resources;
+target (no lock), then `decide_policy` re-reads one object, evaluates it on those answers (the pure
+`specfleet.policy.evaluate`, which the simulator calls too), starts retrain Jobs, rolls out a flip and
+writes status under the object's lock, so a policy flip and a resync can never interleave and undo
+each other. The scheduler (scheduler.py) drives the policy for all resources;
 Kopf handlers drive reconcile; tests call both with the in-memory cluster and a scripted Prometheus.
 """
 
@@ -172,7 +173,7 @@ class Controller:
     def decide_policy(
         self, namespace: str, name: str, target: PrometheusTarget, answers: FleetAnswers, now: datetime
     ) -> Outcome:
-        """Decide one resource from the fleet's answers; record, write status, roll out a flip.
+        """Evaluate one resource on the fleet's answers; start retrain Jobs, roll out a flip, write status.
 
         Re-reads the object under its lock: if its Prometheus target changed since the answers were
         asked for, nothing is decided and it is due again at once.
