@@ -3,9 +3,10 @@
 `reconcile_object` (create/update/resume/timer) re-reads one object, reconciles it and writes status
 under that object's lock. The policy works in two steps so that no lock is held while Prometheus is
 asked: `observe_target` runs one round of fleet queries for every resource that shares a Prometheus
-target (no lock), then `decide_policy` re-reads one object, decides from those answers, records and
-writes status (and rolls out a flip) under the object's lock, so a policy flip and a resync can never
-interleave and undo each other. The scheduler (scheduler.py) drives the policy for all resources;
+target (no lock), then `decide_policy` re-reads one object, evaluates it on those answers (the pure
+`specfleet.policy.evaluate`, which the simulator calls too), starts retrain Jobs, rolls out a flip and
+writes status under the object's lock, so a policy flip and a resync can never interleave and undo
+each other. The scheduler (scheduler.py) drives the policy for all resources;
 Kopf handlers drive reconcile; tests call both with the in-memory cluster and a scripted Prometheus.
 """
 
@@ -18,23 +19,15 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from specfleet.api import reasons
-from specfleet.api.constants import API_VERSION, KIND, POOLS
-from specfleet.api.models import PoolName, SpeculativeDeploymentStatus
-from specfleet.api.semantics import engine_schedules, find_problems
+from specfleet.api.constants import API_VERSION, KIND
+from specfleet.api.models import SpeculativeDeploymentStatus
+from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
-from specfleet.metrics.prometheus import FleetAnswers, PoolSelector, QueryFn, observe, query_fleet
-from specfleet.policy.decide import PoolDecision, decide
-from specfleet.policy.drift import DriftRecorded, track_drift
+from specfleet.metrics.prometheus import FleetAnswers, QueryFn, query_fleet
+from specfleet.policy.decide import PoolDecision
+from specfleet.policy.evaluate import Evaluation, evaluate_policy
 from specfleet.policy.measurements import Measurements, measurements, with_measurements, worth_writing
-from specfleet.policy.observations import PoolObservation
-from specfleet.policy.profile_source import (
-    CostProfileError,
-    hold_every_pool,
-    profile_condition,
-    profile_from_config_map,
-)
-from specfleet.policy.record import auto_pools, parse_time, pool_states, record
-from specfleet.policy.schedule import observed_under_schedule
+from specfleet.policy.profile_source import CostProfileError, profile_from_config_map
 from specfleet.reconcile import ApplyRejectedError, Cluster, Event, reconcile, status_patch
 from specfleet.render import RenderOptions
 from specfleet.render.retrain import render_retrain_job
@@ -42,10 +35,6 @@ from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
 
 # How long to wait before re-evaluating a resource that cannot be evaluated (invalid, degraded, gone).
 IDLE_RETRY_SECONDS = 30.0
-# The same acceptance measured again rewrites its timestamp in status at most this often: otherwise
-# every evaluation of every speculating pool is a status write (and a watch event for every replica
-# of the operator and every GitOps tool). The older timestamp only makes its age conservative.
-ACCEPTANCE_REFRESH_SECONDS = 300.0
 
 
 class ResourceCluster(Cluster, Protocol):
@@ -184,7 +173,7 @@ class Controller:
     def decide_policy(
         self, namespace: str, name: str, target: PrometheusTarget, answers: FleetAnswers, now: datetime
     ) -> Outcome:
-        """Decide one resource from the fleet's answers; record, write status, roll out a flip.
+        """Evaluate one resource on the fleet's answers; start retrain Jobs, roll out a flip, write status.
 
         Re-reads the object under its lock: if its Prometheus target changed since the answers were
         asked for, nothing is decided and it is due again at once.
@@ -211,68 +200,35 @@ class Controller:
             if memory is not None and memory.uid != uid:
                 memory = None  # a new object under the same name
             previous = sd.status if memory is None else with_measurements(sd.status, memory.values)
-            states = pool_states(sd.spec, previous, now)
-            observations: dict[str, PoolObservation] = {
-                pool: observe(
-                    answers,
-                    PoolSelector(sd.namespace, sd.name, pool),
-                    target.window_seconds,
-                    now,
-                    pool_mode=states[pool].mode,
-                    expected_replicas=_expected_reporting(sd, pool),
-                )
-                for pool in auto_pools(sd.spec)
-            }
             profile, problem = self._cost_profile(sd)
-            if profile is None:
-                decisions = hold_every_pool({p: states[p] for p in observations}, problem or "")
-            else:
-                decisions = decide(
-                    sd.spec.policy,
-                    sd.spec.drafter.num_speculative_tokens,
-                    states,
-                    observations,
-                    now,
-                    profile,
-                    engine_schedule=engine_schedules(sd.spec),
-                )
-            outcome.decisions = decisions
-            recorded = record(previous, decisions, observations, sd.generation, now)
-            recorded.status, profile_events = profile_condition(
-                recorded.status, sd.spec.policy.goodput.cost_profile_config_map, problem, sd.generation, now
-            )
-            recorded.events += profile_events
-            # Drift compares per-position acceptance: unmixed where a pool follows a schedule.
-            schedules = engine_schedules(sd.spec)
-            measured = {p: observed_under_schedule(o, states[p], schedules) for p, o in observations.items()}
-            drift = track_drift(sd.spec, recorded.status, states, measured, sd.generation, now)
-            recorded.events += drift.events
-            recorded.status = self._start_retrain_jobs(sd, drift, recorded.events)
-            recorded.status = _keep_recent_measurement_times(previous, recorded.status, now)
-            new_status = recorded.status.to_wire()
-            outcome.events = [Event(t, r, m) for t, r, m in recorded.events]  # type: ignore[arg-type]
-            if recorded.flipped:
+            evaluation = evaluate_policy(sd, previous, answers, profile, problem, now)
+            events = list(evaluation.events)
+            status = self._start_retrain_jobs(sd, evaluation, events)
+            outcome.decisions = evaluation.decisions
+            outcome.events = [Event(t, r, m) for t, r, m in events]  # type: ignore[arg-type]
+            new_status = status.to_wire()
+            if evaluation.flipped:
                 # Render and roll out the flip now, from the status that records it (typed, as decided).
-                result = reconcile(body, self.cluster, now, self.options, status=recorded.status)
+                result = reconcile(sd, self.cluster, now, self.options, status=status)
                 new_status = result.status
                 outcome.events += result.events
                 outcome.applied = result.applied
             written_at = None if memory is None else memory.written_at
             since = None if written_at is None else (now - written_at).total_seconds()
             interval = float(sd.spec.policy.evaluation_interval_seconds)
-            if recorded.flipped or worth_writing(sd.status, recorded.status, since, interval):
+            if evaluation.flipped or worth_writing(sd.status, status, since, interval):
                 self._write_status(body, new_status, outcome)
                 written_at = now
-            self._measured[(namespace, name)] = _Measured(uid, measurements(recorded.status), written_at)
+            self._measured[(namespace, name)] = _Measured(uid, measurements(status), written_at)
         return outcome
 
     def _start_retrain_jobs(
-        self, sd: SpeculativeDeployment, drift: DriftRecorded, events: list[tuple[str, str, str]]
+        self, sd: SpeculativeDeployment, evaluation: Evaluation, events: list[tuple[str, str, str]]
     ) -> SpeculativeDeploymentStatus:
         """Create the retrain Job of each trigger; the status keeps lastRetrainTime only for those created
         (a refused Job is asked for again at the next evaluation)."""
-        status = drift.status
-        for trigger in drift.retrain:
+        status = evaluation.status
+        for trigger in evaluation.retrain:
             job = render_retrain_job(sd, trigger)
             ps = getattr(status.pools, trigger.pool)
             try:
@@ -323,36 +279,3 @@ class Controller:
         now = self.clock()
         answers = self.observe_target(schedule.target, [namespace])
         return self.decide_policy(namespace, name, schedule.target, answers, now)
-
-
-def _keep_recent_measurement_times(
-    previous: SpeculativeDeploymentStatus, recorded: SpeculativeDeploymentStatus, now: datetime
-) -> SpeculativeDeploymentStatus:
-    """`recorded` with each pool's acceptanceMeasuredAt (and per-position times) kept from `previous`
-    where the measured numbers did not change and the previous time is younger than
-    ACCEPTANCE_REFRESH_SECONDS: the same measurement again writes no status."""
-    pools = recorded.pools.model_copy()
-    kept = False
-    for pool in POOLS:
-        old, new = getattr(previous.pools, pool), getattr(recorded.pools, pool)
-        measured = parse_time(old.acceptance_measured_at)
-        if (
-            measured is not None
-            and new.acceptance_measured_at != old.acceptance_measured_at
-            and (new.acceptance_length, new.per_position_acceptance)
-            == (old.acceptance_length, old.per_position_acceptance)
-            and (now - measured).total_seconds() < ACCEPTANCE_REFRESH_SECONDS
-        ):
-            keep = {
-                "acceptance_measured_at": old.acceptance_measured_at,
-                "per_position_measured_at": old.per_position_measured_at,
-            }
-            setattr(pools, pool, new.model_copy(update=keep))
-            kept = True
-    return recorded.model_copy(update={"pools": pools}) if kept else recorded
-
-
-def _expected_reporting(sd: SpeculativeDeployment, pool: PoolName) -> int | None:
-    """Engines that should report metrics: the ready ones of a settled pool (None while it rolls)."""
-    status = getattr(sd.status.pools, pool)
-    return status.ready_replicas if status.settled and status.ready_replicas > 0 else None

@@ -253,26 +253,29 @@ class DesiredState:
 
 
 def desired_state(
-    body: Mapping[str, Any],
+    body: Mapping[str, Any] | SpeculativeDeployment,
     now: datetime,
     options: RenderOptions | None = None,
     status: SpeculativeDeploymentStatus | None = None,
 ) -> DesiredState:
-    """Parse, check, plan and render one resource (pure).
+    """Parse (unless given parsed), check, plan and render one resource (pure).
 
     `status` replaces the resource's own status as the starting point, e.g. the policy's just-recorded
     decision, which is then rendered without a round trip through the serialized status.
     """
-    generation = int((body.get("metadata") or {}).get("generation") or 0)
-    previous = status if status is not None else parse_status(body.get("status"))
-    was_degraded = _was_degraded(previous)
-    try:
-        sd = parse_resource(body)
-    except InvalidResourceError as err:
-        # The apiserver's schema normally stops this first; an older CRD or a bypass can still get here.
-        degraded = _degraded_status(previous, generation, reasons.INVALID_SPEC, str(err), now)
-        events = [] if was_degraded else [Event("Warning", reasons.EVENT_DEGRADED, str(err))]
-        return DesiredState(generation, previous, stopped=ReconcileResult(degraded.to_wire(), events))
+    if isinstance(body, SpeculativeDeployment):
+        sd = body
+        generation, previous = sd.generation, status if status is not None else sd.status
+    else:
+        generation = int((body.get("metadata") or {}).get("generation") or 0)
+        previous = status if status is not None else parse_status(body.get("status"))
+        try:
+            sd = parse_resource(body)
+        except InvalidResourceError as err:
+            # The apiserver's schema normally stops this first; an older CRD or a bypass can still get here.
+            degraded = _degraded_status(previous, generation, reasons.INVALID_SPEC, str(err), now)
+            events = [] if _was_degraded(previous) else [Event("Warning", reasons.EVENT_DEGRADED, str(err))]
+            return DesiredState(generation, previous, stopped=ReconcileResult(degraded.to_wire(), events))
     problems = find_problems(sd.spec)
     if problems:
         message = "; ".join(problems)
@@ -677,14 +680,15 @@ def reported_status(desired: DesiredState, applied: AppliedChildren, now: dateti
 
 
 def reconcile(
-    body: Mapping[str, Any],
+    body: Mapping[str, Any] | SpeculativeDeployment,
     cluster: Cluster,
     now: datetime,
     options: RenderOptions | None = None,
     *,
     status: SpeculativeDeploymentStatus | None = None,
 ) -> ReconcileResult:
-    """Bring the children of one resource to the rendered state and compute its new status."""
+    """Bring the children of one resource (its body, or already parsed) to the rendered state and
+    compute its new status."""
     desired = desired_state(body, now, options, status)
     if desired.stopped is not None:
         return desired.stopped

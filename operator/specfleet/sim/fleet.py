@@ -2,10 +2,10 @@
 
 One run replays one workload under one strategy:
 
-- `policy`: the operator's own loop. Every `policy.evaluationIntervalSeconds` the Auto pools are
-  observed (`specfleet.sim.prom`: PromQL semantics over samples scraped every `scrape_interval`),
-  `specfleet.policy.decide` decides and `specfleet.policy.record.record` folds the decisions into
-  status; the pools' Deployments are then rendered by `specfleet.render` from that status (so canary
+- `policy`: the operator's own loop. Every `policy.evaluationIntervalSeconds` the fleet is asked
+  (`specfleet.sim.prom`: PromQL semantics over samples scraped every `scrape_interval`) and the
+  operator's evaluation (`specfleet.policy.evaluate`: decide, record, drift, the cost-profile
+  condition) gives the new status (a retrain Job it asks for is recorded, not run); the pools' Deployments are then rendered by `specfleet.render` from that status (so canary
   replicas, K and maxSurge are the operator's) and rolled out as the Deployment controller would with
   `maxUnavailable: 0`: new pods start (`startup_seconds`), each ready one replaces an old one, and an
   old pod stops taking requests and drains what it holds. Status `settled` / `readyReplicas` come
@@ -44,11 +44,10 @@ from specfleet.api.models import (
     SpeculativeDeploymentSpec,
     SpeculativeDeploymentStatus,
 )
-from specfleet.api.semantics import engine_schedules
 from specfleet.api.validation import SpeculativeDeployment, parse_spec
-from specfleet.policy.decide import decide
-from specfleet.policy.observations import PoolObservation
-from specfleet.policy.record import auto_pools, pool_states, record
+from specfleet.policy.drift import RetrainTrigger
+from specfleet.policy.evaluate import evaluate_policy
+from specfleet.policy.record import auto_pools
 from specfleet.reconcile import decided_plan, hand_over
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import pool_name
@@ -156,6 +155,9 @@ class RunResult:
     rejected: int
     generation_tokens_total: float
     requested_tokens_completed: int
+    # The policy's status at the end, and the retrain Jobs it asked for (not run in the simulator).
+    status: SpeculativeDeploymentStatus = field(default_factory=SpeculativeDeploymentStatus)
+    retrains: list[RetrainTrigger] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
@@ -257,6 +259,7 @@ class _Fleet:
         self.last_tokens = dict.fromkeys(POOLS, 0.0)
         self.timeline: list[dict[str, Any]] = []
         self.changes: list[Change] = []
+        self.retrains: list[RetrainTrigger] = []
         self.submitted = 0
         self.completed = 0
         self.rejected = 0
@@ -709,32 +712,16 @@ class _Fleet:
             return
         self.update_status(now)
         when = EPOCH + timedelta(seconds=now)
-        states = pool_states(self.spec, self.status, when)
-        pools = auto_pools(self.spec)
-        observations: dict[str, PoolObservation] = {}
-        for pool in pools:
-            ps = getattr(self.status.pools, pool)
-            expected = ps.ready_replicas if ps.settled and ps.ready_replicas > 0 else None
-            series = [s for serial, s in self.series.items() if s.pool == pool]
-            observations[pool] = prom.observation(
-                pool,
-                prom.answers(series, now, float(self.policy.window_seconds)),
-                self.policy.window_seconds,
-                when,
-                pool_mode=states[pool].mode,
-                expected_replicas=expected,
-            )
-        decisions = decide(
-            self.policy,
-            self.spec.drafter.num_speculative_tokens,
-            states,
-            observations,
-            when,
-            self.profile,
-            engine_schedule=engine_schedules(self.spec),
-        )
-        recorded = record(self.status, decisions, observations, 1, when)
-        self.status = recorded.status
+        sd = self.current_sd()
+        series: dict[str, list[prom.Series]] = {
+            pool: [s for s in self.series.values() if s.pool == pool] for pool in auto_pools(self.spec)
+        }
+        answers = prom.fleet_answers(sd.namespace, sd.name, series, now, float(self.policy.window_seconds))
+        # The operator's own evaluation; a retrain it asks for is only recorded (no Job here).
+        evaluation = evaluate_policy(sd, self.status, answers, self.profile, None, when)
+        self.status = evaluation.status
+        self.retrains += evaluation.retrain
+        decisions, observations = evaluation.decisions, evaluation.observations
         for d in decisions:
             obs = observations[d.pool]
             expected = d.observations.get("expectedRunningPerReplica")
@@ -745,7 +732,7 @@ class _Fleet:
                 "expectedRunningPerReplica": float(expected) if expected else obs.running_per_replica,
                 "predictedSpeedup": d.observations.get("predictedSpeedup"),
             }
-        for d in recorded.flipped:
+        for d in evaluation.flipped:
             to_k = d.target_k if d.target_k is not None else d.current_k
             canaries = getattr(d, "canary_replicas", None)
             basis = self.last_decisions.get(d.pool, {})
@@ -868,6 +855,8 @@ class _Fleet:
             rejected=self.rejected,
             generation_tokens_total=generated,
             requested_tokens_completed=self.requested_completed,
+            status=self.status,
+            retrains=self.retrains,
         )
 
 

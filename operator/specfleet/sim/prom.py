@@ -9,8 +9,9 @@ Each ready or draining engine is scraped every `scrape_interval` seconds (a star
   newest sample within the 5-minute lookback of series still scraped (a deleted pod's series is stale).
 
 `answers` returns them in the shape of Prometheus' instant-vector results, keyed by the names of
-`specfleet.metrics.prometheus.fleet_queries`, and `observation` hands them to the operator's own
-`specfleet.policy.answers.observe`, so simulator and operator decide from one set of rules.
+`specfleet.metrics.prometheus.fleet_queries`; `fleet_answers` labels and indexes them as the operator
+does (`FleetAnswers.from_results`) for the shared policy evaluation (`specfleet.policy.evaluate`), so
+simulator and operator decide from one set of rules.
 Inter-token latency quantiles are not simulated (None), as the policy
 only reports them.
 """
@@ -18,7 +19,7 @@ only reports them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -147,6 +148,29 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
     return out
 
 
+def fleet_answers(
+    namespace: str, name: str, pools: Mapping[str, Sequence[Series]], t: float, window: float
+) -> FleetAnswers:
+    """One round of the operator's fleet queries at `t` over each pool's engines: the answers labelled
+    as the fleet queries' `sum by (pool labels)` would label them, indexed by the operator's own code."""
+    labelled: dict[str, list[dict[str, Any]]] = {}
+    for pool, series in pools.items():
+        selector = PoolSelector(namespace, name, pool)
+        for query, vector in _labelled(answers(series, t, window), selector).items():
+            labelled.setdefault(query, []).extend(vector)
+    return FleetAnswers.from_results(labelled)
+
+
+def _labelled(
+    result: Mapping[str, list[dict[str, Any]]], selector: PoolSelector
+) -> dict[str, list[dict[str, Any]]]:
+    labels = dict(zip(POOL_LABELS, selector.key, strict=True))
+    return {
+        name: [{**sample, "metric": {**(sample.get("metric") or {}), **labels}} for sample in vector]
+        for name, vector in result.items()
+    }
+
+
 def observation(
     pool: str,
     result: dict[str, list[dict[str, Any]]],
@@ -156,16 +180,11 @@ def observation(
     pool_mode: str = "On",
     expected_replicas: int | None = None,
 ) -> PoolObservation:
-    """The observation the operator builds from these answers: its own `observe`, on answers labelled
-    as the fleet queries' `sum by (pool labels)` would label them."""
+    """The observation the operator builds from one pool's answers: its own `observe`, on answers
+    labelled as the fleet queries' `sum by (pool labels)` would label them."""
     selector = PoolSelector("sim", "sim", pool)
-    labels = dict(zip(POOL_LABELS, selector.key, strict=True))
-    labelled = {
-        name: [{**sample, "metric": {**(sample.get("metric") or {}), **labels}} for sample in vector]
-        for name, vector in result.items()
-    }
     return observe(
-        FleetAnswers.from_results(labelled),
+        FleetAnswers.from_results(_labelled(result, selector)),
         selector,
         window_seconds,
         now,
