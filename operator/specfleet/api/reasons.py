@@ -103,7 +103,7 @@ AUTOSCALER_INACTIVE: Final = "AutoscalerInactive"
 # What each condition type and reason means and what to do about it: the one home of the troubleshooting
 # page (`make docs-reference` writes docs/troubleshooting.md from these; a test checks each is here).
 CONDITION_DOCS: Final[dict[str, str]] = {
-    READY: "Every pool has as many ready engines as it asks for, and the router is ready.",
+    READY: "Every pool has as many ready engines as it asks for, and every child was applied.",
     PROGRESSING: "A rollout is under way: a spec change, a speculation flip or a new K.",
     DEGRADED: "The operator cannot make what the spec asks for; the reason says why.",
     METRICS_AVAILABLE: "Prometheus answered with fresh numbers for every Auto pool; False holds every pool.",
@@ -172,7 +172,8 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
     ),
     PROGRESS_DEADLINE_EXCEEDED: ReasonDoc(
         "Ready",
-        "A pool's Deployment made no progress within its deadline (`engine.startupTimeoutSeconds` and more).",
+        "A pool's Deployment made no progress within its deadline (`engine.startupTimeoutSeconds` plus "
+        "10 minutes).",
         "Look at the pods as for PoolsNotReady; a large model on a slow link may need a longer "
         "`engine.startupTimeoutSeconds` or a pre-filled `engine.modelCache`.",
     ),
@@ -189,15 +190,17 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
     ROLLOUT_COMPLETE: ReasonDoc("Progressing", "No rollout is under way.", _NOTHING),
     INVALID_SPEC: ReasonDoc(
         "Degraded",
-        "The spec fails a check the apiserver could not make (the message says which). Nothing is "
-        "rendered until it is fixed.",
-        "Fix the spec; `specfleet render -f FILE` shows the same message before you apply.",
+        "The resource cannot be read as a valid spec (the message says why). The apiserver's schema "
+        "normally refuses such a resource first; an older CRD can let one through. Nothing is rendered.",
+        "Fix the spec and upgrade the CRD with the chart; `specfleet render -f FILE` checks a file before "
+        "you apply it.",
     ),
     UNSUPPORTED_CONFIGURATION: ReasonDoc(
         "Degraded",
-        "The spec is valid but cannot run as written, e.g. a Dynamic SD schedule or drafter method that "
-        "the engine image's vLLM version does not support.",
-        "Follow the message: usually a newer `engine.image`, or removing the feature it names.",
+        "The spec is valid but cannot run as written, e.g. a drafter method or Dynamic SD schedule that "
+        "the engine image's vLLM version does not support (examples/05-degraded-old-image.yaml), an `extraArgs` flag the operator sets itself, or fewer "
+        "GPUs than `tensorParallelSize`. Nothing is created, and nothing is retried until the spec changes.",
+        "Follow the message: a newer `engine.image`, the typed field instead of the flag, or more GPUs.",
     ),
     APPLY_FAILED: ReasonDoc(
         "Degraded",
