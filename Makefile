@@ -45,8 +45,9 @@ lint:
 	"$$(bash scripts/setup-actionlint.sh | tail -n 1)" .github/workflows/*.yml
 
 # The guide: warnings are errors and internal links and anchors are checked (mkdocs.yml).
+# Not --quiet: it hides the warnings from --strict, which then passes a broken link.
 docs:
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # docs/reference.md from the CRD schema, docs/troubleshooting.md from api/reasons.py (drift-checked in test-unit).
 docs-reference:
