@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy
+.PHONY: help venv deps lint docs docs-reference crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy
 
 help:
 	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
@@ -20,6 +20,8 @@ help:
 	@echo "make deps          install every external component now (tests and demo also do it on demand)"
 	@echo "make ci-fresh      run .ci/run on a fresh clone with nothing installed by hand (before submitting)"
 	@echo "make crd           regenerate crds/ from the models"
+	@echo "make docs          build the guide (docs/, mkdocs --strict) into build/site"
+	@echo "make docs-reference  regenerate the guide's field reference and troubleshooting pages"
 	@echo "make bench-policy  simulate the policy against static settings and oracles (docs/benchmarks/policy.md)"
 	@echo "make dashboard     regenerate the chart's Grafana dashboard JSON"
 	@echo "make image         build the image with docker, podman or buildah (IMAGE=repo:tag names it)"
@@ -41,6 +43,15 @@ lint:
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/hadolint Dockerfile
 	"$$(bash scripts/setup-actionlint.sh | tail -n 1)" .github/workflows/*.yml
+
+# The guide: warnings are errors and internal links and anchors are checked (mkdocs.yml).
+# Not --quiet: it hides the warnings from --strict, which then passes a broken link.
+docs:
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# docs/reference.md from the CRD schema, docs/troubleshooting.md from api/reasons.py (drift-checked in test-unit).
+docs-reference:
+	$(PY) -m specfleet.docs_reference --out docs
 
 crd:
 	$(PY) -m specfleet crd -o crds/specfleet.io_speculativedeployments.yaml
@@ -75,7 +86,7 @@ test-router-native:
 	  PYTHONPATH=$$native SPECFLEET_ROUTER_NATIVE=1 $(PY) -m pytest -q -p no:cacheprovider \
 	    tests/unit/test_router_*.py
 
-test: lint
+test: lint docs
 	$(PY) -m pytest tests -q
 	$(MAKE) test-router-native
 

@@ -318,11 +318,17 @@ class EngineSecurity(ApiModel):
 class EngineOverrides(ApiModel):
     """Per-pool changes to the engine settings; unset fields inherit from spec.engine."""
 
-    tensor_parallel_size: int | None = Field(default=None, ge=1, le=64, description="Overrides engine.")
-    max_num_seqs: int | None = Field(default=None, ge=1, le=65536, description="Overrides engine.")
-    max_model_len: int | None = Field(default=None, ge=1, description="Overrides engine.")
+    tensor_parallel_size: int | None = Field(
+        default=None, ge=1, le=64, description="Overrides engine.tensorParallelSize for this pool."
+    )
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, le=65536, description="Overrides engine.maxNumSeqs for this pool."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="Overrides engine.maxModelLen for this pool."
+    )
     gpu_memory_utilization_percent: int | None = Field(
-        default=None, ge=1, le=100, description="Overrides engine."
+        default=None, ge=1, le=100, description="Overrides engine.gpuMemoryUtilizationPercent for this pool."
     )
     extra_args: list[str] | None = Field(
         default=None, max_length=64, description="Replaces engine.extraArgs for this pool."
@@ -629,7 +635,10 @@ class PrometheusSpec(ApiModel):
     url: str = Field(
         default="http://prometheus-operated.monitoring.svc:9090",
         max_length=512,
-        description="Prometheus base URL.",
+        description="Prometheus base URL. It must scrape the engines with their pod labels "
+        "specfleet.io/deployment, specfleet.io/pool and specfleet.io/track (as specfleet_io_deployment, "
+        "...); monitoring.podMonitor renders a PodMonitor that does. Without them Auto pools hold with "
+        "MetricsAvailable=False.",
     )
     timeout_seconds: int = Field(default=5, ge=1, le=120, description="Per-query timeout.")
 
@@ -710,12 +719,9 @@ class GoodputPolicy(ApiModel):
     )
     engine_schedule: bool | None = Field(
         default=None,
-        description="Give each speculating pool a Dynamic SD schedule (K per batch size inside the "
-        "engine, vLLM's num_speculative_tokens_per_batch_size) made from the cost profile and the "
-        "pool's measured acceptance, so K follows load without a rollout; the pool drafts up to "
-        "drafter.numSpeculativeTokens and is retuned only when its acceptance moves the schedule. "
-        "Unset: on where engine.image names vLLM >= 0.32 and drafter.dynamicSchedule is unset; true: "
-        "on for any image (it must accept the field); false: K changes by rollout.",
+        description="Let the policy give each speculating pool a Dynamic SD schedule (K per batch size "
+        "inside the engine), so K follows load without a rollout. Unset: on for vLLM >= 0.32 images "
+        "without drafter.dynamicSchedule; true: on for any image; false: K changes by rollout.",
     )
     cost_profile_config_map: str | None = Field(
         default=None,
@@ -787,7 +793,13 @@ class PolicySpec(ApiModel):
     )
     prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="Metrics source.")
     evaluation_interval_seconds: int = Field(default=30, ge=1, le=3600, description="How often to decide.")
-    window_seconds: int = Field(default=120, ge=5, le=3600, description="Rate window of the queries.")
+    window_seconds: int = Field(
+        default=120,
+        ge=5,
+        le=3600,
+        description="Window over which the policy averages the engines' metrics (the range of its PromQL "
+        "rate() queries): longer is steadier, shorter reacts faster.",
+    )
     thresholds: Thresholds = Field(default_factory=Thresholds, description="Threshold-mode values.")
     goodput: GoodputPolicy = Field(default_factory=GoodputPolicy, description="Goodput-mode values.")
     min_dwell_seconds: int = Field(
@@ -906,10 +918,26 @@ class SpeculativeDeploymentSpec(ApiModel):
     model: ModelSpec = Field(description="Target model.")
     drafter: DrafterSpec = Field(description="Speculative decoding settings (vLLM --speculative-config).")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM engine settings.")
-    pools: Pools = Field(default_factory=Pools, description="Latency and batch pools.")
-    routing: RoutingSpec = Field(default_factory=RoutingSpec, description="Request classification.")
-    policy: PolicySpec = Field(default_factory=PolicySpec, description="Adaptive speculation policy.")
-    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Metrics scraping.")
+    pools: Pools = Field(
+        default_factory=Pools,
+        description="The two pools of engines: latency (interactive traffic) and batch (throughput-bound "
+        "traffic), each with its replicas or autoscaling and its speculation mode (On, Off or Auto).",
+    )
+    routing: RoutingSpec = Field(
+        default_factory=RoutingSpec,
+        description="How the router sends each request to a pool: tenant and API-key rules, request "
+        "shape, auto-segmentation of busy clients, which headers it trusts, and the router's replicas.",
+    )
+    policy: PolicySpec = Field(
+        default_factory=PolicySpec,
+        description="How the operator decides speculation and K for Auto pools from Prometheus: mode, "
+        "timing, gates against flapping, re-entry canaries and acceptance drift.",
+    )
+    monitoring: MonitoringSpec = Field(
+        default_factory=MonitoringSpec,
+        description="How Prometheus finds the engines (PodMonitor or scrape annotations) and the "
+        "alerting rules rendered for this resource.",
+    )
 
 
 # ---- status: written only by the operator, read leniently (a damaged status must not crash it) ----

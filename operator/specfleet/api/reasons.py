@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, NamedTuple
 
 # Condition types: adjectives, as the conventions ask.
 READY: Final = "Ready"
@@ -98,3 +98,323 @@ AUTOSCALING_ACTIVE: Final = "AutoscalingActive"
 AUTOSCALERS_ACTIVE: Final = "AutoscalersActive"
 AUTOSCALER_PENDING: Final = "AutoscalerPending"
 AUTOSCALER_INACTIVE: Final = "AutoscalerInactive"
+
+
+# What each condition type and reason means and what to do about it: the one home of the troubleshooting
+# page (`make docs-reference` writes docs/troubleshooting.md from these; a test checks each is here).
+CONDITION_DOCS: Final[dict[str, str]] = {
+    READY: "Every pool has as many ready engines as it asks for, and every child was applied.",
+    PROGRESSING: "A rollout is under way: a spec change, a speculation flip or a new K.",
+    DEGRADED: "The operator cannot make what the spec asks for; the reason says why.",
+    METRICS_AVAILABLE: "Prometheus answered with fresh numbers for every Auto pool; False holds every pool.",
+    SPECULATION_SETTLED: "No pool is changing its speculation mode or K.",
+    ACCEPTANCE_DRIFT: "A pool's measured acceptance length is below its own baseline (policy.acceptanceDrift).",
+    COST_PROFILE_LOADED: "The cost profile named in policy.goodput.costProfileConfigMap was read and is valid.",
+    AUTOSCALING_ACTIVE: "Present while a pool is autoscaled: whether its autoscalers can read their metric.",
+}
+
+
+class ReasonDoc(NamedTuple):
+    """Where a reason appears, what it means, what to do."""
+
+    where: str
+    meaning: str
+    action: str
+
+
+_NOTHING = "Nothing: this is the normal state."
+_WAIT = "Nothing: the policy decides again once the gate opens."
+
+REASON_DOCS: Final[dict[str, ReasonDoc]] = {
+    RECONCILED: ReasonDoc("Ready", "The children were applied as the spec asks.", _NOTHING),
+    ALL_POOLS_READY: ReasonDoc("Ready", "Every pool has its ready replicas.", _NOTHING),
+    POOLS_NOT_READY: ReasonDoc(
+        "Ready",
+        "Some pool has fewer ready engines than it asks for, or some child could not be applied. The message "
+        "lists the ready/desired count per pool.",
+        "Usually engines are still starting (model download and load take minutes). If it lasts, "
+        "`kubectl get pods -l specfleet.io/deployment=NAME` and `kubectl describe pod` show why; a more "
+        "specific reason replaces this one when the pods say what is wrong.",
+    ),
+    UNSCHEDULABLE: ReasonDoc(
+        "Ready",
+        "An engine pod cannot be scheduled: no node has the GPUs, CPU or memory it requests, or its "
+        "nodeSelector, affinity or tolerations match no node.",
+        "Check the GPU device plugin runs (`kubectl describe node` shows `nvidia.com/gpu`), lower "
+        "`engine.resources`, or add nodes. A speculation flip rolls with a surge pod: keep one engine's "
+        "worth of GPUs free per pool, or set `maxSurge`.",
+    ),
+    IMAGE_PULL_FAILED: ReasonDoc(
+        "Ready",
+        "The engine image (or the operator's image, for the drafter-preflight init container) cannot be "
+        "pulled.",
+        "Check `engine.image` and the operator's `image.repository`/`image.tag`; mirror them for a cluster "
+        "without Internet access; add `imagePullSecrets` for a private registry.",
+    ),
+    CONTAINER_CONFIG_ERROR: ReasonDoc(
+        "Ready",
+        "The engine container cannot be created, most often because a Secret or ConfigMap it references "
+        "does not exist.",
+        "Check that the Secret named in `engine.hfTokenSecretRef` exists in the resource's namespace "
+        "with the key given; `kubectl describe pod` names what is missing.",
+    ),
+    CRASH_LOOP: ReasonDoc(
+        "Ready",
+        "An engine container keeps exiting: vLLM failed to start.",
+        "Read `kubectl logs POD --previous`. Common causes: a gated model without a Hugging Face token "
+        "(`engine.hfTokenSecretRef`), too little GPU memory for the model and drafter (raise "
+        "`tensorParallelSize` or lower `maxModelLen`), an `extraArgs` flag this vLLM does not know.",
+    ),
+    OOM_KILLED: ReasonDoc(
+        "Ready",
+        "An engine container was killed for exceeding its memory limit (host memory, not GPU memory).",
+        "Raise `engine.resources.memory` (the limit equals the request).",
+    ),
+    PROGRESS_DEADLINE_EXCEEDED: ReasonDoc(
+        "Ready",
+        "A pool's Deployment made no progress within its deadline (`engine.startupTimeoutSeconds` plus "
+        "10 minutes).",
+        "Look at the pods as for PoolsNotReady; a large model on a slow link may need a longer "
+        "`engine.startupTimeoutSeconds` or a pre-filled `engine.modelCache`.",
+    ),
+    DRAFTER_INCOMPATIBLE: ReasonDoc(
+        "Ready",
+        "The drafter-preflight init container found that the drafter does not fit the target model "
+        "(architecture, hidden size or vocabulary); the message names the field.",
+        "Use a drafter trained for this target model (`drafter.model`), or set `drafter.method: ngram`, "
+        "which needs no checkpoint.",
+    ),
+    ROLLING_OUT: ReasonDoc(
+        "Progressing", "A pool's Deployment is rolling out new engines.", "Nothing; it ends by itself."
+    ),
+    ROLLOUT_COMPLETE: ReasonDoc("Progressing", "No rollout is under way.", _NOTHING),
+    INVALID_SPEC: ReasonDoc(
+        "Degraded",
+        "The resource cannot be read as a valid spec (the message says why). The apiserver's schema "
+        "normally refuses such a resource first; an older CRD can let one through. Nothing is rendered.",
+        "Fix the spec and upgrade the CRD with the chart; `specfleet render -f FILE` checks a file before "
+        "you apply it.",
+    ),
+    UNSUPPORTED_CONFIGURATION: ReasonDoc(
+        "Degraded",
+        "The spec is valid but cannot run as written, e.g. a drafter method or Dynamic SD schedule that "
+        "the engine image's vLLM version does not support (examples/05-degraded-old-image.yaml), an `extraArgs` flag the operator sets itself, or fewer "
+        "GPUs than `tensorParallelSize`. Nothing is created, and nothing is retried until the spec changes.",
+        "Follow the message: a newer `engine.image`, the typed field instead of the flag, or more GPUs.",
+    ),
+    APPLY_FAILED: ReasonDoc(
+        "Degraded",
+        "The apiserver refused a child (Deployment, Service, ...) the operator rendered; the message has "
+        "its answer.",
+        "Read the message: a ResourceQuota or LimitRange (set `engine.resources.cpuLimit`), an admission "
+        "webhook, or missing RBAC for the operator. PodMonitor and PrometheusRule need "
+        "prometheus-operator's CRDs; ScaledObject needs KEDA.",
+    ),
+    AS_EXPECTED: ReasonDoc("Degraded", "Nothing is wrong.", _NOTHING),
+    METRICS_OK: ReasonDoc("MetricsAvailable", "Prometheus answered with fresh numbers.", _NOTHING),
+    METRICS_UNAVAILABLE: ReasonDoc(
+        "MetricsAvailable, Event",
+        "Prometheus could not be reached, or returned no fresh series for an Auto pool's engines. Every "
+        "Auto pool holds its current mode: a load that was not measured is never read as zero.",
+        "Check `policy.prometheus.url` from the operator's pod, and that Prometheus scrapes the engines "
+        "with their pod labels `specfleet.io/deployment`, `specfleet.io/pool` and `specfleet.io/track` "
+        "(`monitoring.podMonitor: true` in the spec renders a PodMonitor that does it). See "
+        "[Getting started](getting-started.md#prerequisites).",
+    ),
+    COST_PROFILE_FROM_CONFIG_MAP: ReasonDoc(
+        "CostProfileLoaded", "The policy decides with the cost profile from your ConfigMap.", _NOTHING
+    ),
+    COST_PROFILE_UNAVAILABLE: ReasonDoc(
+        "CostProfileLoaded, Event",
+        "The ConfigMap named in `policy.goodput.costProfileConfigMap` is missing or malformed; every pool "
+        "it applies to holds.",
+        "Create it in the resource's namespace (`specfleet profile ... --config-map NAME`, see "
+        "[Measuring a cost profile](tasks/cost-profile.md)), or remove the field to use the published "
+        "profile.",
+    ),
+    COST_PROFILE_DEFAULT: ReasonDoc(
+        "CostProfileLoaded", "No ConfigMap is named any more: the published profile is used.", _NOTHING
+    ),
+    NO_AUTO_POOLS: ReasonDoc(
+        "MetricsAvailable, AcceptanceDrift",
+        "No pool is `speculation: Auto`, so there is nothing to measure.",
+        "Nothing, unless you want the policy to decide: set a pool to `Auto`.",
+    ),
+    POOLS_SETTLED: ReasonDoc("SpeculationSettled", "No pool is changing mode or K.", _NOTHING),
+    POOLS_TRANSITIONING: ReasonDoc(
+        "SpeculationSettled",
+        "A pool is rolling to a new speculation mode or K.",
+        "Nothing; if it never settles, the rollout is stuck (see Unschedulable) and is reverted after "
+        "`policy.rolloutDeadlineSeconds` with RolloutFailed.",
+    ),
+    ACCEPTANCE_BELOW_BASELINE: ReasonDoc(
+        "AcceptanceDrift",
+        "A pool's acceptance length has been more than `policy.acceptanceDrift.thresholdPercent` below its "
+        "baseline for `forSeconds`: the traffic moved away from what the drafter was trained on.",
+        "Look at what changed in the traffic; retrain the drafter (`drafter.retrain` can start a Job for "
+        "it). The policy already turns speculation off where it stops paying.",
+    ),
+    ACCEPTANCE_NEAR_BASELINE: ReasonDoc("AcceptanceDrift", "Acceptance is near its baseline.", _NOTHING),
+    EVENT_APPLIED: ReasonDoc("Event", "Children were created or changed to match the spec.", _NOTHING),
+    EVENT_RESTORED: ReasonDoc(
+        "Event",
+        "A child edited or deleted by hand was put back as the spec says.",
+        "Change the SpeculativeDeployment, not its children.",
+    ),
+    EVENT_PRUNED: ReasonDoc("Event", "Children the spec no longer asks for were deleted.", _NOTHING),
+    EVENT_POOL_FAILING: ReasonDoc(
+        "Event",
+        "A pool's pods report a failure; the message is the Ready condition's.",
+        "See the Ready reason it names.",
+    ),
+    EVENT_DEGRADED: ReasonDoc(
+        "Condition type, Event", "The resource became Degraded.", "See the Degraded condition's reason."
+    ),
+    EVENT_RECOVERED: ReasonDoc("Event", "The resource is no longer Degraded.", _NOTHING),
+    EVENT_SPECULATION_ON: ReasonDoc(
+        "Event", "The policy turned speculation on for a pool; the message says why.", _NOTHING
+    ),
+    EVENT_SPECULATION_OFF: ReasonDoc(
+        "Event", "The policy turned speculation off for a pool; the message says why.", _NOTHING
+    ),
+    EVENT_SPECULATION_RETUNED: ReasonDoc(
+        "Event", "The policy changed a pool's K or Dynamic SD schedule.", _NOTHING
+    ),
+    EVENT_CANARIES_SCALED: ReasonDoc(
+        "Event", "The policy changed how many canary replicas a pool runs.", _NOTHING
+    ),
+    EVENT_ACCEPTANCE_BASELINE: ReasonDoc(
+        "Event", "A pool's acceptance baseline was measured (or re-measured).", _NOTHING
+    ),
+    EVENT_ACCEPTANCE_DRIFT: ReasonDoc(
+        "Condition type, Event",
+        "The AcceptanceDrift condition turned True for a pool.",
+        "See AcceptanceBelowBaseline.",
+    ),
+    EVENT_ACCEPTANCE_RECOVERED: ReasonDoc(
+        "Event", "A pool's acceptance is back near its baseline.", _NOTHING
+    ),
+    EVENT_RETRAIN_CREATED: ReasonDoc(
+        "Event", "A retraining Job was created from `drafter.retrain.template`.", "Watch the Job."
+    ),
+    EVENT_RETRAIN_FAILED: ReasonDoc(
+        "Event",
+        "The retraining Job could not be created; the message has the apiserver's answer.",
+        "Fix `drafter.retrain.template` or the operator's RBAC for Jobs.",
+    ),
+    ROLLOUT_IN_PROGRESS: ReasonDoc("Decision (hold)", "The pool's last change is still rolling out.", _WAIT),
+    MIN_DWELL: ReasonDoc(
+        "Decision (hold)",
+        "The pool changed less than `policy.minDwellSeconds` ago; it stays put so it does not flap.",
+        _WAIT,
+    ),
+    COOLDOWN: ReasonDoc(
+        "Decision (hold)",
+        "Some pool of this resource flipped less than `policy.cooldownSeconds` ago.",
+        _WAIT,
+    ),
+    FLIP_BUDGET_EXHAUSTED: ReasonDoc(
+        "Decision (hold)",
+        "The pool flipped `policy.maxFlipsPerHour` times in the last hour.",
+        "Nothing, unless it recurs: a pool that wants to flip that often sits near break-even; widen "
+        "`policy.goodput.marginPercent` or pin the pool On or Off.",
+    ),
+    MIN_RETUNE_INTERVAL: ReasonDoc(
+        "Decision (hold)",
+        "A K change or canary scaling came less than `policy.minRetuneIntervalSeconds` after the last.",
+        _WAIT,
+    ),
+    RETUNE_BUDGET_EXHAUSTED: ReasonDoc(
+        "Decision (hold)", "The pool used its `policy.maxRetunesPerHour`.", _WAIT
+    ),
+    OTHER_POOL_FLIPPING: ReasonDoc(
+        "Decision (hold)",
+        "The other pool of this resource is changing; pools change one at a time so capacity never dips "
+        "on both.",
+        _WAIT,
+    ),
+    ACCEPTANCE_BELOW_THRESHOLD: ReasonDoc(
+        "Decision (Threshold mode)",
+        "Acceptance length fell below `stopBelowAcceptanceLengthMilli`: speculation turned off.",
+        "Nothing; check AcceptanceDrift if it was unexpected.",
+    ),
+    CONCURRENCY_ABOVE_THRESHOLD: ReasonDoc(
+        "Decision (Threshold mode)",
+        "Running requests per replica rose above `stopAboveConcurrencyPerReplica`: speculation turned off.",
+        _NOTHING,
+    ),
+    CONDITIONS_RECOVERED: ReasonDoc(
+        "Decision (Threshold mode)",
+        "Acceptance and concurrency are back inside the resume thresholds: speculation turned on.",
+        _NOTHING,
+    ),
+    ACCEPTANCE_STILL_LOW: ReasonDoc(
+        "Decision (Threshold mode)",
+        "Speculation stays off: acceptance is still below the resume threshold.",
+        _NOTHING,
+    ),
+    CONCURRENCY_STILL_HIGH: ReasonDoc(
+        "Decision (Threshold mode)",
+        "Speculation stays off: concurrency is still above the resume threshold.",
+        _NOTHING,
+    ),
+    SPECULATION_PAYS: ReasonDoc(
+        "Decision (Threshold mode)", "Speculation stays on: both numbers are inside the thresholds.", _NOTHING
+    ),
+    PROBE_ACCEPTANCE: ReasonDoc(
+        "Decision",
+        "The pool's acceptance is unknown or expired, so speculation runs (on canaries, else the pool) to "
+        "measure it.",
+        _NOTHING,
+    ),
+    ROLLOUT_FAILED: ReasonDoc(
+        "Decision, Event",
+        "A change did not finish rolling out within `policy.rolloutDeadlineSeconds` and was undone, "
+        "typically because the surge pod found no free GPU.",
+        "Free one engine's worth of GPUs per pool for surges, or raise the deadline.",
+    ),
+    CANARIES_SCALED_DOWN: ReasonDoc(
+        "Decision",
+        "A pool that does not speculate removed its canaries: speculation is far from paying at this load.",
+        _NOTHING,
+    ),
+    CANARIES_SCALED_UP: ReasonDoc(
+        "Decision",
+        "A pool that does not speculate started canaries to measure acceptance near break-even.",
+        _NOTHING,
+    ),
+    GOODPUT_BELOW_BREAK_EVEN: ReasonDoc(
+        "Decision (Goodput mode)",
+        "Even the best K predicts less than `1 - marginPercent` of the speed without speculation at the "
+        "expected load: speculation turned off.",
+        _NOTHING,
+    ),
+    GOODPUT_ABOVE_BREAK_EVEN: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The best K predicts more than `1 + marginPercent`: speculation turned on at that K.",
+        _NOTHING,
+    ),
+    GOODPUT_WITHIN_MARGIN: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The prediction is within the margin of break-even: the pool keeps its mode.",
+        _NOTHING,
+    ),
+    GOODPUT_RETUNE: ReasonDoc(
+        "Decision (Goodput mode)",
+        "Another K (or a new Dynamic SD schedule) beats the current one by `retuneMarginPercent`.",
+        _NOTHING,
+    ),
+    AUTOSCALERS_ACTIVE: ReasonDoc("AutoscalingActive", "Every autoscaler reads its metric.", _NOTHING),
+    AUTOSCALER_PENDING: ReasonDoc(
+        "AutoscalingActive",
+        "An autoscaler has not reported yet (Unknown); for a ScaledObject, KEDA may not be installed.",
+        "Install KEDA for `kind: ScaledObject`; otherwise wait for the first report.",
+    ),
+    AUTOSCALER_INACTIVE: ReasonDoc(
+        "AutoscalingActive",
+        "An autoscaler cannot scale and gave no reason of its own (when it gives one, e.g. the HPA's "
+        "FailedGetPodsMetric, that reason is shown instead).",
+        "For a HorizontalPodAutoscaler, a metrics adapter must serve the vLLM metric (see "
+        "[Autoscaling](tasks/autoscaling.md)); `kubectl describe hpa` says more.",
+    ),
+}

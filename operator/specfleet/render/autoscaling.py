@@ -4,8 +4,8 @@ Both target the pool's stable Deployment (never its canary) and keep the average
 metric per engine at `autoscaling.target`:
 
 - HorizontalPodAutoscaler (autoscaling/v2): a `Pods` metric named `HPA_METRIC_NAMES[metric]`, which a
-  metrics adapter (prometheus-adapter) must serve from the engines' vLLM series (README, "Autoscaling a
-  pool", gives the adapter rules).
+  metrics adapter (prometheus-adapter) must serve from the engines' vLLM series (docs/tasks/autoscaling.md
+  gives the adapter rules).
 - ScaledObject (keda.sh/v1alpha1): KEDA's Prometheus scaler queries `policy.prometheus.url` for the
   pool's total; its `AverageValue` metric type divides it by the replicas, as the HPA does.
 """

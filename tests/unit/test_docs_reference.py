@@ -1,0 +1,60 @@
+"""The guide's generated pages match their sources, and every condition reason is documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specfleet import docs_reference
+from specfleet.api import reasons
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("page", sorted(docs_reference.PAGES))
+def test_committed_page_matches_a_fresh_generation(page):
+    committed = (ROOT / "docs" / page).read_text()
+    assert committed == docs_reference.PAGES[page](), f"docs/{page} is stale: run `make docs-reference`"
+
+
+def _constants() -> dict[str, str]:
+    return {
+        name: value
+        for name, value in vars(reasons).items()
+        if name.isupper() and not name.startswith("_") and isinstance(value, str)
+    }
+
+
+def test_every_reason_has_a_meaning_and_an_action():
+    condition_types = set(reasons.CONDITION_DOCS)
+    undocumented = sorted(
+        f"{name} = {value!r}"
+        for name, value in _constants().items()
+        if value not in reasons.REASON_DOCS and value not in condition_types
+    )
+    assert undocumented == [], "add them to REASON_DOCS or CONDITION_DOCS in api/reasons.py"
+    for value, doc in reasons.REASON_DOCS.items():
+        assert all(doc), value
+
+
+def test_every_documented_name_is_a_real_reason():
+    values = set(_constants().values())
+    assert set(reasons.REASON_DOCS) <= values
+    assert set(reasons.CONDITION_DOCS) <= values
+
+
+def test_reference_shows_types_defaults_enums_units_and_rules():
+    page = docs_reference.field_reference()
+    assert "| `speculation` | string | `Auto` |" in page
+    assert "one of `On`, `Off`, `Auto`" in page
+    assert "unit: seconds" in page
+    assert "CEL: `" in page
+    assert "### `status.pools.latency`" in page
+    assert "status.pools.&lt;pool>" in page, "a bare <pool> would be read as an HTML tag"
+
+
+def test_troubleshooting_lists_every_reason_under_its_own_heading():
+    page = docs_reference.troubleshooting()
+    for value in reasons.REASON_DOCS:
+        assert f"\n### {value}\n" in page
