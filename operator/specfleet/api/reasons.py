@@ -15,7 +15,6 @@ ACCEPTANCE_DRIFT: Final = "AcceptanceDrift"
 COST_PROFILE_LOADED: Final = "CostProfileLoaded"
 
 # Reasons.
-RECONCILED: Final = "Reconciled"
 ALL_POOLS_READY: Final = "AllPoolsReady"
 POOLS_NOT_READY: Final = "PoolsNotReady"
 # Why pods of a pool do not become ready (Ready=False reasons, from the pods and Deployments).
@@ -126,7 +125,6 @@ _NOTHING = "Nothing: this is the normal state."
 _WAIT = "Nothing: the policy decides again once the gate opens."
 
 REASON_DOCS: Final[dict[str, ReasonDoc]] = {
-    RECONCILED: ReasonDoc("Ready", "The children were applied as the spec asks.", _NOTHING),
     ALL_POOLS_READY: ReasonDoc("Ready", "Every pool has its ready replicas.", _NOTHING),
     POOLS_NOT_READY: ReasonDoc(
         "Ready",

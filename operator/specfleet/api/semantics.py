@@ -11,11 +11,7 @@ import re
 from specfleet.api.constants import POOLS
 from specfleet.api.effective import pool_engine
 from specfleet.api.models import SpeculativeDeploymentSpec
-from specfleet_runtime.vllm_args import OPERATOR_OWNED_OPTIONS, operator_owned_option
-
-# Flags the operator sets from typed fields; the same flag in extraArgs, in any spelling vLLM's
-# parser accepts, would override them.
-OPERATOR_OWNED_FLAGS = OPERATOR_OWNED_OPTIONS
+from specfleet_runtime.vllm_args import operator_owned_option
 
 # First vLLM release known to run each method (from vLLM's release notes); older images cannot.
 MIN_VLLM_FOR_METHOD: dict[str, tuple[int, int, int]] = {
