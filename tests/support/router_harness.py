@@ -251,17 +251,27 @@ class RecordingEngine:
 
 
 @asynccontextmanager
-async def recording_engine() -> AsyncIterator[RecordingEngine]:
-    engine = RecordingEngine()
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_route("*", "/{tail:.*}", engine.handle)
+async def serve_handler(
+    handler: Callable[[web.Request], Any], client_max_size: int = 64 * 1024 * 1024
+) -> AsyncIterator[str]:
+    """An aiohttp server on 127.0.0.1 answering every path with `handler`; yields its URL."""
+    app = web.Application(client_max_size=client_max_size)
+    app.router.add_route("*", "/{tail:.*}", handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        engine.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        yield engine
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
-        engine.gate.set()
         await runner.cleanup()
+
+
+@asynccontextmanager
+async def recording_engine() -> AsyncIterator[RecordingEngine]:
+    engine = RecordingEngine()
+    async with serve_handler(engine.handle) as engine.url:
+        try:
+            yield engine
+        finally:
+            engine.gate.set()

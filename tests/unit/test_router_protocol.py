@@ -35,6 +35,7 @@ from support.router_harness import (
     raw_request,
     routing,
     running_router,
+    serve_handler,
     wait_for,
     wait_http,
 )
@@ -66,17 +67,8 @@ class HeaderEngine:
 @asynccontextmanager
 async def header_engine() -> AsyncIterator[HeaderEngine]:
     engine = HeaderEngine()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", engine.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        engine.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with serve_handler(engine.handle, client_max_size=1024**2) as engine.url:
         yield engine
-    finally:
-        await runner.cleanup()
 
 
 def head_only(request: bytes) -> bytes:
