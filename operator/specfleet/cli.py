@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     profile = sub.add_parser(
         "profile",
-        help="measure a step-time profile (batch sizes x K) with vLLM and print it in the policy's format",
+        help="measure a cost profile (step times by batch size x K, KV cache without and with the drafter) with vLLM",
     )
     profile.add_argument("--vllm-python", help="python of a vLLM installation (venv or image)")
     profile.add_argument("--model", help="target model (HF id or local folder)")

@@ -1,5 +1,8 @@
 """`specfleet profile`: measure a step-time profile with vLLM and write it in the policy's format.
 
+The profile carries the step-time table and the `memory` section (KV cache tokens of an engine
+without and with the drafter, as vLLM reports them).
+
 The measurement itself (`specfleet_runtime/vllm_profile.py`) runs with the Python of a vLLM
 installation, which need not have specfleet installed: this module launches it by file path, reads
 the JSON it prints, checks it with `StepTimeProfile.from_dict` and renders the profile file (or a
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +39,11 @@ def measure(
     env: Mapping[str, str] | None = None,
     timeout_seconds: float = 3600,
 ) -> tuple[StepTimeProfile, dict[str, Any]]:
-    """Run the measurement with `python` and return the profile and the document it printed."""
+    """Run the measurement with `python` and return the profile and the document it printed.
+
+    The measurement's log (its stderr: progress, and vLLM's own when VLLM_LOGGING_STREAM points
+    there) is passed on to ours, so what vLLM reported can be checked against the profile.
+    """
     argv = [python, str(SCRIPT), *options]
     try:
         done = subprocess.run(
@@ -53,6 +61,7 @@ def measure(
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-20:])
         raise ProfileError(f"the measurement failed (exit {done.returncode}):\n{tail}")
+    sys.stderr.write(done.stderr)
     return parse_output(done.stdout)
 
 

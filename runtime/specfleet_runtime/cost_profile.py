@@ -25,6 +25,15 @@ Profile file format (YAML or JSON; one row per batch size, one column per K; K=0
       - [7.77, 9.66, 13.50, 16.83]
       - [14.49, 27.14, 41.85, 57.40]
     prefillMsPerToken: 0.0    # optional: extra step time per prompt token a step prefills
+    memory:                   # optional (older profiles lack it); both kvCache keys required if present
+      kvCacheTokens: 448312             # KV cache of one engine started without the drafter, in tokens
+      kvCacheTokensWithDrafter: 428439  # the same engine started with the drafter (its weights + KV)
+      model: meta-llama/Llama-3.1-8B-Instruct   # what it was measured for (all optional)
+      drafter: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
+      gpu: NVIDIA H100 80GB HBM3
+      tensorParallelSize: 1
+      maxModelLen: 131072
+      gpuMemoryUtilization: 0.9
 """
 
 from __future__ import annotations
@@ -39,8 +48,20 @@ from typing import Any, Final
 
 import yaml
 
-# Per-position cumulative acceptance of the published profile (EAGLE drafter, Llama-3.1-8B).
+# Per-position cumulative acceptance of the published step-time profile: the EAGLE-1 drafter
+# yuhuili/EAGLE-LLaMA3.1-Instruct-8B on Llama-3.1-8B-Instruct, from vLLM's Dynamic SD work (vllm PR
+# #32374 "[V1][Spec Decode] Add Dynamic SD", E. Ranjan, opened 2026-01-15; values as quoted in
+# shared/reference/vllm-facts.md, the PR's own table not seen).
 PUBLISHED_ACCEPTANCE: Final[tuple[float, ...]] = (0.68, 0.39, 0.20, 0.10, 0.05)
+
+# Per-position cumulative acceptance of an EAGLE-3 drafter at K=3 (about 75% / 55% / 41%, acceptance
+# length 2.71): vLLM's figures as quoted by "Speculative Decoding in Production: When EAGLE-3 Pays
+# Off" (shared/reference). A preset for simulations (`--acceptance eagle3`), not the policy's prior:
+# every example names an EAGLE-3 drafter, so switching the prior would move every benchmark figure.
+PUBLISHED_EAGLE3_ACCEPTANCE: Final[tuple[float, ...]] = (0.75, 0.55, 0.41)
+
+# Keys of a profile's `memory` section that must be present wherever the section is.
+MEMORY_REQUIRED_KEYS: Final = ("kvCacheTokens", "kvCacheTokensWithDrafter")
 
 
 def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float, *, extrapolate: bool) -> float:
@@ -62,6 +83,101 @@ def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float, *, extrapol
 
 
 @dataclass(frozen=True)
+class MemoryProfile:
+    """KV cache of one engine with and without the drafter, and what that was measured for.
+
+    The two capacities are what vLLM reports at start-up ("KV cache size: N tokens") and in
+    `vllm:cache_config_info{kv_cache_size_tokens=...}`; the rest says which setup they hold for.
+    """
+
+    kv_cache_tokens: int
+    kv_cache_tokens_with_drafter: int
+    model: str | None = None
+    drafter: str | None = None
+    gpu: str | None = None
+    tensor_parallel_size: int | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    block_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_tokens < 1 or self.kv_cache_tokens_with_drafter < 1:
+            raise ValueError("memory: kvCacheTokens and kvCacheTokensWithDrafter must be >= 1")
+        if self.kv_cache_tokens_with_drafter > self.kv_cache_tokens:
+            # The drafter's weights and KV only take memory from the target's KV cache.
+            raise ValueError("memory: kvCacheTokensWithDrafter cannot exceed kvCacheTokens")
+        for key, value in (
+            ("tensorParallelSize", self.tensor_parallel_size),
+            ("maxModelLen", self.max_model_len),
+            ("blockSize", self.block_size),
+        ):
+            if value is not None and value < 1:
+                raise ValueError(f"memory: {key} must be >= 1")
+        util = self.gpu_memory_utilization
+        if util is not None and not (math.isfinite(util) and 0 < util <= 1):
+            raise ValueError("memory: gpuMemoryUtilization must be within (0, 1]")
+
+    def kv_tokens(self, speculative: bool) -> int:
+        """Tokens of KV cache of an engine started with (`speculative`) or without the drafter."""
+        return self.kv_cache_tokens_with_drafter if speculative else self.kv_cache_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `memory` section (inverse of `from_dict`); unknown setup keys are left out."""
+        doc: dict[str, Any] = {
+            "kvCacheTokens": self.kv_cache_tokens,
+            "kvCacheTokensWithDrafter": self.kv_cache_tokens_with_drafter,
+        }
+        for key, value in (
+            ("model", self.model),
+            ("drafter", self.drafter),
+            ("gpu", self.gpu),
+            ("tensorParallelSize", self.tensor_parallel_size),
+            ("maxModelLen", self.max_model_len),
+            ("gpuMemoryUtilization", self.gpu_memory_utilization),
+            ("blockSize", self.block_size),
+        ):
+            if value is not None:
+                doc[key] = value
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> MemoryProfile:
+        """Build the section from a profile's `memory` mapping; raises ValueError naming what is wrong."""
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"memory must be a mapping, not {type(doc).__name__}")
+        missing = [key for key in MEMORY_REQUIRED_KEYS if doc.get(key) is None]
+        if missing:
+            raise ValueError("memory lacks " + ", ".join(repr(key) for key in missing))
+
+        def integer(key: str, required: bool = False) -> int | None:
+            value = doc.get(key)
+            if value is None and not required:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+                raise ValueError(f"memory: {key} must be an integer, got {value!r}")
+            return int(value)
+
+        def text(key: str) -> str | None:
+            value = doc.get(key)
+            return None if value is None else str(value)
+
+        util = doc.get("gpuMemoryUtilization")
+        if util is not None and (isinstance(util, bool) or not isinstance(util, int | float)):
+            raise ValueError(f"memory: gpuMemoryUtilization must be a number, got {util!r}")
+        return cls(
+            kv_cache_tokens=integer("kvCacheTokens", required=True) or 0,
+            kv_cache_tokens_with_drafter=integer("kvCacheTokensWithDrafter", required=True) or 0,
+            model=text("model"),
+            drafter=text("drafter"),
+            gpu=text("gpu"),
+            tensor_parallel_size=integer("tensorParallelSize"),
+            max_model_len=integer("maxModelLen"),
+            gpu_memory_utilization=None if util is None else float(util),
+            block_size=integer("blockSize"),
+        )
+
+
+@dataclass(frozen=True)
 class StepTimeProfile:
     """Step time (ms) of one decode step as a function of batch size and K, from a measured table.
 
@@ -70,7 +186,8 @@ class StepTimeProfile:
     and linear in K. Beyond the largest batch size it grows along the last segment's slope (decode
     becomes compute-bound, so time grows about linearly with batch); below the smallest it is clamped.
     Beyond the largest K it grows along the last K segment's slope (each extra draft position costs
-    about as much as the previous ones).
+    about as much as the previous ones). `memory` is the KV cache the engine has with and without the
+    drafter, None for a profile measured before profiles carried it.
     """
 
     batch_sizes: tuple[int, ...]
@@ -78,6 +195,7 @@ class StepTimeProfile:
     step_ms: tuple[tuple[float, ...], ...]
     name: str = "custom"
     prefill_ms_per_token: float = 0.0
+    memory: MemoryProfile | None = None
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or not self.speculative_tokens:
@@ -127,6 +245,7 @@ class StepTimeProfile:
             "numSpeculativeTokens": list(self.speculative_tokens),
             "stepTimeMs": [list(row) for row in self.step_ms],
             "prefillMsPerToken": self.prefill_ms_per_token,
+            **({"memory": self.memory.to_dict()} if self.memory is not None else {}),
         }
 
     @classmethod
@@ -140,16 +259,42 @@ class StepTimeProfile:
             raise ValueError(f"profile lacks {err.args[0]!r}") from None
         except (TypeError, ValueError) as err:
             raise ValueError(f"profile has a malformed table: {err}") from None
+        memory = doc.get("memory")
         return cls(
             batch_sizes=batch_sizes,
             speculative_tokens=ks,
             step_ms=step_ms,
             name=str(doc.get("name", "custom")),
             prefill_ms_per_token=float(doc.get("prefillMsPerToken", 0.0)),
+            memory=None if memory is None else MemoryProfile.from_dict(memory),
         )
 
 
-# Llama-3.1-8B with an EAGLE drafter on one H100, as profiled in vLLM's Dynamic SD work.
+# KV cache of the published setup, from the simulator's memory model (sim/engine.py MemoryModel) at
+# gpu-memory-utilization 0.9 on an H100 80GB (81559 MiB = 85,520,809,984 B):
+#   usable       0.9 x 85,520,809,984 B                           = 76,968,728,985.6 B
+#   - weights    8.03e9 params x 2 B (bf16)                       = 16,060,000,000 B
+#   - overhead   activations, CUDA graphs (estimate) 2 GiB        =  2,147,483,648 B
+#   = KV memory                                                   = 58,761,245,337.6 B
+#   KV per token: 2 (K, V) x 32 layers x 8 KV heads x 128 dim x 2 B = 131,072 B
+#   kvCacheTokens = floor(58,761,245,337.6 / 131,072)             = 448,312
+#   with the EAGLE-3 drafter: - 0.85e9 B weights (one layer + fusion + 32k head, bf16), + one layer's
+#   KV 2 x 1 x 8 x 128 x 2 B = 4,096 B per token:
+#   kvCacheTokensWithDrafter = floor(57,911,245,337.6 / 135,168)  = 428,439
+PUBLISHED_H100_LLAMA31_8B_MEMORY: Final = MemoryProfile(
+    kv_cache_tokens=448312,
+    kv_cache_tokens_with_drafter=428439,
+    model="meta-llama/Llama-3.1-8B-Instruct",
+    drafter="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+    gpu="NVIDIA H100 80GB HBM3",
+    tensor_parallel_size=1,
+    max_model_len=131072,  # the model's default; the capacity above does not depend on it
+    gpu_memory_utilization=0.9,
+)
+
+# Llama-3.1-8B-Instruct with the EAGLE-1 drafter yuhuili/EAGLE-LLaMA3.1-Instruct-8B on one H100, from
+# vLLM's Dynamic SD work (vllm PR #32374, 2026; see PUBLISHED_ACCEPTANCE). Its memory section is the
+# simulator's EAGLE-3 estimate above (no published measurement of it).
 PUBLISHED_H100_LLAMA31_8B_EAGLE: Final = StepTimeProfile(
     name="h100-llama-3.1-8b-eagle",
     batch_sizes=(1, 64, 256),
@@ -159,6 +304,7 @@ PUBLISHED_H100_LLAMA31_8B_EAGLE: Final = StepTimeProfile(
         (7.77, 9.66, 13.50, 16.83),
         (14.49, 27.14, 41.85, 57.40),
     ),
+    memory=PUBLISHED_H100_LLAMA31_8B_MEMORY,
 )
 
 

@@ -17,12 +17,18 @@ where steps are counted, not assumed: without speculation one per generated toke
 the engine's own `spec_decode_num_drafts` counter divided by the batch (each running request drafts
 once per step). Dummy weights (`--load-format dummy`) are enough: step time depends on shapes, not
 on values. Prints one JSON document on stdout (progress on stderr).
+
+The profile's `memory` section comes from the same engines: the KV cache of the K=0 engine (started
+without the drafter) and of the first K > 0 engine (with it), as each reports it in
+`vllm:cache_config_info` (label `kv_cache_size_tokens`, else `num_gpu_blocks` x `block_size`), the
+gauge a served engine exports at /metrics. Without a K > 0 there is no drafter engine and no section.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import statistics
 import sys
@@ -30,6 +36,7 @@ import time
 from typing import Any
 
 DRAFTS_METRIC = "vllm:spec_decode_num_drafts"
+CACHE_INFO_METRIC = "vllm:cache_config_info"
 
 
 def _ints(text: str) -> list[int]:
@@ -46,6 +53,42 @@ def _drafts(llm: Any) -> float:
         if metric.name == DRAFTS_METRIC:
             total += float(getattr(metric, "value", 0.0))
     return total
+
+
+def _cache_info(llm: Any) -> dict[str, str]:
+    """The labels of the engine's `vllm:cache_config_info` gauge (engine 0)."""
+    for metric in llm.get_metrics():
+        if metric.name == CACHE_INFO_METRIC and getattr(metric, "labels", {}).get("engine", "0") == "0":
+            return dict(metric.labels)
+    raise SystemExit(f"the engine exported no {CACHE_INFO_METRIC}; is disable_log_stats off?")
+
+
+def _number(labels: dict[str, str], key: str) -> float | None:
+    try:
+        return float(labels[key])
+    except (KeyError, ValueError):  # absent, or "None"
+        return None
+
+
+def kv_cache_tokens(labels: dict[str, str]) -> int:
+    """Tokens of KV cache in `vllm:cache_config_info`'s labels."""
+    tokens = _number(labels, "kv_cache_size_tokens")
+    if tokens is None:
+        blocks, block_size = _number(labels, "num_gpu_blocks"), _number(labels, "block_size")
+        if blocks is None or block_size is None:
+            raise SystemExit(f"{CACHE_INFO_METRIC} has neither kv_cache_size_tokens nor num_gpu_blocks")
+        tokens = blocks * block_size
+    return int(tokens)
+
+
+def _device_name() -> str:
+    try:
+        torch = importlib.import_module("torch")  # vLLM's dependency, not specfleet's
+        if torch.cuda.is_available():
+            return str(torch.cuda.get_device_name(0))
+    except Exception:  # no torch.cuda on this build: the device is the CPU
+        pass
+    return "cpu"
 
 
 def _generate(llm: Any, batch: int, tokens: int, prompt_len: int) -> tuple[float, float]:
@@ -75,6 +118,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     ):
         raise SystemExit(f"--drafter is required for method {args.method}")
     table: dict[int, dict[int, float]] = {}
+    kv_tokens: dict[bool, int] = {}  # with the drafter -> KV cache tokens
+    cache: dict[str, str] = {}
+    max_model_len = tp = None
     for k in ks:
         speculative = None
         if k > 0:
@@ -100,6 +146,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if speculative is not None:
             engine["speculative_config"] = speculative
         llm = LLM(**engine)
+        if (k > 0) not in kv_tokens:  # the engine without the drafter, then the first with it
+            cache = _cache_info(llm)
+            kv_tokens[k > 0] = kv_cache_tokens(cache)
+            _log(f"K={k}: KV cache of {kv_tokens[k > 0]} tokens")
+            config = llm.llm_engine.vllm_config
+            max_model_len = config.model_config.max_model_len
+            tp = config.parallel_config.tensor_parallel_size
         _generate(llm, 1, 4, args.prompt_len)  # warm-up
         table[k] = {}
         for batch in batches:
@@ -115,12 +168,28 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             _log(f"K={k} batch={batch}: {table[k][batch]:.3f} ms per step")
         del llm
         gc.collect()
+    memory: dict[str, Any] | None = None
+    if True in kv_tokens:
+        util = _number(cache, "gpu_memory_utilization")
+        memory = {
+            "kvCacheTokens": kv_tokens[False],
+            "kvCacheTokensWithDrafter": kv_tokens[True],
+            "model": args.model,
+            "drafter": args.drafter,
+            "gpu": _device_name(),
+            "tensorParallelSize": tp,
+            "maxModelLen": max_model_len,
+            "gpuMemoryUtilization": util,
+            "blockSize": int(_number(cache, "block_size") or 0) or None,
+        }
+        memory = {key: value for key, value in memory.items() if value is not None}
     return {
         "name": args.name,
         "batchSizes": batches,
         "numSpeculativeTokens": ks,
         "stepTimeMs": [[round(table[k][b], 4) for k in ks] for b in batches],
         "prefillMsPerToken": 0.0,
+        **({"memory": memory} if memory is not None else {}),
         "measuredWith": {
             "model": args.model,
             "method": args.method,

