@@ -508,6 +508,7 @@ async def test_sigterm_finishes_the_in_flight_stream(tmp_path: Path) -> None:
         cmd = [
             sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config_path),
             "--host", "127.0.0.1", "--port", str(port), "--drain-seconds", "20",
+            "--shutdown-delay-seconds", "0",
         ]  # fmt: skip
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ})
@@ -538,3 +539,44 @@ async def test_sigterm_finishes_the_in_flight_stream(tmp_path: Path) -> None:
         log = log_path.read_text()
         assert "draining" in log
         assert "router stopped" in log
+
+
+async def test_sigterm_fails_readiness_first_and_serves_new_connections_for_the_delay(
+    tmp_path: Path,
+) -> None:
+    """Kubernetes takes a terminating router out of its Service a moment after the SIGTERM: until the
+    delay ends /readyz fails while new connections are still served, each answer closing its own."""
+    async with serve_emulator(emulator_config(time_scale=1.0)) as emu:
+        config_path = tmp_path / "routing.json"
+        config_path.write_text(json.dumps(routing([emu.url], [])))
+        port = free_port()
+        log_path = tmp_path / "router.log"
+        cmd = [
+            sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config_path),
+            "--host", "127.0.0.1", "--port", str(port), "--shutdown-delay-seconds", "30",
+        ]  # fmt: skip
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ})
+        try:
+            url = f"http://127.0.0.1:{port}"
+            await wait_http(f"{url}/readyz")
+            proc.send_signal(signal.SIGTERM)
+            body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+            async with aiohttp.ClientSession() as http:
+                status = 200
+                while status == 200:  # until the signal is handled (bounded by the test's timeout)
+                    async with http.get(f"{url}/readyz") as resp:
+                        status, readiness = resp.status, await resp.json()
+                    await asyncio.sleep(0.02)
+                assert (status, readiness["reason"]) == (503, "draining")
+                # A new connection is still served, and told not to come back.
+                async with http.post(f"{url}/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["Connection"] == "close"
+                    assert (await resp.json())["choices"]
+            assert proc.poll() is None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        assert "not ready; serving for 30s" in log_path.read_text()
