@@ -9,6 +9,8 @@ import pytest
 from specfleet.metrics.prometheus import (
     FleetAnswers,
     PoolSelector,
+    PrometheusQuerier,
+    QueryError,
     QueryFn,
     fleet_queries,
     observe,
@@ -16,6 +18,7 @@ from specfleet.metrics.prometheus import (
 )
 from specfleet.policy.observations import PoolObservation
 from support.fake_prometheus import FakePrometheus
+from support.prometheus_faults import FaultyPrometheus
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 SEL = PoolSelector("ns", "llama", "latency")
@@ -151,3 +154,17 @@ def test_too_few_drafts_leave_acceptance_unknown(prom):
     assert obs.usable
     assert obs.acceptance_length is None
     assert obs.drafts_in_window == 60
+
+
+def test_a_slow_prometheus_is_reported_as_slow_and_a_closed_port_as_unreachable():
+    slow = FaultyPrometheus("http://127.0.0.1:9", slow_seconds=3).start()
+    slow.mode = "slow"
+    try:
+        with pytest.raises(QueryError) as late:
+            PrometheusQuerier(slow.url, 1)("up")
+    finally:
+        slow.stop()
+    assert str(late.value) == f"{slow.url} did not answer in time"
+    with pytest.raises(QueryError) as refused:
+        PrometheusQuerier("http://127.0.0.1:9", 1)("up")
+    assert str(refused.value) == "cannot connect to http://127.0.0.1:9"
