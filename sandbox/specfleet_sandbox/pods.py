@@ -110,8 +110,13 @@ class PodRunner:
         self._stop.set()
         self._thread.join(10)
         with self._lock:
-            for pp in [*self.running.values(), *self.draining]:
-                self._terminate(pp)
+            everything = [*self.running.values(), *self.draining]
+            # All at once: each drains (a router first serves out its shutdown delay) in parallel.
+            for pp in everything:
+                if pp.proc.poll() is None:
+                    pp.proc.send_signal(signal.SIGTERM)
+            for pp in everything:
+                self._reap(pp)
             self.running.clear()
             self.draining.clear()
 
@@ -225,14 +230,14 @@ class PodRunner:
                 return [float(a) for a in by_pool[pool]]
         return self.acceptance
 
-    def _terminate(self, pp: PodProcess) -> None:
-        if pp.proc.poll() is None:
-            pp.proc.send_signal(signal.SIGTERM)
-            try:
-                pp.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                pp.proc.kill()
-                pp.proc.wait(5)
+    @staticmethod
+    def _reap(pp: PodProcess) -> None:
+        """Wait for a signalled process; SIGKILL it after 15 s."""
+        try:
+            pp.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pp.proc.kill()
+            pp.proc.wait(5)
 
     # ---- helpers for tests ---------------------------------------------------------------------
 
