@@ -262,3 +262,57 @@ def test_operator_killed_at_random_points_of_a_flip_records_it_once(env):
         ]
         assert owners == [("SpeculativeDeployment", sd["metadata"]["uid"], True)]
     assert stats.failed == 0, stats.errors
+
+
+def _router_counter(env: Env, name: str, metric: str, **labels: str) -> float:
+    """A counter from the fleet's router's own /metrics (every worker's share)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{env.router_url(name)}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_a_flip_under_overload_with_an_engine_killed_loses_no_whole_answer(env):
+    """Two engines of four sequences each, 24 clients waiting for whole answers: most requests queue in
+    the engines. Mid-flip one old engine is SIGKILLed; the other is stopped by the rollout and killed when
+    its 3 s grace period ends, its queue still full. The router sends every request they held again."""
+    assert env.runner is not None
+    runner = env.runner
+    patch = {
+        "spec": {
+            "engine": {"maxNumSeqs": 4, "terminationGracePeriodSeconds": 3},
+            "pools": {"latency": {"replicas": 2}},
+            "policy": {
+                "thresholds": {"stopAboveConcurrencyPerReplica": 3, "resumeBelowConcurrencyPerReplica": 1}
+            },
+        }
+    }
+    name = fleet(env, "overload", patch)
+    load = LoadGenerator(env.router_url(name), "llama", max_tokens=48, stream=False).start(concurrency=2)
+    try:
+        wait_metrics(env, name)
+        old = [p for p in runner.processes("engine") if p.name.startswith(f"{name}-latency-")]
+        assert len(old) == 2
+        retried = _router_counter(env, name, "specfleet_router_retries_total", pool="latency")
+        load.set_concurrency(24)
+        wait_for(
+            "flip recorded", lambda: latency(env, name)["speculation"] == "Off", timeout=90, interval=0.1
+        )
+        old[0].proc.kill()  # an engine lost mid-flip, its requests with it
+        wait_settled(env, name, timeout=120)
+        # The other one's grace period ends: killed, as the kubelet would, with its queue still full.
+        wait_for("the old engines gone", lambda: all(p.proc.poll() is not None for p in old), timeout=60)
+        flips = history(env, name)
+        resent = _router_counter(env, name, "specfleet_router_retries_total", pool="latency") - retried
+    finally:
+        stats = load.stop()
+        _delete(env, name)
+    assert flips == [("On", "Off")]
+    assert resent > 0, "no request was sent again: the fault hit nothing"
+    assert stats.failed == 0, stats.errors
