@@ -1,6 +1,6 @@
-"""A bounded load generator: the official `openai` client, streaming chat completions through the
-router, at a concurrency the caller changes as it goes. Loopback only; stops by itself after
-`max_seconds`.
+"""A bounded load generator: the official `openai` client, chat completions (streamed unless asked
+otherwise) through the router, at a concurrency the caller changes as it goes. Loopback only; stops by
+itself after `max_seconds`.
 
 Each generator plays one kind of client (headers such as the tenant header decide where the router
 sends it). It counts requests and completion tokens (from the stream's usage chunk) per pool that
@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 SERVED_POOL_HEADER = "x-specfleet-served-pool"
 
@@ -40,7 +41,7 @@ class LoadStats:
 
 
 class LoadGenerator:
-    """Keeps `concurrency` streaming requests in flight until stopped (or `max_seconds` pass)."""
+    """Keeps `concurrency` requests in flight until stopped (or `max_seconds` pass)."""
 
     def __init__(
         self,
@@ -52,6 +53,7 @@ class LoadGenerator:
         headers: Mapping[str, str] | None = None,
         name: str = "load",
         api_key: str = "load",
+        stream: bool = True,
     ) -> None:
         self.base_url = base_url
         self.model = model
@@ -61,6 +63,9 @@ class LoadGenerator:
         self.name = name
         # The router tells clients apart by API key (auto-segmentation counts in-flight per client).
         self.api_key = api_key
+        # False: whole answers (nothing reaches the client before the engine finishes, so a router may
+        # send the request again elsewhere when an engine goes away).
+        self.stream = stream
         self.stats = LoadStats()
         self._concurrency = 0
         self._clients = 0  # client loops running now; changed only on the generator's event loop
@@ -136,26 +141,20 @@ class LoadGenerator:
         await client.close()
 
     async def _one(self, client: openai.AsyncOpenAI, n: int) -> bool:
-        """One streamed request; whether it succeeded."""
+        """One request; whether it succeeded."""
         try:
-            raw = await client.chat.completions.with_raw_response.create(
-                model=self.model,
-                messages=[{"role": "user", "content": self.message(n)}],
-                max_tokens=self.max_tokens,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            pool = raw.headers.get(SERVED_POOL_HEADER, "?")
-            stream = raw.parse()
-            chunks = 0
-            tokens = 0
-            async for chunk in stream:
-                if chunk.choices:
-                    chunks += 1
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
-            if chunks == 0:
-                raise RuntimeError("stream ended without a token")
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": self.message(n)}]
+            if self.stream:
+                pool, tokens = await self._streamed(client, messages)
+            else:
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=self.model, messages=messages, max_tokens=self.max_tokens
+                )
+                pool = raw.headers.get(SERVED_POOL_HEADER, "?")
+                answer = raw.parse()
+                if not answer.choices or answer.usage is None:
+                    raise RuntimeError("an answer without a choice or usage")
+                tokens = answer.usage.completion_tokens
             with self._lock:
                 self.stats.ok += 1
                 self.stats.tokens += tokens
@@ -168,3 +167,27 @@ class LoadGenerator:
                     self.stats.errors.append(f"{type(err).__name__}: {err}")
             return False
         return True
+
+    async def _streamed(
+        self, client: openai.AsyncOpenAI, messages: list[ChatCompletionMessageParam]
+    ) -> tuple[str, int]:
+        """One streamed request: the pool that served it and its completion tokens."""
+        raw = await client.chat.completions.with_raw_response.create(
+            model=self.model,
+            messages=messages,
+            max_tokens=self.max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        pool = raw.headers.get(SERVED_POOL_HEADER, "?")
+        stream = raw.parse()
+        chunks = 0
+        tokens = 0
+        async for chunk in stream:
+            if chunk.choices:
+                chunks += 1
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        if chunks == 0:
+            raise RuntimeError("stream ended without a token")
+        return pool, tokens

@@ -7,7 +7,8 @@ whose container runs vLLM's OpenAI server gets the engine emulator with the *sam
 `router_pythonpath` from `compiled_router()`: its request path compiled with mypyc, as the image
 ships it). Like a readiness probe, the runner marks a pod Ready (through the test bed's readiness
 annotation, see specfleet_testbed.stages) only once its process answers /health. When a pod goes away the process
-gets a preStop-like delay, then SIGTERM, so in-flight requests drain.
+gets a preStop-like delay, then SIGTERM, so in-flight requests drain, and SIGKILL once the pod's
+terminationGracePeriodSeconds have passed, as the kubelet does.
 Every process is tracked by PID and stopped exactly.
 """
 
@@ -57,6 +58,8 @@ class PodProcess:
     stop_at: float | None = None
     args: list[str] = field(default_factory=list)
     ready_marked: bool = False
+    grace_seconds: float = 30.0  # the pod's terminationGracePeriodSeconds
+    kill_at: float | None = None
 
 
 def _port(args: list[str], default: int) -> int:
@@ -110,8 +113,13 @@ class PodRunner:
         self._stop.set()
         self._thread.join(10)
         with self._lock:
-            for pp in [*self.running.values(), *self.draining]:
-                self._terminate(pp)
+            everything = [*self.running.values(), *self.draining]
+            # All at once: each drains (a router first serves out its shutdown delay) in parallel.
+            for pp in everything:
+                if pp.proc.poll() is None:
+                    pp.proc.send_signal(signal.SIGTERM)
+            for pp in everything:
+                self._reap(pp)
             self.running.clear()
             self.draining.clear()
 
@@ -155,12 +163,18 @@ class PodRunner:
             for uid in list(self.running):
                 if uid not in live:
                     pp = self.running.pop(uid)
-                    pp.stop_at = now + self.prestop_seconds  # like the rendered preStop sleep
+                    # Like the kubelet: the preStop sleep, then SIGTERM, then SIGKILL when the pod's
+                    # grace period (counted from the deletion) runs out.
+                    pp.stop_at = now + min(self.prestop_seconds, pp.grace_seconds)
+                    pp.kill_at = now + pp.grace_seconds
                     self.draining.append(pp)
             for pp in list(self.draining):
                 if pp.stop_at is not None and now >= pp.stop_at:
                     pp.proc.send_signal(signal.SIGTERM)
                     pp.stop_at = None
+                elif pp.stop_at is None and pp.kill_at is not None and now >= pp.kill_at:
+                    pp.proc.kill()
+                    pp.kill_at = None
                 if pp.proc.poll() is not None:
                     self.draining.remove(pp)
 
@@ -213,7 +227,16 @@ class PodRunner:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         log.close()
         self.started_total += 1
-        return PodProcess(pod.metadata.name, role, address, port, proc, args=args)
+        grace = pod.spec.termination_grace_period_seconds
+        return PodProcess(
+            pod.metadata.name,
+            role,
+            address,
+            port,
+            proc,
+            args=args,
+            grace_seconds=30.0 if grace is None else grace,
+        )
 
     def _acceptance_for(self, pool: str | None) -> list[float] | None:
         if self.acceptance_file is not None and pool is not None:
@@ -225,14 +248,14 @@ class PodRunner:
                 return [float(a) for a in by_pool[pool]]
         return self.acceptance
 
-    def _terminate(self, pp: PodProcess) -> None:
-        if pp.proc.poll() is None:
-            pp.proc.send_signal(signal.SIGTERM)
-            try:
-                pp.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                pp.proc.kill()
-                pp.proc.wait(5)
+    @staticmethod
+    def _reap(pp: PodProcess) -> None:
+        """Wait for a signalled process; SIGKILL it after 15 s."""
+        try:
+            pp.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pp.proc.kill()
+            pp.proc.wait(5)
 
     # ---- helpers for tests ---------------------------------------------------------------------
 

@@ -84,6 +84,13 @@ class OperatorProcess:
             self.proc.kill()
             self.proc.wait(10)
 
+    def kill(self) -> None:
+        """SIGKILL exactly our process (no shutdown handler runs) and reap it: a crash, for fault tests."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.kill()
+        self.proc.wait(10)
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 

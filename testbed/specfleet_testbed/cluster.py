@@ -112,6 +112,7 @@ class Ports:
 class _Running:
     record: ProcessRecord
     popen: subprocess.Popen[bytes] | None = field(default=None)
+    env: dict[str, str] | None = field(default=None)  # what it was started with (None: inherited)
 
 
 def _free_port() -> int:
@@ -429,7 +430,11 @@ class Cluster:
 
     # --- the components ----------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
+    def _spawn(
+        self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, at: int | None = None
+    ) -> None:
+        """Start one component, logging to logs/<name>.log; recorded last, or at index `at` (a restart
+        keeps its place in the stop order)."""
         log_path = self.work_dir / "logs" / f"{name}.log"
         with log_path.open("ab") as log:
             popen = subprocess.Popen(
@@ -447,7 +452,7 @@ class Cluster:
             )
         start_time = process_start_time(popen.pid) or 0
         record = ProcessRecord(name, popen.pid, start_time, list(argv), str(log_path))
-        self._procs.append(_Running(record, popen))
+        self._procs.insert(len(self._procs) if at is None else at, _Running(record, popen, env))
         self._write_state()
 
     def _start_etcd(self) -> None:
@@ -589,6 +594,34 @@ class Cluster:
         self.kubectl(
             "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
         )
+
+    # --- faults: one component stopped and started again ------------------------------------
+
+    def _component(self, name: str) -> _Running:
+        for running in self._procs:
+            if running.record.name == name:
+                return running
+        raise ClusterError(f"no component named {name!r} (have: {[p.record.name for p in self._procs]})")
+
+    def stop_component(self, name: str, timeout: float = 15.0) -> None:
+        """Stop one component (e.g. "kube-apiserver") by its recorded PID: SIGTERM, then SIGKILL after
+        `timeout`. The rest of the cluster runs on; `start_component` brings it back."""
+        self._terminate(self._component(name), timeout)
+
+    def start_component(self, name: str, timeout: float = 120.0) -> None:
+        """Start a component stopped by `stop_component` again, with the same command line, environment
+        and log (appended), and wait until it answers (etcd /health, kube-apiserver /readyz)."""
+        running = self._component(name)
+        if running.popen is None:
+            raise ClusterError(f"{name} was started by another process (attached cluster): not restartable")
+        if running.popen.poll() is None:
+            raise ClusterError(f"{name} is still running (pid {running.record.pid})")
+        at = self._procs.index(running)
+        self._procs.remove(running)
+        self._spawn(name, running.record.argv, running.env, at=at)
+        ready = {"etcd": self._etcd_healthy, "kube-apiserver": self._apiserver_ready}.get(name)
+        if ready is not None:
+            self._wait(f"{name} answering again", ready, time.monotonic() + timeout, [name])
 
     # --- readiness checks --------------------------------------------------------------------
 

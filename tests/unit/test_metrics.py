@@ -12,6 +12,8 @@ from prometheus_client import REGISTRY
 from specfleet.metrics.prometheus import (
     FleetAnswers,
     PoolSelector,
+    PrometheusQuerier,
+    QueryError,
     QueryFn,
     fleet_queries,
     namespace_matcher,
@@ -21,6 +23,7 @@ from specfleet.metrics.prometheus import (
 from specfleet.policy.answers import CLOCK_SKEW_SECONDS
 from specfleet.policy.observations import PoolObservation
 from support.fake_prometheus import FakePrometheus, asked_namespaces
+from support.prometheus_faults import FaultyPrometheus
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 SEL = PoolSelector("ns", "llama", "latency")
@@ -320,3 +323,17 @@ def test_the_namespace_matcher_escapes_regex_and_string_metacharacters():
         assert not re.fullmatch(pattern, other)
     # The fake Prometheus reads the same namespaces back out of the query.
     assert sorted(asked_namespaces(fleet_queries(60, names)["drafts"])) == sorted(names)
+
+
+def test_a_slow_prometheus_is_reported_as_slow_and_a_closed_port_as_unreachable():
+    slow = FaultyPrometheus("http://127.0.0.1:9", slow_seconds=3).start()
+    slow.mode = "slow"
+    try:
+        with pytest.raises(QueryError) as late:
+            PrometheusQuerier(slow.url, 1)("up")
+    finally:
+        slow.stop()
+    assert str(late.value) == f"{slow.url} did not answer in time"
+    with pytest.raises(QueryError) as refused:
+        PrometheusQuerier("http://127.0.0.1:9", 1)("up")
+    assert str(refused.value) == "cannot connect to http://127.0.0.1:9"

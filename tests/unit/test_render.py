@@ -143,6 +143,20 @@ def test_engine_pod_shape():
     assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
 
 
+def test_the_prestop_sleep_stays_below_a_short_grace_period():
+    """The apiserver refuses a preStop sleep that is not below terminationGracePeriodSeconds."""
+
+    def lifecycle(grace):
+        patch = {"spec": {"engine": {"terminationGracePeriodSeconds": grace}}}
+        deploy = _by_key(render_children(_sd(patch=patch), ON))[("Deployment", "assistant-latency")]
+        return _container(deploy).get("lifecycle")
+
+    assert lifecycle(120) == {"preStop": {"sleep": {"seconds": 10}}}
+    assert lifecycle(3) == {"preStop": {"sleep": {"seconds": 2}}}
+    assert lifecycle(1) is None
+    assert lifecycle(0) is None
+
+
 def test_engine_pods_are_locked_down():
     deploy = _by_key(render_children(_sd(), ON))[("Deployment", "assistant-latency")]
     pod = deploy["spec"]["template"]["spec"]

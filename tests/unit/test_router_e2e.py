@@ -457,6 +457,50 @@ async def test_killed_engine_is_retried_and_a_cut_stream_errors(tmp_path: Path) 
             assert gone.value.status_code == 502
 
 
+@asynccontextmanager
+async def dropping_engine() -> AsyncIterator[tuple[str, list[int]]]:
+    """An engine that went away: it takes each connection and closes it without an answer (as the
+    router's pooled connections to a killed engine do). Yields its URL and the count of connections."""
+    accepted = [0]
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted[0] += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", accepted
+    finally:
+        server.close()
+
+
+async def test_an_engine_that_drops_every_connection_is_left_for_another(tmp_path: Path) -> None:
+    """A request an engine dropped goes to another engine next, even to a busier one: the drop may be a
+    stale keep-alive connection, or an engine that went away with every connection it had."""
+    async with (
+        serve_emulator(emulator_config(time_scale=1.0)) as busy,
+        dropping_engine() as (gone, accepted),
+        running_router(tmp_path, routing([busy.url], [])) as rr,
+    ):
+        client = rr.client()
+        # Two long streams make the live engine the busier one: the least-loaded pick is the other.
+        streams = [
+            await client.completions.create(
+                model=MODEL, prompt="x", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+            )
+            for _ in range(2)
+        ]
+        rr.write_config(routing([gone, busy.url], []))
+        await wait_for(lambda: gone in rr.router.pool_endpoints.get("latency", ()))
+        answer = await client.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        for stream in streams:
+            await stream.close()
+    assert answer.choices
+    assert accepted[0] == 1
+    assert rr.counter("specfleet_router_upstream_errors_total", pool="latency", kind="disconnect") == 1
+
+
 async def test_non_streaming_answer_cut_is_an_error_not_a_short_success(tmp_path: Path) -> None:
     # The emulator sends a JSON answer in one piece; this backend dies 12 bytes into its answer.
     async def truncated(request: web.Request) -> web.StreamResponse:
@@ -510,6 +554,7 @@ async def test_sigterm_finishes_the_in_flight_stream(tmp_path: Path) -> None:
         cmd = [
             sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config_path),
             "--host", "127.0.0.1", "--port", str(port), "--drain-seconds", "20",
+            "--shutdown-delay-seconds", "0",
         ]  # fmt: skip
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ})
@@ -540,3 +585,44 @@ async def test_sigterm_finishes_the_in_flight_stream(tmp_path: Path) -> None:
         log = log_path.read_text()
         assert "draining" in log
         assert "router stopped" in log
+
+
+async def test_sigterm_fails_readiness_first_and_serves_new_connections_for_the_delay(
+    tmp_path: Path,
+) -> None:
+    """Kubernetes takes a terminating router out of its Service a moment after the SIGTERM: until the
+    delay ends /readyz fails while new connections are still served, each answer closing its own."""
+    async with serve_emulator(emulator_config(time_scale=1.0)) as emu:
+        config_path = tmp_path / "routing.json"
+        config_path.write_text(json.dumps(routing([emu.url], [])))
+        port = free_port()
+        log_path = tmp_path / "router.log"
+        cmd = [
+            sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config_path),
+            "--host", "127.0.0.1", "--port", str(port), "--shutdown-delay-seconds", "30",
+        ]  # fmt: skip
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ})
+        try:
+            url = f"http://127.0.0.1:{port}"
+            await wait_http(f"{url}/readyz")
+            proc.send_signal(signal.SIGTERM)
+            body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+            async with aiohttp.ClientSession() as http:
+                status = 200
+                while status == 200:  # until the signal is handled (bounded by the test's timeout)
+                    async with http.get(f"{url}/readyz") as resp:
+                        status, readiness = resp.status, await resp.json()
+                    await asyncio.sleep(0.02)
+                assert (status, readiness["reason"]) == (503, "draining")
+                # A new connection is still served, and told not to come back.
+                async with http.post(f"{url}/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["Connection"] == "close"
+                    assert (await resp.json())["choices"]
+            assert proc.poll() is None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        assert "not ready; serving for 30s" in log_path.read_text()

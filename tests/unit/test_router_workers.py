@@ -60,6 +60,7 @@ async def test_two_workers_share_the_port_and_report_pod_totals(tmp_path: Path) 
         cmd = [
             sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
             "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--poll-seconds", "0.1",
+            "--shutdown-delay-seconds", "0",
         ]  # fmt: skip
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
@@ -178,6 +179,7 @@ async def test_a_kernel_picked_port_serves_from_one_process(tmp_path: Path) -> N
         cmd = [
             sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
             "--host", "127.0.0.1", "--port", "0", "--log-level", "info",
+            "--shutdown-delay-seconds", "0",
         ]  # fmt: skip
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)

@@ -83,3 +83,16 @@ def test_a_refused_connection_is_retried_at_a_bounded_pace() -> None:
     # would make thousands.
     assert 4 <= stats.failed <= 4 * (1.0 / 0.05 + 5), stats.failed
     assert stats.ok == 0
+
+
+async def test_whole_answers_are_counted_like_streams() -> None:
+    config = EmulatorConfig(served_model_name="m", time_scale=1.0)
+    async with serve_emulator(config) as emu:
+        load = LoadGenerator(emu.url, "m", max_tokens=8, stream=False).start(concurrency=2)
+        try:
+            await _until(lambda: load.snapshot().ok >= 10)
+        finally:
+            stats = await asyncio.to_thread(load.stop)
+    assert stats.failed == 0, stats.errors
+    assert 0 < stats.tokens <= 8 * stats.ok
+    assert emu.engine.stats.generation_tokens >= stats.tokens

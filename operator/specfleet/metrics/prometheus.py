@@ -230,8 +230,13 @@ class PrometheusQuerier:
 def _short_reason(err: Exception, url: str) -> str:
     """One line a human can act on (requests' messages embed the whole query URL)."""
     import requests
+    from urllib3.exceptions import ReadTimeoutError
 
-    if isinstance(err, requests.exceptions.Timeout):
+    # With urllib3 retries set (Retry(total=0)), requests reports a read timeout as a ConnectionError
+    # whose MaxRetryError names the timeout: a slow Prometheus is not an unreachable one.
+    retried = err.args[0] if isinstance(err, requests.exceptions.ConnectionError) and err.args else None
+    timed_out = isinstance(getattr(retried, "reason", None), ReadTimeoutError)
+    if timed_out or isinstance(err, requests.exceptions.Timeout):
         return f"{url} did not answer in time"
     if isinstance(err, requests.exceptions.ConnectionError):
         return f"cannot connect to {url}"

@@ -297,16 +297,20 @@ def render_pool_deployment(
         "volumeMounts": _volume_mounts(sd),
         "securityContext": _container_security(sd),
         **_probes(sd),
-        # Keep serving briefly after endpoints are withdrawn, so no new request lands on a dying pod.
-        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
     }
+    grace = spec.engine.termination_grace_period_seconds
+    # Keep serving briefly after endpoints are withdrawn, so no new request lands on a dying pod; the
+    # apiserver refuses a sleep that is not below the grace period (and with none there is no time).
+    prestop = min(PRESTOP_SLEEP_SECONDS, grace - 1)
+    if prestop > 0:
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": prestop}}}
     pod_spec: dict[str, Any] = {
         "containers": [container],
         # Engines never talk to the Kubernetes API.
         "automountServiceAccountToken": False,
         "securityContext": _pod_security(sd),
         "volumes": _volumes(sd),
-        "terminationGracePeriodSeconds": spec.engine.termination_grace_period_seconds,
+        "terminationGracePeriodSeconds": grace,
     }
     preflight = preflight_init_container(sd, options or RenderOptions()) if mode == "On" else None
     if preflight is not None:

@@ -1,7 +1,8 @@
 """Command line: `python -m specfleet_runtime.router --config-file PATH | --configmap NS/NAME ...`.
 
-Serves until SIGTERM or SIGINT, then drains: the listening socket closes at once, in-flight requests
-(streams included) get up to `--drain-seconds` to finish, then the process exits.
+Serves until SIGTERM or SIGINT, then shuts down: /readyz fails at once while requests are still served
+for `--shutdown-delay-seconds`; then the listening socket closes, in-flight requests (streams included)
+get up to `--drain-seconds` to finish, and the process exits.
 """
 
 from __future__ import annotations
@@ -118,6 +119,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="endpoints tried per request on connection failures and stalls",
     )
     parser.add_argument("--eject-seconds", type=float, default=defaults.eject_seconds)
+    parser.add_argument(
+        "--shutdown-delay-seconds",
+        type=float,
+        default=defaults.shutdown_delay_seconds,
+        help="after SIGTERM, keep serving this long with /readyz failing before the listener closes "
+        "(the time the Service needs to stop sending new connections here)",
+    )
     parser.add_argument("--drain-seconds", type=float, default=defaults.drain_seconds)
     parser.add_argument(
         "--warm-timeout",
@@ -190,6 +198,7 @@ def build_router(args: argparse.Namespace) -> Router:
         max_in_flight=args.max_in_flight,
         max_attempts=args.max_attempts,
         eject_seconds=args.eject_seconds,
+        shutdown_delay_seconds=args.shutdown_delay_seconds,
         drain_seconds=args.drain_seconds,
         warm_timeout=args.warm_timeout,
         endpoint_address_map=tuple(args.endpoint_address_map),
@@ -209,14 +218,20 @@ def build_router(args: argparse.Namespace) -> Router:
 
 
 async def serve(router: Router, host: str, port: int, reuse_port: bool = False) -> None:
-    """Run until SIGTERM/SIGINT, then stop accepting and drain in-flight requests."""
+    """Run until SIGTERM/SIGINT; then fail /readyz while serving `shutdown_delay_seconds` more, stop
+    accepting, and drain in-flight requests."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with serve_router(router, host, port, reuse_port=reuse_port):
         await stop.wait()
-        log.info("signal received: no new connections, draining for up to %gs", router.settings.drain_seconds)
+        # Readiness drops first: connections the Service still sends here are served until it stops.
+        router.draining = True
+        delay = router.settings.shutdown_delay_seconds
+        drain = router.settings.drain_seconds
+        log.info("signal received: not ready; serving for %gs, then draining for up to %gs", delay, drain)
+        await asyncio.sleep(delay)
     log.info("router stopped")
 
 

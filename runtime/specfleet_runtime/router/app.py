@@ -74,6 +74,9 @@ class RouterSettings:
     max_attempts: int = 3
     # How long an endpoint that refused a connection or stalled is skipped while others are available.
     eject_seconds: float = 5.0
+    # After SIGTERM: /readyz says not ready while the router still serves this long (the Service
+    # takes it out first), then it stops listening and drains for up to drain_seconds.
+    shutdown_delay_seconds: float = 5.0
     drain_seconds: float = 30.0
     # A worker sharing its port (SO_REUSEPORT) listens once warm (see `warm`), or after this long.
     warm_timeout: float = 10.0
@@ -225,6 +228,8 @@ class Router:
 
     async def handle(self, request: Request) -> None:
         """Entry point for every request (the server calls it): answer it, unless it was streamed."""
+        if self.draining:
+            request.close_after = True  # the client's next request opens a connection the Service places
         reply = await self._dispatch(request)
         if reply is not None:
             request.send(reply)

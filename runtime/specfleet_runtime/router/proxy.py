@@ -1,7 +1,7 @@
 """Forwarding one classified request to an engine and relaying its answer.
 
-Retries happen only while nothing has reached the client: on a refused connection, a dropped pooled
-connection, or a stalled engine (no byte for `stall_seconds` and then no answer to a health probe
+Retries happen only while nothing has reached the client: on a refused connection, a dropped
+connection (on another engine while one is left), or a stalled engine (no byte for `stall_seconds` and then no answer to a health probe
 either; a busy engine still answers the probe, a frozen or wedged one does not). A stalled or refusing
 engine is ejected. Once the status line is sent, a broken engine ends the response with an SSE error
 event (streams) or a dropped connection (anything else), and the request is counted as an error.
@@ -302,12 +302,14 @@ class Proxy:
         """
         headers = forward_headers(request.headers, request.remote)
         tried: set[str] = set()
+        dropped: set[str] = set()
         backends = self.backends
         pool = pools[0]
         for _ in range(self.settings.max_attempts):
             url = None
             for candidate in pools:
-                url = backends.pick(candidate, tried)
+                # An engine that dropped this request is tried again only when no other is left.
+                url = backends.pick(candidate, tried | dropped) or backends.pick(candidate, tried)
                 if url is not None:
                     pool = candidate
                     break
@@ -326,7 +328,9 @@ class Proxy:
                 tried.add(url)
                 backends.eject(pool, url, "connect")
             except Disconnected:
-                # Often a pooled keep-alive connection the engine closed: try again, same URL allowed.
+                # Often a pooled keep-alive connection the engine closed, or an engine that went away:
+                # try again, elsewhere while another endpoint is left.
+                dropped.add(url)
                 self.metrics.upstream_errors.labels(pool, "disconnect").inc()
                 self.metrics.retries.labels(pool).inc()
                 log.warning("pool %s: %s dropped the connection before answering; retrying", pool, url)
