@@ -148,16 +148,25 @@ def _simulation_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cmd_simulate(args: argparse.Namespace) -> int:
+def _compared(args: argparse.Namespace) -> tuple[Any, ...] | None:
+    """The inputs of `simulate`/`plan` and their comparison; None (after saying why) on bad input."""
     from specfleet.sim.compare import compare
 
     try:
         sd, trace, options, profile = _simulation_inputs(args)
     except _UsageError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return None
     with _progress() as progress:
         comparison = compare(sd, trace, options, profile, progress=progress)
+    return sd, trace, options, profile, comparison
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    compared = _compared(args)
+    if compared is None:
+        return 1
+    sd, trace, options, _, comparison = compared
     comparison.extra.update(
         {
             "trace": trace.name,
@@ -183,16 +192,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from specfleet.sim.compare import compare
     from specfleet.sim.plan import plan
 
-    try:
-        sd, trace, options, profile = _simulation_inputs(args)
-    except _UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+    compared = _compared(args)
+    if compared is None:
         return 1
-    with _progress() as progress:
-        comparison = compare(sd, trace, options, profile, progress=progress)
+    sd, _, options, profile, comparison = compared
     doc = plan(sd, comparison, profile, options.acceptance)
     if args.output == "json":
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
