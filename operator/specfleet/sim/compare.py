@@ -2,8 +2,8 @@
 
 Strategies: `policy` (the operator's), `alwaysOff`, `alwaysOnK<k>` for every K the profile measured up
 to the drafter's (`alwaysOn` is the drafter's own K), `engineDynamicSD` (vLLM's in-engine K per batch
-size, K=0 penalised), `bestStatic` (the static setting with the most tokens per request-second over the
-whole run, in hindsight) and `perLevelOracle` (per pool and per evaluation window, the best static
+size, K=0 penalised), `bestStatic` (the static setting with the highest time-weighted ratio to the per-level
+oracle, the measure every ratio uses, in hindsight) and `perLevelOracle` (per pool and per evaluation window, the best static
 setting's window, in hindsight, with no rollout cost; "best" judged over the window and two on each
 side, so that sampling luck in one window does not inflate it) and `rolloutPayingOracle` (the best
 hindsight schedule of static settings that pays each change's surge rollout, simulated: the most a
@@ -344,24 +344,21 @@ def compare(
                 oracle_reqsec[pool][b] = runs[best].bin_request_seconds[pool][b]
                 oracle_choice[pool][b] = best
 
-    def overall(name: str) -> float:
-        run = runs[name]
-        reqsec = sum(float(a.sum()) for a in run.bin_request_seconds.values())
-        return sum(float(a.sum()) for a in run.bin_tokens.values()) / reqsec if reqsec else 0.0
-
-    best_static = max(statics, key=overall)
     always_on = f"alwaysOnK{drafter_k}" if f"alwaysOnK{drafter_k}" in runs else statics[-1]
     # The earliest the policy can react: one full window, then one evaluation.
     window = sd.spec.policy.window_seconds + sd.spec.policy.evaluation_interval_seconds
-    return Comparison(
+    comparison = Comparison(
         runs=runs,
         oracle_tokens=oracle_tokens,
         oracle_reqsec=oracle_reqsec,
         oracle_choice=oracle_choice,
-        best_static=best_static,
+        best_static=statics[0],
         always_on=always_on,
         first_reaction=float(window),
         bin_seconds=any_run.bin_seconds,
         duration=any_run.duration,
         schedule=schedule,
     )
+    # bestStatic is judged by the measure every ratio uses (time-weighted ratio to the oracle).
+    comparison.best_static = max(statics, key=lambda name: comparison.ratio(name) or 0.0)
+    return comparison
