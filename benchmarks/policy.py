@@ -528,7 +528,8 @@ def render(
         "queueing included), per evaluation window. Under the closed-loop scenarios it is proportional to "
         "tokens/s; under the traces it is the speed a request sees. `perLevelOracle` takes, per pool and "
         "window, the best static setting (off, K=1, K=3) in hindsight with no rollout cost; `bestStatic` is "
-        "the best single static setting over the whole run. Worst minute: from one window plus one "
+        "the single static setting with the highest ratio over the whole run (the same time-weighted "
+        "measure as every ratio). Worst minute: from one window plus one "
         "evaluation after the start. `policy` is the resource's own mode (Goodput); `Threshold mode` is "
         "the same resource with `policy.mode: Threshold` and default thresholds.",
         "",
