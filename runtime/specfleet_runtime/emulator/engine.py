@@ -22,8 +22,8 @@ How a step works (one iteration of `Engine._loop`):
 
 A preempted request later recomputes its prompt and the tokens it had generated (one prefill step,
 which yields its next token); tokens it already handed out are not handed out again, so a client sees
-a pause, never a failure. The KV cache's size, blocks and metrics are in `kv_cache.py` and
-docs/engine-emulator.md.
+a pause, never a failure. The KV cache's blocks are counted in `kv_cache.py`; its size
+is `EmulatorConfig.kv_capacity` (docs/testing.md, "The engine emulator's KV cache").
 
 Output text does not depend on how many tokens a step yields (see `text.py`), so speculation is
 lossless here, unless `break_losslessness` is set.
