@@ -332,11 +332,15 @@ async def test_streams_over_http_survive_preemption() -> None:
 
         prompts = [f"preempted stream {i}" for i in range(8)]
         results = await asyncio.gather(*(stream(p) for p in prompts))
-        async with aiohttp.ClientSession() as http, http.get(f"{emu.url}/metrics") as r:
-            metrics = await r.text()
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{emu.url}/metrics") as r:
+                metrics = await r.text()
+            async with http.get(f"{emu.url}/admin/state") as r:
+                state = await r.json()
     for prompt, (text, finish) in zip(prompts, results, strict=True):
         assert text == generated_text(Prompt.from_text(prompt), 64)
         assert finish == "length"
     [(_, preemptions)] = family_samples(metrics, vm.NUM_PREEMPTIONS)
     assert preemptions >= 1
-    assert emu.engine.stats.preemptions == preemptions
+    assert state["preemptions"] == preemptions
+    assert (state["numGpuBlocks"], state["blockSize"], state["kvCacheUsage"]) == (9, 16, 0.0)
