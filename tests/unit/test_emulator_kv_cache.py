@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import PUBLISHED_H100_LLAMA31_8B_MEMORY, StepTimeProfile
-from specfleet_runtime.emulator import EmulatorConfig, Engine, StepOutput
+from specfleet_runtime.emulator import Completion, EmulatorConfig, Engine, StepOutput
 from specfleet_runtime.emulator.__main__ import config_from_argv
 from specfleet_runtime.emulator.kv_cache import BlockPool
 from specfleet_runtime.emulator.metrics import cache_config_labels
@@ -144,7 +144,7 @@ class Recorder:
     texts: dict[str, str] = field(default_factory=dict)
     usage: dict[int, float] = field(default_factory=dict)
 
-    def submit(self, name: str, prompt: Prompt, max_tokens: int) -> asyncio.Future[object]:
+    def submit(self, name: str, prompt: Prompt, max_tokens: int) -> asyncio.Future[Completion]:
         self.steps[name], self.texts[name] = [], ""
 
         def on_output(out: StepOutput) -> None:
@@ -154,7 +154,7 @@ class Recorder:
             self.usage[step] = self.engine.kv.usage
 
         req = self.engine.submit(prompt, max_tokens, ignore_eos=True, on_output=on_output, request_id=name)
-        return req.finished  # type: ignore[return-value]
+        return req.finished
 
 
 @pytest.fixture
