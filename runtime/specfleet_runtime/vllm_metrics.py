@@ -23,6 +23,10 @@ SPEC_ACCEPTED_PER_POS: Final = "vllm:spec_decode_num_accepted_tokens_per_pos_tot
 REQUESTS_RUNNING: Final = "vllm:num_requests_running"
 REQUESTS_WAITING: Final = "vllm:num_requests_waiting"
 KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
+NUM_PREEMPTIONS: Final = "vllm:num_preemptions_total"
+# Gauge of value 1 whose labels are the engine's CacheConfig (block_size, num_gpu_blocks,
+# kv_cache_size_tokens, gpu_memory_utilization, ...) and `engine`; it has no `model_name` label.
+CACHE_CONFIG_INFO: Final = "vllm:cache_config_info"
 
 GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
 PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
@@ -44,6 +48,8 @@ LOAD_FAMILIES: Final[dict[str, str]] = {
     "vllm:num_requests_running": "gauge",
     "vllm:num_requests_waiting": "gauge",
     "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:num_preemptions": "counter",
+    "vllm:cache_config_info": "gauge",
     "vllm:generation_tokens": "counter",
     "vllm:prompt_tokens": "counter",
     "vllm:request_success": "counter",

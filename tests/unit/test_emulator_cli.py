@@ -66,6 +66,7 @@ def test_emulator_options(tmp_path: Path) -> None:
     argv = [
         "--model", "m", "--host", "127.0.0.1", "--profile", str(profile), "--acceptance", "0.5,0.25",
         "--time-scale", "0.1", "--break-losslessness", "--seed", "9", "--kv-cache-tokens", "1000",
+        "--kv-cache-tokens-with-drafter", "800", "--block-size", "8", "--max-model-len", "512",
         "--spec-k0-overhead", "0.2",
     ]  # fmt: skip
     config, host, port = config_from_argv(argv)
@@ -79,6 +80,9 @@ def test_emulator_options(tmp_path: Path) -> None:
     assert config.break_losslessness
     assert config.seed == 9
     assert config.kv_cache_tokens == 1000
+    assert config.kv_cache_tokens_with_drafter == 800
+    assert config.block_size == 8
+    assert config.num_gpu_blocks == 1000 // 8  # no drafter: the cache without one
     assert config.spec_k0_overhead == 0.2
 
 

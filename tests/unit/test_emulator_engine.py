@@ -124,18 +124,6 @@ async def test_queueing_over_http() -> None:
         assert out.choices[0].text == generated_text(Prompt.from_text(p), 60)
 
 
-async def test_kv_cache_capacity_limits_admission(engine_factory: list[Engine]) -> None:
-    config = EmulatorConfig(served_model_name=MODEL, max_num_seqs=8, kv_cache_tokens=10, time_scale=0)
-    engine = await started(engine_factory, config)
-    for i in range(4):
-        engine.submit(Prompt.from_text(f"four tokens here {i}"), 10**9, ignore_eos=True)
-    await steps(engine, 1)
-    # Two 4-token prompts fit in 10 tokens, a third does not.
-    assert (engine.num_running, engine.num_waiting) == (2, 2)
-    usage = engine.metrics.registry.get_sample_value(vm.KV_CACHE_USAGE, LABELS)
-    assert usage == pytest.approx((4 + 1) * 2 / 10)
-
-
 async def test_a_request_ends_at_max_tokens_even_mid_step(engine_factory: list[Engine]) -> None:
     config = EmulatorConfig(served_model_name=MODEL, speculative=spec(5), acceptance=(1.0,) * 5, time_scale=0)
     engine = await started(engine_factory, config)

@@ -78,6 +78,10 @@ async def test_labels(emulator: RunningEmulator) -> None:
     all_samples = samples(text)
     assert all_samples
     for s in all_samples:
+        if s.name == vm.CACHE_CONFIG_INFO:  # as vLLM's: the engine label, no model_name
+            assert s.labels[vm.LABEL_ENGINE] == "0"
+            assert vm.LABEL_MODEL_NAME not in s.labels
+            continue
         assert s.labels[vm.LABEL_MODEL_NAME] == MODEL, s
         assert s.labels[vm.LABEL_ENGINE] == "0", s
     positions = {s.labels[vm.LABEL_POSITION] for s in all_samples if s.name == vm.SPEC_ACCEPTED_PER_POS}
@@ -88,7 +92,9 @@ async def test_labels(emulator: RunningEmulator) -> None:
     extra = {
         s.name: set(s.labels) - {vm.LABEL_MODEL_NAME, vm.LABEL_ENGINE, "le"}
         for s in all_samples
-        if set(s.labels) - {vm.LABEL_MODEL_NAME, vm.LABEL_ENGINE, "le"} and not s.name.endswith("_created")
+        if set(s.labels) - {vm.LABEL_MODEL_NAME, vm.LABEL_ENGINE, "le"}
+        and not s.name.endswith("_created")
+        and s.name != vm.CACHE_CONFIG_INFO
     }
     assert extra == {
         vm.SPEC_ACCEPTED_PER_POS: {vm.LABEL_POSITION},

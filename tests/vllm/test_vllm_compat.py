@@ -352,13 +352,21 @@ def test_emulator_exposition_matches_real(
     eagle3_server: ServerProcess, tiny: TinyModels, tmp_path: Path
 ) -> None:
     """The engine emulator, started with the same vLLM arguments, exposes the operator's families
-    with the real server's types and label names."""
+    with the real server's types and label names; given the real KV cache's size (with the drafter)
+    and block size, its vllm:cache_config_info reports the same blocks and tokens."""
     engine = engine_args(tiny.target, fleet_specs(tiny)["eagle3"])
+    [real_cache] = parse_families(eagle3_server.metrics_text())[vm.CACHE_CONFIG_INFO].samples
+    cache_flags = [
+        "--block-size",
+        real_cache.labels["block_size"],
+        "--kv-cache-tokens-with-drafter",
+        real_cache.labels["kv_cache_size_tokens"],
+    ]
     emulator = start_server(
         "emulator",
         [sys.executable, "-m", "specfleet_runtime.emulator"],
         engine,
-        [*build_vllm_args(engine), "--time-scale", "0"],
+        [*build_vllm_args(engine), "--time-scale", "0", *cache_flags],
         os.environ,
         tmp_path,
     )
@@ -374,6 +382,12 @@ def test_emulator_exposition_matches_real(
             if name in real and name in fake and real[name].label_names != fake[name].label_names:
                 problems.append(
                     f"{name}: labels {sorted(fake[name].label_names)}, real {sorted(real[name].label_names)}"
+                )
+        [fake_cache] = fake[vm.CACHE_CONFIG_INFO].samples
+        for label in ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "kv_cache_max_concurrency"):
+            if fake_cache.labels[label] != real_cache.labels[label]:
+                problems.append(
+                    f"cache_config_info {label}: {fake_cache.labels[label]}, real {real_cache.labels[label]}"
                 )
         assert problems == [], emulator.log_tail(20)
     finally:

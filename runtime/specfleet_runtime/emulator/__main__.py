@@ -51,7 +51,27 @@ def _parser() -> argparse.ArgumentParser:
         help="accepted draft tokens differ from the non-speculative output",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the acceptance sampler")
-    p.add_argument("--kv-cache-tokens", type=int, help="KV cache capacity in tokens")
+    p.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        help="KV cache of the engine started without a drafter, in tokens (default: the profile's "
+        "memory.kvCacheTokens, 448312 in the published profile; from --kv-cache-tokens-with-drafter "
+        "and the profile's ratio when only that is given)",
+    )
+    p.add_argument(
+        "--kv-cache-tokens-with-drafter",
+        type=int,
+        help="KV cache of the same engine started with a drafter (--speculative-config naming eagle, "
+        "eagle3, draft_model or medusa), in tokens (default: the profile's "
+        "memory.kvCacheTokensWithDrafter, 428439 in the published profile; with only "
+        "--kv-cache-tokens, that scaled by the profile's kvCacheTokensWithDrafter/kvCacheTokens)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        help="tokens per KV cache block, vLLM's flag (default 16); a step that cannot get the blocks "
+        "its running requests need preempts the newest, as vLLM V1 does",
+    )
     p.add_argument(
         "--spec-k0-overhead",
         type=float,
@@ -81,8 +101,9 @@ def config_from_argv(argv: Sequence[str]) -> tuple[EmulatorConfig, str, int]:
         options["profile"] = load_profile(ns.profile)
     if ns.acceptance is not None:
         options["acceptance"] = ns.acceptance
-    if ns.kv_cache_tokens is not None:
-        options["kv_cache_tokens"] = ns.kv_cache_tokens
+    for name in ("kv_cache_tokens", "kv_cache_tokens_with_drafter", "block_size"):
+        if getattr(ns, name) is not None:
+            options[name] = getattr(ns, name)
     try:
         config = EmulatorConfig.from_engine_args(engine, **options)
     except ValueError as err:
@@ -97,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     spec = config.speculative
     log.info(
         "emulating %s (served as %s) on %s:%d: max_num_seqs=%d, speculation=%s, profile=%s, "
-        "time_scale=%g, acceptance=%s",
+        "time_scale=%g, acceptance=%s, KV cache: %d blocks of %d tokens",
         config.model,
         config.served_model_name,
         host,
@@ -107,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         config.profile.name,
         config.time_scale,
         list(config.acceptance),
+        config.num_gpu_blocks,
+        config.block_size,
     )
     web.run_app(create_app(config), host=host, port=port, print=None, access_log=None)
 

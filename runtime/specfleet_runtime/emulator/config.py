@@ -8,19 +8,26 @@ from typing import Any, Final
 
 from specfleet_runtime.cost_profile import (
     PUBLISHED_ACCEPTANCE,
+    PUBLISHED_H100_LLAMA31_8B_MEMORY,
+    MemoryProfile,
     StepTimeProfile,
     default_profile,
     validate_acceptance,
 )
-from specfleet_runtime.vllm_args import EngineArgs, SpeculativeConfig
+from specfleet_runtime.vllm_args import METHODS_WITH_DRAFTER_MODEL, EngineArgs, SpeculativeConfig
 
 # vLLM's default for `--max-num-seqs` on the OpenAI server (older releases and most docs).
 DEFAULT_MAX_NUM_SEQS: Final = 256
 # Used when `--max-model-len` is absent (vLLM would read it from the model's config).
 DEFAULT_MAX_MODEL_LEN: Final = 8192
-# KV cache capacity in tokens: Llama-3.1-8B in bf16 takes 128 KiB of KV per token; an 80 GB H100 at
-# gpu_memory_utilization 0.9 minus 16 GB of weights leaves ~56 GB, about 450k tokens.
-DEFAULT_KV_CACHE_TOKENS: Final = 450_000
+# vLLM's default `--block-size` on GPUs (tokens per KV cache block).
+DEFAULT_BLOCK_SIZE: Final = 16
+# vLLM's default `--gpu-memory-utilization` (only reported, in vllm:cache_config_info).
+DEFAULT_GPU_MEMORY_UTILIZATION: Final = 0.9
+# Methods whose proposer keeps K lookahead KV slots per running request: vLLM's scheduler sets
+# num_lookahead_tokens = num_speculative_tokens when speculative_config.use_eagle() (eagle, eagle3,
+# mtp) or uses_draft_model() (vllm/v1/core/sched/scheduler.py, Scheduler.__init__).
+LOOKAHEAD_METHODS: Final = frozenset({"eagle", "eagle3", "mtp", "draft_model"})
 # vLLM's version string that `/version` reports.
 EMULATED_VLLM_VERSION: Final = "0.32.0"
 
@@ -49,7 +56,15 @@ class EmulatorConfig:
     break_losslessness: bool = False
     # Seed of the acceptance sampler, so a run is reproducible.
     seed: int = 0
-    kv_cache_tokens: int = DEFAULT_KV_CACHE_TOKENS
+    # Paged KV cache: blocks of `block_size` tokens (vLLM's --block-size). Its size in tokens is
+    # `kv_cache_tokens` for an engine started without a drafter and `kv_cache_tokens_with_drafter`
+    # with one (its weights and KV take memory from the cache). When only one is given, the other
+    # follows from the profile's memory ratio; when neither is, both come from the profile's `memory`
+    # section (the published H100 values where the profile has none). See `kv_capacity`.
+    block_size: int = DEFAULT_BLOCK_SIZE
+    kv_cache_tokens: int | None = None
+    kv_cache_tokens_with_drafter: int | None = None
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     # Extra step time (fraction) of a K=0 step inside a speculating engine (Dynamic SD at K=0):
     # vLLM measured 6-22% TPOT over a true non-speculative engine. 0 keeps the profile exact.
     spec_k0_overhead: float = 0.0
@@ -68,8 +83,26 @@ class EmulatorConfig:
             raise ValueError("max_model_len must be >= 2")
         if not (math.isfinite(self.time_scale) and self.time_scale >= 0):
             raise ValueError("time_scale must be >= 0")
-        if self.kv_cache_tokens < 1:
-            raise ValueError("kv_cache_tokens must be >= 1")
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        for name in ("kv_cache_tokens", "kv_cache_tokens_with_drafter"):
+            tokens = getattr(self, name)
+            if tokens is not None and tokens < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if (
+            self.kv_cache_tokens is not None
+            and self.kv_cache_tokens_with_drafter is not None
+            and self.kv_cache_tokens_with_drafter > self.kv_cache_tokens
+        ):
+            raise ValueError("kv_cache_tokens_with_drafter cannot exceed kv_cache_tokens")
+        # As vLLM refuses to start when the cache cannot hold one request of max_model_len (one block
+        # more here: vLLM's null block, so a lone request can always grow).
+        if (self.num_gpu_blocks - 1) * self.block_size < self.max_model_len:
+            raise ValueError(
+                f"a KV cache of {self.num_gpu_blocks} blocks of {self.block_size} tokens "
+                f"({self.kv_capacity().kv_tokens(self.has_drafter)} tokens) cannot hold one request of "
+                f"max_model_len {self.max_model_len}: lower --max-model-len or raise the KV cache"
+            )
         if self.spec_k0_overhead < 0:
             raise ValueError("spec_k0_overhead must be >= 0")
         if not (1 <= self.natural_length[0] <= self.natural_length[1]):
@@ -79,14 +112,49 @@ class EmulatorConfig:
     @classmethod
     def from_engine_args(cls, engine: EngineArgs, **emulator_options: Any) -> EmulatorConfig:
         """The config of an emulator started with vLLM's command line `engine`."""
+        options: dict[str, Any] = dict(emulator_options)
+        if engine.gpu_memory_utilization is not None:
+            options["gpu_memory_utilization"] = engine.gpu_memory_utilization
         return cls(
             served_model_name=engine.served_model_name,
             model=engine.model,
             max_num_seqs=engine.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
             max_model_len=engine.max_model_len or DEFAULT_MAX_MODEL_LEN,
             speculative=engine.speculative,
-            **emulator_options,
+            **options,
         )
+
+    @property
+    def has_drafter(self) -> bool:
+        """Started with a drafter model (whose weights and KV shrink the KV cache); ngram has none."""
+        return self.speculative is not None and self.speculative.method in METHODS_WITH_DRAFTER_MODEL
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots reserved per running request for the proposer's next drafts (vLLM's lookahead)."""
+        spec = self.speculative
+        if spec is None or spec.method not in LOOKAHEAD_METHODS:
+            return 0
+        return spec.num_speculative_tokens
+
+    def kv_capacity(self) -> MemoryProfile:
+        """KV cache tokens of this engine without and with the drafter, resolved as described above."""
+        memory = self.profile.memory or PUBLISHED_H100_LLAMA31_8B_MEMORY
+        without, with_drafter = self.kv_cache_tokens, self.kv_cache_tokens_with_drafter
+        if without is None and with_drafter is None:
+            return MemoryProfile(memory.kv_cache_tokens, memory.kv_cache_tokens_with_drafter)
+        ratio = memory.kv_cache_tokens_with_drafter / memory.kv_cache_tokens
+        if with_drafter is None:
+            assert without is not None
+            with_drafter = max(1, math.floor(without * ratio))
+        if without is None:
+            without = math.floor(with_drafter / ratio)
+        return MemoryProfile(without, with_drafter)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        """Blocks of the KV cache this engine runs with (vLLM's num_gpu_blocks)."""
+        return self.kv_capacity().kv_tokens(self.has_drafter) // self.block_size
 
     def k_for_batch(self, batch: int) -> int:
         """Draft tokens per request in a step with `batch` running requests.

@@ -2,12 +2,15 @@
 
 How a step works (one iteration of `Engine._loop`):
 
-1. Admit waiting requests into the running set, first come first served, up to `max_num_seqs` and
-   while the KV cache has room for their prompts.
-2. Pick K for this batch size (`EmulatorConfig.k_for_batch`: fixed K, a Dynamic SD schedule, or 0
-   without speculation) and the step's duration `profile.step_time(batch, K) * time_scale` (plus the
-   profile's prefill cost for newly admitted prompts, and `spec_k0_overhead` for a K=0 step inside a
-   speculating engine; both 0 by default).
+1. Schedule, as vLLM V1's `Scheduler.schedule` (`_schedule`, below): every running request takes the
+   KV cache blocks its next tokens need; when too few blocks are free, the newest running request is
+   preempted (its blocks freed, back to the front of the waiting queue) until the rest fits. Then, in a
+   step without preemptions, waiting requests join first come first served, up to `max_num_seqs` and
+   while the KV cache has blocks for their prompts (plus their earlier output, after a preemption).
+2. Pick K (`EmulatorConfig.k_for_batch`: fixed K, a Dynamic SD schedule, or 0 without speculation;
+   for the batch that proposed the drafts, the running set before this step) and the step's duration
+   `profile.step_time(batch, K) * time_scale` (plus the profile's prefill cost for the tokens being
+   prefilled, and `spec_k0_overhead` for a K=0 step inside a speculating engine; both 0 by default).
 3. Sleep until the step's deadline. Deadlines chain (each is the previous one plus the step's duration),
    so time the loop itself spends, and the event loop's timer slack, does not slow the emulated GPU:
    over many steps the engine runs exactly at the profile's pace as long as it can keep up.
@@ -16,6 +19,11 @@ How a step works (one iteration of `Engine._loop`):
    per position from the per-position cumulative acceptance p_i (draft i is accepted, given drafts
    0..i-1 were, with probability p_i / p_{i-1}). Then update the metrics, hand each request its new
    tokens, and retire the requests that reached max_tokens or their natural end.
+
+A preempted request later recomputes its prompt and the tokens it had generated (one prefill step,
+which yields its next token); tokens it already handed out are not handed out again, so a client sees
+a pause, never a failure. The KV cache's blocks are counted in `kv_cache.py`; its size
+is `EmulatorConfig.kv_capacity` (docs/testing.md, "The engine emulator's KV cache").
 
 Output text does not depend on how many tokens a step yields (see `text.py`), so speculation is
 lossless here, unless `break_losslessness` is set.
@@ -35,7 +43,8 @@ from typing import NamedTuple
 
 from specfleet_runtime.cost_profile import validate_acceptance
 from specfleet_runtime.emulator.config import EmulatorConfig
-from specfleet_runtime.emulator.metrics import EngineMetrics
+from specfleet_runtime.emulator.kv_cache import BlockPool
+from specfleet_runtime.emulator.metrics import EngineMetrics, cache_config_labels
 from specfleet_runtime.emulator.text import Prompt, drafted_token_text, natural_length, token_text
 
 log = logging.getLogger(__name__)
@@ -90,12 +99,19 @@ class EngineRequest:
         else:
             self.stop_at, self.stop_reason = max_tokens, "length"
         self.tokens: list[str] = []
+        # False until the step that (re)computes its KV: the first one, and the first after a preemption.
         self.prefilled = False
+        self.num_preemptions = 0
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         # Resolves with the Completion when the request ends (also on abort, with reason "abort").
         self.finished = finished
         self.done = False  # set together with `finished`
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt and output tokens so far (what a prefill after a preemption recomputes)."""
+        return self.prompt.num_tokens + len(self.tokens)
 
 
 @dataclass
@@ -114,6 +130,8 @@ class EngineStats:
     last_k: int = 0
     # Schedule debt forgiven because the loop fell behind by more than max_catch_up_s.
     lag_forgiven_s: float = 0.0
+    # Running requests preempted because the KV cache ran out of blocks.
+    preemptions: int = 0
 
 
 class Engine:
@@ -125,6 +143,8 @@ class Engine:
         self.metrics = EngineMetrics(
             config.served_model_name, spec.num_speculative_tokens if spec is not None else None
         )
+        self.metrics.set_cache_config(cache_config_labels(config))
+        self.kv = BlockPool(config.num_gpu_blocks, config.block_size, config.max_model_len)
         self.stats = EngineStats()
         # Run-time switches (the admin endpoints change them).
         self.break_losslessness = config.break_losslessness
@@ -259,11 +279,10 @@ class Engine:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 deadline = loop.time()
-            self._admit()
-            batch = tuple(self._running)
+            batch, k = self._schedule()
             if not batch:  # every queued request was aborted meanwhile
+                await asyncio.sleep(0)
                 continue
-            k = self.config.k_for_batch(len(batch))
             seconds = self._step_seconds(batch, k)
             now = loop.time()
             if self.config.time_scale == 0:  # no schedule to keep: steps take no time
@@ -278,26 +297,62 @@ class Engine:
             self.stats.behind_s = now - deadline
             self._apply_step(batch, k, now)
 
-    def _admit(self) -> None:
-        cfg = self.config
-        self._running = [r for r in self._running if not r.done]  # drop requests aborted meanwhile
-        in_flight = sum(r.prompt.num_tokens + len(r.tokens) for r in self._running)
-        while self._waiting and len(self._running) < cfg.max_num_seqs:
-            head = self._waiting[0]
-            # Always admit one request into an empty batch, even if its prompt overflows the cache.
-            if self._running and in_flight + head.prompt.num_tokens > cfg.kv_cache_tokens:
-                break
-            self._waiting.popleft()
-            self._running.append(head)
-            in_flight += head.prompt.num_tokens
+    def _schedule(self) -> tuple[tuple[EngineRequest, ...], int]:
+        """This step's batch and K, as vLLM V1's `Scheduler.schedule` (vllm/v1/core/sched/scheduler.py).
+
+        Running requests first, oldest first: each allocates slots for its tokens, the K drafts it
+        verifies and the lookahead (`allocate_slots(request, num_new_tokens, num_lookahead_tokens)`;
+        computed + new = num_tokens + K). When that fails, `self.running.pop()` (the newest) is
+        preempted (`_preempt_request`) until it fits or the request itself was preempted. Waiting
+        requests are scheduled only `if not preempted_reqs`, each allocating all its tokens with no
+        lookahead (`effective_lookahead_tokens = 0` while num_computed_tokens is 0), stopping at the
+        first that does not fit.
+        """
+        cfg, kv = self.config, self.kv
+        for req in self._running:
+            if req.done:  # aborted meanwhile
+                kv.free(req)
+        self._running = [r for r in self._running if not r.done]
+        # The drafts verified now were proposed after the last step, for the batch of then.
+        k = cfg.k_for_batch(len(self._running)) if self._running else 0
+        lookahead = cfg.num_lookahead_tokens
+        preempted = False
+        i = 0
+        while i < len(self._running):
+            req = self._running[i]
+            if kv.allocate(req, req.num_tokens + k + lookahead):
+                i += 1
+            else:  # when `req` is the newest, it is preempted itself and the loop ends
+                self._preempt(self._running.pop())
+                preempted = True
+        if not preempted:
+            admitted_into_empty = not self._running
+            while self._waiting and len(self._running) < cfg.max_num_seqs:
+                head = self._waiting[0]
+                if not kv.allocate(head, head.num_tokens):
+                    break
+                self._waiting.popleft()
+                self._running.append(head)
+            if admitted_into_empty and self._running:  # nothing to verify: the K of the new batch
+                k = cfg.k_for_batch(len(self._running))
         self._publish_load()
+        return tuple(self._running), k
+
+    def _preempt(self, req: EngineRequest) -> None:
+        """Free `req`'s KV and put it back at the front of the waiting queue (it recomputes later)."""
+        self.kv.free(req)
+        req.prefilled = False
+        req.num_preemptions += 1
+        self._waiting.appendleft(req)
+        self.metrics.num_preemptions.inc()
+        self.stats.preemptions += 1
 
     def _step_seconds(self, batch: Sequence[EngineRequest], k: int) -> float:
         cfg = self.config
         ms = cfg.profile.step_time_ms(len(batch), k)
         if k == 0 and cfg.speculative is not None:
             ms *= 1.0 + cfg.spec_k0_overhead
-        ms += cfg.profile.prefill_time_ms(sum(r.prompt.num_tokens for r in batch if not r.prefilled))
+        ms += cfg.profile.prefill_time_ms(sum(r.num_tokens for r in batch if not r.prefilled))
         return ms / 1000.0 * cfg.time_scale
 
     def _sample_accepted(self, k: int) -> int:
@@ -314,16 +369,18 @@ class Engine:
     def _apply_step(self, batch: Sequence[EngineRequest], k: int, now: float) -> None:
         m = self.metrics
         lossy = self.break_losslessness
-        prompt_tokens = generated = drafts = accepted_total = in_flight = 0
+        prompt_tokens = generated = drafts = accepted_total = 0
         accepted_per_pos = [0] * k
         still_running: list[EngineRequest] = []
         for req in batch:
             if req.done:  # aborted while the step ran
+                self.kv.free(req)
                 continue
             accepted = 0
-            if not req.prefilled:  # prefill step: the first token, nothing to verify yet
+            if not req.prefilled:  # prefill step: the next token, nothing to verify yet
                 req.prefilled = True
-                prompt_tokens += req.prompt.num_tokens
+                if not req.tokens:  # vLLM counts a prompt once, not again when it is recomputed
+                    prompt_tokens += req.prompt.num_tokens
             elif k > 0:
                 accepted = self._sample_accepted(k)
                 drafts += 1
@@ -357,8 +414,8 @@ class Engine:
                     log.exception("output callback of %s failed", req.request_id)
             if finish is None:
                 still_running.append(req)
-                in_flight += req.prompt.num_tokens + start + count
             else:
+                self.kv.free(req)
                 self._finish(req, finish, now)
         self._running = still_running
 
@@ -370,7 +427,7 @@ class Engine:
             m.spec_accepted_tokens.inc(accepted_total)
             for pos, count in enumerate(accepted_per_pos):
                 m.spec_accepted_per_pos[pos].inc(count)
-        self._publish_load(in_flight)
+        self._publish_load()
 
         s = self.stats
         s.steps += 1
@@ -401,12 +458,9 @@ class Engine:
             )
         )
 
-    def _publish_load(self, in_flight: int | None = None) -> None:
-        """Set the load gauges; `in_flight` (KV tokens of the running batch) when already counted."""
+    def _publish_load(self) -> None:
+        """Set the load gauges."""
         m = self.metrics
-        running = [r for r in self._running if not r.done]
-        if in_flight is None:
-            in_flight = sum(r.prompt.num_tokens + len(r.tokens) for r in running)
-        m.running.set(len(running))
+        m.running.set(sum(1 for r in self._running if not r.done))
         m.waiting.set(len(self._waiting))
-        m.kv_cache_usage.set(min(1.0, in_flight / self.config.kv_cache_tokens))
+        m.kv_cache_usage.set(self.kv.usage)

@@ -3,17 +3,22 @@
 Each engine has its own `CollectorRegistry`, so several emulators can run in one process (tests).
 As in vLLM, the speculative-decoding counters exist only on an engine started with speculation, the
 per-position counter has one series per position 0..num_speculative_tokens-1, and the request
-counter has one series per finish reason from the start.
+counter has one series per finish reason from the start. `vllm:cache_config_info` carries vLLM's
+CacheConfig as labels (and `engine`, no `model_name`), value 1.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from specfleet_runtime import vllm_metrics as vm
+
+if TYPE_CHECKING:
+    from specfleet_runtime.emulator.config import EmulatorConfig
 
 # vLLM's FinishReason strings (vllm/v1/engine/__init__.py), each pre-created on request_success.
 FINISH_REASONS: Final = ("stop", "length", "abort", "error", "repetition")
@@ -33,6 +38,64 @@ _REQUEST_LATENCY_BUCKETS: Final = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
+
+
+# The labels of vLLM 0.32.0's vllm:cache_config_info (CacheConfig.metrics_info(), as in
+# tests/vllm/data/vllm-0.32.0-metrics.txt) at their defaults; `cache_config_labels` sets the cache's size.
+_CACHE_CONFIG_DEFAULTS: Final[dict[str, str]] = {
+    "_block_size_resolved": "True",
+    "block_size": "16",
+    "cache_dtype": "auto",
+    "cache_hit_alignment_tokens": "None",
+    "effective_attention_block_size": "16",
+    "enable_mamba_shared_prefix_checkpoint": "False",
+    "enable_prefix_caching": "False",  # the emulator caches no prefixes
+    "gpu_memory_utilization": "0.9",
+    "hash_block_size": "None",
+    "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]",
+    "kv_cache_layout": "None",
+    "kv_cache_max_concurrency": "None",
+    "kv_cache_memory_bytes": "None",
+    "kv_cache_size_tokens": "None",
+    "kv_offloading_backend": "native",
+    "kv_offloading_size": "None",
+    "kv_sharing_fast_prefill": "False",
+    "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto",
+    "mamba_cache_mode": "none",
+    "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "auto",
+    "num_cpu_blocks": "None",
+    "num_gpu_blocks": "None",
+    "num_gpu_blocks_override": "None",
+    "prefix_cache_retention_interval": "0",
+    "prefix_caching_hash_algo": "sha256",
+    "prefix_match_unit": "None",
+    "replayssm_buffer_len": "16",
+    "skip_page_size_padded": "None",
+    "sliding_window": "None",
+    "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False",
+    "use_replayssm": "False",
+    "user_specified_block_size": "False",
+}
+
+
+def cache_config_labels(config: EmulatorConfig) -> dict[str, str]:
+    """vllm:cache_config_info's labels (without `engine`) for an engine with `config`'s KV cache."""
+    blocks = config.num_gpu_blocks
+    tokens = blocks * config.block_size
+    return {
+        **_CACHE_CONFIG_DEFAULTS,
+        "block_size": str(config.block_size),
+        "effective_attention_block_size": str(config.block_size),
+        "gpu_memory_utilization": str(config.gpu_memory_utilization),
+        "num_gpu_blocks": str(blocks),
+        "kv_cache_size_tokens": str(tokens),
+        # As vLLM: how many requests of max_model_len the cache holds at once.
+        "kv_cache_max_concurrency": str(round(tokens / config.max_model_len, 2)),
+    }
 
 
 def _family(exposed_name: str) -> str:
@@ -76,6 +139,7 @@ class EngineMetrics:
         self.running = gauge(vm.REQUESTS_RUNNING, "Number of requests in model execution batches.")
         self.waiting = gauge(vm.REQUESTS_WAITING, "Number of requests waiting to be processed.")
         self.kv_cache_usage = gauge(vm.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.")
+        self.num_preemptions = counter(vm.NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.")
 
         self.prompt_tokens = counter(vm.PROMPT_TOKENS, "Number of prefill tokens processed.")
         self.generation_tokens = counter(vm.GENERATION_TOKENS, "Number of generation tokens processed.")
@@ -103,6 +167,17 @@ class EngineMetrics:
             "Histogram of time_per_output_token_seconds per request.",
             _TOKEN_LATENCY_BUCKETS,
         )
+
+    def set_cache_config(self, labels: Mapping[str, str]) -> None:
+        """Export vllm:cache_config_info with `labels` (plus `engine`), value 1, as vLLM does at start."""
+        values = {**labels, vm.LABEL_ENGINE: ENGINE_INDEX}
+        info = Gauge(
+            vm.CACHE_CONFIG_INFO,
+            "Information of the LLMEngine CacheConfig",
+            list(values),
+            registry=self.registry,
+        )
+        info.labels(**values).set(1)
 
     def exposition(self) -> bytes:
         """The text exposition a `GET /metrics` returns."""

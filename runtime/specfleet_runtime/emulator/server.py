@@ -9,7 +9,7 @@ Endpoints, as vLLM serves them:
     POST /v1/chat/completions    messages -> message; SSE when "stream": true
 
 Emulator-only endpoints, to steer a test or a sandbox:
-    GET  /admin/state            load, K of the last step, acceptance, switches
+    GET  /admin/state            load, KV cache, preemptions, K of the last step, acceptance, switches
     GET  /admin/acceptance       {"perPosition": [...]}
     POST /admin/acceptance       {"perPosition": [0.7, 0.4, ...]}   content shift, from the next step
     POST /admin/losslessness     {"broken": true|false}             make speculation lossy (or not)
@@ -406,6 +406,10 @@ async def _admin_state(request: web.Request) -> web.Response:
             "speculative": json.loads(spec.to_json()) if spec is not None else None,
             "running": engine.num_running,
             "waiting": engine.num_waiting,
+            "numGpuBlocks": engine.kv.num_gpu_blocks,
+            "blockSize": engine.kv.block_size,
+            "kvCacheUsage": engine.kv.usage,
+            "preemptions": s.preemptions,
             "steps": s.steps,
             "generationTokens": s.generation_tokens,
             "lastBatch": s.last_batch,
