@@ -197,8 +197,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     compared = _compared(args)
     if compared is None:
         return 1
-    sd, _, options, profile, comparison = compared
-    doc = plan(sd, comparison, profile, options.acceptance)
+    sd, trace, options, profile, comparison = compared
+    n = len(trace.requests)
+    lengths = (
+        (sum(r.prompt_tokens for r in trace.requests) / n, sum(r.output_tokens for r in trace.requests) / n)
+        if n
+        else None
+    )
+    doc = plan(sd, comparison, profile, options.acceptance, lengths)
     if args.output == "json":
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:

@@ -26,7 +26,13 @@ KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
 NUM_PREEMPTIONS: Final = "vllm:num_preemptions_total"
 # Gauge of value 1 whose labels are the engine's CacheConfig (block_size, num_gpu_blocks,
 # kv_cache_size_tokens, gpu_memory_utilization, ...) and `engine`; it has no `model_name` label.
+# KV cache capacity in tokens = num_gpu_blocks x block_size.
 CACHE_CONFIG_INFO: Final = "vllm:cache_config_info"
+LABEL_NUM_GPU_BLOCKS: Final = "num_gpu_blocks"
+LABEL_BLOCK_SIZE: Final = "block_size"
+# Histograms of each finished request's prompt and generated tokens (queried as _sum / _count).
+REQUEST_PROMPT_TOKENS: Final = "vllm:request_prompt_tokens"
+REQUEST_GENERATION_TOKENS: Final = "vllm:request_generation_tokens"
 
 GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
 PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
@@ -57,6 +63,14 @@ LOAD_FAMILIES: Final[dict[str, str]] = {
     "vllm:inter_token_latency_seconds": "histogram",
     "vllm:e2e_request_latency_seconds": "histogram",
     "vllm:request_time_per_output_token_seconds": "histogram",
+}
+# What the policy's memory reasoning queries (`fleet_queries`); missing ones only turn it off.
+MEMORY_FAMILIES: Final[dict[str, str]] = {
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:num_preemptions": "counter",
+    "vllm:cache_config_info": "gauge",
+    "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram",
 }
 # Everything the operator queries: an engine started with speculation exposes all of these.
 OPERATOR_FAMILIES: Final[dict[str, str]] = {**SPEC_DECODE_FAMILIES, **LOAD_FAMILIES}

@@ -29,6 +29,10 @@ _VALUE_KEYS = {
     "itl_p50": "itl50",
     "itl_p99": "itl99",
     "sample_age": "age",
+    "kv_usage": "kv_usage",
+    "preemptions": "preemptions",
+    "prompt_len": "prompt_len",
+    "output_len": "output_len",
 }
 _MATCHER = re.compile(r'namespace(=~|=)("(?:[^"\\]|\\.)*")')
 
@@ -91,6 +95,19 @@ class FakePrometheus:
                     r
                     for i, p in enumerate(v.get("per_pos", []))
                     for r in vector(p, **labels, position=str(i))
+                ]
+            elif name == "kv_capacity":
+                # kv_capacity: {"On"/"Off": (num_gpu_blocks, block_size)}, as cache_config_info labels
+                out += [
+                    r
+                    for setting, (blocks, size) in v.get("kv_capacity", {}).items()
+                    for r in vector(
+                        1,
+                        **labels,
+                        specfleet_io_speculation=setting,
+                        num_gpu_blocks=str(blocks),
+                        block_size=str(size),
+                    )
                 ]
             else:
                 out += vector(v.get(_VALUE_KEYS[name]), **labels)

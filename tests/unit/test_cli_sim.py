@@ -291,3 +291,21 @@ def test_no_progress_when_stderr_is_not_a_terminal(
 ) -> None:
     assert main([command, "-f", EXAMPLE, "--trace", _trace(tmp_path / "t.csv", rows=50)]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_plan_explains_a_memory_bound_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With a profile whose engines with the drafter hold almost no KV cache, the plan judges the pool
+    as the policy does (throughput at the batch each setting holds) and says it is memory-bound."""
+    from specfleet.profiling import config_map
+    from specfleet_runtime.cost_profile import default_profile
+
+    doc = default_profile().to_dict()
+    doc["memory"] = {"kvCacheTokens": 400000, "kvCacheTokensWithDrafter": 480}
+    path = tmp_path / "cm.yaml"
+    path.write_text(yaml.safe_dump(config_map("gpu-profile", "team-a", yaml.safe_dump(doc))))
+    trace = _trace(tmp_path / "t.csv", rows=300, gap=0.01)
+    argv = ["plan", "-f", EXAMPLE, "--trace", trace, "--profile", str(path), "-o", "json"]
+    assert main(argv) == 0
+    latency = json.loads(capsys.readouterr().out)["pools"]["latency"]
+    assert "memory-bound" in latency["why"], latency
+    assert "the KV cache holds 1 with the drafter" in latency["why"]

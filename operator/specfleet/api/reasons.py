@@ -90,6 +90,7 @@ GOODPUT_BELOW_BREAK_EVEN: Final = "GoodputBelowBreakEven"
 GOODPUT_ABOVE_BREAK_EVEN: Final = "GoodputAboveBreakEven"
 GOODPUT_WITHIN_MARGIN: Final = "GoodputWithinMargin"
 GOODPUT_RETUNE: Final = "GoodputRetune"
+GOODPUT_MEMORY_BOUND: Final = "GoodputMemoryBound"
 
 # Condition type present only while a pool is autoscaled: whether its autoscaler can scale (reads its
 # metric), and its reasons (a failing autoscaler's own reason is used as it is).
@@ -401,6 +402,18 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "Decision (Goodput mode)",
         "Another K (or a new Dynamic SD schedule) beats the current one by `retuneMarginPercent`.",
         _NOTHING,
+    ),
+    GOODPUT_MEMORY_BOUND: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The pool's demand (running + waiting requests per replica) does not fit the KV cache of an "
+        "engine with the drafter (its weights, its KV and K lookahead slots per request take part of "
+        "it), while it fits better without: the engine without the drafter runs more requests at once "
+        "and serves more tokens per second, so speculation is off (or stays off). The numbers give the "
+        "demand, each setting's KV cache (measured from `vllm:cache_config_info`, else the cost "
+        "profile's `memory`), the batch it holds and its predicted tokens per second. The pool turns "
+        "back on once the demand fits again (after the usual dwell, cooldown and flip budget).",
+        "Nothing if expected. To speculate under this load: more replicas, a larger "
+        "`gpuMemoryUtilizationPercent` or more GPUs per replica (`tensorParallelSize`).",
     ),
     AUTOSCALERS_ACTIVE: ReasonDoc("AutoscalingActive", "Every autoscaler reads its metric.", _NOTHING),
     AUTOSCALER_PENDING: ReasonDoc(

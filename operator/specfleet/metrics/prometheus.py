@@ -30,6 +30,7 @@ from prometheus_client import Counter
 from specfleet.policy.answers import (
     MIN_DRAFTS_FOR_ACCEPTANCE,
     POOL_LABELS,
+    SPECULATION_LABEL,
     STALE_AFTER_SECONDS,
     FleetAnswers,
     PoolKey,
@@ -97,6 +98,9 @@ def fleet_queries(window_seconds: int, namespaces: Collection[str]) -> dict[str,
     def rate_sum(metric: str) -> str:
         return f"sum by ({by}) (rate({metric}{{{sel}}}[{w}]))"
 
+    def mean_per_request(histogram: str) -> str:
+        return f"{rate_sum(histogram + '_sum')} / {rate_sum(histogram + '_count')}"
+
     def itl_quantile(q: float) -> str:
         return f"histogram_quantile({q}, sum by ({by}, le) (rate({vm.INTER_TOKEN_LATENCY}_bucket{{{sel}}}[{w}])))"
 
@@ -114,6 +118,15 @@ def fleet_queries(window_seconds: int, namespaces: Collection[str]) -> dict[str,
         "itl_p50": itl_quantile(0.5),
         "itl_p99": itl_quantile(0.99),
         "sample_age": f"time() - max by ({by}) (timestamp({vm.REQUESTS_RUNNING}{{{sel}}}))",
+        # Memory (each missing answer only turns the policy's memory reasoning off).
+        "kv_usage": f"avg by ({by}) (avg_over_time({vm.KV_CACHE_USAGE}{{{sel}}}[{w}]))",
+        "preemptions": rate_sum(vm.NUM_PREEMPTIONS),
+        "kv_capacity": (
+            f"max by ({by}, {SPECULATION_LABEL}, {vm.LABEL_NUM_GPU_BLOCKS}, {vm.LABEL_BLOCK_SIZE}) "
+            f"({vm.CACHE_CONFIG_INFO}{{{sel}}})"
+        ),
+        "prompt_len": mean_per_request(vm.REQUEST_PROMPT_TOKENS),
+        "output_len": mean_per_request(vm.REQUEST_GENERATION_TOKENS),
     }
 
 

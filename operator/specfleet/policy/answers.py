@@ -29,6 +29,8 @@ MIN_DRAFTS_FOR_ACCEPTANCE = 100
 
 # The labels that name a pool on engine series, in the order of `PoolKey`.
 POOL_LABELS = ("namespace", "specfleet_io_deployment", "specfleet_io_pool")
+# The engine pod's speculation label (On / Off) as Prometheus' labelmap copies it.
+SPECULATION_LABEL = "specfleet_io_speculation"
 # (namespace, deployment, pool)
 PoolKey = tuple[str, str, str]
 
@@ -54,8 +56,9 @@ CLOCK_SKEW_SECONDS = 10.0
 ACCEPTANCE_SLACK = 0.5
 
 # What each fleet query measures, for its range check: "rate" and "count" must be finite and >= 0;
-# "seconds" too, where NaN is Prometheus' answer for no data (a quantile of no observations); "age"
-# is finite and not in the future.
+# "seconds" and "mean" too, where NaN is Prometheus' answer for no data (a quantile of no observations,
+# a mean over no finished requests); "fraction" also <= 1; "age" is finite and not in the future.
+# kv_capacity's labels must name a setting and positive block counts (its value is 1).
 QUERY_KINDS: Mapping[str, str] = {
     "drafts": "rate",
     "draft_tokens": "rate",
@@ -68,7 +71,14 @@ QUERY_KINDS: Mapping[str, str] = {
     "itl_p50": "seconds",
     "itl_p99": "seconds",
     "sample_age": "age",
+    "kv_usage": "fraction",
+    "preemptions": "rate",
+    "kv_capacity": "count",
+    "prompt_len": "mean",
+    "output_len": "mean",
 }
+# Kinds whose NaN is Prometheus' answer for no data (a quantile of no observations, 0 / 0 requests).
+NAN_IS_NO_DATA = ("seconds", "mean")
 
 # Why a sample was rejected (the `reason` label of specfleet_prometheus_samples_rejected_total).
 MALFORMED = "malformed"
@@ -79,6 +89,8 @@ BAD_POSITION = "bad_position"
 POSITION_GAP = "position_gap"
 DUPLICATE = "duplicate"
 ACCEPTED_EXCEEDS_DRAFTED = "accepted_exceeds_drafted"
+ABOVE_ONE = "above_one"
+BAD_CACHE_CONFIG = "bad_cache_config"
 
 
 class _Rejected(Exception):
@@ -121,7 +133,7 @@ def _parse(name: str, sample: Any, now: float | None) -> tuple[PoolKey, float | 
     if now is not None and at > now + CLOCK_SKEW_SECONDS:
         raise _Rejected(FUTURE, f"sample time is {at - now:.0f}s in the future")
     kind = QUERY_KINDS.get(name, "rate")
-    if math.isnan(value) and kind == "seconds":
+    if math.isnan(value) and kind in NAN_IS_NO_DATA:
         return _key(labels), None, labels
     if not math.isfinite(value):
         raise _Rejected(NOT_FINITE, f"value {value} is not a finite number")
@@ -130,7 +142,23 @@ def _parse(name: str, sample: Any, now: float | None) -> tuple[PoolKey, float | 
             raise _Rejected(FUTURE, f"newest sample is {-value:.0f}s in the future")
     elif value < 0:
         raise _Rejected(NEGATIVE, f"negative value {value:g}")
+    if kind == "fraction" and value > 1:
+        raise _Rejected(ABOVE_ONE, f"a fraction of {value:g}")
     return _key(labels), value, labels
+
+
+def _cache_capacity(labels: Mapping[str, str]) -> tuple[str, int]:
+    """(speculation setting, KV cache tokens) of a cache_config_info series: num_gpu_blocks x block_size."""
+    setting = labels.get(SPECULATION_LABEL, "")
+    if setting not in ("On", "Off"):
+        raise _Rejected(BAD_CACHE_CONFIG, f"{SPECULATION_LABEL}={setting!r} is not On or Off")
+    numbers = []
+    for name in (vm.LABEL_NUM_GPU_BLOCKS, vm.LABEL_BLOCK_SIZE):
+        text = labels.get(name, "")
+        if not (text.isascii() and text.isdigit() and int(text) > 0):
+            raise _Rejected(BAD_CACHE_CONFIG, f"{name}={text!r} is not a positive count")
+        numbers.append(int(text))
+    return setting, numbers[0] * numbers[1]
 
 
 def _position(labels: Mapping[str, str]) -> int:
@@ -157,6 +185,8 @@ class FleetAnswers:
     values: Mapping[str, Mapping[PoolKey, float]] = field(default_factory=dict)
     # pool -> position -> accepted tokens per second at that position (positions 0..n-1)
     per_position: Mapping[PoolKey, Mapping[int, float]] = field(default_factory=dict)
+    # pool -> speculation setting ("On" / "Off") -> smallest KV cache (tokens) of an engine reporting it
+    kv_capacity: Mapping[PoolKey, Mapping[str, int]] = field(default_factory=dict)
     # (query name, reason) -> samples rejected in this round
     rejected: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # (query name, pool) -> why that pool's sample was rejected
@@ -173,6 +203,7 @@ class FleetAnswers:
         """
         values: dict[str, dict[PoolKey, float]] = {}
         per_position: dict[PoolKey, dict[int, float]] = {}
+        kv_capacity: dict[PoolKey, dict[str, int]] = {}
         tally = _Tally()
         seen: set[tuple[str, PoolKey, int]] = set()
         for name, samples in results.items():
@@ -182,8 +213,15 @@ class FleetAnswers:
                 try:
                     key, number, labels = _parse(name, sample, now)
                     position = _position(labels) if name == "accepted_per_pos" else -1
+                    if name == "kv_capacity":
+                        setting, tokens = _cache_capacity(labels)
                 except _Rejected as err:
                     tally.add(name, key or _loose_key(sample), err.reason, err.detail)
+                    continue
+                if name == "kv_capacity":
+                    # One series per distinct cache config: the smallest bounds what the pool holds.
+                    held = kv_capacity.setdefault(key, {})
+                    held[setting] = min(tokens, held.get(setting, tokens))
                     continue
                 if (name, key, position) in seen:
                     # Two answers for one series (grouping makes that impossible): neither is trusted.
@@ -207,7 +245,13 @@ class FleetAnswers:
                 tally.add("accepted_per_pos", key, POSITION_GAP, f"position {n} missing", len(by_pos) - n)
                 per_position[key] = {i: by_pos[i] for i in range(n)}
         _cross_check(values, per_position, tally)
-        return cls(values=values, per_position=per_position, rejected=tally.counts, rejected_for=tally.why)
+        return cls(
+            values=values,
+            per_position=per_position,
+            kv_capacity=kv_capacity,
+            rejected=tally.counts,
+            rejected_for=tally.why,
+        )
 
     def get(self, name: str, key: PoolKey) -> float | None:
         return self.values.get(name, {}).get(key)
@@ -342,4 +386,10 @@ def observe(
         itl_p99_seconds=answers.get("itl_p99", key),
         replicas_reporting=int(replicas),
         drafts_in_window=drafts_in_window,
+        kv_usage=answers.get("kv_usage", key),
+        preemptions_per_second=answers.get("preemptions", key),
+        kv_capacity_tokens_off=answers.kv_capacity.get(key, {}).get("Off"),
+        kv_capacity_tokens_on=answers.kv_capacity.get(key, {}).get("On"),
+        mean_prompt_tokens=answers.get("prompt_len", key),
+        mean_output_tokens=answers.get("output_len", key),
     )

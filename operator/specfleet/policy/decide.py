@@ -74,6 +74,7 @@ from datetime import datetime, timedelta
 from specfleet.api import reasons as r
 from specfleet.api.models import PolicySpec
 from specfleet.policy.acceptance import Estimate, estimate
+from specfleet.policy.memory import MemoryView, memory_view
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
 from specfleet.policy.schedule import Schedule, best_schedule, observed_under_schedule, schedule_speedup
 from specfleet_runtime.cost_profile import (
@@ -472,6 +473,12 @@ def _goodput_prediction(
     gain_best = predicted_speedup(profile, load, best, per_position)
     gain_now = None if k_now is None else _speedup_now(profile, load, k_now, schedule, per_position)
     return _Goodput(per_position, source, best, gain_best, gain_now)
+
+
+def _at_memory(g: _Goodput, mem: MemoryView, profile: StepTimeProfile, max_k: int) -> _Goodput:
+    """The prediction as throughput at the batch each setting's KV cache holds (`policy.memory`)."""
+    best, gain_best, gain_now = mem.gains(candidate_ks(profile, max_k), g.per_position)
+    return replace(g, best=best, gain_best=gain_best, gain_now=gain_now)
 
 
 def commit_path(policy: PolicySpec, state: PoolState, observed: float, expected: float) -> list[float]:
@@ -914,6 +921,19 @@ def _assess(
         g_commit = _goodput_over(
             current_k if state.mode == "On" else None, path, est_flip, profile, k, schedule
         )
+        # Where memory, not compute, is the bound: each setting's throughput at the batch it holds.
+        mem = memory_view(
+            profile,
+            observed,
+            candidate_ks(profile, k),
+            mode=state.mode,
+            current_k=current_k,
+            schedule=schedule,
+            max_num_seqs=state.max_num_seqs,
+        )
+        if mem is not None and mem.bound:
+            g, g_observed, g_commit = (_at_memory(x, mem, profile, k) for x in (g, g_observed, g_commit))
+            gains = (g, g_observed)
         wanted = _goodput(policy, state, obs, g_commit, est_flip)
         if schedule and wanted.mode == "Off" and g_observed.gain_best > 1 + _margin(policy):
             # A pool following a schedule already drafts less (or nothing) as batches grow, so turning
@@ -928,6 +948,11 @@ def _assess(
                 "drafts less as batches grow",
                 wanted.numbers,
             )
+        if mem is not None and mem.bound:
+            why = mem.why(g_commit.best, g_commit.per_position) + "; " if wanted.mode == "Off" else ""
+            shown = {**wanted.numbers, **mem.numbers(g_commit.per_position)}
+            reason = r.GOODPUT_MEMORY_BOUND if why else wanted.reason
+            wanted = replace(wanted, reason=reason, message=why + wanted.message, numbers=shown)
     else:
         wanted = _threshold(policy, k, state, obs, est, profile)
     numbers = {**observed.as_text(), **wanted.numbers}

@@ -35,6 +35,16 @@ class PoolObservation:
     replicas_reporting: int = 0
     # Drafts counted in the window; acceptance is only reported when there were enough of them.
     drafts_in_window: float = 0.0
+    # Memory (None: not measured; the policy's memory reasoning then stays off). Mean KV cache usage
+    # (0..1) of the pool's engines, preemptions per second (all engines), KV cache tokens of one engine
+    # without / with the drafter (vllm:cache_config_info of pods of that setting), and mean prompt
+    # and generated tokens of requests finished in the window.
+    kv_usage: float | None = None
+    preemptions_per_second: float | None = None
+    kv_capacity_tokens_off: int | None = None
+    kv_capacity_tokens_on: int | None = None
+    mean_prompt_tokens: float | None = None
+    mean_output_tokens: float | None = None
 
     @property
     def usable(self) -> bool:
@@ -63,6 +73,12 @@ class PoolObservation:
             ("waiting", self.waiting),
             ("generationTokensPerSecond", self.generation_tokens_per_second),
             ("itlP99Seconds", self.itl_p99_seconds),
+            ("kvCacheUsage", self.kv_usage),
+            ("preemptionsPerSecond", self.preemptions_per_second),
+            ("kvCacheTokensOff", self.kv_capacity_tokens_off),
+            ("kvCacheTokensOn", self.kv_capacity_tokens_on),
+            ("meanPromptTokens", self.mean_prompt_tokens),
+            ("meanOutputTokens", self.mean_output_tokens),
         ):
             if value is not None:
                 out[name] = f"{value:.3g}"
@@ -137,6 +153,8 @@ class PoolState:
     rollout: PoolRolloutState | None = None
     # (when, running per replica) of the last evaluations, oldest first (for the load's trend).
     recent_load: tuple[tuple[datetime, float], ...] = field(default_factory=tuple)
+    # The pool's engines' --max-num-seqs (None: not set, vLLM's default).
+    max_num_seqs: int | None = None
 
     @property
     def last_change(self) -> datetime | None:

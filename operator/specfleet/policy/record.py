@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from specfleet.api import reasons
 from specfleet.api.conditions import ConditionStatus, rfc3339, set_condition
 from specfleet.api.constants import POOLS
+from specfleet.api.effective import pool_engine
 from specfleet.api.models import (
     MAX_CHANGES_PER_HOUR,
     Decision,
@@ -158,6 +159,7 @@ def pool_states(
             canary_replicas=ps.canary_replicas,
             rollout=_rollout(ps),
             recent_load=_loads(ps.recent_load),
+            max_num_seqs=pool_engine(spec, pool).max_num_seqs,
         )
     return out
 
@@ -177,7 +179,17 @@ def _rows_text(schedule: Schedule | None) -> str:
 
 
 def _numbers(decision: PoolDecision) -> str:
-    keys = ("acceptanceLength", "runningPerReplica", "predictedSpeedup", "acceptanceSource")
+    keys = (
+        "acceptanceLength",
+        "runningPerReplica",
+        "predictedSpeedup",
+        "acceptanceSource",
+        # Memory-bound decisions (`specfleet.policy.memory`).
+        "demandPerReplica",
+        "kvCacheTokens",
+        "memoryBatch",
+        "memoryTokensPerSecond",
+    )
     shown = [f"{k}={decision.observations[k]}" for k in keys if k in decision.observations]
     return f" [{', '.join(shown)}]" if shown else ""
 

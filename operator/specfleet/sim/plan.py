@@ -7,12 +7,18 @@ leaves them unset (`specfleet.policy.decide.threshold_values`, from this accepta
 K), and both go through the one break-even function, `cost_profile.break_even_concurrency`; the
 acceptance lengths are those at which speculation stops paying at the pool's typical load. From a simulation of the workload: each
 pool's load, and the predicted gain of the policy against always-on and always-off.
+
+Memory: where the profile has a `memory` section and the trace says how long its requests are, each
+load is also judged as the policy judges it (`specfleet.policy.memory`): a pool whose requests in the
+system do not fit the KV cache of an engine with the drafter compares throughput at the batch each
+setting holds, and its `why` says so.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -20,6 +26,8 @@ import numpy as np
 from specfleet.api.effective import pool_engine
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.decide import threshold_values
+from specfleet.policy.memory import MemoryView, memory_view
+from specfleet.policy.observations import PoolObservation
 from specfleet.policy.schedule import best_schedule
 from specfleet.sim.compare import Comparison, static_ks
 from specfleet.sim.fleet import POOLS, load_per_replica
@@ -66,6 +74,45 @@ def acceptance_break_even(
     return 1.0 + hi * sum(acceptance[:k])
 
 
+def memory_at(
+    profile: StepTimeProfile,
+    demand: float,
+    request_tokens: tuple[float, float] | None,
+    ks: Sequence[int],
+    max_num_seqs: int,
+) -> MemoryView | None:
+    """The policy's memory view at `demand` requests per replica of (mean prompt, mean output) tokens,
+    with the profile's KV caches; None without a memory section or request lengths."""
+    if request_tokens is None or profile.memory is None or demand <= 0:
+        return None
+    ob = PoolObservation(
+        pool="plan",
+        at=datetime.fromtimestamp(0, UTC),
+        running_per_replica=demand,
+        waiting=0.0,
+        replicas_reporting=1,
+        mean_prompt_tokens=request_tokens[0],
+        mean_output_tokens=request_tokens[1],
+    )
+    return memory_view(profile, ob, ks, mode="Off", current_k=0, max_num_seqs=max_num_seqs)
+
+
+def gain_at(
+    profile: StepTimeProfile,
+    c: float,
+    acceptance: Sequence[float],
+    ks: Sequence[int],
+    cap: float,
+    mem: MemoryView | None,
+) -> tuple[float, int]:
+    """The best predicted gain at `c` requests per replica and its K: throughput at the batch memory
+    allows where memory is the bound (`mem`), else per-request speed at min(c, max_num_seqs)."""
+    if mem is not None and mem.bound:
+        k, gain, _ = mem.gains(ks, acceptance)
+        return gain, k
+    return best_speedup(profile, min(cap, c), acceptance, ks)
+
+
 def pool_load(comparison: Comparison, pool: str) -> dict[str, float] | None:
     """Requests in the system per replica (time-averaged per window) over the policy run, as percentiles."""
     run = comparison.runs.get("policy") or comparison.runs[comparison.best_static]
@@ -81,8 +128,11 @@ def plan(
     comparison: Comparison,
     profile: StepTimeProfile,
     acceptance: Sequence[float],
+    request_tokens: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """The recommendation as a document (printed as YAML or JSON by the CLI)."""
+    """The recommendation as a document (printed as YAML or JSON by the CLI).
+
+    `request_tokens` (mean prompt and output tokens of the trace's requests) lets it judge memory."""
     spec = sd.spec
     margin = spec.policy.goodput.margin_percent / 100
     ks = static_ks(profile, spec.drafter.num_speculative_tokens)
@@ -108,10 +158,11 @@ def plan(
             continue
         # An engine runs at most maxNumSeqs requests; the rest of the load queues.
         cap = float(pool_engine(spec, pool).max_num_seqs or 256)  # type: ignore[arg-type]
-        low, mid, high = (min(cap, load[q]) for q in ("p5", "p50", "p95"))
-        gain_low, k_low = best_speedup(profile, low, acceptance, ks)
-        gain_high, k_high = best_speedup(profile, high, acceptance, ks)
-        gain_mid, k_mid = best_speedup(profile, mid, acceptance, ks)
+        mid = min(cap, load["p50"])
+        mems = {q: memory_at(profile, load[q], request_tokens, ks, int(cap)) for q in ("p5", "p50", "p95")}
+        gain_low, k_low = gain_at(profile, load["p5"], acceptance, ks, cap, mems["p5"])
+        gain_high, k_high = gain_at(profile, load["p95"], acceptance, ks, cap, mems["p95"])
+        gain_mid, k_mid = gain_at(profile, load["p50"], acceptance, ks, cap, mems["p50"])
         if gain_high > 1 + margin:
             setting, why = "On", f"speculation pays even at its p95 load ({gain_high:.2f}x at K={k_high})"
         elif gain_low < 1 - margin:
@@ -121,6 +172,10 @@ def plan(
                 "Auto",
                 f"load crosses the break-even point: {gain_low:.2f}x at p5 (K={k_low}), {gain_high:.2f}x at p95",
             )
+        bound = next(((q, m) for q, m in mems.items() if m is not None and m.bound), None)
+        if bound is not None:
+            q, m = bound
+            why += f"; from its {q} load on, " + m.why(k_high, acceptance)
         stop_len = acceptance_break_even(profile, acceptance, ks, mid, 1 - margin)
         resume_len = acceptance_break_even(profile, acceptance, ks, mid, 1 + margin)
         pools[pool] = {
