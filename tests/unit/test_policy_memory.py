@@ -409,3 +409,29 @@ def test_a_round_through_prometheus_carries_capacities():
     assert o.mean_prompt_tokens == 900.0
     assert o.mean_output_tokens is None
     assert math.isclose(o.waiting or 0, 0.0)
+
+
+def test_a_memory_bound_pool_lowers_k_where_fewer_lookahead_slots_hold_more_requests():
+    # Requests of 1002 + 200 / 2 = 1102 tokens: 1103 at K 1 fill 69 blocks, 1105 at K 3 need 70. With
+    # 276 blocks (4416 tokens) with the drafter: 4 requests at K 1, 3 at K 3; 281 blocks without: 4.
+    ob = mobs(
+        running=3.0,
+        waiting=42.0,
+        prompt=1002.0,
+        output=200.0,
+        kv_capacity_tokens_on=276 * 16,
+        kv_capacity_tokens_off=281 * 16,
+    )
+    d = one(st("On"), ob)
+    assert d.observations["memoryBatch"] == "off=4,K1=4,K3=3"
+    assert (d.flip, d.reason, d.current_k, d.target_k) == (False, r.GOODPUT_RETUNE, 3, 1)
+
+
+def test_measured_capacities_are_shown_whole():
+    text = mobs(kv_capacity_tokens_off=12896, kv_capacity_tokens_on=4288, kv_usage=0.5).as_text()
+    assert (text["kvCacheTokensOff"], text["kvCacheTokensOn"], text["kvCacheUsage"]) == (
+        "12896",
+        "4288",
+        "0.5",
+    )
+    assert "kvCacheTokensOff" not in mobs().as_text()

@@ -75,13 +75,17 @@ class PoolObservation:
             ("itlP99Seconds", self.itl_p99_seconds),
             ("kvCacheUsage", self.kv_usage),
             ("preemptionsPerSecond", self.preemptions_per_second),
-            ("kvCacheTokensOff", self.kv_capacity_tokens_off),
-            ("kvCacheTokensOn", self.kv_capacity_tokens_on),
             ("meanPromptTokens", self.mean_prompt_tokens),
             ("meanOutputTokens", self.mean_output_tokens),
         ):
             if value is not None:
                 out[name] = f"{value:.3g}"
+        for name, tokens in (
+            ("kvCacheTokensOff", self.kv_capacity_tokens_off),
+            ("kvCacheTokensOn", self.kv_capacity_tokens_on),
+        ):
+            if tokens is not None:
+                out[name] = str(tokens)
         if self.per_position:
             out["perPosition"] = ",".join(f"{p:.2f}" for p in self.per_position)
         if self.acceptance_source:
