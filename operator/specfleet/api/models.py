@@ -10,9 +10,9 @@ milli-units or percent integers, named so), fixed structs for the two pools.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from specfleet.api import constants
@@ -39,6 +39,10 @@ Quantity = Annotated[
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 # Whether an identity header is believed (runtime: routing_config.IdentityHeaderTrust).
 IdentityHeaderTrust = Literal["Ignored", "Trusted"]
+# UpperCamelCase enum values, as the Kubernetes API conventions ask. The earlier camelCase spellings
+# are deprecated for one version: accepted (the CRD's enum lists them) and read as the new ones.
+RoutingFallback = Literal["OtherPool", "Reject"]
+DEPRECATED_FALLBACK: dict[str, RoutingFallback] = {"otherPool": "OtherPool", "reject": "Reject"}
 
 
 def _quote(names: tuple[str, ...]) -> str:
@@ -622,11 +626,19 @@ class RoutingSpec(ApiModel):
     auto_segmentation: AutoSegmentation = Field(
         default_factory=AutoSegmentation, description="Per-client in-flight based segmentation."
     )
-    fallback: Literal["otherPool", "reject"] = Field(
-        default="otherPool",
-        description="When a pool has no ready engine: use the other pool, or reject with 503.",
+    fallback: RoutingFallback = Field(
+        default="OtherPool",
+        description="When a pool has no ready engine: OtherPool sends its requests to the other pool, "
+        "Reject answers 503. The spellings otherPool and reject are deprecated (read as OtherPool and "
+        "Reject) and will be refused by a later version.",
+        json_schema_extra={"enum": [*get_args(RoutingFallback), *DEPRECATED_FALLBACK]},
     )
     router: RouterSpec = Field(default_factory=RouterSpec, description="Router deployment settings.")
+
+    @field_validator("fallback", mode="before")
+    @classmethod
+    def _fallback_spelling(cls, value: Any) -> Any:
+        return DEPRECATED_FALLBACK.get(value, value) if isinstance(value, str) else value
 
 
 class PrometheusSpec(ApiModel):
