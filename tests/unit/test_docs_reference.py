@@ -90,3 +90,11 @@ def test_every_reason_the_reconciler_links_is_documented():
 def test_the_docs_site_url_is_the_one_messages_link_to():
     site = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["site_url"]
     assert site == constants.DOCS_URL
+
+
+def test_nothing_the_readme_guide_or_benchmarks_run_reads_outside_the_repository():
+    # A fresh clone has no sibling folders: data the commands need ships in the repository.
+    sources = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "benchmarks").glob("*.py")]
+    outside = re.compile(r"/work/|\.\./shared|[\"']shared[\"']")
+    found = [f"{p.relative_to(ROOT)}: {m.group()}" for p in sources for m in outside.finditer(p.read_text())]
+    assert found == []
