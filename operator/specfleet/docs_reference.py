@@ -167,7 +167,9 @@ def troubleshooting() -> str:
         "This page lists every condition type and every reason the operator sets, what it means and "
         "what to do. Reasons of the [policy's decisions](concepts.md#the-policy) appear in a pool's "
         "`status.pools.<pool>.reason`, in `status.history`, in Events and in the "
-        "`specfleet_policy_decisions_total` metric.\n",
+        "`specfleet_policy_decisions_total` metric. Messages of conditions that need action (a pod that "
+        "cannot start, a spec the operator cannot run, an apply the apiserver refused, an autoscaler that "
+        "cannot scale) end with a link to their reason's entry below.\n",
         "## Conditions\n",
         "| Condition | True means |",
         "|---|---|",

@@ -273,12 +273,13 @@ def desired_state(
             sd = parse_resource(body)
         except InvalidResourceError as err:
             # The apiserver's schema normally stops this first; an older CRD or a bypass can still get here.
-            degraded = _degraded_status(previous, generation, reasons.INVALID_SPEC, str(err), now)
-            events = [] if _was_degraded(previous) else [Event("Warning", reasons.EVENT_DEGRADED, str(err))]
+            message = reasons.with_link(str(err), reasons.INVALID_SPEC)
+            degraded = _degraded_status(previous, generation, reasons.INVALID_SPEC, message, now)
+            events = [] if _was_degraded(previous) else [Event("Warning", reasons.EVENT_DEGRADED, message)]
             return DesiredState(generation, previous, stopped=ReconcileResult(degraded.to_wire(), events))
     problems = find_problems(sd.spec)
     if problems:
-        message = "; ".join(problems)
+        message = reasons.with_link("; ".join(problems), reasons.UNSUPPORTED_CONFIGURATION)
         degraded = _degraded_status(previous, generation, reasons.UNSUPPORTED_CONFIGURATION, message, now)
         same = any(c.type == reasons.DEGRADED and c.message == message for c in previous.conditions)
         events = [] if same else [Event("Warning", reasons.EVENT_DEGRADED, message)]
@@ -533,7 +534,7 @@ def _conditions(
 
     conditions = list(previous.conditions)
     if applied.errors:
-        conditions = set_(conditions, reasons.DEGRADED, True, reasons.APPLY_FAILED, "; ".join(applied.errors))
+        conditions = set_(conditions, reasons.DEGRADED, True, reasons.APPLY_FAILED, _apply_failed(applied))
     else:
         conditions = set_(conditions, reasons.DEGRADED, False, reasons.AS_EXPECTED, "")
     modes = {pool: desired.plan[pool].mode for pool in POOLS}
@@ -547,6 +548,8 @@ def _conditions(
     progressing_message = f"rolling out: {', '.join(unsettled)}" + "".join(
         f"; {p}: {f.message}" for p, f in stuck
     )
+    if stuck:
+        progressing_message = reasons.with_link(progressing_message, progressing_reason)
     conditions = set_(
         conditions,
         reasons.PROGRESSING,
@@ -574,11 +577,12 @@ def _conditions(
     elif failure is not None:
         # Kubernetes' own words for why: the scheduler's message, the image pull error, the deadline.
         reason = failure.reason
-        message = (
+        message = reasons.with_link(
             "ready replicas: "
             + ", ".join(not_ready)
             + "; "
-            + "; ".join(f"{pool}: {f.message}" for pool, f in failures.items())
+            + "; ".join(f"{pool}: {f.message}" for pool, f in failures.items()),
+            reason,
         )
     else:
         reason, message = reasons.POOLS_NOT_READY, "ready replicas: " + ", ".join(not_ready)
@@ -620,9 +624,12 @@ def _autoscaling_condition(
             )
     status: ConditionStatus
     if failing:
-        status, reason, message = "False", failing[0][0], "; ".join(m for _, m in failing)
+        # An autoscaler's own reason (e.g. the HPA's FailedGetPodsMetric) has no entry of ours.
+        message = reasons.with_link("; ".join(m for _, m in failing), reasons.AUTOSCALER_INACTIVE)
+        status, reason = "False", failing[0][0]
     elif pending:
-        status, reason, message = "Unknown", reasons.AUTOSCALER_PENDING, "; ".join(pending)
+        message = reasons.with_link("; ".join(pending), reasons.AUTOSCALER_PENDING)
+        status, reason = "Unknown", reasons.AUTOSCALER_PENDING
     else:
         pools = ", ".join(f"{c['metadata']['labels'].get(LABEL_POOL)} ({c['kind']})" for c in scalers)
         status, reason, message = "True", reasons.AUTOSCALERS_ACTIVE, f"every autoscaler can scale: {pools}"
@@ -637,12 +644,17 @@ def _autoscaling_condition(
     )
 
 
+def _apply_failed(applied: AppliedChildren) -> str:
+    """The Degraded=ApplyFailed message, the same on the condition and its Event."""
+    return reasons.with_link("; ".join(applied.errors), reasons.APPLY_FAILED)
+
+
 def _events(desired: DesiredState, applied: AppliedChildren) -> list[Event]:
     """Degraded on a new apply error, Recovered, ChildrenApplied, DriftCorrected, ChildrenPruned."""
     events: list[Event] = []
     previous = desired.previous
     if applied.errors:
-        message = "; ".join(applied.errors)
+        message = _apply_failed(applied)
         if not any(c.type == reasons.DEGRADED and c.message == message for c in previous.conditions):
             events.append(Event("Warning", reasons.EVENT_DEGRADED, message))
     elif _was_degraded(previous):

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from specfleet.api import reasons
 from specfleet.reconcile import reconcile
 from support.argocd import HEALTH_SCRIPT as SCRIPT
 from support.argocd import argocd_health as health
@@ -86,7 +87,9 @@ def test_failed_apply_is_degraded_with_the_conditions_message():
     status = reconcile(_body(), cluster, NOW).status
     state, message = health(_body(status))
     assert state == "Degraded"
-    assert message == "ApplyFailed: PodMonitor/assistant: no PodMonitor here"
+    # The message ends with where the reason is explained, so Argo CD's UI shows the link too.
+    link = reasons.troubleshooting_url(reasons.APPLY_FAILED)
+    assert message == f"ApplyFailed: PodMonitor/assistant: no PodMonitor here (see {link})"
 
 
 def test_invalid_spec_is_degraded():

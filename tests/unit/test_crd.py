@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from specfleet.api import models
 from specfleet.api.base import ApiModel
@@ -96,3 +96,31 @@ def test_conditions_are_a_map_list_keyed_by_type():
 def test_chart_ships_the_same_crd():
     chart_crd = ROOT / "charts" / "specfleet" / "crds" / "specfleet.io_speculativedeployments.yaml"
     assert chart_crd.read_text() == COMMITTED.read_text(), "run `make crd`"
+
+
+# Enum values that are not UpperCamelCase, and why: vLLM's own names for its drafting methods (passed
+# to it as they are), the pool names (which are also field names: spec.pools.latency), and the
+# deprecated spellings still accepted for one version (docs/install.md, "Deprecated spellings").
+_NOT_UPPER_CAMEL = {
+    "drafter/method": set(get_args(models.SpeculativeMethod)),
+    "defaultPool": {"latency", "batch"},
+    "pool": {"latency", "batch"},
+    "routing/fallback": set(models.DEPRECATED_FALLBACK),
+}
+
+
+def test_enum_values_are_upper_camel_case_but_the_listed_exceptions():
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in _walk(schema):
+        field = path.replace("/properties", "").replace("/items", "")
+        allowed = next((v for k, v in _NOT_UPPER_CAMEL.items() if field.endswith("/" + k)), set())
+        for value in node.get("enum", []):
+            assert value[:1].isupper() or value in allowed, f"{field}: {value!r}"
+
+
+def test_deprecated_fallback_spellings_stay_accepted_next_to_the_new_ones():
+    fallback = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"
+    ]["routing"]["properties"]["fallback"]
+    assert fallback["enum"] == ["OtherPool", "Reject", "otherPool", "reject"]
+    assert fallback["default"] == "OtherPool"

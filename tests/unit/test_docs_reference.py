@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import markdown
 import pytest
+import yaml
 
 from specfleet import docs_reference
-from specfleet.api import reasons
+from specfleet.api import constants, reasons
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,3 +61,40 @@ def test_troubleshooting_lists_every_reason_under_its_own_heading():
     page = docs_reference.troubleshooting()
     for value in reasons.REASON_DOCS:
         assert f"\n### {value}\n" in page
+
+
+def _heading_ids(page: Path) -> set[str]:
+    """The ids mkdocs gives the page's headings (Python-Markdown's toc, as mkdocs.yml configures it)."""
+    html = markdown.markdown(page.read_text(), extensions=["tables", "toc"])
+    return set(re.findall(r'<h[1-6] id="([^"]+)"', html))
+
+
+def test_every_reason_link_in_a_message_lands_on_its_heading():
+    ids = _heading_ids(ROOT / "docs" / "troubleshooting.md")
+    page = f"{constants.DOCS_URL}troubleshooting/#"
+    for reason in reasons.REASON_DOCS:
+        url = reasons.troubleshooting_url(reason)
+        assert url.startswith(page), url
+        assert url.removeprefix(page) in ids, f"{url}: no such heading in docs/troubleshooting.md"
+
+
+def test_every_reason_the_reconciler_links_is_documented():
+    # with_link(..., reasons.NAME) in the operator's code: each NAME must have a troubleshooting entry.
+    linked = set()
+    for source in (ROOT / "operator" / "specfleet").rglob("*.py"):
+        linked |= set(re.findall(r"with_link\(.*?, reasons\.([A-Z_]+)\)", source.read_text(), re.DOTALL))
+    assert linked, "no linked message found: the pattern no longer matches the code"
+    assert {getattr(reasons, name) for name in linked} <= set(reasons.REASON_DOCS)
+
+
+def test_the_docs_site_url_is_the_one_messages_link_to():
+    site = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["site_url"]
+    assert site == constants.DOCS_URL
+
+
+def test_nothing_the_readme_guide_or_benchmarks_run_reads_outside_the_repository():
+    # A fresh clone has no sibling folders: data the commands need ships in the repository.
+    sources = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "benchmarks").glob("*.py")]
+    outside = re.compile(r"/work/|\.\./shared|[\"']shared[\"']")
+    found = [f"{p.relative_to(ROOT)}: {m.group()}" for p in sources for m in outside.finditer(p.read_text())]
+    assert found == []

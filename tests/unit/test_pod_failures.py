@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from specfleet.api import reasons
 from specfleet.pod_failures import pool_failure
 from specfleet.reconcile import reconcile
 from support.fake_cluster import FakeCluster
@@ -113,6 +114,7 @@ def test_reconcile_puts_the_reason_in_ready_and_warns_once() -> None:
     ready = {c["type"]: c for c in second.status["conditions"]}["Ready"]
     assert ready["reason"] == "Unschedulable"
     assert "3 Insufficient nvidia.com/gpu" in ready["message"]
+    assert ready["message"].endswith(f"(see {reasons.troubleshooting_url('Unschedulable')})")
     assert [e.reason for e in second.events if e.type == "Warning"] == ["PoolNotReady"]
     third = reconcile({**body, "status": second.status}, cluster, now + timedelta(seconds=60))
     assert [e.reason for e in third.events if e.type == "Warning"] == [], "warned once, not every resync"

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from specfleet.api import reasons
 from specfleet.reconcile import reconcile, status_patch
 from support.fake_cluster import FakeCluster
 from support.manifests import ROOT, load_yaml, merge
@@ -123,8 +124,10 @@ def test_unrunnable_spec_is_degraded_without_writes(cluster):
     assert cond["Degraded"]["status"] == "True"
     assert cond["Degraded"]["reason"] == "UnsupportedConfiguration"
     assert "needs vLLM >= 0.8.5" in cond["Degraded"]["message"]
+    link = reasons.troubleshooting_url(reasons.UNSUPPORTED_CONFIGURATION)
+    assert cond["Degraded"]["message"].endswith(f"(see {link})")
     assert cond["Ready"]["status"] == "False"
-    assert [e.type for e in result.events] == ["Warning"]
+    assert [(e.type, e.message) for e in result.events] == [("Warning", cond["Degraded"]["message"])]
     # The same spec again: no new event, no status change (no hot loop of writes).
     again = reconcile({**body, "status": result.status}, cluster, NOW + timedelta(minutes=1))
     assert again.events == []
@@ -164,7 +167,12 @@ def test_rejected_child_reports_apply_failed_but_applies_the_rest(cluster):
     assert cond["status"] == "True"
     assert cond["reason"] == "ApplyFailed"
     assert "PodMonitor/assistant" in cond["message"]
+    assert cond["message"].endswith(f"(see {reasons.troubleshooting_url(reasons.APPLY_FAILED)})")
     assert len(cluster.objects) == 14
+    assert [e.message for e in result.events if e.reason == "Degraded"] == [cond["message"]]
+    # Still refused at the next resync: the condition keeps its message and no new Event is sent.
+    again = reconcile(_body(status=result.status), cluster, NOW + timedelta(minutes=1))
+    assert [e for e in again.events if e.reason == "Degraded"] == []
 
 
 def test_status_patch_only_changed_keys():

@@ -73,3 +73,15 @@ def test_release_refuses_a_tag_that_differs_from_the_versions(tag: str, agrees: 
         check=False,
     )
     assert (result.returncode == 0) is agrees, result.stdout
+
+
+def test_release_publishes_the_guide_strictly_built_where_condition_messages_link() -> None:
+    from specfleet.api.constants import DOCS_URL
+
+    steps = _steps("docs")
+    assert any("mkdocs build --strict" in str(s.get("run", "")) for s in steps)
+    assert any(str(s.get("uses", "")).startswith("actions/deploy-pages@") for s in steps)
+    # GitHub Pages serves a project site of owner/specfleet at https://owner.github.io/specfleet/.
+    image = yaml.safe_load((ROOT / "charts" / "specfleet" / "values.yaml").read_text())["image"]["repository"]
+    owner = image.split("/")[1]
+    assert DOCS_URL.startswith(f"https://{owner}.github.io/specfleet/")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specfleet.api.constants import ANNOTATION_RENDER_HASH, LABEL_POOL, LABEL_SPECULATION
-from specfleet.api.validation import parse_resource
+from specfleet.api.validation import InvalidResourceError, parse_resource
 from specfleet.render import plan_of, render_children
 from specfleet.render.engine import engine_args
-from specfleet.render.router import routing_config
+from specfleet.render.router import ROUTER_FALLBACK, routing_config
 from specfleet_runtime.vllm_args import parse_vllm_args
 from support.manifests import ROOT, load_yaml, merge
 
@@ -202,7 +204,7 @@ def test_every_routing_field_reaches_the_router():
         "tenantRules": [{"pool": "batch", "tenants": ["etl"], "apiKeySha256": ["a" * 64]}],
         "shape": {"batchIfMaxTokensAtLeast": 9, "batchIfNAtLeast": 3, "batchIfNotStreaming": True},
         "autoSegmentation": {"enabled": False, "inFlightThreshold": 3, "calmSeconds": 7},
-        "fallback": "reject",
+        "fallback": "Reject",
     }
     sd = _sd(patch={"spec": {"routing": routing}})
     spec = sd.spec.routing.model_dump(by_alias=True, exclude={"router"})
@@ -211,7 +213,17 @@ def test_every_routing_field_reaches_the_router():
     assert set(spec) == set(routing)
     for key, value in spec.items():
         assert value != defaults[key], key
-        assert rendered[key] == value, key
+        assert rendered[key] == (ROUTER_FALLBACK[value] if key == "fallback" else value), key
+
+
+@pytest.mark.parametrize(("old", "new"), [("otherPool", "OtherPool"), ("reject", "Reject")])
+def test_a_deprecated_fallback_spelling_is_read_as_the_new_one(old, new):
+    sd = _sd(patch={"spec": {"routing": {"fallback": old}}})
+    assert sd.spec.routing.fallback == new
+    renewed = _sd(patch={"spec": {"routing": {"fallback": new}}})
+    assert render_children(sd, ON) == render_children(renewed, ON)
+    with pytest.raises(InvalidResourceError, match="fallback"):
+        _sd(patch={"spec": {"routing": {"fallback": "Otherpool"}}})
 
 
 def test_owner_references_and_no_uid_means_none():

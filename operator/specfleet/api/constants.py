@@ -14,6 +14,10 @@ PLURAL: Final = "speculativedeployments"
 SINGULAR: Final = "speculativedeployment"
 SHORT_NAMES: Final = ("specdeploy", "sd")
 
+# The published guide (mkdocs.yml's site_url; the release workflow deploys it to GitHub Pages).
+# Condition messages link into its troubleshooting page.
+DOCS_URL: Final = "https://specfleet.github.io/specfleet/"
+
 # The single field manager for every server-side apply the operator makes.
 FIELD_MANAGER: Final = "specfleet-operator"
 # Holds an autoscaled Deployment's replicas for a moment when autoscaling is turned on, so the

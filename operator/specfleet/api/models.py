@@ -10,9 +10,9 @@ milli-units or percent integers, named so), fixed structs for the two pools.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from specfleet.api import constants
@@ -39,6 +39,10 @@ Quantity = Annotated[
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 # Whether an identity header is believed (runtime: routing_config.IdentityHeaderTrust).
 IdentityHeaderTrust = Literal["Ignored", "Trusted"]
+# UpperCamelCase enum values, as the Kubernetes API conventions ask. The earlier camelCase spellings
+# are deprecated for one version: accepted (the CRD's enum lists them) and read as the new ones.
+RoutingFallback = Literal["OtherPool", "Reject"]
+DEPRECATED_FALLBACK: dict[str, RoutingFallback] = {"otherPool": "OtherPool", "reject": "Reject"}
 
 
 def _quote(names: tuple[str, ...]) -> str:
@@ -275,7 +279,9 @@ class ModelCache(ApiModel):
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the resource's namespace."""
 
-    name: str = Field(min_length=1, max_length=253, description="Secret name.")
+    name: str = Field(
+        min_length=1, max_length=253, description="Name of the Secret, in the resource's namespace."
+    )
     key: str = Field(default="token", min_length=1, max_length=253, description="Key inside the Secret.")
 
 
@@ -346,14 +352,24 @@ class EngineSpec(ApiModel):
     """The vLLM server every pool runs, before per-pool overrides."""
 
     image: str = Field(
-        default="vllm/vllm-openai:v0.32.0", min_length=1, max_length=512, description="vLLM server image."
+        default="vllm/vllm-openai:v0.32.0",
+        min_length=1,
+        max_length=512,
+        description="The vLLM OpenAI-compatible server image the engines run (default from Docker Hub). Its "
+        "vLLM version decides which drafter methods and Dynamic SD schedules run: one too old for the "
+        "spec gives Degraded=True with reason UnsupportedConfiguration.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Image pull policy of engine containers."
     )
     tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="--tensor-parallel-size.")
     max_num_seqs: int | None = Field(default=None, ge=1, le=65536, description="--max-num-seqs (batch cap).")
-    max_model_len: int | None = Field(default=None, ge=1, description="--max-model-len.")
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="Longest context in tokens, prompt plus output (vLLM's --max-model-len); unset: the "
+        "model's own.",
+    )
     gpu_memory_utilization_percent: int | None = Field(
         default=None, ge=1, le=100, description="--gpu-memory-utilization as a percent (90 means 0.9)."
     )
@@ -560,7 +576,9 @@ class AutoSegmentation(ApiModel):
 class RouterSpec(ApiModel):
     """The router Deployment in front of the pools."""
 
-    replicas: int = Field(default=2, ge=0, le=100, description="Router replicas.")
+    replicas: int = Field(
+        default=2, ge=0, le=100, description="Router pods, behind the Service named after the resource."
+    )
     image: str | None = Field(
         default=None, max_length=512, description="Router image. Defaults to the operator's own image."
     )
@@ -618,15 +636,25 @@ class RoutingSpec(ApiModel):
     tenant_rules: list[TenantRule] = Field(
         default_factory=list, max_length=64, description="Tenant and API-key rules, first match wins."
     )
-    shape: ShapeRules = Field(default_factory=ShapeRules, description="Request-shape rules.")
+    shape: ShapeRules = Field(
+        default_factory=ShapeRules, description="Send a request to the batch pool by its shape."
+    )
     auto_segmentation: AutoSegmentation = Field(
         default_factory=AutoSegmentation, description="Per-client in-flight based segmentation."
     )
-    fallback: Literal["otherPool", "reject"] = Field(
-        default="otherPool",
-        description="When a pool has no ready engine: use the other pool, or reject with 503.",
+    fallback: RoutingFallback = Field(
+        default="OtherPool",
+        description="When a pool has no ready engine: OtherPool sends its requests to the other pool, "
+        "Reject answers 503. The spellings otherPool and reject are deprecated (read as OtherPool and "
+        "Reject) and will be refused by a later version.",
+        json_schema_extra={"enum": [*get_args(RoutingFallback), *DEPRECATED_FALLBACK]},
     )
     router: RouterSpec = Field(default_factory=RouterSpec, description="Router deployment settings.")
+
+    @field_validator("fallback", mode="before")
+    @classmethod
+    def _fallback_spelling(cls, value: Any) -> Any:
+        return DEPRECATED_FALLBACK.get(value, value) if isinstance(value, str) else value
 
 
 class PrometheusSpec(ApiModel):
@@ -640,7 +668,7 @@ class PrometheusSpec(ApiModel):
         "...); monitoring.podMonitor renders a PodMonitor that does. Without them Auto pools hold with "
         "MetricsAvailable=False.",
     )
-    timeout_seconds: int = Field(default=5, ge=1, le=120, description="Per-query timeout.")
+    timeout_seconds: int = Field(default=5, ge=1, le=120, description="Timeout of each Prometheus query.")
 
 
 class Thresholds(ApiModel):
@@ -791,8 +819,12 @@ class PolicySpec(ApiModel):
         description="Decision rule: Goodput predicts the speedup of each K from measured acceptance, load "
         "and the cost profile; Threshold compares acceptance length and concurrency with fixed values.",
     )
-    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="Metrics source.")
-    evaluation_interval_seconds: int = Field(default=30, ge=1, le=3600, description="How often to decide.")
+    prometheus: PrometheusSpec = Field(
+        default_factory=PrometheusSpec, description="Where the policy reads the engines' vLLM metrics."
+    )
+    evaluation_interval_seconds: int = Field(
+        default=30, ge=1, le=3600, description="How often the policy decides for every Auto pool."
+    )
     window_seconds: int = Field(
         default=120,
         ge=5,
@@ -800,8 +832,12 @@ class PolicySpec(ApiModel):
         description="Window over which the policy averages the engines' metrics (the range of its PromQL "
         "rate() queries): longer is steadier, shorter reacts faster.",
     )
-    thresholds: Thresholds = Field(default_factory=Thresholds, description="Threshold-mode values.")
-    goodput: GoodputPolicy = Field(default_factory=GoodputPolicy, description="Goodput-mode values.")
+    thresholds: Thresholds = Field(
+        default_factory=Thresholds, description="Settings of policy.mode Threshold."
+    )
+    goodput: GoodputPolicy = Field(
+        default_factory=GoodputPolicy, description="Settings of policy.mode Goodput."
+    )
     min_dwell_seconds: int = Field(
         default=300, ge=0, le=86400, description="Minimum time a pool stays in a mode after a flip."
     )
@@ -915,7 +951,7 @@ class SpeculativeDeploymentSpec(ApiModel):
         ),
     )
 
-    model: ModelSpec = Field(description="Target model.")
+    model: ModelSpec = Field(description="The target model every pool serves; its output is the answer.")
     drafter: DrafterSpec = Field(description="Speculative decoding settings (vLLM --speculative-config).")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM engine settings.")
     pools: Pools = Field(

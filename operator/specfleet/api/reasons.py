@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
+from specfleet.api import constants
+
 # Condition types: adjectives, as the conventions ask.
 READY: Final = "Ready"
 PROGRESSING: Final = "Progressing"
@@ -98,6 +100,16 @@ AUTOSCALING_ACTIVE: Final = "AutoscalingActive"
 AUTOSCALERS_ACTIVE: Final = "AutoscalersActive"
 AUTOSCALER_PENDING: Final = "AutoscalerPending"
 AUTOSCALER_INACTIVE: Final = "AutoscalerInactive"
+
+
+def troubleshooting_url(reason: str) -> str:
+    """The troubleshooting page's entry for a reason (the page's heading ids are the lowercased names)."""
+    return f"{constants.DOCS_URL}troubleshooting/#{reason.lower()}"
+
+
+def with_link(message: str, reason: str) -> str:
+    """A condition or Event message that ends with where the reason is explained."""
+    return f"{message} (see {troubleshooting_url(reason)})"
 
 
 # What each condition type and reason means and what to do about it: the one home of the troubleshooting

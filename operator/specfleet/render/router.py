@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final, Literal
 
 from specfleet.api.constants import POOLS
+from specfleet.api.models import RoutingFallback
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import (
     Manifest,
@@ -26,6 +27,12 @@ from specfleet_runtime.routing_config import (
 from specfleet_runtime.vllm_args import VLLM_PORT
 
 ROUTER_COMPONENT = "router"
+# The router's routing.json keeps its own spelling of the fallback, so a router of the previous
+# version still reads the ConfigMap during an upgrade.
+ROUTER_FALLBACK: Final[dict[RoutingFallback, Literal["otherPool", "reject"]]] = {
+    "OtherPool": "otherPool",
+    "Reject": "reject",
+}
 ROUTER_SERVICE_PORT = 80
 
 
@@ -56,7 +63,7 @@ def routing_config(sd: SpeculativeDeployment) -> RoutingConfig:
             in_flight_threshold=routing.auto_segmentation.in_flight_threshold,
             calm_seconds=routing.auto_segmentation.calm_seconds,
         ),
-        fallback=routing.fallback,
+        fallback=ROUTER_FALLBACK[routing.fallback],
     )
 
 
