@@ -11,9 +11,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
+from specfleet_runtime.names import ENGINE_PORT, POOLS, PoolName
+
 ROUTING_CONFIG_KEY: Final = "routing.json"
-POOLS: Final = ("latency", "batch")
-PoolName = Literal["latency", "batch"]
 # How far a client's own pool header is trusted: never, only where no tenant/API-key rule matched
 # (the default: an operator's rules beat a client's wish), or above every rule.
 PoolHeaderTrust = Literal["Ignored", "AfterTenantRules", "Always"]
@@ -29,7 +29,7 @@ class PoolBackend:
     """Where a pool's engines are: a Service whose EndpointSlices list ready pods, or static URLs."""
 
     service: str | None = None
-    port: int = 8000
+    port: int = ENGINE_PORT
     static_urls: tuple[str, ...] = ()
 
 

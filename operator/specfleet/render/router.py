@@ -15,6 +15,7 @@ from specfleet.render.common import (
     routing_config_map_name,
     selector_labels,
 )
+from specfleet_runtime.names import ENGINE_PORT
 from specfleet_runtime.routing_config import (
     ROUTING_CONFIG_KEY,
     AutoSegmentation,
@@ -23,7 +24,6 @@ from specfleet_runtime.routing_config import (
     ShapeRules,
     TenantRule,
 )
-from specfleet_runtime.vllm_args import VLLM_PORT
 
 ROUTER_COMPONENT = "router"
 ROUTER_SERVICE_PORT = 80
@@ -34,7 +34,7 @@ def routing_config(sd: SpeculativeDeployment) -> RoutingConfig:
     routing = sd.spec.routing
     return RoutingConfig(
         served_model_name=sd.served_model_name,
-        pools={p: PoolBackend(service=pool_name(sd, p), port=VLLM_PORT) for p in POOLS},
+        pools={p: PoolBackend(service=pool_name(sd, p), port=ENGINE_PORT) for p in POOLS},
         default_pool=routing.default_pool,
         pool_header=routing.pool_header,
         pool_header_trust=routing.pool_header_trust,
