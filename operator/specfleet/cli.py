@@ -4,6 +4,7 @@ show status, run the sandbox, print the version. `simulate` and `plan` live in s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import socket
@@ -139,10 +140,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_sandbox(argv: list[str]) -> int:
-    # The sandbox is a local harness (test bed, emulated engines, load), not part of the operator image.
-    from specfleet_sandbox.cli import main as sandbox_main
-
-    return sandbox_main(argv)
+    # The sandbox is a local harness above the operator (it runs one), not part of the operator image:
+    # its own program (`python -m specfleet_sandbox`, `specfleet-sandbox`) replaces this process, so the
+    # operator never imports it (.importlinter forbids it).
+    if importlib.util.find_spec("specfleet_sandbox") is None:
+        print(
+            "error: specfleet_sandbox is not installed (it ships with the source, not the image)",
+            file=sys.stderr,
+        )
+        return 1
+    os.execv(sys.executable, [sys.executable, "-m", "specfleet_sandbox", *argv])
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:

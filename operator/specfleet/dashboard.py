@@ -13,16 +13,13 @@ from typing import Any
 
 from specfleet import resource_metrics as rm
 from specfleet_runtime import vllm_metrics as vm
+from specfleet_runtime.names import BY_POOL, DECISIONS, FLIPS, ROUTER_REQUESTS, SERIES_DEPLOYMENT, SERIES_POOL
 
 UID = "specfleet-fleet"
-ENGINES = 'namespace=~"$namespace",specfleet_io_deployment=~"$deployment"'
+ENGINES = f'namespace=~"$namespace",{SERIES_DEPLOYMENT}=~"$deployment"'
 RESOURCES = 'namespace=~"$namespace",name=~"$deployment"'
-BY_POOL = "namespace, specfleet_io_deployment, specfleet_io_pool"
-POOL_LEGEND = "{{specfleet_io_deployment}} {{specfleet_io_pool}}"
+POOL_LEGEND = f"{{{{{SERIES_DEPLOYMENT}}}}} {{{{{SERIES_POOL}}}}}"
 RATE = "$__rate_interval"
-ROUTER_REQUESTS = "specfleet_router_requests_total"
-FLIPS = "specfleet_speculation_flips_total"
-DECISIONS = "specfleet_policy_decisions_total"
 
 
 def _rate_by_pool(metric: str, extra: str = "") -> str:
@@ -100,14 +97,14 @@ def panels() -> list[dict[str, Any]]:
             "Running and waiting requests per replica",
             "vLLM's running and waiting requests of every engine: the load the policy weighs.",
             [
-                _target(f"{vm.REQUESTS_RUNNING}{{{ENGINES}}}", "{{specfleet_io_pool}} {{pod}} running"),
-                _target(f"{vm.REQUESTS_WAITING}{{{ENGINES}}}", "{{specfleet_io_pool}} {{pod}} waiting"),
+                _target(f"{vm.REQUESTS_RUNNING}{{{ENGINES}}}", f"{{{{{SERIES_POOL}}}}} {{{{pod}}}} running"),
+                _target(f"{vm.REQUESTS_WAITING}{{{ENGINES}}}", f"{{{{{SERIES_POOL}}}}} {{{{pod}}}} waiting"),
             ],
         ),
         _panel(
             "KV-cache usage",
             "Fraction of each engine's KV cache in use (a drafter takes some of it).",
-            [_target(f"{vm.KV_CACHE_USAGE}{{{ENGINES}}}", "{{specfleet_io_pool}} {{pod}}")],
+            [_target(f"{vm.KV_CACHE_USAGE}{{{ENGINES}}}", f"{{{{{SERIES_POOL}}}}} {{{{pod}}}}")],
             unit="percentunit",
         ),
         _panel(
@@ -133,8 +130,8 @@ def panels() -> list[dict[str, Any]]:
             "Requests per second by the pool a request was classified into and the pool that served it.",
             [
                 _target(
-                    f"sum by (specfleet_io_deployment, class, pool, code) (rate({ROUTER_REQUESTS}{{{ENGINES}}}[{RATE}]))",
-                    "{{specfleet_io_deployment}} class {{class}} pool {{pool}} {{code}}",
+                    f"sum by ({SERIES_DEPLOYMENT}, class, pool, code) (rate({ROUTER_REQUESTS}{{{ENGINES}}}[{RATE}]))",
+                    f"{{{{{SERIES_DEPLOYMENT}}}}} class {{{{class}}}} pool {{{{pool}}}} {{{{code}}}}",
                 )
             ],
             unit="reqps",
@@ -194,7 +191,7 @@ def dashboard() -> dict[str, Any]:
                 _variable(
                     "deployment",
                     "SpeculativeDeployment",
-                    f'label_values({vm.REQUESTS_RUNNING}{{namespace=~"$namespace"}}, specfleet_io_deployment)',
+                    f'label_values({vm.REQUESTS_RUNNING}{{namespace=~"$namespace"}}, {SERIES_DEPLOYMENT})',
                 ),
             ]
         },

@@ -33,6 +33,8 @@ from specfleet.metrics.resources import ResourceGauges
 from specfleet.render import RenderOptions
 from specfleet.resync import ResyncScheduler
 from specfleet.scheduler import PolicyScheduler, SweepReport
+from specfleet_runtime.names import DECISIONS as DECISIONS_NAME
+from specfleet_runtime.names import FLIPS as FLIPS_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +43,8 @@ RECONCILE_SECONDS = Histogram(
 )
 RECONCILE_ERRORS = Counter("specfleet_reconcile_errors_total", "Loop iterations that raised.", ["trigger"])
 CHILDREN_APPLIED = Counter("specfleet_children_applied_total", "Child objects written.", ["kind"])
-DECISIONS = Counter(
-    "specfleet_policy_decisions_total", "Policy decisions by pool and reason.", ["pool", "reason"]
-)
-FLIPS = Counter(
-    "specfleet_speculation_flips_total", "Speculation flips by pool and new mode.", ["pool", "to"]
-)
+DECISIONS = Counter(DECISIONS_NAME, "Policy decisions by pool and reason.", ["pool", "reason"])
+FLIPS = Counter(FLIPS_NAME, "Speculation flips by pool and new mode.", ["pool", "to"])
 RETUNES = Counter("specfleet_speculation_retunes_total", "Changes of K while speculating, by pool.", ["pool"])
 QUERY_SECONDS = Histogram("specfleet_prometheus_query_duration_seconds", "PromQL query latency.")
 QUERY_ERRORS = Counter("specfleet_prometheus_query_errors_total", "PromQL queries that got no answer.")

@@ -8,12 +8,13 @@ This is the contract between control plane and data plane: the operator's render
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Final, Literal
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Final, Literal, TypeVar
+
+from specfleet_runtime.names import ENGINE_PORT, POOLS, PoolName
 
 ROUTING_CONFIG_KEY: Final = "routing.json"
-POOLS: Final = ("latency", "batch")
-PoolName = Literal["latency", "batch"]
 # How far a client's own pool header is trusted: never, only where no tenant/API-key rule matched
 # (the default: an operator's rules beat a client's wish), or above every rule.
 PoolHeaderTrust = Literal["Ignored", "AfterTenantRules", "Always"]
@@ -22,6 +23,12 @@ POOL_HEADER_TRUST_VALUES: Final = ("Ignored", "AfterTenantRules", "Always")
 # of the router sets it on every request (Trusted); otherwise any client could claim any identity.
 IdentityHeaderTrust = Literal["Ignored", "Trusted"]
 IDENTITY_HEADER_TRUST_VALUES: Final = ("Ignored", "Trusted")
+# When a pool has no ready endpoint: send its traffic to the other pool, or answer 503.
+Fallback = Literal["otherPool", "reject"]
+FALLBACK_VALUES: Final = ("otherPool", "reject")
+
+
+_Rule = TypeVar("_Rule", "TenantRule", "ShapeRules", "AutoSegmentation")
 
 
 @dataclass(frozen=True)
@@ -29,7 +36,7 @@ class PoolBackend:
     """Where a pool's engines are: a Service whose EndpointSlices list ready pods, or static URLs."""
 
     service: str | None = None
-    port: int = 8000
+    port: int = ENGINE_PORT
     static_urls: tuple[str, ...] = ()
 
 
@@ -79,49 +86,43 @@ class RoutingConfig:
     tenant_rules: tuple[TenantRule, ...] = ()
     shape: ShapeRules = field(default_factory=ShapeRules)
     auto_segmentation: AutoSegmentation = field(default_factory=AutoSegmentation)
-    # When a pool has no ready endpoint: send its traffic to the other pool, or answer 503.
-    fallback: Literal["otherPool", "reject"] = "otherPool"
+    fallback: Fallback = "otherPool"
 
     def to_json(self) -> str:
         """Key-sorted camelCase JSON, stable so an unchanged config renders an unchanged ConfigMap."""
         return json.dumps(_camel(asdict(self)), sort_keys=True, indent=2)
 
     @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> RoutingConfig:
+        """Build from snake_case data: parsed JSON, or the API's routing spec as the renderer dumps it.
+
+        Absent keys take the defaults declared above; unknown keys of a nested rule raise TypeError.
+        Not validated (see `validate`)."""
+        pools = {
+            name: PoolBackend(
+                service=p.get("service"),
+                port=int(p.get("port", ENGINE_PORT)),
+                static_urls=tuple(p.get("static_urls", ())),
+            )
+            for name, p in doc["pools"].items()
+        }
+        rules = tuple(_build(TenantRule, r) for r in doc.get("tenant_rules", ()))
+        return cls(
+            served_model_name=doc["served_model_name"],
+            pools=pools,
+            tenant_rules=tuple(
+                replace(r, api_key_sha256=tuple(k.lower() for k in r.api_key_sha256)) for r in rules
+            ),
+            shape=_build(ShapeRules, doc.get("shape", {})),
+            auto_segmentation=_build(AutoSegmentation, doc.get("auto_segmentation", {})),
+            **{key: doc[key] for key in _PLAIN_FIELDS if key in doc},
+        )
+
+    @classmethod
     def from_json(cls, text: str) -> RoutingConfig:
         """Parse and validate; raises ValueError with a readable message on a bad document."""
         try:
-            doc = _snake(json.loads(text))
-            pools = {
-                name: PoolBackend(
-                    service=p.get("service"),
-                    port=int(p.get("port", 8000)),
-                    static_urls=tuple(p.get("static_urls", ())),
-                )
-                for name, p in doc["pools"].items()
-            }
-            rules = tuple(
-                TenantRule(
-                    pool=r["pool"],
-                    tenants=tuple(r.get("tenants", ())),
-                    api_key_sha256=tuple(k.lower() for k in r.get("api_key_sha256", ())),
-                )
-                for r in doc.get("tenant_rules", ())
-            )
-            config = cls(
-                served_model_name=doc["served_model_name"],
-                pools=pools,
-                default_pool=doc.get("default_pool", "latency"),
-                pool_header=doc.get("pool_header", "x-specfleet-pool"),
-                pool_header_trust=doc.get("pool_header_trust", "AfterTenantRules"),
-                tenant_header=doc.get("tenant_header", "x-specfleet-tenant"),
-                tenant_header_trust=doc.get("tenant_header_trust", "Ignored"),
-                client_header=doc.get("client_header", "x-specfleet-client"),
-                client_header_trust=doc.get("client_header_trust", "Ignored"),
-                tenant_rules=rules,
-                shape=ShapeRules(**doc.get("shape", {})),
-                auto_segmentation=AutoSegmentation(**doc.get("auto_segmentation", {})),
-                fallback=doc.get("fallback", "otherPool"),
-            )
+            config = cls.from_dict(_snake(json.loads(text)))
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as err:
             raise ValueError(f"invalid routing config: {err!r}") from None
         config.validate()
@@ -153,10 +154,24 @@ class RoutingConfig:
                     f"invalid routing config: {name} must be one of "
                     f"{', '.join(IDENTITY_HEADER_TRUST_VALUES)}, not {trust!r}"
                 )
-        if self.fallback not in ("otherPool", "reject"):
+        if self.fallback not in FALLBACK_VALUES:
             raise ValueError(
                 f"invalid routing config: fallback must be otherPool or reject, not {self.fallback!r}"
             )
+
+
+# Top-level fields that are plain values (the rest are built by `from_dict`).
+_PLAIN_FIELDS: Final = tuple(
+    f.name
+    for f in fields(RoutingConfig)
+    if f.name not in ("served_model_name", "pools", "tenant_rules", "shape", "auto_segmentation")
+)
+
+
+def _build(cls: type[_Rule], values: Mapping[str, Any]) -> _Rule:
+    """A nested rule from its fields (lists become the tuples the frozen dataclasses hold)."""
+    converted: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return cls(**converted)
 
 
 def _camel_key(key: str) -> str:

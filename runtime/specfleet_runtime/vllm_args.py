@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specfleet_runtime.names import ENGINE_PORT
+
 # The image's entrypoint module; `vllm serve` takes the same flags but the CPU wheel lacks the script.
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-VLLM_PORT = 8000
 
 # Methods whose drafter is a separate checkpoint that must be named in the config.
 METHODS_WITH_DRAFTER_MODEL = frozenset({"eagle3", "eagle", "draft_model", "medusa"})
@@ -145,7 +146,7 @@ class EngineArgs:
     model: str
     served_model_name: str
     revision: str | None = None
-    port: int = VLLM_PORT
+    port: int = ENGINE_PORT
     tensor_parallel_size: int = 1
     max_num_seqs: int | None = None
     max_model_len: int | None = None
@@ -188,7 +189,7 @@ def parse_vllm_args(argv: Sequence[str]) -> tuple[EngineArgs, list[str]]:
     parser.add_argument("--model", required=True)
     parser.add_argument("--served-model-name", nargs="+")
     parser.add_argument("--revision")
-    parser.add_argument("--port", type=int, default=VLLM_PORT)
+    parser.add_argument("--port", type=int, default=ENGINE_PORT)
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--max-model-len", type=int)

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from specfleet.cli_common import CommandParser
+from specfleet_runtime.names import ENGINE_PORT, ROUTER_PORT
 from specfleet_sandbox.fleet import DEFAULT_NAMESPACE, SERVED_MODEL, sandbox_fleet
 from specfleet_sandbox.processes import Detached, OperatorProcess
 from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config
@@ -224,7 +225,7 @@ def router_url(cluster: Cluster, namespace: str) -> str | None:
     for pod in _ready_pods(
         cluster, namespace, f"app.kubernetes.io/component=router,app.kubernetes.io/instance={FLEET_NAME}"
     ):
-        url = _pod_url(pod, 8080)
+        url = _pod_url(pod, ROUTER_PORT)
         if _answers(f"{url}/readyz"):
             return url
     return None
@@ -292,7 +293,7 @@ def set_pool_acceptance(
     )
     for pod in _ready_pods(cluster, namespace, selector):
         try:
-            set_engine_acceptance(_pod_url(pod, 8000), list(per_position))
+            set_engine_acceptance(_pod_url(pod, ENGINE_PORT), list(per_position))
         except OSError as err:  # a pod going away mid-rollout; new ones read the file
             print(f"note: {pod['metadata']['name']}: {err}", file=sys.stderr)
 

@@ -30,6 +30,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from specfleet.api.constants import LABEL_POOL
+from specfleet_runtime.names import ENGINE_PORT, ROUTER_PORT
 from specfleet_runtime.vllm_args import VLLM_SERVER_MODULE
 from specfleet_testbed import READY_ANNOTATION, local_address
 
@@ -203,7 +204,7 @@ class PodRunner:
             if acceptance is not None:
                 extra += ["--acceptance", ",".join(str(a) for a in acceptance)]
             argv = [sys.executable, "-m", "specfleet_runtime.emulator", *args, "--host", address, *extra]
-            role, port = "engine", _port(args, 8000)
+            role, port = "engine", _port(args, ENGINE_PORT)
         elif command[:1] == ["specfleet-router"]:
             argv = [
                 sys.executable,
@@ -216,7 +217,7 @@ class PodRunner:
                 str(self.kubeconfig),
                 *self.router_args,
             ]
-            role, port = "router", _port(args, 8080)
+            role, port = "router", _port(args, ROUTER_PORT)
             if self.router_pythonpath is not None:
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join(
                     filter(None, [str(self.router_pythonpath), os.environ.get("PYTHONPATH")])

@@ -226,6 +226,35 @@ def test_a_deprecated_fallback_spelling_is_read_as_the_new_one(old, new):
         _sd(patch={"spec": {"routing": {"fallback": "Otherpool"}}})
 
 
+def test_the_routing_spec_declares_the_routing_contract_fields_with_its_defaults():
+    """`routing_config` passes `spec.routing` through as it is: the API's routing models have the
+    contract's fields (but the router Deployment's) and take their defaults from it."""
+    import dataclasses
+
+    from specfleet.api import models
+    from specfleet_runtime import routing_config as contract
+
+    pairs = [
+        (models.RoutingSpec, contract.RoutingConfig, {"router"}, {"served_model_name", "pools"}),
+        (models.TenantRule, contract.TenantRule, set(), set()),
+        (models.ShapeRules, contract.ShapeRules, set(), set()),
+        (models.AutoSegmentation, contract.AutoSegmentation, set(), set()),
+    ]
+    for api, runtime, api_only, runtime_only in pairs:
+        declared = {f.name: f for f in dataclasses.fields(runtime) if f.name not in runtime_only}
+        assert set(api.model_fields) - api_only == set(declared), api.__name__
+        for name, field in declared.items():
+            if field.default is not dataclasses.MISSING:
+                default = api.model_fields[name].get_default(call_default_factory=True)
+                default = tuple(default) if isinstance(default, list) else default
+                if api is models.RoutingSpec and name == "fallback":
+                    # The API spells it UpperCamel; the router's routing.json keeps its old spelling.
+                    from specfleet.render.router import ROUTER_FALLBACK
+
+                    default = ROUTER_FALLBACK[default]
+                assert default == field.default, f"{api.__name__}.{name}"
+
+
 def test_owner_references_and_no_uid_means_none():
     children = render_children(_sd(), ON)
     assert all(c["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for c in children)

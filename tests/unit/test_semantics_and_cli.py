@@ -121,8 +121,33 @@ def _all_parsers():
     return found + [(("sandbox", *argv), p) for argv, p in _subcommand_parsers(sandbox_parser())]
 
 
+def _sandbox_execs_in_process(monkeypatch) -> list[list[str]]:
+    """`specfleet sandbox` replaces its process with the sandbox's program; run that here instead."""
+    from specfleet_sandbox.cli import main as sandbox_main
+
+    calls: list[list[str]] = []
+
+    def execv(path: str, args: list[str]) -> None:
+        calls.append([path, *args[1:]])
+        raise SystemExit(sandbox_main(args[3:]))
+
+    monkeypatch.setattr("specfleet.cli.os.execv", execv)
+    return calls
+
+
+def test_specfleet_sandbox_runs_the_sandbox_program_without_importing_it(monkeypatch, capsys):
+    import sys
+
+    calls = _sandbox_execs_in_process(monkeypatch)
+    with pytest.raises(SystemExit):
+        main(["sandbox", "info", "--help"])
+    assert calls == [[sys.executable, "-m", "specfleet_sandbox", "info", "--help"]]
+    assert capsys.readouterr().out.startswith("usage: specfleet sandbox info")
+
+
 @pytest.mark.parametrize("argv", [argv for argv, _ in _all_parsers()], ids=" ".join)
-def test_every_command_answers_help(argv, capsys):
+def test_every_command_answers_help(argv, capsys, monkeypatch):
+    _sandbox_execs_in_process(monkeypatch)
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--help"])
     assert exit_.value.code == 0

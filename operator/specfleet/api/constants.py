@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Final, get_args
+from typing import Final
 
-from specfleet_runtime import routing_config
+from specfleet_runtime import names
 
-GROUP: Final = "specfleet.io"
+GROUP: Final = names.GROUP
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND: Final = "SpeculativeDeployment"
@@ -29,16 +29,16 @@ LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
-LABEL_DEPLOYMENT: Final = f"{GROUP}/deployment"
-LABEL_POOL: Final = f"{GROUP}/pool"
-LABEL_SPECULATION: Final = f"{GROUP}/speculation"
-# stable: the pool's main engines; canary: replicas of an Auto pool that keep speculating while it is off.
-LABEL_TRACK: Final = f"{GROUP}/track"
+# The pod labels Prometheus selects engines by are defined with the other shared names.
+LABEL_DEPLOYMENT: Final = names.LABEL_DEPLOYMENT
+LABEL_POOL: Final = names.LABEL_POOL
+LABEL_SPECULATION: Final = names.LABEL_SPECULATION
+LABEL_TRACK: Final = names.LABEL_TRACK
 
 # sha256 of a child's rendered content: equal hash on the live object means nothing to write.
 ANNOTATION_RENDER_HASH: Final = f"{GROUP}/render-hash"
 
-# The two pools every SpeculativeDeployment has. Their names are defined once, by the routing contract
-# the router shares (`PoolName`); the operator iterates them in this order.
-PoolName = routing_config.PoolName
-POOLS: Final[tuple[PoolName, ...]] = get_args(PoolName)
+# The two pools every SpeculativeDeployment has (defined in `specfleet_runtime.names`, which the router
+# shares); the operator iterates them in this order.
+PoolName = names.PoolName
+POOLS: Final = names.POOLS

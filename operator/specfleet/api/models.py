@@ -17,6 +17,7 @@ from pydantic.alias_generators import to_camel
 
 from specfleet.api import constants
 from specfleet.api.base import ApiModel, Rule
+from specfleet_runtime import routing_config as contract
 
 SpeculativeMethod = Literal["eagle3", "eagle", "draft_model", "ngram", "mtp", "medusa", "suffix"]
 # Methods that load a separate drafter checkpoint, so `drafter.model` must name it.
@@ -37,12 +38,17 @@ Quantity = Annotated[
     Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$", max_length=32),
 ]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-# Whether an identity header is believed (runtime: routing_config.IdentityHeaderTrust).
-IdentityHeaderTrust = Literal["Ignored", "Trusted"]
+# Whether an identity header is believed: the routing contract's own type.
+IdentityHeaderTrust = contract.IdentityHeaderTrust
 # UpperCamelCase enum values, as the Kubernetes API conventions ask. The earlier camelCase spellings
 # are deprecated for one version: accepted (the CRD's enum lists them) and read as the new ones.
 RoutingFallback = Literal["OtherPool", "Reject"]
 DEPRECATED_FALLBACK: dict[str, RoutingFallback] = {"otherPool": "OtherPool", "reject": "Reject"}
+# The routing contract the router reads: `spec.routing` declares its fields with the contract's types and
+# defaults (`render.router.routing_config` passes them through; a unit test holds the field sets equal).
+_ROUTING = contract.RoutingConfig
+_SHAPE = contract.ShapeRules
+_SEGMENTATION = contract.AutoSegmentation
 
 
 def _quote(names: tuple[str, ...]) -> str:
@@ -553,23 +559,35 @@ class ShapeRules(ApiModel):
     """Classify by request shape: a request matching any set rule is batch traffic."""
 
     batch_if_max_tokens_at_least: int | None = Field(
-        default=None, ge=1, description="max_tokens at or above this marks a batch request."
+        default=_SHAPE.batch_if_max_tokens_at_least,
+        ge=1,
+        description="max_tokens at or above this marks a batch request.",
     )
     batch_if_n_at_least: int | None = Field(
-        default=None, ge=2, description="n (completions per prompt) at or above this marks a batch request."
+        default=_SHAPE.batch_if_n_at_least,
+        ge=2,
+        description="n (completions per prompt) at or above this marks a batch request.",
     )
-    batch_if_not_streaming: bool = Field(default=False, description="Non-streaming requests are batch.")
+    batch_if_not_streaming: bool = Field(
+        default=_SHAPE.batch_if_not_streaming, description="Non-streaming requests are batch."
+    )
 
 
 class AutoSegmentation(ApiModel):
     """A client with too many requests in flight is treated as batch traffic until it calms down."""
 
-    enabled: bool = Field(default=True, description="Turn auto-segmentation on.")
+    enabled: bool = Field(default=_SEGMENTATION.enabled, description="Turn auto-segmentation on.")
     in_flight_threshold: int = Field(
-        default=8, ge=1, le=100000, description="In-flight requests above which a client counts as batch."
+        default=_SEGMENTATION.in_flight_threshold,
+        ge=1,
+        le=100000,
+        description="In-flight requests above which a client counts as batch.",
     )
     calm_seconds: int = Field(
-        default=30, ge=0, le=86400, description="Time below the threshold before a client is latency again."
+        default=_SEGMENTATION.calm_seconds,
+        ge=0,
+        le=86400,
+        description="Time below the threshold before a client is latency again.",
     )
 
 
@@ -597,37 +615,39 @@ class RoutingSpec(ApiModel):
         ),
     )
 
-    default_pool: PoolName = Field(default="latency", description="Pool for requests no rule classifies.")
-    pool_header: str = Field(
-        default="x-specfleet-pool", max_length=128, description="Header that names the pool explicitly."
+    default_pool: PoolName = Field(
+        default=_ROUTING.default_pool, description="Pool for requests no rule classifies."
     )
-    pool_header_trust: Literal["Ignored", "AfterTenantRules", "Always"] = Field(
-        default="AfterTenantRules",
+    pool_header: str = Field(
+        default=_ROUTING.pool_header, max_length=128, description="Header that names the pool explicitly."
+    )
+    pool_header_trust: contract.PoolHeaderTrust = Field(
+        default=_ROUTING.pool_header_trust,
         description="How far a client's own pool header is trusted. AfterTenantRules (default): it counts "
         "only where no tenant or API-key rule matched, so a client cannot move itself out of the pool "
         "its rules assign; Always: it beats every rule (only where every client is trusted); Ignored: "
         "never read.",
     )
     tenant_header: str = Field(
-        default="x-specfleet-tenant",
+        default=_ROUTING.tenant_header,
         max_length=128,
         description="Header carrying the tenant name; read only where tenantHeaderTrust is Trusted.",
     )
     tenant_header_trust: IdentityHeaderTrust = Field(
-        default="Ignored",
+        default=_ROUTING.tenant_header_trust,
         description="Whether the tenant header is believed. Ignored (default): never read, so no client "
         "can claim a tenant, and tenant rules match API keys only; Trusted: read on every request. Set "
         "Trusted only where an authenticating gateway in front of the router sets this header on every "
         "request, replacing any value the client sent.",
     )
     client_header: str = Field(
-        default="x-specfleet-client",
+        default=_ROUTING.client_header,
         max_length=128,
         description="Header naming the client for auto-segmentation; read only where clientHeaderTrust "
         "is Trusted.",
     )
     client_header_trust: IdentityHeaderTrust = Field(
-        default="Ignored",
+        default=_ROUTING.client_header_trust,
         description="Whether the client header is believed. Ignored (default): a client is its API key, "
         "else its network address, so no client can push another's requests into the batch pool; "
         "Trusted: read on every request. Set Trusted only where an authenticating gateway in front of "

@@ -28,9 +28,6 @@ from typing import Any
 from prometheus_client import Counter
 
 from specfleet.policy.answers import (
-    MIN_DRAFTS_FOR_ACCEPTANCE,
-    POOL_LABELS,
-    SPECULATION_LABEL,
     STALE_AFTER_SECONDS,
     FleetAnswers,
     PoolKey,
@@ -38,6 +35,9 @@ from specfleet.policy.answers import (
     observe,
 )
 from specfleet_runtime import vllm_metrics as vm
+from specfleet_runtime.names import BY_POOL, POOL_LABELS, SERIES_DEPLOYMENT, SERIES_POOL
+from specfleet_runtime.names import MIN_DRAFTS_IN_WINDOW as MIN_DRAFTS_FOR_ACCEPTANCE
+from specfleet_runtime.names import SERIES_SPECULATION as SPECULATION_LABEL
 
 __all__ = [
     "MIN_DRAFTS_FOR_ACCEPTANCE",
@@ -90,9 +90,9 @@ def namespace_matcher(namespaces: Collection[str]) -> str:
 def fleet_queries(window_seconds: int, namespaces: Collection[str]) -> dict[str, str]:
     """The PromQL for every number the policy uses, by name, each grouped by pool, over the engines of
     `namespaces` (those of the resources the round serves)."""
-    by = ", ".join(POOL_LABELS)
+    by = BY_POOL
     # Only specfleet engines (the pod labels the renderer sets on every engine pod) of those namespaces.
-    sel = f'{namespace_matcher(namespaces)},specfleet_io_deployment!="",specfleet_io_pool!=""'
+    sel = f'{namespace_matcher(namespaces)},{SERIES_DEPLOYMENT}!="",{SERIES_POOL}!=""'
     w = f"{window_seconds}s"
 
     def rate_sum(metric: str) -> str:

@@ -20,17 +20,14 @@ from typing import Any
 
 from specfleet.policy.observations import PoolObservation
 from specfleet_runtime import vllm_metrics as vm
+from specfleet_runtime.names import MIN_DRAFTS_IN_WINDOW as MIN_DRAFTS_FOR_ACCEPTANCE
+from specfleet_runtime.names import POOL_LABELS
+from specfleet_runtime.names import SERIES_SPECULATION as SPECULATION_LABEL
 
 # Samples older than this many scrape windows mean the targets are gone or Prometheus stopped scraping.
 STALE_AFTER_SECONDS = 60.0
-# Fewer drafts than this in the window say little about acceptance (a freshly started or nearly idle
-# pool): acceptance is then reported as unknown rather than decided on.
-MIN_DRAFTS_FOR_ACCEPTANCE = 100
-
-# The labels that name a pool on engine series, in the order of `PoolKey`.
-POOL_LABELS = ("namespace", "specfleet_io_deployment", "specfleet_io_pool")
-# The engine pod's speculation label (On / Off) as Prometheus' labelmap copies it.
-SPECULATION_LABEL = "specfleet_io_speculation"
+# Fewer drafts than MIN_DRAFTS_FOR_ACCEPTANCE in the window (a freshly started or nearly idle pool):
+# acceptance is then reported as unknown rather than decided on. POOL_LABELS: in the order of `PoolKey`.
 # (namespace, deployment, pool)
 PoolKey = tuple[str, str, str]
 

@@ -19,6 +19,7 @@ from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, metadata, pool_name
 from specfleet.render.engine import ENGINE_COMPONENT
 from specfleet_runtime import vllm_metrics as vm
+from specfleet_runtime.names import SERIES_DEPLOYMENT, SERIES_POOL, SERIES_TRACK
 
 # The custom-metrics name of each metric: vLLM's series name with ':' (not allowed in a custom-metrics
 # API path segment by prometheus-adapter's default naming) written as '_'.
@@ -72,8 +73,8 @@ def keda_query(sd: SpeculativeDeployment, pool: PoolName, metric: AutoscalingMet
 
     Series carry the pod labels Prometheus' discovery copies (as the policy's queries select them)."""
     selector = (
-        f'namespace="{sd.namespace}",specfleet_io_deployment="{sd.name}",'
-        f'specfleet_io_pool="{pool}",specfleet_io_track="stable"'
+        f'namespace="{sd.namespace}",{SERIES_DEPLOYMENT}="{sd.name}",'
+        f'{SERIES_POOL}="{pool}",{SERIES_TRACK}="stable"'
     )
     total = f"sum({_VLLM_SERIES[metric]}{{{selector}}})"
     return f"100 * {total}" if metric == "KVCacheUsage" else total

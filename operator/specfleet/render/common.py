@@ -23,6 +23,7 @@ from specfleet.api.constants import (
     LABEL_POOL,
 )
 from specfleet.api.validation import SpeculativeDeployment
+from specfleet_runtime.names import ROUTER_PORT
 
 Manifest = dict[str, Any]
 MANAGED_BY = "specfleet-operator"
@@ -33,7 +34,7 @@ class RenderOptions:
     """Inputs that come from the operator's installation, not from the resource."""
 
     router_image: str = f"ghcr.io/specfleet/specfleet:{__version__}"
-    router_port: int = 8080
+    router_port: int = ROUTER_PORT
 
 
 def pool_name(sd: SpeculativeDeployment, pool: str) -> str:

@@ -16,8 +16,8 @@ from specfleet.api.models import (
 )
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, RenderOptions, metadata, pool_name, selector_labels
+from specfleet_runtime.names import ENGINE_PORT
 from specfleet_runtime.vllm_args import (
-    VLLM_PORT,
     VLLM_SERVER_MODULE,
     DynamicSpeculationRange,
     EngineArgs,
@@ -75,7 +75,7 @@ def engine_args(
         model=sd.spec.model.name,
         served_model_name=sd.served_model_name,
         revision=sd.spec.model.revision,
-        port=VLLM_PORT,
+        port=ENGINE_PORT,
         tensor_parallel_size=eng.tensor_parallel_size,
         max_num_seqs=eng.max_num_seqs,
         max_model_len=eng.max_model_len,
@@ -282,7 +282,7 @@ def render_pool_deployment(
     if spec.monitoring.scrape_annotations:
         pod_annotations = {
             "prometheus.io/scrape": "true",
-            "prometheus.io/port": str(VLLM_PORT),
+            "prometheus.io/port": str(ENGINE_PORT),
             "prometheus.io/path": "/metrics",
         }
     container: dict[str, Any] = {
@@ -291,7 +291,7 @@ def render_pool_deployment(
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": ["python3", "-m", VLLM_SERVER_MODULE],
         "args": build_vllm_args(engine_args(sd, pool, mode, k, schedule)),
-        "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": _env(sd),
         "resources": _resources(eng),
         "volumeMounts": _volume_mounts(sd),
@@ -356,7 +356,7 @@ def render_pool_service(sd: SpeculativeDeployment, pool: PoolName) -> Manifest:
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(sd, ENGINE_COMPONENT, pool),
-            "ports": [{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
 

@@ -19,9 +19,14 @@ from specfleet.render.common import Manifest, metadata
 from specfleet.resource_metrics import CONDITION, POOL_READY_REPLICAS, POOL_REPLICAS, POOL_SPECULATING
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import default_profile
-
-# The router's request counter as exposed (prometheus_client adds _total).
-ROUTER_REQUESTS = "specfleet_router_requests_total"
+from specfleet_runtime.names import (
+    BY_POOL,
+    MIN_DRAFTS_IN_WINDOW,
+    ROUTER_REQUESTS,
+    SERIES_DEPLOYMENT,
+    SERIES_POOL,
+    SERIES_SPECULATION,
+)
 
 
 def render_pod_monitor(sd: SpeculativeDeployment) -> Manifest:
@@ -41,12 +46,6 @@ def render_pod_monitor(sd: SpeculativeDeployment) -> Manifest:
     }
 
 
-# Fewer drafts than this in a window say little about acceptance: the acceptance series is then
-# left empty instead of alerting on noise (the same floor the policy uses before it decides).
-MIN_DRAFTS_IN_WINDOW = 100
-# Engine series of one pool, aggregated as the policy sees them (PodMonitor podTargetLabels or a
-# Kubernetes SD labelmap turn specfleet.io/pool into specfleet_io_pool).
-_BY_POOL = "namespace, specfleet_io_deployment, specfleet_io_pool"
 # Recording rules: one name for every resource, told apart by their labels.
 RECORD_ACCEPTANCE = "specfleet:pool_acceptance_length"
 RECORD_REJECTED = "specfleet:pool_rejected_draft_tokens_per_second_per_replica"
@@ -70,13 +69,13 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
     window = _seconds(spec.policy.window_seconds)
     hold = _seconds(alerts.for_seconds)
     ns, name = sd.namespace, sd.name
-    engines = f'namespace="{ns}",specfleet_io_deployment="{name}",specfleet_io_speculation="On"'
-    router = f'namespace="{ns}",specfleet_io_deployment="{name}"'
+    engines = f'namespace="{ns}",{SERIES_DEPLOYMENT}="{name}",{SERIES_SPECULATION}="On"'
+    router = f'namespace="{ns}",{SERIES_DEPLOYMENT}="{name}"'
     resource = f'namespace="{ns}",name="{name}"'
-    ids = {"specfleet_io_deployment": name}
+    ids = {SERIES_DEPLOYMENT: name}
 
     def by_pool(metric: str, selector: str = engines) -> str:
-        return f"sum by ({_BY_POOL}) (rate({metric}{{{selector}}}[{window}]))"
+        return f"sum by ({BY_POOL}) (rate({metric}{{{selector}}}[{window}]))"
 
     drafts = by_pool(vm.SPEC_DRAFTS)
     recording = [
@@ -87,15 +86,15 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
         },
         {
             "record": RECORD_RUNNING,
-            "expr": f"avg by ({_BY_POOL}) ({vm.REQUESTS_RUNNING}{{{engines}}})",
+            "expr": f"avg by ({BY_POOL}) ({vm.REQUESTS_RUNNING}{{{engines}}})",
         },
         {
             "record": RECORD_REJECTED,
             "expr": f"({by_pool(vm.SPEC_DRAFT_TOKENS)} - {by_pool(vm.SPEC_ACCEPTED_TOKENS)})"
-            f" / count by ({_BY_POOL}) ({vm.REQUESTS_RUNNING}{{{engines}}})",
+            f" / count by ({BY_POOL}) ({vm.REQUESTS_RUNNING}{{{engines}}})",
         },
     ]
-    own = f'namespace="{ns}",specfleet_io_deployment="{name}"'
+    own = f'namespace="{ns}",{SERIES_DEPLOYMENT}="{name}"'
     stop = f"{thresholds.stop_acceptance:.3g}"
     drop = alerts.acceptance_drop_percent
     budget = spec.policy.max_flips_per_hour
@@ -106,7 +105,7 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
             f"{RECORD_ACCEPTANCE}{{{own}}} < {stop}",
             hold,
             "warning",
-            f'{{{{ $labels.specfleet_io_pool }}}} pool of {ns}/{name} accepts {{{{ $value | printf "%.2f" }}}} '
+            f'{{{{ $labels.{SERIES_POOL} }}}} pool of {ns}/{name} accepts {{{{ $value | printf "%.2f" }}}} '
             f"tokens per step, below its stop value {stop}",
             "A speculating pool's mean acceptance length stayed below policy.thresholds."
             "stopBelowAcceptanceLengthMilli: the drafter no longer fits the traffic or the target.",
@@ -117,7 +116,7 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
             f"{RECORD_ACCEPTANCE}{{{own}}}[{_seconds(alerts.acceptance_baseline_seconds)}])",
             hold,
             "warning",
-            f'{{{{ $labels.specfleet_io_pool }}}} pool of {ns}/{name} accepts {{{{ $value | printf "%.2f" }}}} '
+            f'{{{{ $labels.{SERIES_POOL} }}}} pool of {ns}/{name} accepts {{{{ $value | printf "%.2f" }}}} '
             f"tokens per step, more than {drop}% below its baseline",
             "Acceptance drifted below the pool's own median: traffic or the target changed; the drafter "
             "may need retraining.",
@@ -157,8 +156,8 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
         ),
         _alert(
             "SpecfleetRouterErrors",
-            f'sum by (namespace, specfleet_io_deployment) (rate({ROUTER_REQUESTS}{{{router},code=~"5.."}}'
-            f"[{window}])) / sum by (namespace, specfleet_io_deployment) "
+            f'sum by (namespace, {SERIES_DEPLOYMENT}) (rate({ROUTER_REQUESTS}{{{router},code=~"5.."}}'
+            f"[{window}])) / sum by (namespace, {SERIES_DEPLOYMENT}) "
             f"(rate({ROUTER_REQUESTS}{{{router}}}[{window}])) * 100 > {alerts.router_error_percent}",
             hold,
             "critical",
@@ -168,10 +167,10 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
         _alert(
             "SpecfleetRejectedDraftTokensHigh",
             f"{RECORD_REJECTED}{{{own}}} > {alerts.rejected_draft_tokens_per_second_per_replica}"
-            f" and on ({_BY_POOL}) {RECORD_RUNNING}{{{own}}} > {thresholds.stop_concurrency:g}",
+            f" and on ({BY_POOL}) {RECORD_RUNNING}{{{own}}} > {thresholds.stop_concurrency:g}",
             hold,
             "warning",
-            f"{{{{ $labels.specfleet_io_pool }}}} pool of {ns}/{name} rejects "
+            f"{{{{ $labels.{SERIES_POOL} }}}} pool of {ns}/{name} rejects "
             f'{{{{ $value | printf "%.0f" }}}} drafted tokens/s per replica under high load',
             "The pool speculates above policy.thresholds.stopAboveConcurrencyPerReplica running requests "
             "per replica: verification of rejected drafts costs compute the batch needs.",

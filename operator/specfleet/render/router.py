@@ -16,15 +16,8 @@ from specfleet.render.common import (
     routing_config_map_name,
     selector_labels,
 )
-from specfleet_runtime.routing_config import (
-    ROUTING_CONFIG_KEY,
-    AutoSegmentation,
-    PoolBackend,
-    RoutingConfig,
-    ShapeRules,
-    TenantRule,
-)
-from specfleet_runtime.vllm_args import VLLM_PORT
+from specfleet_runtime.names import ENGINE_PORT
+from specfleet_runtime.routing_config import ROUTING_CONFIG_KEY, RoutingConfig
 
 ROUTER_COMPONENT = "router"
 # The router's routing.json keeps its own spelling of the fallback, so a router of the previous
@@ -37,34 +30,14 @@ ROUTER_SERVICE_PORT = 80
 
 
 def routing_config(sd: SpeculativeDeployment) -> RoutingConfig:
-    """The data-plane routing contract for this resource."""
-    routing = sd.spec.routing
-    return RoutingConfig(
-        served_model_name=sd.served_model_name,
-        pools={p: PoolBackend(service=pool_name(sd, p), port=VLLM_PORT) for p in POOLS},
-        default_pool=routing.default_pool,
-        pool_header=routing.pool_header,
-        pool_header_trust=routing.pool_header_trust,
-        tenant_header=routing.tenant_header,
-        tenant_header_trust=routing.tenant_header_trust,
-        client_header=routing.client_header,
-        client_header_trust=routing.client_header_trust,
-        tenant_rules=tuple(
-            TenantRule(pool=r.pool, tenants=tuple(r.tenants), api_key_sha256=tuple(r.api_key_sha256))
-            for r in routing.tenant_rules
-        ),
-        shape=ShapeRules(
-            batch_if_max_tokens_at_least=routing.shape.batch_if_max_tokens_at_least,
-            batch_if_n_at_least=routing.shape.batch_if_n_at_least,
-            batch_if_not_streaming=routing.shape.batch_if_not_streaming,
-        ),
-        auto_segmentation=AutoSegmentation(
-            enabled=routing.auto_segmentation.enabled,
-            in_flight_threshold=routing.auto_segmentation.in_flight_threshold,
-            calm_seconds=routing.auto_segmentation.calm_seconds,
-        ),
-        fallback=ROUTER_FALLBACK[routing.fallback],
-    )
+    """The data-plane routing contract for this resource: `spec.routing` as the router reads it.
+
+    The API's routing fields are the contract's own (a unit test holds them equal), so they pass as they are.
+    """
+    routing = sd.spec.routing.model_dump(exclude={"router"})
+    pools = {p: {"service": pool_name(sd, p), "port": ENGINE_PORT} for p in POOLS}
+    routing["fallback"] = ROUTER_FALLBACK[sd.spec.routing.fallback]
+    return RoutingConfig.from_dict({**routing, "served_model_name": sd.served_model_name, "pools": pools})
 
 
 def render_routing_config_map(sd: SpeculativeDeployment) -> Manifest:

@@ -56,12 +56,13 @@ from specfleet.render.router import routing_config
 from specfleet.sim import prom
 from specfleet.sim.engine import EngineConfig, MemoryModel, Replica, SimRequest, itl_bin_seconds
 from specfleet.sim.workload import ClosedLoop, Trace, TraceRequest
+from specfleet_runtime import names
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
 from specfleet_runtime.router.classify import ClientLoadTracker, classify, extract_facts
 from specfleet_runtime.router.endpoints import resolve_pool
 from specfleet_runtime.vllm_args import parse_vllm_args
 
-POOLS: tuple[str, ...] = ("latency", "batch")
+POOLS: tuple[str, ...] = names.POOLS
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 # Prefill cost when the profile has none: 2 x 8.03e9 FLOPs per prompt token on an H100 (989 dense
 # bf16 TFLOPS) at 40% utilisation is 0.04 ms per token.

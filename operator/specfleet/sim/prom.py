@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from specfleet.policy.answers import POOL_LABELS, FleetAnswers, PoolSelector, observe
+from specfleet.policy.answers import FleetAnswers, PoolSelector, observe
 from specfleet.policy.observations import PoolObservation
+from specfleet_runtime.names import POOL_LABELS
 
 LOOKBACK_SECONDS = 300.0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import gc
 import importlib.metadata
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from specfleet_runtime.names import ROUTER_PORT
 from specfleet_runtime.router.app import Router, RouterSettings
 from specfleet_runtime.router.build import router_build
 from specfleet_runtime.router.endpoints import IPNetwork, parse_address_map
@@ -43,6 +45,24 @@ def _address_map(text: str) -> tuple[IPNetwork, IPNetwork]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def settings_flags() -> list[dataclasses.Field[Any]]:
+    """The `RouterSettings` fields that are command-line flags: those with help text."""
+    return [f for f in dataclasses.fields(RouterSettings) if "help" in f.metadata]
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per settings field with help: `--field-name`, typed and defaulted as the field."""
+    for f in settings_flags():
+        flag = "--" + f.name.replace("_", "-")
+        text = f"{f.metadata['help']} (default: %(default)s)"
+        parser.add_argument(flag, type=type(f.default), default=f.default, help=text)
+
+
+def settings_from_args(args: argparse.Namespace, **others: Any) -> RouterSettings:
+    """`RouterSettings` from the parsed flags, plus the fields that are not flags."""
+    return RouterSettings(**{f.name: getattr(args, f.name) for f in settings_flags()}, **others)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="specfleet-router", description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -53,87 +73,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--namespace", help="namespace of pool Services (default: the ConfigMap's, or the pod's)"
     )
     parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--port", type=int, default=ROUTER_PORT)
     parser.add_argument("--poll-seconds", type=float, default=2.0, help="config file poll interval")
     parser.add_argument("--resync-seconds", type=int, default=300, help="Kubernetes watch resync period")
-    defaults = RouterSettings()
-    parser.add_argument("--connect-timeout", type=float, default=defaults.connect_timeout)
-    parser.add_argument(
-        "--read-timeout",
-        type=float,
-        default=defaults.read_timeout,
-        help="longest wait for the next byte from an engine",
-    )
-    parser.add_argument(
-        "--stall-seconds",
-        type=float,
-        default=defaults.stall_seconds,
-        help="no byte from an engine this long before its first: probe it; a failed probe ejects it "
-        "and the request is retried elsewhere",
-    )
-    parser.add_argument("--probe-timeout", type=float, default=defaults.probe_timeout)
-    parser.add_argument(
-        "--stream-stall-timeout",
-        type=float,
-        default=defaults.stream_stall_timeout,
-        help="an answer that started and then gives no byte for this long is ended (a stream with an "
-        "OpenAI-format error event) and its engine probed, ejected if the probe fails; 0: --read-timeout",
-    )
-    parser.add_argument(
-        "--max-body-bytes", type=int, default=defaults.max_body_bytes, help="larger bodies get 413"
-    )
-    parser.add_argument(
-        "--max-bytes-in-flight",
-        type=int,
-        default=defaults.max_bytes_in_flight,
-        help="request bytes all requests may hold together (beyond: 503 + Retry-After); 0: no cap",
-    )
-    parser.add_argument(
-        "--body-timeout", type=float, default=defaults.body_timeout, help="whole body within this (else 408)"
-    )
-    parser.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=defaults.idle_timeout,
-        help="close a connection without a complete request head for this long (idle or slow headers)",
-    )
-    parser.add_argument(
-        "--write-timeout",
-        type=float,
-        default=defaults.write_timeout,
-        help="drop a client that takes no byte of its answer for this long (its engine leg closes); 0: never",
-    )
-    parser.add_argument(
-        "--max-connections",
-        type=int,
-        default=defaults.max_connections,
-        help="open client connections (beyond: 503 and close); 0: no cap",
-    )
-    parser.add_argument(
-        "--max-in-flight", type=int, default=defaults.max_in_flight, help="0: no cap (else 429)"
-    )
-    parser.add_argument(
-        "--max-attempts",
-        type=int,
-        default=defaults.max_attempts,
-        help="endpoints tried per request on connection failures and stalls",
-    )
-    parser.add_argument("--eject-seconds", type=float, default=defaults.eject_seconds)
-    parser.add_argument(
-        "--shutdown-delay-seconds",
-        type=float,
-        default=defaults.shutdown_delay_seconds,
-        help="after SIGTERM, keep serving this long with /readyz failing before the listener closes "
-        "(the time the Service needs to stop sending new connections here)",
-    )
-    parser.add_argument("--drain-seconds", type=float, default=defaults.drain_seconds)
-    parser.add_argument(
-        "--warm-timeout",
-        type=float,
-        default=defaults.warm_timeout,
-        help="with --reuse-port (each worker of --workers): listen once the routing config and every "
-        "pool's first endpoint list are in, or after this many seconds",
-    )
+    add_settings_arguments(parser)
     parser.add_argument(
         "--endpoint-address-map",
         metavar="FROM_CIDR=TO_CIDR",
@@ -182,25 +125,9 @@ def build_router(args: argparse.Namespace) -> Router:
         namespace = namespace or cm_namespace
     else:
         config_source = ConfigFileSource(args.config_file, args.poll_seconds)
-    settings = RouterSettings(
+    settings = settings_from_args(
+        args,
         namespace=namespace or default_namespace(),
-        connect_timeout=args.connect_timeout,
-        read_timeout=args.read_timeout,
-        stall_seconds=args.stall_seconds,
-        probe_timeout=args.probe_timeout,
-        stream_stall_timeout=args.stream_stall_timeout,
-        max_body_bytes=args.max_body_bytes,
-        max_bytes_in_flight=args.max_bytes_in_flight,
-        body_timeout=args.body_timeout,
-        idle_timeout=args.idle_timeout,
-        write_timeout=args.write_timeout,
-        max_connections=args.max_connections,
-        max_in_flight=args.max_in_flight,
-        max_attempts=args.max_attempts,
-        eject_seconds=args.eject_seconds,
-        shutdown_delay_seconds=args.shutdown_delay_seconds,
-        drain_seconds=args.drain_seconds,
-        warm_timeout=args.warm_timeout,
         endpoint_address_map=tuple(args.endpoint_address_map),
     )
     # In file mode the API client is only created if a pool names a Service.

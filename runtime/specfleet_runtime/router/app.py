@@ -17,16 +17,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from specfleet_runtime.names import PoolName, other_pool
 from specfleet_runtime.router.admission import Admission
 from specfleet_runtime.router.backends import Backends, WatchKey
 from specfleet_runtime.router.classify import Classification, ClientLoadTracker, Endpoint
 from specfleet_runtime.router.configuration import ConfigStore
-from specfleet_runtime.router.endpoints import AddressMap, other_pool
+from specfleet_runtime.router.endpoints import AddressMap
 from specfleet_runtime.router.errors import clip, error_response
 from specfleet_runtime.router.intake import BodyLimits, ByteBudget, Refusal, read_body
 from specfleet_runtime.router.metrics import RouterMetrics
@@ -35,7 +36,7 @@ from specfleet_runtime.router.proxy import CLIENT_CLOSED, Outcome, Proxy, ProxyS
 from specfleet_runtime.router.reply import Reply, json_reply
 from specfleet_runtime.router.server import HttpServer, RateLimitedLog, Request, ServerLimits
 from specfleet_runtime.router.sources import ConfigSource, SliceWatchFactory
-from specfleet_runtime.routing_config import PoolName, RoutingConfig
+from specfleet_runtime.routing_config import RoutingConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,43 +44,66 @@ log = logging.getLogger(__name__)
 __all__ = ["CLIENT_CLOSED", "Router", "RouterSettings"]
 
 
+def _flag(default: Any, text: str) -> Any:
+    """A setting that is also a command-line flag (`--name-with-dashes`) with this help text."""
+    return field(default=default, metadata={"help": text})
+
+
 @dataclass(frozen=True)
 class RouterSettings:
-    """Process-level knobs (command-line flags); routing itself lives in `RoutingConfig`."""
+    """Process-level knobs; routing itself lives in `RoutingConfig`. Fields made with `_flag` are the
+    router's command-line flags, with their help and default (see `__main__.settings_arguments`)."""
 
     namespace: str = "default"
-    connect_timeout: float = 5.0
-    # Between two reads from an engine once it answers; also the longest wait for a healthy engine.
-    read_timeout: float = 600.0
-    # No byte from an engine for this long before its first byte: probe its health; if the probe
-    # fails within probe_timeout, eject it and retry elsewhere.
-    stall_seconds: float = 10.0
-    probe_timeout: float = 2.0
-    # An answer that started and then gives no byte for this long is ended (a stream with an error
-    # event) and its engine probed as for a stall; 0: only read_timeout bounds it.
-    stream_stall_timeout: float = 60.0
-    max_body_bytes: int = 32 * 1024 * 1024
-    # Request body bytes all requests may hold together; beyond it 503 + Retry-After. 0: no cap.
-    max_bytes_in_flight: int = 256 * 1024 * 1024
-    # The whole body must arrive within this (a body shorter than its Content-Length, a trickle).
-    body_timeout: float = 30.0
-    # A connection with no complete request head for this long (idle, or slow headers) is closed.
-    idle_timeout: float = 15.0
-    # A client that takes no byte of its answer for this long is dropped (and its engine leg closed).
-    write_timeout: float = 30.0
-    # Open client connections; beyond it new ones get a 503 and are closed. 0: no cap.
-    max_connections: int = 4096
-    # 0 means no cap; above the cap the router answers 429.
-    max_in_flight: int = 0
-    max_attempts: int = 3
-    # How long an endpoint that refused a connection or stalled is skipped while others are available.
-    eject_seconds: float = 5.0
-    # After SIGTERM: /readyz says not ready while the router still serves this long (the Service
-    # takes it out first), then it stops listening and drains for up to drain_seconds.
-    shutdown_delay_seconds: float = 5.0
-    drain_seconds: float = 30.0
-    # A worker sharing its port (SO_REUSEPORT) listens once warm (see `warm`), or after this long.
-    warm_timeout: float = 10.0
+    connect_timeout: float = _flag(5.0, "longest wait for a TCP connection to an engine")
+    read_timeout: float = _flag(
+        600.0, "longest wait for the next byte from an engine (also for a healthy engine to appear)"
+    )
+    stall_seconds: float = _flag(
+        10.0,
+        "no byte from an engine this long before its first: probe it; a failed probe ejects it "
+        "and the request is retried elsewhere",
+    )
+    probe_timeout: float = _flag(2.0, "a stalled engine's health probe fails after this long")
+    stream_stall_timeout: float = _flag(
+        60.0,
+        "an answer that started and then gives no byte for this long is ended (a stream with an "
+        "OpenAI-format error event) and its engine probed, ejected if the probe fails; 0: --read-timeout",
+    )
+    max_body_bytes: int = _flag(32 * 1024 * 1024, "larger bodies get 413")
+    max_bytes_in_flight: int = _flag(
+        256 * 1024 * 1024,
+        "request bytes all requests may hold together (beyond: 503 + Retry-After); 0: no cap",
+    )
+    body_timeout: float = _flag(
+        30.0, "whole body within this (else 408): a body shorter than its Content-Length, a trickle"
+    )
+    idle_timeout: float = _flag(
+        15.0, "close a connection without a complete request head for this long (idle or slow headers)"
+    )
+    write_timeout: float = _flag(
+        30.0,
+        "drop a client that takes no byte of its answer for this long (its engine leg closes); 0: never",
+    )
+    max_connections: int = _flag(4096, "open client connections (beyond: 503 and close); 0: no cap")
+    max_in_flight: int = _flag(0, "requests in flight (beyond: 429); 0: no cap")
+    max_attempts: int = _flag(3, "endpoints tried per request on connection failures and stalls")
+    eject_seconds: float = _flag(
+        5.0, "an endpoint that refused a connection or stalled is skipped this long while others are up"
+    )
+    shutdown_delay_seconds: float = _flag(
+        5.0,
+        "after SIGTERM, keep serving this long with /readyz failing before the listener closes "
+        "(the time the Service needs to stop sending new connections here)",
+    )
+    drain_seconds: float = _flag(
+        30.0, "then in-flight requests (streams included) get up to this long to finish"
+    )
+    warm_timeout: float = _flag(
+        10.0,
+        "with --reuse-port (each worker of --workers): listen once the routing config and every "
+        "pool's first endpoint list are in, or after this many seconds",
+    )
     housekeeping_seconds: float = 1.0
     # Request line and each header line at most this long (400 beyond).
     max_header_bytes: int = 16 * 1024

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from specfleet_runtime.names import POOLS, PoolName
 from specfleet_runtime.router.endpoints import (
     AddressMap,
     choose_endpoint,
@@ -22,7 +23,7 @@ from specfleet_runtime.router.endpoints import (
 )
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.router.sources import EndpointWatch, SliceWatchFactory
-from specfleet_runtime.routing_config import POOLS, PoolName, RoutingConfig
+from specfleet_runtime.routing_config import RoutingConfig
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class Backends:
         if not self.ejected_until and self.pool_endpoints[wanted]:
             return wanted  # the common case, without building the healthy view
         now = self.clock()
-        healthy = {pool: self._healthy(pool, now) for pool in POOLS}
+        healthy: dict[str, tuple[str, ...]] = {pool: self._healthy(pool, now) for pool in POOLS}
         return resolve_pool(wanted, healthy, config.fallback) or resolve_pool(
             wanted, self.pool_endpoints, config.fallback
         )

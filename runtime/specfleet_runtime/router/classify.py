@@ -28,13 +28,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from specfleet_runtime.routing_config import (
-    POOLS,
-    AutoSegmentation,
-    IdentityHeaderTrust,
-    PoolName,
-    RoutingConfig,
-)
+from specfleet_runtime.names import POOLS, PoolName
+from specfleet_runtime.routing_config import AutoSegmentation, IdentityHeaderTrust, RoutingConfig
 
 
 class Reason(StrEnum):
@@ -147,10 +142,9 @@ def parse_pool_header(value: str | None, header: str) -> PoolName | None:
     if value is None or not value.strip():
         return None
     name = value.strip().lower()
-    if name == "latency":
-        return "latency"
-    if name == "batch":
-        return "batch"
+    for pool in POOLS:
+        if name == pool:
+            return pool
     raise InvalidRequest(f"header {header} must be one of {', '.join(POOLS)}, got {value!r}", header)
 
 

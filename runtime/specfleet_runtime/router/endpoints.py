@@ -12,7 +12,7 @@ import ipaddress
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from specfleet_runtime.routing_config import PoolName
+from specfleet_runtime.names import PoolName, other_pool
 
 # The label Kubernetes puts on every EndpointSlice of a Service.
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -48,10 +48,6 @@ def map_address(address: str, address_map: AddressMap) -> str:
             offset = int(ip) - int(source.network_address)
             return str(ipaddress.ip_address(int(target.network_address) + offset))
     return address
-
-
-def other_pool(pool: PoolName) -> PoolName:
-    return "batch" if pool == "latency" else "latency"
 
 
 def _slice_port(ports: Any, wanted: int) -> int | None:

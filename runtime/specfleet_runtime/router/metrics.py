@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
+from specfleet_runtime.names import ROUTER_REQUESTS
 from specfleet_runtime.router.build import router_build
 
 _PACK_TWO_DOUBLES = struct.Struct("dd").pack
@@ -52,7 +53,7 @@ class RouterMetrics:
         self._cells: dict[tuple[int, tuple[str, ...]], Cell | FastHistogram] = {}
         r = self.registry
         self.requests = Counter(
-            "specfleet_router_requests",
+            ROUTER_REQUESTS,
             "Requests answered, by class, serving pool, status code sent and error (none, or why the "
             "request failed: mid_stream when an engine broke a response already under way, "
             "client_closed, upstream_timeout, upstream_unavailable, refused, ...).",

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from specfleet_runtime.names import PoolName
 from specfleet_runtime.router.backends import Backends
 from specfleet_runtime.router.classify import Classification
 from specfleet_runtime.router.errors import error_response, sse_error_event
@@ -37,7 +38,6 @@ from specfleet_runtime.router.upstream import (
     Response,
     UpstreamError,
 )
-from specfleet_runtime.routing_config import PoolName
 
 log = logging.getLogger(__name__)
 
