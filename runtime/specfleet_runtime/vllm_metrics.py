@@ -72,5 +72,7 @@ MEMORY_FAMILIES: Final[dict[str, str]] = {
     "vllm:request_prompt_tokens": "histogram",
     "vllm:request_generation_tokens": "histogram",
 }
+# Families whose samples carry `engine` but no `model_name` label (vLLM's info gauges).
+ENGINE_ONLY_FAMILIES: Final[frozenset[str]] = frozenset({CACHE_CONFIG_INFO})
 # Everything the operator queries: an engine started with speculation exposes all of these.
 OPERATOR_FAMILIES: Final[dict[str, str]] = {**SPEC_DECODE_FAMILIES, **LOAD_FAMILIES}

@@ -171,10 +171,11 @@ def check_families(text: str, families: dict[str, str]) -> list[str]:
             problems.append(f"{name}: type {fam.type}, want {kind}")
         if not fam.samples:
             problems.append(f"{name}: no samples")
+        # vLLM's info gauges (cache_config_info) carry `engine` but no `model_name`.
+        model_labelled = name not in vm.ENGINE_ONLY_FAMILIES
         for sample in fam.samples:
-            if (
-                sample.labels.get(vm.LABEL_MODEL_NAME) != SERVED_MODEL_NAME
-                or vm.LABEL_ENGINE not in sample.labels
+            if vm.LABEL_ENGINE not in sample.labels or (
+                model_labelled and sample.labels.get(vm.LABEL_MODEL_NAME) != SERVED_MODEL_NAME
             ):
                 problems.append(f"{name}: sample {sample.name}{sample.labels} lacks model_name/engine")
                 break
