@@ -131,7 +131,9 @@ async def _request_walk() -> Walk:
                 "object": "chat.completion",
                 "created": 0,
                 "model": "tiny",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+                ],
                 "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
             }
         )

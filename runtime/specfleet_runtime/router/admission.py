@@ -22,8 +22,8 @@ from specfleet_runtime.router.classify import (
 )
 from specfleet_runtime.router.errors import clip
 from specfleet_runtime.router.intake import Refusal
+from specfleet_runtime.router.message import Headers
 from specfleet_runtime.router.metrics import RouterMetrics
-from specfleet_runtime.router.server import Headers
 from specfleet_runtime.routing_config import RoutingConfig
 
 log = logging.getLogger(__name__)

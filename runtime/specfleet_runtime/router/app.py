@@ -30,11 +30,12 @@ from specfleet_runtime.router.configuration import ConfigStore
 from specfleet_runtime.router.endpoints import AddressMap
 from specfleet_runtime.router.errors import clip, error_response
 from specfleet_runtime.router.intake import BodyLimits, ByteBudget, Refusal, read_body
+from specfleet_runtime.router.message import RateLimitedLog, Request
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.router.paths import CHAT_PATH, METHODS, MODEL_PREFIX, PROXIED, Route, match
 from specfleet_runtime.router.proxy import CLIENT_CLOSED, Outcome, Proxy, ProxySettings
 from specfleet_runtime.router.reply import Reply, json_reply
-from specfleet_runtime.router.server import HttpServer, RateLimitedLog, Request, ServerLimits
+from specfleet_runtime.router.server import HttpServer, ServerLimits
 from specfleet_runtime.router.sources import ConfigSource, SliceWatchFactory
 from specfleet_runtime.routing_config import RoutingConfig
 

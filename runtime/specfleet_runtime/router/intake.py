@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specfleet_runtime.router.message import BadRequestBody, Request
 from specfleet_runtime.router.metrics import RouterMetrics
-from specfleet_runtime.router.server import BadRequestBody, Request
 
 
 class Refusal(Exception):

@@ -26,9 +26,9 @@ from specfleet_runtime.names import PoolName
 from specfleet_runtime.router.backends import Backends
 from specfleet_runtime.router.classify import Classification
 from specfleet_runtime.router.errors import error_response, sse_error_event
+from specfleet_runtime.router.message import Headers, Request
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.router.reply import Reply
-from specfleet_runtime.router.server import Headers, Request
 from specfleet_runtime.router.upstream import (
     Client,
     ConnectFailed,
