@@ -17,17 +17,11 @@ from typing import Any, Literal, Protocol
 
 from specfleet.api import reasons
 from specfleet.api.conditions import ConditionStatus, set_condition
-from specfleet.api.constants import ANNOTATION_RENDER_HASH, FIELD_MANAGER, LABEL_POOL, LABEL_TRACK
-from specfleet.api.models import (
-    Condition,
-    PoolName,
-    PoolSpec,
-    PoolStatus,
-    PoolStatuses,
-    SpeculationMode,
-    SpeculativeDeploymentStatus,
-)
+from specfleet.api.constants import ANNOTATION_RENDER_HASH, FIELD_MANAGER, LABEL_POOL, LABEL_TRACK, PoolName
+from specfleet.api.fields import SpeculationMode
+from specfleet.api.pools import PoolSpec
 from specfleet.api.semantics import engine_schedules, find_problems
+from specfleet.api.status import Condition, PoolStatus, PoolStatuses, SpeculativeDeploymentStatus
 from specfleet.api.validation import (
     InvalidResourceError,
     SpeculativeDeployment,

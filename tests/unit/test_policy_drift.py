@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from specfleet.api.models import SpeculativeDeploymentStatus
+from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import parse_resource
 from specfleet.control import Controller
 from specfleet.policy.drift import drift_percent, median_baseline, track_drift

@@ -37,13 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from specfleet.api.constants import LABEL_POOL, LABEL_TRACK
-from specfleet.api.models import (
-    PoolName,
-    PoolStatus,
-    SpeculativeDeploymentSpec,
-    SpeculativeDeploymentStatus,
-)
+from specfleet.api.constants import LABEL_POOL, LABEL_TRACK, PoolName
+from specfleet.api.spec import SpeculativeDeploymentSpec
+from specfleet.api.status import PoolStatus, SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment, parse_spec
 from specfleet.policy.drift import RetrainTrigger
 from specfleet.policy.evaluate import evaluate_policy
