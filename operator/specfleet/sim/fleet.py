@@ -44,7 +44,8 @@ from specfleet.api.validation import SpeculativeDeployment, parse_spec
 from specfleet.policy.drift import RetrainTrigger
 from specfleet.policy.evaluate import evaluate_policy
 from specfleet.policy.record import auto_pools
-from specfleet.reconcile import decided_plan, hand_over
+from specfleet.reconcile import decided_plan
+from specfleet.reconcile.apply import hand_over
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import pool_name
 from specfleet.render.engine import canary_name
