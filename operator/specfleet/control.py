@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 from specfleet.api import reasons
 from specfleet.api.constants import API_VERSION, KIND
-from specfleet.api.models import SpeculativeDeploymentStatus
 from specfleet.api.semantics import find_problems
+from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
 from specfleet.metrics.prometheus import FleetAnswers, QueryFn, query_fleet
 from specfleet.policy.decide import PoolDecision

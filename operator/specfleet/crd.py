@@ -15,7 +15,8 @@ import yaml
 from pydantic import BaseModel
 
 from specfleet.api.constants import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
-from specfleet.api.models import SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+from specfleet.api.spec import SpeculativeDeploymentSpec
+from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import NAME_RULES
 
 # JSON Schema keywords that a structural schema does not take (or that only add noise).

@@ -17,7 +17,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from specfleet.api.constants import POOLS
-from specfleet.api.models import SpeculativeDeploymentStatus
+from specfleet.api.status import SpeculativeDeploymentStatus
 
 CONDITION: Final = "specfleet_condition"
 POOL_SPECULATING: Final = "specfleet_pool_speculating"

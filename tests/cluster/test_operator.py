@@ -251,7 +251,7 @@ def _mark_ready(cluster, ns: str, selector: str) -> None:
 
 def test_canaries_come_up_before_their_pool_gives_up_a_replica(crd, operator):
     """A canary scaling moves a replica between two real Deployments: the pool's Deployment keeps its
-    replicas until the canary's pod is ready (reconcile.hand_over), so it never serves on fewer."""
+    replicas until the canary's pod is ready (reconcile.apply.hand_over), so it never serves on fewer."""
     # In an e2e- namespace kwok keeps pods unready until they are annotated ready (as a readiness
     # probe would until vLLM answers), so the test decides when the canary's pod is ready.
     namespace = f"{PROBED_NAMESPACE_PREFIX}handover-{uuid.uuid4().hex[:6]}"

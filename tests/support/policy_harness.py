@@ -287,7 +287,7 @@ def _mean_ratio(xs: Sequence[float], oracle: Sequence[float]) -> float:
 
 
 def _initial_status() -> Any:
-    from specfleet.api.models import SpeculativeDeploymentStatus
+    from specfleet.api.status import SpeculativeDeploymentStatus
 
     status = SpeculativeDeploymentStatus()
     pools = status.pools.model_copy(deep=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specfleet.api.models import SpeculativeDeploymentSpec
+from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.validation import InvalidResourceError, parse_resource, parse_status
 from specfleet.cli import main
 from support.manifests import EXAMPLES, InvalidCase, invalid_cases, load_yaml

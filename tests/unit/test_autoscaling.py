@@ -10,7 +10,8 @@ import pytest
 
 from specfleet.api.constants import FIELD_MANAGER, HANDOVER_MANAGER
 from specfleet.api.validation import InvalidResourceError, parse_resource
-from specfleet.reconcile import owns_replicas, reconcile
+from specfleet.reconcile import reconcile
+from specfleet.reconcile.children import owns_replicas
 from specfleet.render import MANAGED_KINDS, plan_of, render_children
 from specfleet.render.autoscaling import HPA_METRIC_NAMES, keda_query
 from support.fake_cluster import FakeCluster

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from pathlib import Path
 from typing import Any, get_args
 
-from specfleet.api import models
+from specfleet import api
 from specfleet.api.base import ApiModel
+from specfleet.api.drafter import SpeculativeMethod
+from specfleet.api.routing import DEPRECATED_FALLBACK
 from specfleet.api.validation import NAME_RULES
 from specfleet.crd import build_crd, crd_yaml
 
@@ -54,13 +58,19 @@ def test_every_spec_and_status_field_has_a_description():
     assert missing == []
 
 
+def _api_models() -> set[type[ApiModel]]:
+    """Every spec model, wherever in the `specfleet.api` package it is defined."""
+    modules = [importlib.import_module(f"specfleet.api.{m.name}") for m in pkgutil.iter_modules(api.__path__)]
+    return {
+        cls
+        for module in modules
+        for cls in vars(module).values()
+        if isinstance(cls, type) and issubclass(cls, ApiModel) and cls is not ApiModel
+    }
+
+
 def test_every_rule_is_emitted_as_cel():
-    rules = [
-        r
-        for cls in vars(models).values()
-        if isinstance(cls, type) and issubclass(cls, ApiModel)
-        for r in cls.rules
-    ] + list(NAME_RULES)
+    rules = [r for cls in _api_models() for r in cls.rules] + list(NAME_RULES)
     emitted = [n for _, node in _walk(build_crd()) for n in node.get("x-kubernetes-validations", [])]
     # A model used twice (the two pools) carries its rules in both places.
     assert {(n["rule"], n["message"]) for n in emitted} == {(r.cel, r.message) for r in rules}
@@ -102,10 +112,10 @@ def test_chart_ships_the_same_crd():
 # to it as they are), the pool names (which are also field names: spec.pools.latency), and the
 # deprecated spellings still accepted for one version (docs/install.md, "Deprecated spellings").
 _NOT_UPPER_CAMEL = {
-    "drafter/method": set(get_args(models.SpeculativeMethod)),
+    "drafter/method": set(get_args(SpeculativeMethod)),
     "defaultPool": {"latency", "batch"},
     "pool": {"latency", "batch"},
-    "routing/fallback": set(models.DEPRECATED_FALLBACK),
+    "routing/fallback": set(DEPRECATED_FALLBACK),
 }
 
 

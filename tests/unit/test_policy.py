@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfleet.api.models import PolicySpec
+from specfleet.api.policy import PolicySpec
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide, predicted_speedup
 from specfleet_runtime.cost_profile import default_profile
 

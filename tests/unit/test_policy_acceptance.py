@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfleet.api.models import SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+from specfleet.api.spec import SpeculativeDeploymentSpec
+from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import parse_status
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide
 from specfleet.policy.acceptance import estimate, extend, merge, trusted_positions

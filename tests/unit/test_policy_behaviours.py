@@ -12,7 +12,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from specfleet.api.models import PolicySpec, SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+from specfleet.api.policy import PolicySpec
+from specfleet.api.spec import SpeculativeDeploymentSpec
+from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide, predicted_speedup
 from specfleet.policy.record import pool_states, record
 from specfleet_runtime.cost_profile import default_profile

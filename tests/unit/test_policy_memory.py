@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from specfleet.api import reasons as r
-from specfleet.api.models import PolicySpec
+from specfleet.api.policy import PolicySpec
 from specfleet.metrics.prometheus import fleet_queries, query_fleet
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide
 from specfleet.policy.answers import ABOVE_ONE, BAD_CACHE_CONFIG, FleetAnswers, PoolSelector, observe
@@ -278,7 +278,7 @@ def test_a_measured_capacity_beats_the_profile_and_a_missing_one_falls_back_to_i
 
 
 def test_memory_numbers_reach_the_event():
-    from specfleet.api.models import SpeculativeDeploymentStatus
+    from specfleet.api.status import SpeculativeDeploymentStatus
     from specfleet.policy.record import record
 
     ob = big_obs(2.4, 24.0)

@@ -9,8 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from specfleet.api.models import PolicySpec, SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+from specfleet.api.policy import PolicySpec
 from specfleet.api.semantics import engine_schedules
+from specfleet.api.spec import SpeculativeDeploymentSpec
+from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.policy import PoolObservation, PoolState, decide
 from specfleet.policy.decide import PoolDecision
 from specfleet.policy.observations import PoolRolloutState

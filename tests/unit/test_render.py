@@ -231,14 +231,14 @@ def test_the_routing_spec_declares_the_routing_contract_fields_with_its_defaults
     contract's fields (but the router Deployment's) and take their defaults from it."""
     import dataclasses
 
-    from specfleet.api import models
+    from specfleet.api import routing
     from specfleet_runtime import routing_config as contract
 
     pairs = [
-        (models.RoutingSpec, contract.RoutingConfig, {"router"}, {"served_model_name", "pools"}),
-        (models.TenantRule, contract.TenantRule, set(), set()),
-        (models.ShapeRules, contract.ShapeRules, set(), set()),
-        (models.AutoSegmentation, contract.AutoSegmentation, set(), set()),
+        (routing.RoutingSpec, contract.RoutingConfig, {"router"}, {"served_model_name", "pools"}),
+        (routing.TenantRule, contract.TenantRule, set(), set()),
+        (routing.ShapeRules, contract.ShapeRules, set(), set()),
+        (routing.AutoSegmentation, contract.AutoSegmentation, set(), set()),
     ]
     for api, runtime, api_only, runtime_only in pairs:
         declared = {f.name: f for f in dataclasses.fields(runtime) if f.name not in runtime_only}
@@ -247,7 +247,7 @@ def test_the_routing_spec_declares_the_routing_contract_fields_with_its_defaults
             if field.default is not dataclasses.MISSING:
                 default = api.model_fields[name].get_default(call_default_factory=True)
                 default = tuple(default) if isinstance(default, list) else default
-                if api is models.RoutingSpec and name == "fallback":
+                if api is routing.RoutingSpec and name == "fallback":
                     # The API spells it UpperCamel; the router's routing.json keeps its old spelling.
                     from specfleet.render.router import ROUTER_FALLBACK
 

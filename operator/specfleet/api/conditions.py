@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
-from specfleet.api.models import Condition
+from specfleet.api.status import Condition
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from specfleet.api.models import GpuResources, PoolName, SpeculativeDeploymentSpec, Toleration
+from specfleet.api.constants import PoolName
+from specfleet.api.engine import GpuResources, Toleration
+from specfleet.api.spec import SpeculativeDeploymentSpec
 
 T = TypeVar("T")
 

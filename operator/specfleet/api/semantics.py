@@ -10,7 +10,7 @@ import re
 
 from specfleet.api.constants import POOLS
 from specfleet.api.effective import pool_engine
-from specfleet.api.models import SpeculativeDeploymentSpec
+from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet_runtime.vllm_args import operator_owned_option
 
 # First vLLM release known to run each method (from vLLM's release notes); older images cannot.

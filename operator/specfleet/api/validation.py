@@ -20,7 +20,8 @@ from pydantic import BaseModel, ValidationError
 
 from specfleet.api.base import Rule
 from specfleet.api.constants import API_VERSION, KIND
-from specfleet.api.models import SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+from specfleet.api.spec import SpeculativeDeploymentSpec
+from specfleet.api.status import SpeculativeDeploymentStatus
 
 # The longest child name is "<name>-latency-canary" (15 more characters), and a Service name is a
 # DNS-1035 label of at most 63: so the resource's own name is one, of at most 48.

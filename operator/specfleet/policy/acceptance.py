@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from specfleet.api.models import MAX_SPECULATIVE_TOKENS
+from specfleet.api.fields import MAX_SPECULATIVE_TOKENS
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
 
 # The most positions remembered (the API's largest K).

@@ -72,7 +72,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from specfleet.api import reasons as r
-from specfleet.api.models import PolicySpec
+from specfleet.api.policy import PolicySpec
 from specfleet.policy.acceptance import Estimate, estimate
 from specfleet.policy.memory import MemoryView, memory_view
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState

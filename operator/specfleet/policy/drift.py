@@ -23,7 +23,8 @@ from datetime import datetime, timedelta
 
 from specfleet.api import reasons
 from specfleet.api.conditions import ConditionStatus, rfc3339, set_condition
-from specfleet.api.models import PoolStatus, SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+from specfleet.api.spec import SpeculativeDeploymentSpec
+from specfleet.api.status import PoolStatus, SpeculativeDeploymentStatus
 from specfleet.policy.acceptance import trusted_positions
 from specfleet.policy.observations import PoolObservation, PoolState
 from specfleet.policy.record import auto_pools, parse_time

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from specfleet.api.constants import POOLS
-from specfleet.api.models import PoolName, SpeculativeDeploymentStatus
+from specfleet.api.constants import POOLS, PoolName
 from specfleet.api.semantics import engine_schedules
+from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.answers import FleetAnswers, PoolSelector, observe
 from specfleet.policy.decide import PoolDecision, decide

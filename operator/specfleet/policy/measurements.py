@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specfleet.api.constants import POOLS
-from specfleet.api.models import SpeculativeDeploymentStatus
+from specfleet.api.status import SpeculativeDeploymentStatus
 
 # What the policy measures at every evaluation (PoolStatus attributes).
 MEASUREMENT_FIELDS = (

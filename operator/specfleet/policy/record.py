@@ -14,18 +14,12 @@ from datetime import UTC, datetime, timedelta
 
 from specfleet.api import reasons
 from specfleet.api.conditions import ConditionStatus, rfc3339, set_condition
-from specfleet.api.constants import POOLS
+from specfleet.api.constants import POOLS, PoolName
+from specfleet.api.drafter import DynamicScheduleRange
 from specfleet.api.effective import pool_engine
-from specfleet.api.models import (
-    MAX_CHANGES_PER_HOUR,
-    Decision,
-    DynamicScheduleRange,
-    PoolName,
-    PoolRollout,
-    PoolStatus,
-    SpeculativeDeploymentSpec,
-    SpeculativeDeploymentStatus,
-)
+from specfleet.api.fields import MAX_CHANGES_PER_HOUR
+from specfleet.api.spec import SpeculativeDeploymentSpec
+from specfleet.api.status import Decision, PoolRollout, PoolStatus, SpeculativeDeploymentStatus
 from specfleet.policy.decide import PoolDecision
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolRolloutState, PoolState
 from specfleet.policy.schedule import Schedule, drafted_by

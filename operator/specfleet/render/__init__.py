@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from specfleet.api.constants import LABEL_INSTANCE, LABEL_MANAGED_BY, POOLS, PoolName
-from specfleet.api.models import DynamicScheduleRange, SpeculationMode
+from specfleet.api.drafter import DynamicScheduleRange
+from specfleet.api.fields import SpeculationMode
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.autoscaling import render_pool_autoscaler
 from specfleet.render.common import MANAGED_BY, Manifest, RenderOptions, with_render_hash

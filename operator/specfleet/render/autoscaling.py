@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from specfleet.api.models import AutoscalingMetric, AutoscalingSpec, PoolName
+from specfleet.api.constants import PoolName
+from specfleet.api.pools import AutoscalingMetric, AutoscalingSpec
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, metadata, pool_name
 from specfleet.render.engine import ENGINE_COMPONENT

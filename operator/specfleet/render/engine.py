@@ -5,15 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specfleet.api.constants import LABEL_SPECULATION, LABEL_TRACK
+from specfleet.api.constants import LABEL_SPECULATION, LABEL_TRACK, PoolName
+from specfleet.api.drafter import METHODS_NEEDING_MODEL, DrafterSpec, DynamicScheduleRange
 from specfleet.api.effective import PoolEngine, pool_engine
-from specfleet.api.models import (
-    METHODS_NEEDING_MODEL,
-    DrafterSpec,
-    DynamicScheduleRange,
-    PoolName,
-    SpeculationMode,
-)
+from specfleet.api.fields import SpeculationMode
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, RenderOptions, metadata, pool_name, selector_labels
 from specfleet_runtime.names import ENGINE_PORT

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Final, Literal
 
 from specfleet.api.constants import POOLS
-from specfleet.api.models import RoutingFallback
+from specfleet.api.routing import RoutingFallback
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import (
     Manifest,

@@ -37,18 +37,15 @@ from typing import Any
 
 import numpy as np
 
-from specfleet.api.constants import LABEL_POOL, LABEL_TRACK
-from specfleet.api.models import (
-    PoolName,
-    PoolStatus,
-    SpeculativeDeploymentSpec,
-    SpeculativeDeploymentStatus,
-)
+from specfleet.api.constants import LABEL_POOL, LABEL_TRACK, PoolName
+from specfleet.api.spec import SpeculativeDeploymentSpec
+from specfleet.api.status import PoolStatus, SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment, parse_spec
 from specfleet.policy.drift import RetrainTrigger
 from specfleet.policy.evaluate import evaluate_policy
 from specfleet.policy.record import auto_pools
-from specfleet.reconcile import decided_plan, hand_over
+from specfleet.reconcile import decided_plan
+from specfleet.reconcile.apply import hand_over
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import pool_name
 from specfleet.render.engine import canary_name

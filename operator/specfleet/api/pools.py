@@ -1,0 +1,134 @@
+"""spec.pools: the latency and batch pools, each with its replicas or autoscaler and its speculation
+setting."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from specfleet.api.base import ApiModel, Rule
+from specfleet.api.engine import EngineOverrides
+from specfleet.api.fields import SpeculationSetting
+
+AutoscalerKind = Literal["HorizontalPodAutoscaler", "ScaledObject"]
+AutoscalingMetric = Literal["RunningRequests", "WaitingRequests", "KVCacheUsage"]
+MAX_POOL_REPLICAS = 1000
+
+
+class AutoscalingSpec(ApiModel):
+    """Scale the pool's engines with an autoscaler on a load metric of vLLM, instead of `replicas`.
+
+    The operator renders the autoscaler and stops owning the replica count of the pool's Deployment,
+    so the autoscaler's scale survives every resync and speculation flip. Canary Deployments are not
+    autoscaled. A HorizontalPodAutoscaler reads a Pods metric that a metrics adapter (e.g.
+    prometheus-adapter) serves; a KEDA ScaledObject queries `policy.prometheus.url` itself.
+    """
+
+    rules = (
+        Rule(
+            cel="self.minReplicas <= self.maxReplicas",
+            message="autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+            check=lambda a: a.min_replicas <= a.max_replicas,
+        ),
+        Rule(
+            cel="self.metric != 'KVCacheUsage' || self.target <= 100",
+            message="autoscaling.target of metric KVCacheUsage is a percent of the KV cache (1-100)",
+            check=lambda a: a.metric != "KVCacheUsage" or a.target <= 100,
+        ),
+    )
+
+    kind: AutoscalerKind = Field(
+        default="HorizontalPodAutoscaler",
+        description="HorizontalPodAutoscaler (autoscaling/v2, needs a metrics adapter serving the vLLM "
+        "metric as a Pods metric) or ScaledObject (KEDA's Prometheus scaler, queries "
+        "policy.prometheus.url; KEDA must be installed).",
+    )
+    # No scale to zero: an engine-less pool reports no vLLM metric and the router sends its traffic to
+    # the other pool (or rejects it), so nothing would ever scale it up again.
+    min_replicas: int = Field(
+        default=1, ge=1, le=MAX_POOL_REPLICAS, description="Fewest engine replicas the autoscaler keeps."
+    )
+    max_replicas: int = Field(
+        ge=1, le=MAX_POOL_REPLICAS, description="Most engine replicas the autoscaler may run."
+    )
+    metric: AutoscalingMetric = Field(
+        default="RunningRequests",
+        description="Load metric averaged over the pool's engines: RunningRequests "
+        "(vllm:num_requests_running, the batch each engine decodes: speculation pays less as it grows), "
+        "WaitingRequests (vllm:num_requests_waiting, queued for lack of KV cache or batch slots) or "
+        "KVCacheUsage (vllm:kv_cache_usage_perc, in percent).",
+    )
+    target: int = Field(
+        ge=1,
+        le=100000,
+        description="Average value per engine the autoscaler keeps: requests for RunningRequests and "
+        "WaitingRequests, percent for KVCacheUsage.",
+    )
+
+
+class PoolSpec(ApiModel):
+    """One traffic pool: its size, its speculation setting and its engine overrides."""
+
+    rules = (
+        Rule(
+            cel="!has(self.minAvailable) || has(self.autoscaling) || self.minAvailable <= self.replicas",
+            message="minAvailable must not exceed replicas",
+            check=lambda p: (
+                p.min_available is None or p.autoscaling is not None or p.min_available <= p.replicas
+            ),
+        ),
+        Rule(
+            cel="!has(self.minAvailable) || !has(self.autoscaling) "
+            "|| self.minAvailable <= self.autoscaling.minReplicas",
+            message="minAvailable must not exceed autoscaling.minReplicas",
+            check=lambda p: (
+                p.min_available is None
+                or p.autoscaling is None
+                or p.min_available <= p.autoscaling.min_replicas
+            ),
+        ),
+    )
+
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_POOL_REPLICAS,
+        description="Engine replicas of this pool. Not used when autoscaling is set: the autoscaler "
+        "owns the Deployment's replica count.",
+    )
+    speculation: SpeculationSetting = Field(
+        default="Auto",
+        description="On or Off pins speculation; Auto lets the policy turn it on or off from Prometheus.",
+    )
+    max_surge: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="Extra pods during a rollout (capacity never drops below replicas).",
+    )
+    min_available: int | None = Field(
+        default=None, ge=0, description="PodDisruptionBudget minAvailable. Defaults to replicas - 1."
+    )
+    engine: EngineOverrides | None = Field(default=None, description="Engine settings for this pool only.")
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None,
+        description="Scale this pool with a HorizontalPodAutoscaler or a KEDA ScaledObject on a vLLM "
+        "load metric; unset: `replicas` engines.",
+    )
+
+    @property
+    def reference_replicas(self) -> int:
+        """The replicas that bound canaries: `replicas`, or the most the autoscaler may run."""
+        return self.replicas if self.autoscaling is None else self.autoscaling.max_replicas
+
+
+class Pools(ApiModel):
+    """The two pools: latency-sensitive traffic and batch traffic."""
+
+    latency: PoolSpec = Field(
+        default_factory=PoolSpec, description="Latency-sensitive (interactive) traffic."
+    )
+    batch: PoolSpec = Field(
+        default_factory=PoolSpec, description="Throughput-oriented batch traffic (high concurrency)."
+    )

@@ -1,0 +1,65 @@
+"""The SpeculativeDeployment's spec: one model, a drafter, two pools, a router and a policy.
+
+Each part lives in its own module (engine, drafter, pools, routing, policy, monitoring); this one joins
+them and holds the rules that span parts.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from specfleet.api.base import ApiModel, Rule
+from specfleet.api.drafter import DrafterSpec
+from specfleet.api.engine import EngineSpec, ModelSpec
+from specfleet.api.monitoring import MonitoringSpec
+from specfleet.api.policy import PolicySpec
+from specfleet.api.pools import Pools
+from specfleet.api.routing import RoutingSpec
+
+
+class SpeculativeDeploymentSpec(ApiModel):
+    """Desired state of a speculative-decoding fleet: one model, a drafter, two pools, a router, a policy."""
+
+    rules = (
+        Rule(
+            cel="self.policy.reentry.canaryReplicas == 0 || "
+            "((self.pools.latency.speculation != 'Auto' || self.policy.reentry.canaryReplicas "
+            "< (has(self.pools.latency.autoscaling) ? self.pools.latency.autoscaling.maxReplicas "
+            ": self.pools.latency.replicas)) && (self.pools.batch.speculation != 'Auto' || "
+            "self.policy.reentry.canaryReplicas < (has(self.pools.batch.autoscaling) ? "
+            "self.pools.batch.autoscaling.maxReplicas : self.pools.batch.replicas)))",
+            message="policy.reentry.canaryReplicas must be less than the replicas (autoscaling.maxReplicas "
+            "when autoscaled) of every Auto pool",
+            check=lambda s: (
+                s.policy.reentry.canary_replicas == 0
+                or all(
+                    p.speculation != "Auto" or s.policy.reentry.canary_replicas < p.reference_replicas
+                    for p in (s.pools.latency, s.pools.batch)
+                )
+            ),
+        ),
+    )
+
+    model: ModelSpec = Field(description="The target model every pool serves; its output is the answer.")
+    drafter: DrafterSpec = Field(description="Speculative decoding settings (vLLM --speculative-config).")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM engine settings.")
+    pools: Pools = Field(
+        default_factory=Pools,
+        description="The two pools of engines: latency (interactive traffic) and batch (throughput-bound "
+        "traffic), each with its replicas or autoscaling and its speculation mode (On, Off or Auto).",
+    )
+    routing: RoutingSpec = Field(
+        default_factory=RoutingSpec,
+        description="How the router sends each request to a pool: tenant and API-key rules, request "
+        "shape, auto-segmentation of busy clients, which headers it trusts, and the router's replicas.",
+    )
+    policy: PolicySpec = Field(
+        default_factory=PolicySpec,
+        description="How the operator decides speculation and K for Auto pools from Prometheus: mode, "
+        "timing, gates against flapping, re-entry canaries and acceptance drift.",
+    )
+    monitoring: MonitoringSpec = Field(
+        default_factory=MonitoringSpec,
+        description="How Prometheus finds the engines (PodMonitor or scrape annotations) and the "
+        "alerting rules rendered for this resource.",
+    )

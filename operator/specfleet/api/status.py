@@ -1,0 +1,221 @@
+"""The SpeculativeDeployment's status: written only by the operator, read leniently (a damaged status
+must not crash it)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from specfleet.api.constants import PoolName
+from specfleet.api.drafter import DynamicScheduleRange
+from specfleet.api.fields import (
+    MAX_CHANGES_PER_HOUR,
+    MAX_SCHEDULE_RANGES,
+    MAX_SPECULATIVE_TOKENS,
+    SpeculationMode,
+)
+
+
+class StatusModel(BaseModel):
+    """Base of status models: camelCase, tolerant of unknown fields and loose types when read back."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-ready camelCase dict, without unset optionals."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class Condition(StatusModel):
+    """A Kubernetes API convention condition."""
+
+    type: str = Field(description="Condition type: Ready, Progressing, Degraded, ...")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason for the last transition.")
+    message: str = Field(default="", description="Human-readable details.")
+    observed_generation: int | None = Field(default=None, description="metadata.generation this reflects.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+
+
+class PoolRollout(StatusModel):
+    """The policy's last change of a pool: what it replaced (to revert it) and when it settled."""
+
+    time: str = Field(description="When the change was decided (RFC 3339).")
+    reason: str = Field(default="", description="Reason of the change.")
+    from_mode: SpeculationMode = Field(default="On", description="Mode before the change.")
+    from_num_speculative_tokens: int | None = Field(default=None, description="K before the change.")
+    from_dynamic_schedule: list[DynamicScheduleRange] | None = Field(
+        default=None,
+        max_length=MAX_SCHEDULE_RANGES,
+        description="The policy's Dynamic SD schedule before the change.",
+    )
+    from_canary_replicas: int | None = Field(
+        default=None, description="Canary replicas the policy ran before the change (unset: spec's)."
+    )
+    drafted_before: int = Field(
+        default=0, description="Fewest positions any speculating engine of the pool drafted before (0: none)."
+    )
+    drafted_after: int = Field(
+        default=0, description="Fewest positions any speculating engine of the pool drafts after (0: none)."
+    )
+    settled_time: str | None = Field(
+        default=None, description="When the policy saw the pool settled after the change (RFC 3339)."
+    )
+
+
+class PoolStatus(StatusModel):
+    """Observed state of one pool."""
+
+    speculation: SpeculationMode = Field(default="On", description="Speculation mode the pool runs now.")
+    replicas: int = Field(default=0, description="Pods of the pool's Deployment.")
+    desired_replicas: int = Field(
+        default=0,
+        description="Replicas the pool's Deployments ask for now, read from them (with autoscaling: "
+        "the autoscaler's count), canaries included.",
+    )
+    ready_replicas: int = Field(default=0, description="Ready pods.")
+    updated_replicas: int = Field(default=0, description="Pods with the current template.")
+    settled: bool = Field(default=False, description="The rollout to the current mode has finished.")
+    num_speculative_tokens: int | None = Field(
+        default=None,
+        description="K the pool drafts while speculating, when the Goodput policy chose one below "
+        "drafter.numSpeculativeTokens (unset: the drafter's K).",
+    )
+    dynamic_schedule: list[DynamicScheduleRange] | None = Field(
+        default=None,
+        max_length=MAX_SCHEDULE_RANGES,
+        description="Dynamic SD schedule the Goodput policy chose for the pool while it speculates "
+        "(policy.goodput.engineSchedule): K per batch-size range, up to numSpeculativeTokens.",
+    )
+    k: int | None = Field(
+        default=None,
+        description="Tokens the pool's engines draft per step now: the policy's K or "
+        "drafter.numSpeculativeTokens while the pool speculates, 0 while it does not (kubectl's K column).",
+    )
+    acceptance_length: str | None = Field(
+        default=None, description="Last measured mean acceptance length (tokens per step), as text."
+    )
+    per_position_acceptance: str | None = Field(
+        default=None, description="Last measured cumulative acceptance per draft position, comma-separated."
+    )
+    acceptance_measured_at: str | None = Field(
+        default=None, description="When acceptance was last measured (RFC 3339); used for re-entry."
+    )
+    running_per_replica: str | None = Field(
+        default=None, description="Last observed running requests per replica, as text."
+    )
+    generation_tokens_per_second: str | None = Field(
+        default=None, description="Last observed generated tokens per second of the whole pool, as text."
+    )
+    recent_load: list[str] | None = Field(
+        default=None,
+        max_length=16,
+        description="Running requests per replica of the last evaluations, as 'RFC3339=value' (the "
+        "policy's view of the load's trend).",
+    )
+    last_transition_time: str | None = Field(default=None, description="When speculation last flipped.")
+    reason: str | None = Field(default=None, description="Why the pool is in this mode.")
+    message: str | None = Field(default=None, description="Details of the last decision.")
+    per_position_measured_at: list[str] | None = Field(
+        default=None,
+        max_length=MAX_SPECULATIVE_TOKENS,
+        description="When each position of perPositionAcceptance was last measured (RFC 3339): a pool "
+        "drafting fewer positions keeps the deeper ones it measured before.",
+    )
+    recent_flip_times: list[str] | None = Field(
+        default=None,
+        max_length=MAX_CHANGES_PER_HOUR,
+        description="This pool's flips in the last hour (RFC 3339), for policy.maxFlipsPerHour.",
+    )
+    last_retune_time: str | None = Field(
+        default=None, description="When the policy last adjusted the pool without flipping it."
+    )
+    recent_retune_times: list[str] | None = Field(
+        default=None,
+        max_length=MAX_CHANGES_PER_HOUR,
+        description="This pool's adjustments in the last hour (RFC 3339), for policy.maxRetunesPerHour.",
+    )
+    canary_replicas: int | None = Field(
+        default=None,
+        description="Canary replicas the policy runs while the pool is off, when it scaled them below "
+        "policy.reentry.canaryReplicas (far past break-even); unset: the spec's count.",
+    )
+    rollout: PoolRollout | None = Field(
+        default=None, description="The policy's last change of the pool and how its rollout went."
+    )
+    acceptance_baseline: str | None = Field(
+        default=None,
+        description="Baseline cumulative acceptance per draft position, comma-separated (see "
+        "policy.acceptanceDrift).",
+    )
+    acceptance_baseline_time: str | None = Field(
+        default=None, description="When the baseline was set (RFC 3339)."
+    )
+    acceptance_baseline_drafter: str | None = Field(
+        default=None,
+        description="The drafter (method:model) the baseline was measured with; another drafter in the "
+        "spec starts a new baseline.",
+    )
+    acceptance_baseline_samples: list[str] | None = Field(
+        default=None,
+        max_length=32,
+        description="Measurements collected for the next baseline, as 'RFC3339=p1,p2,...'.",
+    )
+    acceptance_drift_percent: str | None = Field(
+        default=None,
+        description="How far the last measured acceptance length is below the baseline's, in percent "
+        "(negative: above), as text.",
+    )
+    acceptance_drift_positions: int | None = Field(
+        default=None, description="Draft positions that comparison covered (those both measured)."
+    )
+    acceptance_compared_length: str | None = Field(
+        default=None,
+        description="The last measured mean acceptance length over those positions (what drift compares "
+        "with the baseline), as text.",
+    )
+    acceptance_drift_since: str | None = Field(
+        default=None, description="Since when drift has exceeded policy.acceptanceDrift.thresholdPercent."
+    )
+    last_retrain_time: str | None = Field(
+        default=None, description="When the last drafter retrain Job of this pool was created (RFC 3339)."
+    )
+    last_retrain_job: str | None = Field(default=None, description="Name of that Job.")
+
+
+class PoolStatuses(StatusModel):
+    """Status of both pools."""
+
+    latency: PoolStatus = Field(default_factory=PoolStatus, description="Latency pool.")
+    batch: PoolStatus = Field(default_factory=PoolStatus, description="Batch pool.")
+
+
+class Decision(StatusModel):
+    """One speculation flip, with the numbers that caused it."""
+
+    time: str = Field(description="When it was decided (RFC 3339).")
+    pool: PoolName = Field(description="Pool that flipped.")
+    from_mode: SpeculationMode = Field(alias="from", description="Mode before.")
+    to_mode: SpeculationMode = Field(alias="to", description="Mode after.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field(default="", description="Human-readable explanation.")
+    observations: dict[str, str] = Field(default_factory=dict, description="The observed values, as text.")
+
+
+class SpeculativeDeploymentStatus(StatusModel):
+    """Observed state, and the runtime decisions the operator owns (spec is never written)."""
+
+    observed_generation: int | None = Field(default=None, description="Last metadata.generation reconciled.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Ready, Progressing, Degraded, ... (one per type).",
+        # A map list keyed by type, as Kubernetes' own conditions: server-side apply merges by type.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    pools: PoolStatuses = Field(default_factory=PoolStatuses, description="Per-pool state.")
+    history: list[Decision] = Field(
+        default_factory=list, max_length=20, description="Most recent speculation decisions, newest last."
+    )

@@ -1,0 +1,240 @@
+"""The last, pure step: the full new status (pools and conditions) from the live children, and the
+events worth emitting."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from specfleet.api import reasons
+from specfleet.api.conditions import ConditionStatus, set_condition
+from specfleet.api.constants import LABEL_POOL
+from specfleet.api.fields import SpeculationMode
+from specfleet.api.status import Condition, PoolStatus, PoolStatuses
+from specfleet.reconcile.apply import AppliedChildren
+from specfleet.reconcile.children import (
+    deployment_settled,
+    describe,
+    needed_replicas,
+    pool_deployments,
+    wanted_replicas,
+)
+from specfleet.reconcile.desired import DesiredState, was_degraded
+from specfleet.reconcile.result import Event, ReconcileResult
+from specfleet.render import POOLS, Manifest
+
+
+def pool_status_from_deployments(
+    previous: PoolStatus, mode: SpeculationMode, deployments: list[tuple[Manifest, Manifest | None]]
+) -> PoolStatus:
+    """A pool's status from its Deployments (stable, and canary if any): counts summed, settled if all are."""
+    lives = [(live or {}).get("status") or {} for _, live in deployments]
+    return previous.model_copy(
+        update={
+            "speculation": mode,
+            "replicas": sum(int(s.get("replicas", 0)) for s in lives),
+            "desired_replicas": sum(wanted_replicas(d, live) or 0 for d, live in deployments),
+            "ready_replicas": sum(int(s.get("readyReplicas", 0)) for s in lives),
+            "updated_replicas": sum(int(s.get("updatedReplicas", 0)) for s in lives),
+            "settled": all(deployment_settled(d, live) for d, live in deployments),
+        }
+    )
+
+
+def _pool_statuses(desired: DesiredState, applied: AppliedChildren) -> PoolStatuses:
+    """Each pool's status from its live Deployments (stable and canary)."""
+    pools = desired.previous.pools.model_copy()
+    for pool in POOLS:
+        deployments = pool_deployments(desired.children, applied.live, pool)
+        plan = desired.plan[pool]
+        updated = pool_status_from_deployments(getattr(pools, pool), plan.mode, deployments)
+        if desired.sd is not None:  # the K the engines are rendered with (kubectl's K column)
+            drafted = plan.k if plan.k is not None else desired.sd.spec.drafter.num_speculative_tokens
+            updated.k = drafted if plan.mode == "On" else 0
+        setattr(pools, pool, updated)
+    return pools
+
+
+def _conditions(
+    desired: DesiredState, applied: AppliedChildren, pools: PoolStatuses, now: datetime
+) -> list[Condition]:
+    """Degraded, Progressing, SpeculationSettled and Ready from what was applied and what is live."""
+    sd, previous, generation = desired.sd, desired.previous, desired.generation
+    assert sd is not None
+
+    def set_(conditions: list[Condition], type_: str, ok: bool, reason: str, message: str) -> list[Condition]:
+        status: ConditionStatus = "True" if ok else "False"
+        return set_condition(
+            conditions,
+            type_=type_,
+            status=status,
+            reason=reason,
+            message=message,
+            generation=generation,
+            now=now,
+        )
+
+    conditions = list(previous.conditions)
+    if applied.errors:
+        conditions = set_(conditions, reasons.DEGRADED, True, reasons.APPLY_FAILED, _apply_failed(applied))
+    else:
+        conditions = set_(conditions, reasons.DEGRADED, False, reasons.AS_EXPECTED, "")
+    modes = {pool: desired.plan[pool].mode for pool in POOLS}
+    states = [(p, getattr(pools, p)) for p in POOLS]
+    unsettled = [p for p, s in states if not s.settled]
+    needed = {p: needed_replicas(sd, p, desired.children, applied.live) for p in POOLS}
+    not_ready = [f"{p} {s.ready_replicas}/{needed[p]}" for p, s in states if s.ready_replicas < needed[p]]
+    # Why a rollout does not finish (its new pods fail while the old ones keep serving).
+    stuck = [(p, applied.failures[p]) for p in unsettled if p in applied.failures]
+    progressing_reason = stuck[0][1].reason if stuck else reasons.ROLLING_OUT
+    progressing_message = f"rolling out: {', '.join(unsettled)}" + "".join(
+        f"; {p}: {f.message}" for p, f in stuck
+    )
+    if stuck:
+        progressing_message = reasons.with_link(progressing_message, progressing_reason)
+    conditions = set_(
+        conditions,
+        reasons.PROGRESSING,
+        bool(unsettled),
+        progressing_reason if unsettled else reasons.ROLLOUT_COMPLETE,
+        progressing_message if unsettled else "every pool runs its current template",
+    )
+    conditions = set_(
+        conditions,
+        reasons.SPECULATION_SETTLED,
+        not unsettled,
+        reasons.POOLS_TRANSITIONING if unsettled else reasons.POOLS_SETTLED,
+        "still moving to their decided mode: " + ", ".join(f"{p} ({modes[p]})" for p in unsettled)
+        if unsettled
+        else "every pool runs its decided mode: " + ", ".join(f"{p} {modes[p]}" for p in POOLS),
+    )
+    ready = not not_ready and not applied.errors
+    short = {p for p, s in states if s.ready_replicas < getattr(sd.spec.pools, p).replicas}
+    failures = {p: f for p, f in applied.failures.items() if p in short}
+    failure = next(iter(failures.values()), None)
+    if ready:
+        reason, message = reasons.ALL_POOLS_READY, "all pools have their replicas ready"
+    elif not not_ready:
+        reason, message = reasons.POOLS_NOT_READY, "some children could not be applied"
+    elif failure is not None:
+        # Kubernetes' own words for why: the scheduler's message, the image pull error, the deadline.
+        reason = failure.reason
+        message = reasons.with_link(
+            "ready replicas: "
+            + ", ".join(not_ready)
+            + "; "
+            + "; ".join(f"{pool}: {f.message}" for pool, f in failures.items()),
+            reason,
+        )
+    else:
+        reason, message = reasons.POOLS_NOT_READY, "ready replicas: " + ", ".join(not_ready)
+    conditions = set_(conditions, reasons.READY, ready, reason, message)
+    return _autoscaling_condition(conditions, desired, applied, generation, now)
+
+
+# What each autoscaler kind reports when it can scale: the HPA's ScalingActive (False when it cannot
+# read its metric, e.g. no metrics adapter), KEDA's Ready on the ScaledObject.
+_AUTOSCALER_CONDITION = {"HorizontalPodAutoscaler": "ScalingActive", "ScaledObject": "Ready"}
+
+
+def _autoscaling_condition(
+    conditions: list[Condition],
+    desired: DesiredState,
+    applied: AppliedChildren,
+    generation: int,
+    now: datetime,
+) -> list[Condition]:
+    """AutoscalingActive from the autoscalers' own conditions (absent when no pool is autoscaled)."""
+    scalers = [c for c in desired.children if c["kind"] in _AUTOSCALER_CONDITION]
+    if not scalers:
+        return [c for c in conditions if c.type != reasons.AUTOSCALING_ACTIVE]
+    failing: list[tuple[str, str]] = []
+    pending: list[str] = []
+    for child in scalers:
+        pool, kind = child["metadata"]["labels"].get(LABEL_POOL, ""), child["kind"]
+        live = applied.live.get(describe(child)) or {}
+        wanted = _AUTOSCALER_CONDITION[kind]
+        found = next(
+            (c for c in (live.get("status") or {}).get("conditions") or [] if c.get("type") == wanted), None
+        )
+        if found is None:
+            pending.append(f"{pool}: the {kind} has not reported {wanted} yet (is its controller running?)")
+        elif found.get("status") != "True":
+            why = str(found.get("reason") or reasons.AUTOSCALER_INACTIVE)
+            failing.append(
+                (why, f"{pool}: {kind} {wanted}={found.get('status')} ({why}): {found.get('message', '')}")
+            )
+    status: ConditionStatus
+    if failing:
+        # An autoscaler's own reason (e.g. the HPA's FailedGetPodsMetric) has no entry of ours.
+        message = reasons.with_link("; ".join(m for _, m in failing), reasons.AUTOSCALER_INACTIVE)
+        status, reason = "False", failing[0][0]
+    elif pending:
+        message = reasons.with_link("; ".join(pending), reasons.AUTOSCALER_PENDING)
+        status, reason = "Unknown", reasons.AUTOSCALER_PENDING
+    else:
+        pools = ", ".join(f"{c['metadata']['labels'].get(LABEL_POOL)} ({c['kind']})" for c in scalers)
+        status, reason, message = "True", reasons.AUTOSCALERS_ACTIVE, f"every autoscaler can scale: {pools}"
+    return set_condition(
+        conditions,
+        type_=reasons.AUTOSCALING_ACTIVE,
+        status=status,
+        reason=reason,
+        message=message,
+        generation=generation,
+        now=now,
+    )
+
+
+def _apply_failed(applied: AppliedChildren) -> str:
+    """The Degraded=ApplyFailed message, the same on the condition and its Event."""
+    return reasons.with_link("; ".join(applied.errors), reasons.APPLY_FAILED)
+
+
+def _events(desired: DesiredState, applied: AppliedChildren) -> list[Event]:
+    """Degraded on a new apply error, Recovered, ChildrenApplied, DriftCorrected, ChildrenPruned."""
+    events: list[Event] = []
+    previous = desired.previous
+    if applied.errors:
+        message = _apply_failed(applied)
+        if not any(c.type == reasons.DEGRADED and c.message == message for c in previous.conditions):
+            events.append(Event("Warning", reasons.EVENT_DEGRADED, message))
+    elif was_degraded(previous):
+        events.append(Event("Normal", reasons.EVENT_RECOVERED, "the resource is no longer degraded"))
+    if applied.applied:
+        message = f"applied {len(applied.applied)}: {', '.join(applied.applied)}"
+        events.append(Event("Normal", reasons.EVENT_APPLIED, message))
+    if applied.drift:
+        message = f"restored children changed by hand: {', '.join(applied.drift)}"
+        events.append(Event("Normal", reasons.EVENT_RESTORED, message))
+    for pool, failure in applied.failures.items():
+        seen = any(
+            c.type in (reasons.READY, reasons.PROGRESSING) and failure.message in c.message
+            for c in previous.conditions
+        )
+        if not seen:
+            events.append(Event("Warning", reasons.EVENT_POOL_FAILING, f"{pool}: {failure.message}"))
+    if applied.pruned:
+        message = f"deleted {len(applied.pruned)} the spec no longer asks for: {', '.join(applied.pruned)}"
+        events.append(Event("Normal", reasons.EVENT_PRUNED, message))
+    return events
+
+
+def reported_status(desired: DesiredState, applied: AppliedChildren, now: datetime) -> ReconcileResult:
+    """The full new status from the live children, and the events worth emitting (pure)."""
+    pools = _pool_statuses(desired, applied)
+    status = desired.previous.model_copy(
+        update={
+            "observed_generation": desired.generation,
+            "conditions": _conditions(desired, applied, pools, now),
+            "pools": pools,
+        }
+    )
+    return ReconcileResult(status.to_wire(), _events(desired, applied), list(applied.applied))
+
+
+def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
+    """Top-level status keys whose value changed (lists assigned whole: merge-patch replaces lists)."""
+    current = current or {}
+    return {k: v for k, v in desired.items() if current.get(k) != v}
