@@ -139,7 +139,7 @@ def field_reference() -> str:
     """The SpeculativeDeployment field reference, from the generated CRD schema."""
     schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     out = [
-        _HEADER.format(source="specfleet.docs_reference from the CRD schema, itself from api/models.py"),
+        _HEADER.format(source="specfleet.docs_reference from the CRD schema, itself from the models in api/"),
         f"# {KIND} reference\n",
         f"`apiVersion: {API_VERSION}`, `kind: {KIND}` (short name `sd`). Every field below comes from the "
         "CRD's schema, which the apiserver enforces: defaults are filled in by the apiserver, so the "
