@@ -318,7 +318,7 @@ def compare(
             sd, workload, {n: runs[n] for n in statics}, options, profile, SMOOTH
         )
     any_run = runs[statics[0]]
-    nbins = len(any_run.bin_tokens["latency"])
+    nbins = len(any_run.bin_tokens[POOLS[0]])
     oracle_tokens = {p: np.zeros(nbins) for p in POOLS}
     oracle_reqsec = {p: np.zeros(nbins) for p in POOLS}
     oracle_choice: dict[str, list[str]] = {p: [""] * nbins for p in POOLS}

@@ -28,7 +28,7 @@ def plot_timeline(comparison: Comparison, path: str | Path, title: str = "") -> 
     policy = comparison.runs["policy"]
     width = comparison.bin_seconds
     t = np.array([row["t"] for row in policy.timeline]) / 60
-    active = [p for p in POOLS if policy.bin_request_seconds[p].sum() > 0] or ["latency"]
+    active = [p for p in POOLS if policy.bin_request_seconds[p].sum() > 0] or [POOLS[0]]
     fig, axes = plt.subplots(4, 1, figsize=(10, 10), sharex=True)
     load_ax, mode_ax, tps_ax, ratio_ax = axes
     for pool in active:

@@ -28,10 +28,11 @@ from specfleet_runtime.cost_profile import (
     PUBLISHED_EAGLE3_ACCEPTANCE,
     validate_acceptance,
 )
+from specfleet_runtime.names import POOLS
 
 # Per-position cumulative acceptance by name. "published": the vLLM Dynamic SD profile's EAGLE-1
 # drafter on Llama-3.1-8B; "eagle3": published EAGLE-3 figures at K=3; "weak" and "strong": the two
-# drafters of issue 12's measurement.
+# drafters the policy was first measured with.
 ACCEPTANCE_PROFILES: dict[str, tuple[float, ...]] = {
     "published": PUBLISHED_ACCEPTANCE,
     "eagle3": PUBLISHED_EAGLE3_ACCEPTANCE,
@@ -164,7 +165,7 @@ def parse_trace(lines: Iterable[str], *, time_scale: float = 1.0, name: str = "t
         if prompt is None or output is None:
             raise WorkloadError(f"row {row_number}: ContextTokens and GeneratedTokens are required")
         pool = (row.get("pool") or "").strip().lower() or None
-        if pool not in (None, "latency", "batch"):
+        if pool is not None and pool not in POOLS:
             raise WorkloadError(f"row {row_number}: pool {pool!r} must be latency or batch")
         acceptance = None
         text = (row.get("acceptance") or "").strip()
