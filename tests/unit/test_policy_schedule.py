@@ -12,7 +12,7 @@ import pytest
 from specfleet.api.models import PolicySpec, SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
 from specfleet.api.semantics import engine_schedules
 from specfleet.policy import PoolObservation, PoolState, decide
-from specfleet.policy.decide import PoolDecision
+from specfleet.policy.decision import PoolDecision
 from specfleet.policy.observations import PoolRolloutState
 from specfleet.policy.record import pool_states, record, schedule_rows
 from specfleet.policy.schedule import (

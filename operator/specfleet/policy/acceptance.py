@@ -16,11 +16,13 @@ positions that every engine of the window drafted are trusted then.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from specfleet.api.models import MAX_SPECULATIVE_TOKENS
+from specfleet.api.models import MAX_SPECULATIVE_TOKENS, PolicySpec
+from specfleet.policy.decision import goodput_margin
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
 
 # The most positions remembered (the API's largest K).
@@ -127,4 +129,75 @@ def estimate(
         measured=min(n, length),
         extrapolated=max(0, length - len(fresh)),
         remember=remember,
+    )
+
+
+# Sampling noise of a per-position acceptance, in standard errors, that a move must exceed.
+MOVING_Z = 4.0
+
+
+def acceptance_moving(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime
+) -> str | None:
+    """Why the window's acceptance is still moving (None: it is not, or nothing to compare).
+
+    Two evaluations `evaluationIntervalSeconds` apart see windows that share all but that interval,
+    so the first position's change between them is the newest interval's acceptance minus the
+    oldest's, scaled by interval/window. It counts as moving when the change it implies for the
+    acceptance (change x window/interval) exceeds both `MOVING_Z` standard errors of binomial
+    sampling over the drafts of those two intervals and twice the Goodput margin of its value (a
+    move that small changes no decision). Compared only with a memory the last evaluation wrote.
+    """
+    memory = state.last_acceptance
+    if memory is None or not obs.per_position or obs.acceptance_length is None or not memory.per_position:
+        return None
+    every = float(policy.evaluation_interval_seconds)
+    if now - memory.measured_at(0) > timedelta(seconds=1.5 * every):
+        return None
+    fraction = min(1.0, every / max(1.0, float(policy.window_seconds)))
+    new, old = obs.per_position[0], memory.per_position[0]
+    implied = (new - old) / fraction
+    p = min(max((new + old) / 2, 0.01), 0.99)
+    drafts = max(1.0, obs.drafts_in_window * fraction)
+    noise = MOVING_Z * math.sqrt(2 * p * (1 - p) / drafts) / fraction
+    material = 2 * goodput_margin(policy) * max(old, new)
+    if abs(implied) <= max(noise, material):
+        return None
+    return (
+        f"first-position acceptance moved {old:.3f} -> {new:.3f} in {every:.0f}s (the window's "
+        f"acceptance is still changing: {implied:+.3f} over a window)"
+    )
+
+
+def newest_acceptance(policy: PolicySpec, state: PoolState, obs: PoolObservation) -> tuple[float, ...]:
+    """The newest interval's per-position acceptance, while the window's is moving (see
+    docs/policy.md): the last evaluation's value plus the move scaled by window/interval, for each
+    position both measured, clamped to [0, 1] and non-increasing. Exact on the first evaluation
+    after a step change; later in the same window it overshoots by up to interval/window of the step."""
+    memory = state.last_acceptance
+    assert memory is not None
+    fraction = min(1.0, policy.evaluation_interval_seconds / max(1.0, float(policy.window_seconds)))
+    n = min(len(obs.per_position), len(memory.per_position))
+    out: list[float] = []
+    ceiling = 1.0
+    for i in range(n):
+        if memory.measured_at(i) != memory.measured_at(0):
+            break
+        old, new = memory.per_position[i], obs.per_position[i]
+        value = min(ceiling, max(0.0, old + (new - old) / fraction))
+        out.append(value)
+        ceiling = value
+    return tuple(out)
+
+
+def estimate_for(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime, length: int
+) -> Estimate | None:
+    return estimate(
+        state,
+        obs,
+        now,
+        window_seconds=policy.window_seconds,
+        max_age_seconds=policy.reentry.max_acceptance_age_seconds,
+        length=length,
     )

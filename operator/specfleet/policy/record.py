@@ -26,7 +26,7 @@ from specfleet.api.models import (
     SpeculativeDeploymentSpec,
     SpeculativeDeploymentStatus,
 )
-from specfleet.policy.decide import PoolDecision
+from specfleet.policy.decision import PoolDecision
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolRolloutState, PoolState
 from specfleet.policy.schedule import Schedule, drafted_by
 
