@@ -1,17 +1,7 @@
-"""Per-position acceptance the policy can trust: measured, remembered, or extrapolated (pure).
-
-A pool drafting K tokens reports K per-position values. Deeper positions are not "never accepted":
-they are unmeasured. So the memory keeps the longest vector it ever measured and a shorter
-measurement refreshes only its first positions; the deeper ones are rescaled by the same factor as
-the deepest refreshed one (the conditional acceptance beyond it is assumed unchanged) and keep the
-time they were measured. A position older than `reentry.maxAcceptanceAgeSeconds`, or never
-measured, is extrapolated from the fresh ones with their last conditional acceptance (p_i/p_{i-1};
-p_0 itself when only one is known): an optimistic guess, so a K that might pay gets tried and
-measured, rather than a K that was lowered never being raised again.
-
-A window that overlaps a rollout mixes engines drafting different K: position i is then divided by
-the drafts of every engine while only engines drafting more than i count its accepts. Only the
-positions that every engine of the window drafted are trusted then.
+"""Per-position acceptance the policy can trust (pure): measured in the window, remembered (memory
+never shrinks; deeper positions rescaled), or extrapolated where unknown or too old (`estimate`), and
+whether the window's acceptance is still moving after a shift (`acceptance_moving`,
+`newest_acceptance`). The rules and their reasons are in docs/policy.md ("Acceptance memory").
 """
 
 from __future__ import annotations
@@ -45,7 +35,7 @@ class Estimate:
 
 
 def trusted_positions(state: PoolState, obs: PoolObservation, now: datetime, window_seconds: int) -> int:
-    """How many leading positions of the observation measure acceptance (see the module docstring)."""
+    """How many leading positions of the observation measure acceptance (see docs/policy.md)."""
     n = len(obs.per_position) if obs.acceptance_length is not None else 0
     rollout = state.rollout
     if n == 0 or rollout is None:

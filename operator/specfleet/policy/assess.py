@@ -41,9 +41,8 @@ class Assessment:
     est: Estimate | None
     wanted: Wanted
     loads: tuple[float, float]  # (expected, observed)
-    gains: (
-        tuple[GoodputPrediction, GoodputPrediction] | None
-    )  # Goodput: (at the expected load, at the observed load)
+    # Goodput: (at the expected load, at the observed load); Threshold: None.
+    gains: tuple[GoodputPrediction, GoodputPrediction] | None
     numbers: dict[str, str]
     # The policy gives speculating pools Dynamic SD schedules (policy.goodput.engineSchedule).
     schedules: bool = False
@@ -62,6 +61,7 @@ class Assessment:
         canaries: int | None = None,
         schedule: Schedule | None = None,
     ) -> PoolDecision:
+        """The pool's decision: hold unless `target` (a flip) or an adjustment is given."""
         mode = self.state.mode
         to = target or mode
         return PoolDecision(
@@ -90,6 +90,7 @@ def assess(
     profile: StepTimeProfile,
     schedules: bool = False,
 ) -> Assessment:
+    """What one pool's numbers ask for, and everything the gates, retunes and canaries need to know."""
     current_k = pool_k(policy, state, k)
     schedule = state.schedule if schedules and state.mode == "On" else None
     est = estimate_for(policy, state, observed, now, k)

@@ -75,15 +75,9 @@ def canary_target(
 ) -> tuple[int, str, str] | None:
     """Scale an Off pool's canaries: (replicas, reason, why), or None to keep them.
 
-    Canaries run where a measurement can change a decision: while the remembered acceptance has
-    expired (or was never measured), and while the pool is near break-even, where a drafter that got
-    better would make speculation pay again. They go down once the pool is far past break-even at
-    the load measured (speedup of the best K below 1 - 2 x margin; Threshold mode: load above the stop
-    value plus the hysteresis band) and come back once it is within one margin of it again (the band
-    between is hysteresis) while the projected load is not far past it: on a load racing away they
-    would go down again once it gets there. A pool turning off keeps them unless the load measured or
-    the load projected (the one the flip is decided on) is far past break-even (`decide`). A scaling
-    moves replicas between two Deployments, made before broken (`reconcile.hand_over`).
+    Up while the acceptance is unknown, or once the pool is within one margin of break-even (and the
+    projected load is not far past it); down once it is far past break-even at the load measured. The
+    band between is hysteresis (docs/policy.md, "Re-entry and canaries").
     """
     spec = policy.reentry.canary_replicas
     if spec == 0 or state.mode != "Off" or wanted.mode != "Off":
