@@ -24,7 +24,7 @@ from specfleet.api.semantics import find_problems
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
 from specfleet.metrics.prometheus import FleetAnswers, QueryFn, query_fleet
-from specfleet.policy.decide import PoolDecision
+from specfleet.policy.decision import PoolDecision
 from specfleet.policy.evaluate import Evaluation, evaluate_policy
 from specfleet.policy.measurements import Measurements, measurements, with_measurements, worth_writing
 from specfleet.policy.profile_source import CostProfileError, profile_from_config_map

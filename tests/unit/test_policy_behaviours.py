@@ -306,7 +306,7 @@ def test_canaries_speculate_while_a_gate_holds_a_pool_that_wants_to_turn_on():
 
 
 def test_threshold_defaults_come_from_the_break_even_point():
-    from specfleet.policy.decide import threshold_values
+    from specfleet.policy.threshold import threshold_values
 
     policy = PolicySpec.model_validate({"mode": "Threshold"})
     for k in (1, 3, 5):

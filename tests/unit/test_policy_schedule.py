@@ -14,7 +14,7 @@ from specfleet.api.semantics import engine_schedules
 from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.policy import PoolObservation, PoolState, decide
-from specfleet.policy.decide import PoolDecision
+from specfleet.policy.decision import PoolDecision
 from specfleet.policy.observations import PoolRolloutState
 from specfleet.policy.record import pool_states, record, schedule_rows
 from specfleet.policy.schedule import (

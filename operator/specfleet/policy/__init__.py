@@ -1,6 +1,9 @@
 """The adaptive speculation policy: pure functions from observations to per-pool decisions."""
 
-from specfleet.policy.decide import PoolDecision, decide, predicted_speedup, wanted_mode
+from specfleet.policy.assess import wanted_mode
+from specfleet.policy.decide import decide
+from specfleet.policy.decision import PoolDecision
+from specfleet.policy.goodput import predicted_speedup
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
 
 __all__ = [

@@ -1,26 +1,19 @@
-"""Per-position acceptance the policy can trust: measured, remembered, or extrapolated (pure).
-
-A pool drafting K tokens reports K per-position values. Deeper positions are not "never accepted":
-they are unmeasured. So the memory keeps the longest vector it ever measured and a shorter
-measurement refreshes only its first positions; the deeper ones are rescaled by the same factor as
-the deepest refreshed one (the conditional acceptance beyond it is assumed unchanged) and keep the
-time they were measured. A position older than `reentry.maxAcceptanceAgeSeconds`, or never
-measured, is extrapolated from the fresh ones with their last conditional acceptance (p_i/p_{i-1};
-p_0 itself when only one is known): an optimistic guess, so a K that might pay gets tried and
-measured, rather than a K that was lowered never being raised again.
-
-A window that overlaps a rollout mixes engines drafting different K: position i is then divided by
-the drafts of every engine while only engines drafting more than i count its accepts. Only the
-positions that every engine of the window drafted are trusted then.
+"""Per-position acceptance the policy can trust (pure): measured in the window, remembered (memory
+never shrinks; deeper positions rescaled), or extrapolated where unknown or too old (`estimate`), and
+whether the window's acceptance is still moving after a shift (`acceptance_moving`,
+`newest_acceptance`). The rules and their reasons are in docs/policy.md ("Acceptance memory").
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from specfleet.api.fields import MAX_SPECULATIVE_TOKENS
+from specfleet.api.policy import PolicySpec
+from specfleet.policy.decision import goodput_margin
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
 
 # The most positions remembered (the API's largest K).
@@ -43,7 +36,7 @@ class Estimate:
 
 
 def trusted_positions(state: PoolState, obs: PoolObservation, now: datetime, window_seconds: int) -> int:
-    """How many leading positions of the observation measure acceptance (see the module docstring)."""
+    """How many leading positions of the observation measure acceptance (see docs/policy.md)."""
     n = len(obs.per_position) if obs.acceptance_length is not None else 0
     rollout = state.rollout
     if n == 0 or rollout is None:
@@ -127,4 +120,75 @@ def estimate(
         measured=min(n, length),
         extrapolated=max(0, length - len(fresh)),
         remember=remember,
+    )
+
+
+# Sampling noise of a per-position acceptance, in standard errors, that a move must exceed.
+MOVING_Z = 4.0
+
+
+def acceptance_moving(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime
+) -> str | None:
+    """Why the window's acceptance is still moving (None: it is not, or nothing to compare).
+
+    Two evaluations `evaluationIntervalSeconds` apart see windows that share all but that interval,
+    so the first position's change between them is the newest interval's acceptance minus the
+    oldest's, scaled by interval/window. It counts as moving when the change it implies for the
+    acceptance (change x window/interval) exceeds both `MOVING_Z` standard errors of binomial
+    sampling over the drafts of those two intervals and twice the Goodput margin of its value (a
+    move that small changes no decision). Compared only with a memory the last evaluation wrote.
+    """
+    memory = state.last_acceptance
+    if memory is None or not obs.per_position or obs.acceptance_length is None or not memory.per_position:
+        return None
+    every = float(policy.evaluation_interval_seconds)
+    if now - memory.measured_at(0) > timedelta(seconds=1.5 * every):
+        return None
+    fraction = min(1.0, every / max(1.0, float(policy.window_seconds)))
+    new, old = obs.per_position[0], memory.per_position[0]
+    implied = (new - old) / fraction
+    p = min(max((new + old) / 2, 0.01), 0.99)
+    drafts = max(1.0, obs.drafts_in_window * fraction)
+    noise = MOVING_Z * math.sqrt(2 * p * (1 - p) / drafts) / fraction
+    material = 2 * goodput_margin(policy) * max(old, new)
+    if abs(implied) <= max(noise, material):
+        return None
+    return (
+        f"first-position acceptance moved {old:.3f} -> {new:.3f} in {every:.0f}s (the window's "
+        f"acceptance is still changing: {implied:+.3f} over a window)"
+    )
+
+
+def newest_acceptance(policy: PolicySpec, state: PoolState, obs: PoolObservation) -> tuple[float, ...]:
+    """The newest interval's per-position acceptance, while the window's is moving (see
+    docs/policy.md): the last evaluation's value plus the move scaled by window/interval, for each
+    position both measured, clamped to [0, 1] and non-increasing. Exact on the first evaluation
+    after a step change; later in the same window it overshoots by up to interval/window of the step."""
+    memory = state.last_acceptance
+    assert memory is not None
+    fraction = min(1.0, policy.evaluation_interval_seconds / max(1.0, float(policy.window_seconds)))
+    n = min(len(obs.per_position), len(memory.per_position))
+    out: list[float] = []
+    ceiling = 1.0
+    for i in range(n):
+        if memory.measured_at(i) != memory.measured_at(0):
+            break
+        old, new = memory.per_position[i], obs.per_position[i]
+        value = min(ceiling, max(0.0, old + (new - old) / fraction))
+        out.append(value)
+        ceiling = value
+    return tuple(out)
+
+
+def estimate_for(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime, length: int
+) -> Estimate | None:
+    return estimate(
+        state,
+        obs,
+        now,
+        window_seconds=policy.window_seconds,
+        max_age_seconds=policy.reentry.max_acceptance_age_seconds,
+        length=length,
     )

@@ -17,7 +17,8 @@ from specfleet.api.semantics import engine_schedules
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.answers import FleetAnswers, PoolSelector, observe
-from specfleet.policy.decide import PoolDecision, decide
+from specfleet.policy.decide import decide
+from specfleet.policy.decision import PoolDecision
 from specfleet.policy.drift import RetrainTrigger, track_drift
 from specfleet.policy.observations import PoolObservation
 from specfleet.policy.profile_source import hold_every_pool, profile_condition

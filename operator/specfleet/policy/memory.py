@@ -114,7 +114,7 @@ class MemoryView:
         return self.tokens_per_second(name, per_position) / self.tokens_per_second(OFF, per_position)
 
     def gains(self, ks: Sequence[int], per_position: Sequence[float]) -> tuple[int, float, float | None]:
-        """(best K, its gain, the current setting's gain or None when off): as `_Goodput` holds them."""
+        """(best K, its gain, the current setting's gain or None when off): as `GoodputPrediction` holds them."""
         by_k = {k: self.gain(setting_name(k), per_position) for k in ks}
         best = max(ks, key=lambda k: (by_k[k], -k))
         now = None if self.current is None else self.gain(self.current, per_position)

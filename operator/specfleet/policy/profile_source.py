@@ -18,7 +18,7 @@ import yaml
 from specfleet.api import reasons as r
 from specfleet.api.conditions import ConditionStatus, get_condition, set_condition
 from specfleet.api.status import SpeculativeDeploymentStatus
-from specfleet.policy.decide import PoolDecision
+from specfleet.policy.decision import PoolDecision
 from specfleet.policy.observations import PoolState
 from specfleet_runtime.cost_profile import StepTimeProfile
 

@@ -19,8 +19,8 @@ from specfleet.api.drafter import DynamicScheduleRange
 from specfleet.api.effective import pool_engine
 from specfleet.api.fields import MAX_CHANGES_PER_HOUR
 from specfleet.api.spec import SpeculativeDeploymentSpec
-from specfleet.api.status import Decision, PoolRollout, PoolStatus, SpeculativeDeploymentStatus
-from specfleet.policy.decide import PoolDecision
+from specfleet.api.status import Condition, Decision, PoolRollout, PoolStatus, SpeculativeDeploymentStatus
+from specfleet.policy.decision import PoolDecision
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolRolloutState, PoolState
 from specfleet.policy.schedule import Schedule, drafted_by
 
@@ -201,157 +201,163 @@ def _drafted(mode: str, k: int | None, canaries: int | None, schedule: Schedule 
     return 0
 
 
-def record(
+def _recent(times: Sequence[str] | None, now: datetime) -> list[str]:
+    """`times` within the last hour, plus now, at most as many as the hourly budgets allow."""
+    hour_ago = now - timedelta(hours=1)
+    kept = [t for t in times or [] if (p := parse_time(t)) is not None and p > hour_ago]
+    return [*kept, rfc3339(now)][-MAX_CHANGES_PER_HOUR:]
+
+
+def _with_measurements(ps: PoolStatus, obs: PoolObservation, now: datetime) -> PoolStatus:
+    """The pool's status with this evaluation's load (and its trend's samples) and throughput."""
+    update: dict[str, object] = {}
+    if obs.running_per_replica is not None:
+        update["running_per_replica"] = f"{obs.running_per_replica:.3g}"
+        kept = [
+            e
+            for e in ps.recent_load or []
+            if (t := parse_time(e.partition("=")[0])) and now - t <= LOAD_MEMORY
+        ]
+        # Every evaluation's load: the trend needs them all (sparser samples measurably delayed the
+        # down-ramp decision on the fleet simulator), at the cost of one status write per evaluation.
+        update["recent_load"] = [*kept, f"{rfc3339(now)}={obs.running_per_replica:.4g}"][-LOAD_SAMPLES:]
+    if obs.generation_tokens_per_second is not None:
+        update["generation_tokens_per_second"] = f"{obs.generation_tokens_per_second:.4g}"
+    return ps.model_copy(update=update)
+
+
+def _with_settled_rollout(ps: PoolStatus, now: datetime) -> PoolStatus | None:
+    """The pool's status with its rollout's settle time, once the pool reads settled (None: no change)."""
+    if ps.rollout is not None and ps.rollout.settled_time is None and ps.settled:
+        rollout = ps.rollout.model_copy(update={"settled_time": rfc3339(now)})
+        return ps.model_copy(update={"rollout": rollout})
+    return None
+
+
+def _with_acceptance(ps: PoolStatus, memory: MeasuredAcceptance) -> PoolStatus:
+    """The pool's status remembering the acceptance the policy measured."""
+    update = {
+        "acceptance_length": f"{memory.acceptance_length:.2f}",
+        "per_position_acceptance": ",".join(f"{p:.3f}" for p in memory.per_position),
+        "acceptance_measured_at": rfc3339(memory.at),
+        "per_position_measured_at": [rfc3339(memory.measured_at(i)) for i in range(len(memory.per_position))],
+    }
+    return ps.model_copy(update=update)
+
+
+@dataclass(frozen=True)
+class _Change:
+    """A change applied to a pool's status, and what the history entry and the Event show of it."""
+
+    status: PoolStatus
+    numbers: dict[str, str]
+    schedule_before: Schedule | None
+    schedule_after: Schedule | None
+
+
+def _with_change(ps: PoolStatus, decision: PoolDecision, now: datetime) -> _Change:
+    """The pool's status after a decision that changes it: mode, K, schedule, canaries, the budgets
+    it spends and the rollout to watch (what to revert to, what each side drafts)."""
+    change: dict[str, object] = {
+        "speculation": decision.target,
+        "reason": decision.reason,
+        "message": decision.message,
+        "settled": False,
+    }
+    numbers = dict(decision.observations)
+    if decision.flip:
+        change["last_transition_time"] = rfc3339(now)
+        change["recent_flip_times"] = _recent(ps.recent_flip_times, now)
+        # Canaries start again at the spec's count on every flip (the pool is near break-even).
+        change["canary_replicas"] = None
+    else:
+        change["last_retune_time"] = rfc3339(now)
+        change["recent_retune_times"] = _recent(ps.recent_retune_times, now)
+    if decision.target_k is not None:
+        change["num_speculative_tokens"] = decision.target_k
+        numbers["numSpeculativeTokens"] = f"{decision.current_k}->{decision.target_k}"
+    after_schedule = ps_schedule = schedule_rows(ps.dynamic_schedule)
+    if decision.target == "Off":
+        after_schedule = None
+    elif decision.target_schedule is not None:
+        after_schedule = decision.target_schedule or None
+    if after_schedule != ps_schedule:
+        change["dynamic_schedule"] = schedule_ranges(after_schedule)
+        numbers["dynamicSchedule"] = f"{_rows_text(ps_schedule)}->{_rows_text(after_schedule)}"
+    if decision.canary_replicas is not None:
+        change["canary_replicas"] = decision.canary_replicas
+        before = "spec" if ps.canary_replicas is None else str(ps.canary_replicas)
+        numbers["canaryReplicas"] = f"{before}->{decision.canary_replicas}"
+    after_k = decision.target_k if decision.target_k is not None else decision.current_k
+    after_canaries = change.get("canary_replicas", ps.canary_replicas)
+    change["rollout"] = PoolRollout(
+        time=rfc3339(now),
+        reason=decision.reason,
+        from_mode=decision.current,
+        from_num_speculative_tokens=ps.num_speculative_tokens,
+        from_canary_replicas=ps.canary_replicas,
+        from_dynamic_schedule=ps.dynamic_schedule,
+        drafted_before=_drafted(decision.current, decision.current_k, ps.canary_replicas, ps_schedule),
+        drafted_after=_drafted(
+            decision.target,
+            after_k,
+            after_canaries if isinstance(after_canaries, int) else None,
+            after_schedule,
+        ),
+    )
+    return _Change(ps.model_copy(update=change), numbers, ps_schedule, after_schedule)
+
+
+def _history_entry(decision: PoolDecision, numbers: dict[str, str], now: datetime) -> Decision:
+    return Decision.model_validate(
+        {
+            "time": rfc3339(now),
+            "pool": decision.pool,
+            "from": decision.current,
+            "to": decision.target,
+            "reason": decision.reason,
+            "message": decision.message,
+            "observations": numbers,
+        }
+    )
+
+
+def _change_event(decision: PoolDecision, change: _Change) -> tuple[str, str, str]:
+    """The Event a change emits: (type, reason, message)."""
+    event_type = "Normal"
+    if decision.reason == reasons.ROLLOUT_FAILED:
+        event_type, event_reason = "Warning", reasons.EVENT_ROLLOUT_FAILED
+        what = f"speculation {decision.current} -> {decision.target}"
+    elif decision.flip:
+        on = decision.target == "On"
+        event_reason = reasons.EVENT_SPECULATION_ON if on else reasons.EVENT_SPECULATION_OFF
+        what = f"speculation {decision.current} -> {decision.target}"
+    elif decision.target_k is not None or decision.target_schedule is not None:
+        event_reason = reasons.EVENT_SPECULATION_RETUNED
+        what = (
+            f"K {decision.current_k} -> {decision.target_k}"
+            if decision.target_schedule is None
+            else f"schedule {_rows_text(change.schedule_before)} -> {_rows_text(change.schedule_after)}"
+        )
+    else:
+        event_reason = reasons.EVENT_CANARIES_SCALED
+        what = f"canaries -> {decision.canary_replicas}"
+    message = f"pool {decision.pool}: {what} ({decision.reason}): {decision.message}{_numbers(decision)}"
+    return event_type, event_reason, message
+
+
+def _metrics_condition(
     status: SpeculativeDeploymentStatus,
-    decisions: Sequence[PoolDecision],
     observations: Mapping[str, PoolObservation],
     generation: int,
     now: datetime,
-) -> Recorded:
-    """Fold one evaluation into status."""
-    pools = status.pools.model_copy(deep=True)
-    history = list(status.history)
-    out = Recorded(status=status)
-    hour_ago = now - timedelta(hours=1)
-    for pool, obs in observations.items():
-        if obs.decision_problem is not None:
-            continue
-        ps = getattr(pools, pool)
-        update: dict[str, object] = {}
-        if obs.running_per_replica is not None:
-            update["running_per_replica"] = f"{obs.running_per_replica:.3g}"
-            kept = [
-                e
-                for e in ps.recent_load or []
-                if (t := parse_time(e.partition("=")[0])) and now - t <= LOAD_MEMORY
-            ]
-            # Every evaluation's load: the trend needs them all (sparser samples measurably delayed the
-            # down-ramp decision on the fleet simulator), at the cost of one status write per evaluation.
-            update["recent_load"] = [*kept, f"{rfc3339(now)}={obs.running_per_replica:.4g}"][-LOAD_SAMPLES:]
-        if obs.generation_tokens_per_second is not None:
-            update["generation_tokens_per_second"] = f"{obs.generation_tokens_per_second:.4g}"
-        setattr(pools, pool, ps.model_copy(update=update))
-    for pool in POOLS:
-        ps = getattr(pools, pool)
-        # The rollout of the policy's last change has finished once the pool reads settled.
-        if ps.rollout is not None and ps.rollout.settled_time is None and ps.settled:
-            rollout = ps.rollout.model_copy(update={"settled_time": rfc3339(now)})
-            setattr(pools, pool, ps.model_copy(update={"rollout": rollout}))
-    for decision in decisions:
-        memory = decision.acceptance
-        if memory is None:
-            continue
-        ps = getattr(pools, decision.pool)
-        update = {
-            "acceptance_length": f"{memory.acceptance_length:.2f}",
-            "per_position_acceptance": ",".join(f"{p:.3f}" for p in memory.per_position),
-            "acceptance_measured_at": rfc3339(memory.at),
-            "per_position_measured_at": [
-                rfc3339(memory.measured_at(i)) for i in range(len(memory.per_position))
-            ],
-        }
-        setattr(pools, decision.pool, ps.model_copy(update=update))
-    for decision in decisions:
-        if not decision.changes:
-            continue
-        out.flipped.append(decision)
-        ps = getattr(pools, decision.pool)
-        change: dict[str, object] = {
-            "speculation": decision.target,
-            "reason": decision.reason,
-            "message": decision.message,
-            "settled": False,
-        }
-        numbers = dict(decision.observations)
-        if decision.flip:
-            change["last_transition_time"] = rfc3339(now)
-            kept = [
-                t for t in ps.recent_flip_times or [] if (p := parse_time(t)) is not None and p > hour_ago
-            ]
-            change["recent_flip_times"] = [*kept, rfc3339(now)][-MAX_CHANGES_PER_HOUR:]
-            # Canaries start again at the spec's count on every flip (the pool is near break-even).
-            change["canary_replicas"] = None
-        else:
-            change["last_retune_time"] = rfc3339(now)
-            kept = [
-                t for t in ps.recent_retune_times or [] if (p := parse_time(t)) is not None and p > hour_ago
-            ]
-            change["recent_retune_times"] = [*kept, rfc3339(now)][-MAX_CHANGES_PER_HOUR:]
-        if decision.target_k is not None:
-            change["num_speculative_tokens"] = decision.target_k
-            numbers["numSpeculativeTokens"] = f"{decision.current_k}->{decision.target_k}"
-        after_schedule = ps_schedule = schedule_rows(ps.dynamic_schedule)
-        if decision.target == "Off":
-            after_schedule = None
-        elif decision.target_schedule is not None:
-            after_schedule = decision.target_schedule or None
-        if after_schedule != ps_schedule:
-            change["dynamic_schedule"] = schedule_ranges(after_schedule)
-            numbers["dynamicSchedule"] = f"{_rows_text(ps_schedule)}->{_rows_text(after_schedule)}"
-        if decision.canary_replicas is not None:
-            change["canary_replicas"] = decision.canary_replicas
-            before = "spec" if ps.canary_replicas is None else str(ps.canary_replicas)
-            numbers["canaryReplicas"] = f"{before}->{decision.canary_replicas}"
-        after_k = decision.target_k if decision.target_k is not None else decision.current_k
-        after_canaries = change.get("canary_replicas", ps.canary_replicas)
-        change["rollout"] = PoolRollout(
-            time=rfc3339(now),
-            reason=decision.reason,
-            from_mode=decision.current,
-            from_num_speculative_tokens=ps.num_speculative_tokens,
-            from_canary_replicas=ps.canary_replicas,
-            from_dynamic_schedule=ps.dynamic_schedule,
-            drafted_before=_drafted(decision.current, decision.current_k, ps.canary_replicas, ps_schedule),
-            drafted_after=_drafted(
-                decision.target,
-                after_k,
-                after_canaries if isinstance(after_canaries, int) else None,
-                after_schedule,
-            ),
-        )
-        setattr(pools, decision.pool, ps.model_copy(update=change))
-        history.append(
-            Decision.model_validate(
-                {
-                    "time": rfc3339(now),
-                    "pool": decision.pool,
-                    "from": decision.current,
-                    "to": decision.target,
-                    "reason": decision.reason,
-                    "message": decision.message,
-                    "observations": numbers,
-                }
-            )
-        )
-        event_type = "Normal"
-        if decision.reason == reasons.ROLLOUT_FAILED:
-            event_type, event_reason = "Warning", reasons.EVENT_ROLLOUT_FAILED
-            what = f"speculation {decision.current} -> {decision.target}"
-        elif decision.flip:
-            on = decision.target == "On"
-            event_reason = reasons.EVENT_SPECULATION_ON if on else reasons.EVENT_SPECULATION_OFF
-            what = f"speculation {decision.current} -> {decision.target}"
-        elif decision.target_k is not None or decision.target_schedule is not None:
-            event_reason = reasons.EVENT_SPECULATION_RETUNED
-            what = (
-                f"K {decision.current_k} -> {decision.target_k}"
-                if decision.target_schedule is None
-                else f"schedule {_rows_text(ps_schedule)} -> {_rows_text(after_schedule)}"
-            )
-        else:
-            event_reason = reasons.EVENT_CANARIES_SCALED
-            what = f"canaries -> {decision.canary_replicas}"
-        out.events.append(
-            (
-                event_type,
-                event_reason,
-                f"pool {decision.pool}: {what} ({decision.reason}): {decision.message}{_numbers(decision)}",
-            )
-        )
+) -> tuple[list[Condition], tuple[str, str, str] | None]:
+    """The MetricsAvailable condition, and the Warning to emit when metrics have just gone missing."""
     problems = [
         f"{pool}: {problem}" for pool, obs in observations.items() if (problem := obs.decision_problem)
     ]
     previous_ok = next((c.status for c in status.conditions if c.type == reasons.METRICS_AVAILABLE), None)
+    warning = None
     ok: ConditionStatus
     if not observations:
         ok, why, message = "True", reasons.NO_AUTO_POOLS, "no pool is Auto: nothing to observe"
@@ -359,7 +365,7 @@ def record(
         ok, why = "False", reasons.METRICS_UNAVAILABLE
         message = "; ".join(problems) + " (holding every pool in its current mode)"
         if previous_ok != "False":
-            out.events.append(("Warning", reasons.EVENT_METRICS_UNAVAILABLE, message))
+            warning = ("Warning", reasons.EVENT_METRICS_UNAVAILABLE, message)
     else:
         ok, why, message = "True", reasons.METRICS_OK, "every Auto pool has fresh engine metrics"
     conditions = set_condition(
@@ -371,6 +377,41 @@ def record(
         generation=generation,
         now=now,
     )
+    return conditions, warning
+
+
+def record(
+    status: SpeculativeDeploymentStatus,
+    decisions: Sequence[PoolDecision],
+    observations: Mapping[str, PoolObservation],
+    generation: int,
+    now: datetime,
+) -> Recorded:
+    """Fold one evaluation into status: measurements, settled rollouts, acceptance memory, changes
+    (with their history entries and Events) and the MetricsAvailable condition."""
+    pools = status.pools.model_copy(deep=True)
+    for pool, obs in observations.items():
+        if obs.decision_problem is None:
+            setattr(pools, pool, _with_measurements(getattr(pools, pool), obs, now))
+    for pool in POOLS:
+        if (settled := _with_settled_rollout(getattr(pools, pool), now)) is not None:
+            setattr(pools, pool, settled)
+    for decision in decisions:
+        if (memory := decision.acceptance) is not None:
+            setattr(pools, decision.pool, _with_acceptance(getattr(pools, decision.pool), memory))
+    out = Recorded(status=status)
+    history = list(status.history)
+    for decision in decisions:
+        if not decision.changes:
+            continue
+        change = _with_change(getattr(pools, decision.pool), decision, now)
+        setattr(pools, decision.pool, change.status)
+        out.flipped.append(decision)
+        history.append(_history_entry(decision, change.numbers, now))
+        out.events.append(_change_event(decision, change))
+    conditions, warning = _metrics_condition(status, observations, generation, now)
+    if warning is not None:
+        out.events.append(warning)
     out.status = status.model_copy(
         update={"pools": pools, "history": history[-HISTORY_LIMIT:], "conditions": conditions}
     )

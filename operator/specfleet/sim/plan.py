@@ -3,7 +3,7 @@
 From the cost profile and the acceptance: the break-even concurrency (running requests per replica
 where the best K stops beating no speculation), the Dynamic SD table (best K per batch size), and
 Threshold-mode values: the concurrency values are the ones the policy itself derives when the spec
-leaves them unset (`specfleet.policy.decide.threshold_values`, from this acceptance at the drafter's
+leaves them unset (`specfleet.policy.threshold.threshold_values`, from this acceptance at the drafter's
 K), and both go through the one break-even function, `cost_profile.break_even_concurrency`; the
 acceptance lengths are those at which speculation stops paying at the pool's typical load. From a simulation of the workload: each
 pool's load, and the predicted gain of the policy against always-on and always-off.
@@ -25,10 +25,10 @@ import numpy as np
 
 from specfleet.api.effective import pool_engine
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.decide import threshold_values
 from specfleet.policy.memory import MemoryView, memory_view
 from specfleet.policy.observations import PoolObservation
 from specfleet.policy.schedule import best_schedule
+from specfleet.policy.threshold import threshold_values
 from specfleet.sim.compare import Comparison, static_ks
 from specfleet.sim.fleet import POOLS, load_per_replica
 from specfleet_runtime.cost_profile import StepTimeProfile, break_even_concurrency, speedup

@@ -1,0 +1,197 @@
+"""One pool assessed before the gates (pure): the acceptance estimate (the newest interval's while the
+window's is moving), the expected load, Goodput's predictions (at memory's batch where memory is the
+bound) or Threshold's rule, and the mode they ask for (`assess`); `wanted_mode` is the same question
+without the load projection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from specfleet.api import reasons as r
+from specfleet.api.policy import PolicySpec
+from specfleet.policy.acceptance import Estimate, acceptance_moving, estimate_for, newest_acceptance
+from specfleet.policy.canaries import active_canaries, settling
+from specfleet.policy.decision import PoolDecision, Wanted, goodput_margin, pool_k
+from specfleet.policy.goodput import (
+    GoodputPrediction,
+    candidate_ks,
+    goodput_over_path,
+    goodput_prediction,
+    goodput_wanted,
+    prediction_at_memory,
+)
+from specfleet.policy.load import commit_path, expected_load, measured_load
+from specfleet.policy.memory import memory_view
+from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
+from specfleet.policy.schedule import Schedule
+from specfleet.policy.threshold import threshold_wanted
+from specfleet_runtime.cost_profile import StepTimeProfile
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """Everything decided about one pool before the gates."""
+
+    pool: str
+    state: PoolState
+    obs: PoolObservation  # with the expected load
+    current_k: int
+    est: Estimate | None
+    wanted: Wanted
+    loads: tuple[float, float]  # (expected, observed)
+    # Goodput: (at the expected load, at the observed load); Threshold: None.
+    gains: tuple[GoodputPrediction, GoodputPrediction] | None
+    numbers: dict[str, str]
+    # The policy gives speculating pools Dynamic SD schedules (policy.goodput.engineSchedule).
+    schedules: bool = False
+
+    @property
+    def memory(self) -> MeasuredAcceptance | None:
+        return self.est.remember if self.est is not None else None
+
+    def decision(
+        self,
+        reason: str,
+        message: str,
+        *,
+        target: str | None = None,
+        target_k: int | None = None,
+        canaries: int | None = None,
+        schedule: Schedule | None = None,
+    ) -> PoolDecision:
+        """The pool's decision: hold unless `target` (a flip) or an adjustment is given."""
+        mode = self.state.mode
+        to = target or mode
+        return PoolDecision(
+            self.pool,
+            mode,
+            to,
+            to != mode,
+            reason,
+            message,
+            self.numbers,
+            self.current_k,
+            target_k,
+            canaries,
+            self.memory,
+            schedule,
+        )
+
+
+def assess(
+    policy: PolicySpec,
+    k: int,
+    pool: str,
+    state: PoolState,
+    observed: PoolObservation,
+    now: datetime,
+    profile: StepTimeProfile,
+    schedules: bool = False,
+) -> Assessment:
+    """What one pool's numbers ask for, and everything the gates, retunes and canaries need to know."""
+    current_k = pool_k(policy, state, k)
+    schedule = state.schedule if schedules and state.mode == "On" else None
+    est = estimate_for(policy, state, observed, now, k)
+    # A flip is judged on the newest interval's acceptance while the window's is moving.
+    est_flip = est
+    moving = acceptance_moving(policy, state, observed, now) if policy.mode == "Goodput" else None
+    if moving is not None and est is not None:
+        newest = newest_acceptance(policy, state, observed)
+        fresh = estimate_for(
+            policy, state, replace(observed, per_position=newest, acceptance_length=1 + sum(newest)), now, k
+        )
+        if fresh is not None:
+            est_flip = replace(fresh, source="newestInterval", remember=est.remember)
+    measured = measured_load(observed)
+    load = expected_load(policy, state, observed, now)
+    obs = replace(observed, running_per_replica=load)
+    gains = None
+    if policy.mode == "Goodput":
+        g = goodput_prediction(current_k if state.mode == "On" else None, load, est, profile, k, schedule)
+        g_observed = goodput_prediction(None, measured, est, profile, k)
+        gains = (g, g_observed)
+        # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
+        # locked, lighter budget) and the canaries on the projected load (`gains`).
+        path = commit_path(policy, state, measured, load)
+        g_commit = goodput_over_path(
+            current_k if state.mode == "On" else None, path, est_flip, profile, k, schedule
+        )
+        # Where memory, not compute, is the bound: each setting's throughput at the batch it holds.
+        mem = memory_view(
+            profile,
+            observed,
+            candidate_ks(profile, k),
+            mode=state.mode,
+            current_k=current_k,
+            schedule=schedule,
+            max_num_seqs=state.max_num_seqs,
+        )
+        if mem is not None and mem.bound:
+            g, g_observed, g_commit = (
+                prediction_at_memory(x, mem, profile, k) for x in (g, g_observed, g_commit)
+            )
+            gains = (g, g_observed)
+        wanted = goodput_wanted(policy, state, obs, g_commit, est_flip)
+        if schedule and wanted.mode == "Off" and g_observed.gain_best > 1 + goodput_margin(policy):
+            # A pool following a schedule already drafts less (or nothing) as batches grow, so turning
+            # it off gains at most the in-engine K 0 cost while the load stays up, and locks it off
+            # when the load falls again: it turns off once the load measured is near break-even too
+            # (within the margin), not on a projected peak alone.
+            wanted = Wanted(
+                "On",
+                r.GOODPUT_WITHIN_MARGIN,
+                f"{measured:.1f} running per replica measured is not near "
+                f"break-even yet ({g_observed.gain_best:.2f}x at K {g_observed.best}); the schedule "
+                "drafts less as batches grow",
+                wanted.numbers,
+            )
+        if mem is not None and mem.bound:
+            why = mem.why(g_commit.best, g_commit.per_position) + "; " if wanted.mode == "Off" else ""
+            shown = {**wanted.numbers, **mem.numbers(g_commit.per_position)}
+            reason = r.GOODPUT_MEMORY_BOUND if why else wanted.reason
+            wanted = replace(wanted, reason=reason, message=why + wanted.message, numbers=shown)
+    else:
+        wanted = threshold_wanted(policy, k, state, obs, est, profile)
+    numbers = {**observed.as_text(), **wanted.numbers}
+    if moving is not None:
+        numbers["acceptanceMoving"] = moving
+    if load != measured:
+        numbers["expectedRunningPerReplica"] = f"{load:.3g}"
+    if (
+        est is None
+        and state.mode == "Off"
+        and wanted.mode == "On"
+        and policy.reentry.canary_replicas
+        and (active_canaries(policy, state) < policy.reentry.canary_replicas or settling(policy, state, now))
+    ):
+        # Acceptance unknown: canaries measure it (brought back up if they are down) before the pool
+        # turns on to probe; the probe stays for when they cannot (no traffic in a whole window).
+        wanted = Wanted(
+            "Off", r.PROBE_ACCEPTANCE, "acceptance is unknown: the canaries measure it first", wanted.numbers
+        )
+    loads = (load, measured)
+    return Assessment(pool, state, obs, current_k, est, wanted, loads, gains, numbers, schedules)
+
+
+def wanted_mode(
+    policy: PolicySpec,
+    k: int,
+    state: PoolState,
+    obs: PoolObservation,
+    now: datetime,
+    profile: StepTimeProfile,
+    max_k: int | None = None,
+) -> Wanted:
+    """The mode the numbers ask for, with hysteresis, before any stability gate.
+
+    `k` is the K the pool drafts now; `max_k` (default `k`) bounds the K that Goodput may choose.
+    """
+    limit = max_k or k
+    est = estimate_for(policy, state, obs, now, limit)
+    if policy.mode == "Goodput":
+        load = measured_load(obs)
+        g = goodput_prediction(k if state.mode == "On" else None, load, est, profile, limit)
+        return goodput_wanted(policy, state, obs, g, est)
+    return threshold_wanted(policy, k, state, obs, est, profile)

@@ -1,0 +1,159 @@
+"""What Goodput mode asks for (pure): each K's predicted speedup from the per-position acceptance and
+the load, at an instant (`goodput_prediction`) or averaged over a flip's commit path
+(`goodput_over_path`), optionally as throughput where memory is the bound (`policy.memory`), and the
+mode the prediction asks for with its margin (`goodput_wanted`). The rules are in docs/policy.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from specfleet.api import reasons as r
+from specfleet.api.policy import PolicySpec
+from specfleet.policy.acceptance import Estimate
+from specfleet.policy.decision import Wanted, goodput_margin
+from specfleet.policy.load import measured_load
+from specfleet.policy.memory import MemoryView
+from specfleet.policy.observations import PoolObservation, PoolState
+from specfleet.policy.schedule import Schedule, schedule_speedup
+from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, StepTimeProfile, best_k, speedup
+
+
+def predicted_speedup(
+    profile: StepTimeProfile, concurrency: float, k: int, per_position: Sequence[float]
+) -> float:
+    """Goodput with K drafts over no speculation, at `concurrency` running requests per engine."""
+    return speedup(profile, max(1.0, concurrency), k, list(per_position))
+
+
+def candidate_ks(profile: StepTimeProfile, max_k: int) -> list[int]:
+    """K values the policy may choose: those the profile measured (interpolation is a guess), <= max_k."""
+    return [c for c in profile.speculative_tokens if 1 <= c <= max_k] or [max_k]
+
+
+def _estimate_numbers(est: Estimate | None) -> dict[str, str]:
+    if est is None:
+        return {}
+    out = {"acceptanceEstimate": ",".join(f"{p:.2f}" for p in est.per_position)}
+    if est.extrapolated:
+        out["extrapolatedPositions"] = str(est.extrapolated)
+    return out
+
+
+@dataclass(frozen=True)
+class GoodputPrediction:
+    """Goodput mode's prediction for one pool."""
+
+    per_position: tuple[float, ...]
+    source: str
+    best: int
+    gain_best: float
+    gain_now: float | None
+
+
+def _acceptance_of(est: Estimate | None) -> tuple[tuple[float, ...], str]:
+    """The per-position acceptance to predict with, and where it comes from."""
+    if est is None:
+        # Prior: the published acceptance profile; a probe measures the real one.
+        return tuple(PUBLISHED_ACCEPTANCE), "publishedPrior"
+    return est.per_position, est.source
+
+
+def _speedup_now(
+    profile: StepTimeProfile,
+    load: float,
+    k_now: int,
+    schedule: Schedule | None,
+    per_position: Sequence[float],
+) -> float:
+    """The speculating pool's predicted speedup: at its K, or following its Dynamic SD schedule."""
+    if schedule:
+        return schedule_speedup(profile, load, schedule, per_position)
+    return predicted_speedup(profile, load, k_now, per_position)
+
+
+def goodput_prediction(
+    k_now: int | None,
+    load: float,
+    est: Estimate | None,
+    profile: StepTimeProfile,
+    max_k: int,
+    schedule: Schedule | None = None,
+) -> GoodputPrediction:
+    per_position, source = _acceptance_of(est)
+    best = best_k(profile, max(1.0, load), list(per_position), candidates=candidate_ks(profile, max_k))
+    gain_best = predicted_speedup(profile, load, best, per_position)
+    gain_now = None if k_now is None else _speedup_now(profile, load, k_now, schedule, per_position)
+    return GoodputPrediction(per_position, source, best, gain_best, gain_now)
+
+
+def prediction_at_memory(
+    g: GoodputPrediction, mem: MemoryView, profile: StepTimeProfile, max_k: int
+) -> GoodputPrediction:
+    """The prediction as throughput at the batch each setting's KV cache holds (`policy.memory`)."""
+    best, gain_best, gain_now = mem.gains(candidate_ks(profile, max_k), g.per_position)
+    return replace(g, best=best, gain_best=gain_best, gain_now=gain_now)
+
+
+def goodput_over_path(
+    k_now: int | None,
+    loads: Sequence[float],
+    est: Estimate | None,
+    profile: StepTimeProfile,
+    max_k: int,
+    schedule: Schedule | None = None,
+) -> GoodputPrediction:
+    """Like `goodput_prediction`, with each K's speedup averaged over a path of loads."""
+    per_position, source = _acceptance_of(est)
+
+    def mean(kk: int) -> float:
+        return sum(predicted_speedup(profile, c, kk, per_position) for c in loads) / len(loads)
+
+    ks = candidate_ks(profile, max_k)
+    gains = {kk: mean(kk) for kk in ks}
+    best = max(ks, key=lambda kk: (gains[kk], -kk))  # the smaller K on a tie, as best_k
+    now = None
+    if k_now is not None:
+        now = sum(_speedup_now(profile, c, k_now, schedule, per_position) for c in loads) / len(loads)
+    return GoodputPrediction(per_position, source, best, gains[best], now)
+
+
+def goodput_wanted(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, g: GoodputPrediction, est: Estimate | None
+) -> Wanted:
+    margin = goodput_margin(policy)
+    load = measured_load(obs)
+    shown = g.gain_now if state.mode == "On" and g.gain_now is not None else g.gain_best
+    numbers = {
+        "predictedSpeedup": f"{shown:.3f}",
+        "bestK": str(g.best),
+        "bestKSpeedup": f"{g.gain_best:.3f}",
+        "acceptanceSource": g.source,
+        **_estimate_numbers(est),
+    }
+    if state.mode == "On" and g.gain_best < 1 - margin:
+        return Wanted(
+            "Off",
+            r.GOODPUT_BELOW_BREAK_EVEN,
+            f"predicted speedup {g.gain_best:.2f}x at the best K ({g.best}) at {load:.1f} running per "
+            f"replica is below {1 - margin:.2f}",
+            numbers,
+            k=g.best,
+        )
+    if state.mode == "Off" and g.gain_best > 1 + margin:
+        reason = r.PROBE_ACCEPTANCE if g.source == "publishedPrior" else r.GOODPUT_ABOVE_BREAK_EVEN
+        return Wanted(
+            "On",
+            reason,
+            f"predicted speedup {g.gain_best:.2f}x at K {g.best} at {load:.1f} running per replica is "
+            f"above {1 + margin:.2f}",
+            numbers,
+            k=g.best,
+        )
+    return Wanted(
+        state.mode,
+        r.GOODPUT_WITHIN_MARGIN,
+        f"predicted speedup {shown:.2f}x keeps the pool {state.mode} (margin {margin:.0%})",
+        numbers,
+    )
