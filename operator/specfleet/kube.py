@@ -129,7 +129,7 @@ class KubeCluster:
 
     def hand_over_replicas(self, manifest: Manifest, replicas: int) -> None:
         """Apply only `spec.replicas` (its live value) under the hand-over field manager (see
-        reconcile.apply_children): the operator's next apply then releases the field unchanged."""
+        reconcile.apply.apply_children): the operator's next apply then releases the field unchanged."""
         meta = manifest["metadata"]
         body = {
             "apiVersion": manifest["apiVersion"],
