@@ -6,8 +6,10 @@ cost profile, the rendered Deployments' surge rollouts, and the operator's real 
 a cluster, the network or the clock; the same seed gives the same result.
 """
 
+from specfleet.sim.accounts import RunResult
 from specfleet.sim.compare import Comparison, compare
-from specfleet.sim.fleet import RunResult, SimOptions, simulate
+from specfleet.sim.fleet import simulate
+from specfleet.sim.options import SimOptions
 from specfleet.sim.workload import ACCEPTANCE_PROFILES, ClosedLoop, Trace, parse_acceptance, read_trace
 
 __all__ = [

@@ -35,7 +35,9 @@ import numpy as np
 
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.record import auto_pools
-from specfleet.sim.fleet import RunResult, SimOptions, Strategy, simulate
+from specfleet.sim.accounts import RunResult
+from specfleet.sim.fleet import simulate
+from specfleet.sim.options import SimOptions, Strategy
 from specfleet.sim.workload import ClosedLoop, Trace
 from specfleet_runtime.cost_profile import StepTimeProfile
 

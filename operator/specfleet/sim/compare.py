@@ -26,18 +26,11 @@ import numpy as np
 
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.schedule import best_schedule
+from specfleet.sim.accounts import RunResult, histogram_percentile, load_per_replica, percentile
 from specfleet.sim.bound import NAME as BOUND
 from specfleet.sim.bound import held_through, rollout_paying_oracle
-from specfleet.sim.fleet import (
-    POOLS,
-    RunResult,
-    SimOptions,
-    Strategy,
-    histogram_percentile,
-    load_per_replica,
-    percentile,
-    simulate,
-)
+from specfleet.sim.fleet import simulate
+from specfleet.sim.options import POOLS, SimOptions, Strategy
 from specfleet.sim.workload import ClosedLoop, Trace
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
 

@@ -29,8 +29,9 @@ from specfleet.policy.memory import MemoryView, memory_view
 from specfleet.policy.observations import PoolObservation
 from specfleet.policy.schedule import best_schedule
 from specfleet.policy.threshold import threshold_values
+from specfleet.sim.accounts import load_per_replica
 from specfleet.sim.compare import Comparison, static_ks
-from specfleet.sim.fleet import POOLS, load_per_replica
+from specfleet.sim.options import POOLS
 from specfleet_runtime.cost_profile import StepTimeProfile, break_even_concurrency, speedup
 
 MAX_CONCURRENCY = 1024

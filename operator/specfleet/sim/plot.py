@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from specfleet.sim.accounts import load_per_replica
 from specfleet.sim.compare import Comparison
-from specfleet.sim.fleet import POOLS, load_per_replica
+from specfleet.sim.options import POOLS
 
 
 class PlotUnavailableError(RuntimeError):

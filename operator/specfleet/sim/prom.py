@@ -19,13 +19,14 @@ only reports them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from specfleet.policy.answers import FleetAnswers, PoolSelector, observe
 from specfleet.policy.observations import PoolObservation
+from specfleet.sim.engine import Replica
 from specfleet_runtime.names import POOL_LABELS
 
 LOOKBACK_SECONDS = 300.0
@@ -147,6 +148,40 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
     out["itl_p99"] = []
     out["sample_age"] = _vector(t - newest if live else None, t)
     return out
+
+
+class Prometheus:
+    """The simulated Prometheus: one series per engine, sampled when the fleet scrapes it."""
+
+    def __init__(self) -> None:
+        self.series: dict[int, Series] = {}
+
+    def track(self, rep: Replica) -> None:
+        self.series[rep.serial] = Series(pool=rep.pool)
+
+    def deleted(self, rep: Replica, at: float) -> None:
+        self.series[rep.serial].deleted_at = at
+
+    def scrape(self, rep: Replica, now: float) -> None:
+        self.series[rep.serial].samples.append(
+            Sample(
+                t=now,
+                drafts=rep.drafts,
+                draft_tokens=rep.draft_tokens,
+                accepted=rep.accepted,
+                accepted_pos=tuple(rep.accepted_pos[: rep.config.k]),
+                generation_tokens=rep.generation_tokens,
+                running=float(rep.running),
+                waiting=float(len(rep.waiting)),
+            )
+        )
+
+    def fleet_answers(
+        self, namespace: str, name: str, pools: Iterable[str], t: float, window: float
+    ) -> FleetAnswers:
+        """`fleet_answers` over every engine of each of `pools`."""
+        series = {pool: [s for s in self.series.values() if s.pool == pool] for pool in pools}
+        return fleet_answers(namespace, name, series, t, window)
 
 
 def fleet_answers(

@@ -1,0 +1,77 @@
+"""What one simulated run is asked to do: the strategy for the Auto pools, and settings not in the resource.
+
+The strategies are described in docs/architecture.md ("The fleet simulator").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from specfleet.api.spec import SpeculativeDeploymentSpec
+from specfleet.api.validation import parse_spec
+from specfleet.sim.engine import MemoryModel
+from specfleet_runtime import names
+
+POOLS: tuple[str, ...] = names.POOLS
+# The wall-clock time of a run's t=0, for the policy's timestamps.
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+# Prefill cost when the profile has none: 2 x 8.03e9 FLOPs per prompt token on an H100 (989 dense
+# bf16 TFLOPS) at 40% utilisation is 0.04 ms per token.
+DEFAULT_PREFILL_MS_PER_TOKEN = 0.04
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How the Auto pools' speculation is set during a run."""
+
+    name: str
+    kind: str  # "policy", "static", "engineDynamicSD", "schedule"
+    mode: str = "On"
+    k: int | None = None
+    # kind "schedule": (time in seconds, pool, "On"/"Off", K or None); those at time 0 set the start.
+    schedule: tuple[tuple[float, str, str, int | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Simulation settings that are not in the resource."""
+
+    seed: int = 0
+    scrape_interval: float = 15.0
+    startup_seconds: float = 60.0
+    prefill_ms_per_token: float | None = None
+    k0_penalty: float = 0.10
+    acceptance: tuple[float, ...] = (0.68, 0.39, 0.20, 0.10, 0.05)
+    memory: MemoryModel = field(default_factory=MemoryModel)
+    default_max_num_seqs: int = 256
+    default_gpu_memory_utilization: float = 0.9
+    # Bin width of the timeline and of the oracle's per-window choice (None: the evaluation interval).
+    bin_seconds: float | None = None
+
+
+def strategy_spec(
+    spec: SpeculativeDeploymentSpec, strategy: Strategy, schedule: Sequence[tuple[int, int, int]] = ()
+) -> SpeculativeDeploymentSpec:
+    """The resource a strategy runs: the policy's is the user's; a baseline pins the Auto pools."""
+    if strategy.kind == "policy":
+        return spec
+    doc = spec.model_dump(by_alias=True, exclude_none=True)
+    if strategy.kind == "schedule":
+        # The pools stay Auto and take mode and K from status, as under the Goodput policy.
+        doc["drafter"].pop("dynamicSchedule", None)
+        doc["policy"]["mode"] = "Goodput"
+        return parse_spec(doc)
+    for pool in POOLS:
+        if doc["pools"][pool]["speculation"] == "Auto":
+            doc["pools"][pool]["speculation"] = "Off" if strategy.mode == "Off" else "On"
+    if strategy.kind == "static":
+        doc["drafter"].pop("dynamicSchedule", None)
+        if strategy.k is not None:
+            doc["drafter"]["numSpeculativeTokens"] = strategy.k
+    elif strategy.kind == "engineDynamicSD" and not doc["drafter"].get("dynamicSchedule"):
+        doc["drafter"]["dynamicSchedule"] = [
+            {"minBatchSize": a, "maxBatchSize": b, "numSpeculativeTokens": k} for a, b, k in schedule
+        ]
+    return parse_spec(doc)

@@ -1,0 +1,294 @@
+"""The pools' simulated Deployments: rendered as the operator renders them, rolled out as Kubernetes would.
+
+Each Deployment rolls out with `maxUnavailable: 0`: new pods start (`startup_seconds`), each ready one
+replaces an old one, and an old pod stops taking requests and drains what it holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from specfleet.api.constants import LABEL_POOL, LABEL_TRACK, PoolName
+from specfleet.api.status import PoolStatus, SpeculativeDeploymentStatus
+from specfleet.api.validation import SpeculativeDeployment
+from specfleet.reconcile import decided_plan
+from specfleet.reconcile.apply import hand_over
+from specfleet.render import RenderOptions, render_children
+from specfleet.render.common import pool_name
+from specfleet.render.engine import canary_name
+from specfleet.sim.accounts import Accounts
+from specfleet.sim.engine import EngineConfig, Replica, SimRequest
+from specfleet.sim.events import POD_READY, Events
+from specfleet.sim.options import POOLS, SimOptions
+from specfleet.sim.prom import Prometheus
+from specfleet_runtime.cost_profile import StepTimeProfile
+from specfleet_runtime.vllm_args import parse_vllm_args
+
+
+@dataclass
+class SimDeployment:
+    """One pool's stable or canary Deployment: the rendered template and the pods it has."""
+
+    pool: str
+    track: str
+    replicas: int
+    max_surge: int
+    template: str
+    config: EngineConfig
+    pods: list[Replica] = field(default_factory=list)
+
+    def active(self) -> list[Replica]:
+        return [p for p in self.pods if p.draining_since is None and p.gone_at is None]
+
+    def settled(self, now: float) -> bool:
+        active = self.active()
+        return len(active) == self.replicas and all(
+            p.template == self.template and p.ready_at <= now for p in active
+        )
+
+
+class Rollouts:
+    """Every pool's Deployments and engines; `finish_done` takes the requests engines put in `done`."""
+
+    def __init__(
+        self,
+        options: SimOptions,
+        profile: StepTimeProfile,
+        prefill_s: float,
+        events: Events,
+        accounts: Accounts,
+        prometheus: Prometheus,
+        done: list[SimRequest],
+        finish_done: Callable[[], None],
+    ) -> None:
+        self.options = options
+        self.profile = profile
+        self.prefill_s = prefill_s
+        self.events = events
+        self.accounts = accounts
+        self.prometheus = prometheus
+        self.done = done
+        self.finish_done = finish_done
+        self.serials = itertools.count()
+        self.deployments: dict[tuple[str, str], SimDeployment] = {}
+        self.replicas: dict[int, Replica] = {}
+        self.endpoint_cache: dict[str, list[Replica]] = {}
+        self.endpoint_cache_until = 0.0
+
+    def engine_config(self, args: list[str], pool: str) -> EngineConfig:
+        engine, _ = parse_vllm_args(args)
+        spec = engine.speculative
+        util = engine.gpu_memory_utilization or self.options.default_gpu_memory_utilization
+        speculative = spec is not None
+        return EngineConfig(
+            speculative=speculative,
+            k=spec.num_speculative_tokens if spec else 0,
+            schedule=tuple((r.start, r.end, r.k) for r in spec.dynamic_schedule) if spec else (),
+            max_num_seqs=engine.max_num_seqs or self.options.default_max_num_seqs,
+            kv_capacity_tokens=self.options.memory.kv_capacity_tokens(util, speculative),
+            max_model_len=engine.max_model_len,
+            k0_penalty=self.options.k0_penalty,
+        )
+
+    def render(self, sd: SpeculativeDeployment, now: float, initial: bool = False) -> None:
+        """Render every pool's Deployments from spec + status and move the simulated ones toward them."""
+        # Exactly what reconcile renders from this spec and status; the engine Deployments are the pools.
+        children = render_children(sd, decided_plan(sd), RenderOptions())
+        if not initial:
+            # ... and holds back, as reconcile does, a shrinking one while its pool's other one grows.
+            live = {
+                f"Deployment/{m['metadata']['name']}": self.live_manifest(m, now)
+                for m in children
+                if m["kind"] == "Deployment"
+            }
+            children = hand_over(children, live)
+        by_name = {m["metadata"]["name"]: m for m in children if m["kind"] == "Deployment"}
+        names: tuple[PoolName, ...] = ("latency", "batch")
+        for pool in names:
+            for track, name in (("stable", pool_name(sd, pool)), ("canary", canary_name(sd, pool))):
+                manifest = by_name.get(name)
+                if manifest is None:
+                    continue
+                dspec = manifest["spec"]
+                args = dspec["template"]["spec"]["containers"][0]["args"]
+                template = json.dumps(args)
+                key = (pool, track)
+                dep = self.deployments.get(key)
+                surge = int(dspec["strategy"]["rollingUpdate"]["maxSurge"])
+                if dep is None:
+                    dep = SimDeployment(
+                        pool, track, int(dspec["replicas"]), surge, template, self.engine_config(args, pool)
+                    )
+                    self.deployments[key] = dep
+                elif dep.template != template:
+                    dep.template, dep.config = template, self.engine_config(args, pool)
+                dep.replicas, dep.max_surge = int(dspec["replicas"]), surge
+                self.sync(dep, now, initial)
+
+    def live_manifest(self, desired: dict[str, Any], now: float) -> dict[str, Any] | None:
+        """A simulated Deployment as the apiserver would show it, for `hand_over` (None: none yet)."""
+        labels = desired["metadata"].get("labels") or {}
+        dep = self.deployments.get((labels.get(LABEL_POOL, ""), labels.get(LABEL_TRACK, "")))
+        if dep is None:
+            return None
+        template = json.dumps(desired["spec"]["template"]["spec"]["containers"][0]["args"])
+        active = dep.active()
+        return {
+            "kind": "Deployment",
+            "metadata": {"name": desired["metadata"]["name"], "generation": 1},
+            "spec": {"replicas": dep.replicas},
+            "status": {
+                "observedGeneration": 1,
+                "replicas": len(active),
+                "updatedReplicas": sum(1 for p in active if p.template == template),
+                "readyReplicas": sum(1 for p in active if p.ready_at <= now),
+            },
+        }
+
+    def new_pod(self, dep: SimDeployment, now: float, ready_at: float) -> Replica:
+        rep = Replica(
+            next(self.serials),
+            dep.pool,
+            dep.track,
+            dep.template,
+            dep.config,
+            self.profile,
+            self.prefill_s,
+            self.options.seed,
+            created=now,
+            ready_at=ready_at,
+        )
+        self.replicas[rep.serial] = rep
+        self.endpoint_cache.clear()
+        self.prometheus.track(rep)
+        dep.pods.append(rep)
+        if ready_at > now:
+            self.events.push(ready_at, POD_READY, rep.serial)
+        return rep
+
+    def sync(self, dep: SimDeployment, now: float, initial: bool = False) -> None:
+        """One pass of the Deployment controller with maxUnavailable 0 and maxSurge `dep.max_surge`."""
+        active = dep.active()
+        new = [p for p in active if p.template == dep.template]
+        old = [p for p in active if p.template != dep.template]
+        if initial:
+            for _ in range(dep.replicas - len(new)):
+                self.new_pod(dep, now, now)
+            return
+        # Old pods that are not ready yet serve nobody: remove them at once.
+        for p in [p for p in old if p.ready_at > now]:
+            self.remove(p, now)
+            old.remove(p)
+        # Too many new pods (scaled down): remove starting ones first, then ready ones.
+        excess = len(new) - dep.replicas
+        if excess > 0:
+            for p in sorted(new, key=lambda p: (p.ready_at <= now, -p.serial))[:excess]:
+                self.remove(p, now)
+                new.remove(p)
+        while True:
+            # Surge new pods while the total stays within replicas + maxSurge ...
+            room = dep.replicas + dep.max_surge - len(new) - len(old)
+            created = max(0, min(dep.replicas - len(new), room))
+            for _ in range(created):
+                new.append(self.new_pod(dep, now, now + self.options.startup_seconds))
+            # ... and retire old ones while the ready pods stay at least `replicas` (maxUnavailable 0).
+            ready = sum(1 for p in new if p.ready_at <= now) + len(old)
+            retired = sorted(old, key=lambda p: p.serial)[: max(0, ready - dep.replicas)]
+            for p in retired:
+                self.remove(p, now)
+                old.remove(p)
+            if not created and not retired:
+                return
+
+    def remove(self, rep: Replica, now: float) -> None:
+        self.endpoint_cache.clear()
+        if rep.ready_at > now:
+            rep.gone_at = now
+            self.prometheus.deleted(rep, now)
+            return
+        rep.advance_to(now, self.done)
+        self.finish_done()
+        rep.draining_since = now
+        if rep.idle:
+            self.gone(rep, max(now, rep.t))
+        else:
+            self.events.schedule_replica(rep)
+
+    def gone(self, rep: Replica, at: float) -> None:
+        rep.gone_at = at
+        self.prometheus.deleted(rep, at)
+        self.accounts.gone(rep)
+
+    def pool_pods(self, pool: str) -> list[Replica]:
+        return [p for (pl, _), d in self.deployments.items() if pl == pool for p in d.pods]
+
+    def endpoints(self, pool: str, now: float) -> list[Replica]:
+        """Ready, not draining engines of the pool (cached until a pod starts, becomes ready or goes)."""
+        cached = self.endpoint_cache.get(pool)
+        if cached is None or now >= self.endpoint_cache_until:
+            cached = [p for p in self.pool_pods(pool) if p.ready and p.ready_at <= now]
+            self.endpoint_cache[pool] = cached
+            self.endpoint_cache_until = min(
+                (p.ready_at for p in self.replicas.values() if p.ready_at > now and p.gone_at is None),
+                default=math.inf,
+            )
+        return cached
+
+    def after_advance(self, rep: Replica, now: float) -> None:
+        """After an engine ran up to `now`: a drained one is gone, any other waits for its next event."""
+        if rep.draining_since is not None and rep.gone_at is None and rep.idle:
+            self.gone(rep, max(now, min(rep.t, now)))
+        else:
+            self.events.schedule_replica(rep)
+
+    def pod_ready(self, serial: int, now: float) -> bool:
+        """A pod became ready: its Deployment's rollout goes on (False: the pod is gone already)."""
+        rep = self.replicas[serial]
+        if rep.gone_at is not None:
+            return False
+        for dep in self.deployments.values():
+            if rep in dep.pods:
+                self.sync(dep, now)
+        return True
+
+    def observed_status(self, status: SpeculativeDeploymentStatus, now: float) -> SpeculativeDeploymentStatus:
+        """`status` with each pool's replica counts and `settled` from its Deployments, as reconcile sets."""
+        pools = status.pools.model_copy()
+        for pool in POOLS:
+            deps = [d for (pl, _), d in self.deployments.items() if pl == pool]
+            active = [p for d in deps for p in d.active()]
+            ps: PoolStatus = getattr(pools, pool)
+            setattr(
+                pools,
+                pool,
+                ps.model_copy(
+                    update={
+                        "replicas": len(active),
+                        "ready_replicas": sum(1 for p in active if p.ready_at <= now),
+                        "updated_replicas": sum(
+                            1 for d in deps for p in d.active() if p.template == d.template
+                        ),
+                        "settled": all(d.settled(now) for d in deps),
+                    }
+                ),
+            )
+        return status.model_copy(update={"pools": pools})
+
+    def pool_state(self, pool: str, now: float) -> dict[str, Any]:
+        """A pool's row in the timeline: its stable engines' mode and K, and its replica counts."""
+        deps = [d for (pl, _), d in self.deployments.items() if pl == pool]
+        stable = self.deployments[(pool, "stable")]
+        return {
+            "mode": "On" if stable.config.speculative else "Off",
+            "k": stable.config.k,
+            "replicas": sum(len(d.active()) for d in deps),
+            "readyReplicas": sum(1 for d in deps for p in d.active() if p.ready_at <= now),
+            "updatedReplicas": sum(1 for d in deps for p in d.active() if p.template == d.template),
+            "canaryReplicas": sum(len(d.active()) for d in deps if d.track == "canary"),
+            "running": sum(p.running for p in self.pool_pods(pool) if p.gone_at is None),
+        }
