@@ -23,8 +23,8 @@ K drafts it verifies and the proposer's lookahead slots. Each step, when they no
 running request is preempted (its KV freed, back to the front of the waiting queue; it recomputes its
 prompt and output later in one prefill, and hands out no token twice); only in a step without a
 preemption do waiting requests join, first come first served, while their prompt (and earlier output)
-fits. Aggregated: each request's rounding up to whole blocks is counted as its mean (half a block), and
-a span ends at the step whose allocation would not fit.
+fits. Aggregated: each request's rounding up to whole blocks is counted as its mean ((B - 1) / 2B of a
+block of B tokens), and a span ends at the step whose allocation would not fit.
 """
 
 from __future__ import annotations
@@ -263,7 +263,9 @@ class Replica:
         if self.running == 0:
             return 0.0
         slots = k + self.config.lookahead_tokens if self.config.speculative else 0
-        return (self.kv_tokens + self.running * slots) / self.config.block_size + 0.5 * self.running
+        size = self.config.block_size
+        # Each request's last block is on average (size - 1) / (2 size) empty.
+        return (self.kv_tokens + self.running * slots) / size + self.running * (size - 1) / (2 * size)
 
     def _blocks_for_admission(self, req: SimRequest) -> float:
         """Blocks a waiting request needs to join: its prompt and what it had generated (no lookahead)."""
