@@ -237,6 +237,10 @@ class Replica:
         self.prompt_tokens = 0.0
         self.itl: dict[int, float] = {}
         self.steps = 0
+        # Finished requests and their prompt and output tokens (vLLM's per-request histograms).
+        self.finished = 0
+        self.finished_prompt_tokens = 0.0
+        self.finished_output_tokens = 0.0
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -476,6 +480,9 @@ class Replica:
         self.outstanding -= 1
         self.kv_tokens -= held
         self._order.pop(id(req), None)
+        self.finished += 1
+        self.finished_prompt_tokens += req.prompt
+        self.finished_output_tokens += req.tokens
         done.append(req)
 
     def take_waiting(self) -> list[SimRequest]:
