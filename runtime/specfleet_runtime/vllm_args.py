@@ -20,6 +20,10 @@ VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 # Methods whose drafter is a separate checkpoint that must be named in the config.
 METHODS_WITH_DRAFTER_MODEL = frozenset({"eagle3", "eagle", "draft_model", "medusa"})
+# Methods whose proposer keeps K lookahead KV slots per running request: vLLM's scheduler sets
+# num_lookahead_tokens = num_speculative_tokens when speculative_config.use_eagle() (eagle, eagle3,
+# mtp) or uses_draft_model() (vllm/v1/core/sched/scheduler.py, Scheduler.__init__).
+LOOKAHEAD_METHODS = frozenset({"eagle", "eagle3", "mtp", "draft_model"})
 
 
 # Every option string of vLLM 0.32's server parser that sets something the operator owns: the typed

@@ -12,10 +12,19 @@ two batch changes are simulated together. The accepted drafts of all requests of
 in that span are drawn at once (one multinomial), and each of those requests advances by their mean,
 so requests of one acceptance progress in lockstep rather than each with its own luck. A span ends at
 the step where the next request is expected to finish; a request that, by the draw, finishes a step
-or two earlier or later finishes at the step its share of the draw puts it. KV-cache blocks for a
-request's prompt and whole output are reserved at admission (no preemption). Chunked prefill is
+or two earlier or later finishes at the step its share of the draw puts it. Chunked prefill is
 approximated by admitting prompts per step up to `max_batched_tokens` (vLLM's
-max_num_batched_tokens), each whole prompt charged to the step that admits it.
+max_num_batched_tokens), each whole prompt charged to the step that admits it; a speculating engine's
+drafter also runs over every prompt token (`drafter_prefill_fraction` of the target's prefill).
+
+KV cache, as vLLM V1's scheduler takes it (the emulator's `kv_cache.py` has it block by block): a
+running request holds slots for its prompt and the tokens it generated, plus, while speculating, the
+K drafts it verifies and the proposer's lookahead slots. Each step, when they no longer fit, the newest
+running request is preempted (its KV freed, back to the front of the waiting queue; it recomputes its
+prompt and output later in one prefill, and hands out no token twice); only in a step without a
+preemption do waiting requests join, first come first served, while their prompt (and earlier output)
+fits. Aggregated: each request's rounding up to whole blocks is counted as its mean ((B - 1) / 2B of a
+block of B tokens), and a span ends at the step whose allocation would not fit.
 """
 
 from __future__ import annotations
@@ -53,6 +62,12 @@ class MemoryModel:
     drafter_kv_bytes_per_token: float = 2 * 1 * 8 * 128 * 2
     overhead_bytes: float = 2 * 2**30
 
+    @property
+    def drafter_prefill_fraction(self) -> float:
+        """The drafter's pass over a prompt token as a share of the target's: FLOPs per token scale with
+        parameters, so with their weights (same precision)."""
+        return self.drafter_weight_bytes / self.target_weight_bytes
+
     def kv_capacity_tokens(self, gpu_memory_utilization: float, speculative: bool) -> int:
         """Tokens of KV cache one engine holds (what bounds its running sequences)."""
         free = gpu_memory_utilization * self.gpu_bytes - self.target_weight_bytes - self.overhead_bytes
@@ -76,6 +91,12 @@ class EngineConfig:
     k0_penalty: float = 0.10
     # Prompt tokens one step may prefill (vLLM's max_num_batched_tokens; its V1 default on large GPUs).
     max_batched_tokens: int = 8192
+    # vLLM's --block-size (16 on GPUs): KV is taken in blocks of this many tokens.
+    block_size: int = 16
+    # KV slots each running request keeps for the proposer's next drafts (K for EAGLE-style drafters).
+    lookahead_tokens: int = 0
+    # The drafter's pass over prompt tokens, as a fraction of the target's prefill time.
+    drafter_prefill_fraction: float = 0.0
 
     def k_for_batch(self, batch: int) -> int:
         if not self.speculative:
@@ -95,13 +116,17 @@ class SimRequest:
         "acceptance",
         "arrival",
         "client",
+        "entry_level",
         "finish",
         "first_token",
+        "generated",
         "index",
         "kv",
         "pool",
+        "preemptions",
         "prompt",
         "replica",
+        "seq",
         "tokens",
     )
 
@@ -122,10 +147,15 @@ class SimRequest:
         self.acceptance = acceptance
         self.pool = pool
         self.client = client
-        self.kv = prompt + tokens
+        self.kv = prompt + tokens  # the KV it holds when it finishes
         self.first_token = -1.0
         self.finish = -1.0
         self.replica = -1
+        # While running: its heap entry's sequence number (-1 otherwise) and its group's level then.
+        self.seq = -1
+        self.entry_level = 0.0
+        self.generated = 0.0  # tokens generated before its current run (after a preemption)
+        self.preemptions = 0
 
 
 class _Group:
@@ -196,7 +226,11 @@ class Replica:
         self.waiting: deque[SimRequest] = deque()
         self.running = 0
         self.outstanding = 0
-        self.kv_used = 0
+        # KV held by the running requests: their tokens (prompt + generated), and blocks of capacity.
+        self.kv_tokens = 0.0
+        self.kv_blocks = config.kv_capacity_tokens // config.block_size
+        self._order: dict[int, SimRequest] = {}  # running requests by id(), oldest first
+        self.preemptions = 0
         self.groups: dict[tuple[float, ...], _Group] = {}
         self._dt: dict[tuple[int, int], float] = {}
         self._seq = 0
@@ -209,6 +243,10 @@ class Replica:
         self.prompt_tokens = 0.0
         self.itl: dict[int, float] = {}
         self.steps = 0
+        # Finished requests and their prompt and output tokens (vLLM's per-request histograms).
+        self.finished = 0
+        self.finished_prompt_tokens = 0.0
+        self.finished_output_tokens = 0.0
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -224,6 +262,24 @@ class Replica:
         """The request can ever run here (prompt + output within max_model_len and the KV cache)."""
         limit = self.config.max_model_len
         return req.kv <= self.config.kv_capacity_tokens and (limit is None or req.kv <= limit)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV cache's blocks the running requests hold (vllm:kv_cache_usage_perc)."""
+        return min(1.0, self._blocks_held(0) / self.kv_blocks) if self.kv_blocks else 0.0
+
+    def _blocks_held(self, k: int) -> float:
+        """Blocks the running requests need for a step that verifies `k` drafts (see module doc)."""
+        if self.running == 0:
+            return 0.0
+        slots = k + self.config.lookahead_tokens if self.config.speculative else 0
+        size = self.config.block_size
+        # Each request's last block is on average (size - 1) / (2 size) empty.
+        return (self.kv_tokens + self.running * slots) / size + self.running * (size - 1) / (2 * size)
+
+    def _blocks_for_admission(self, req: SimRequest) -> float:
+        """Blocks a waiting request needs to join: its prompt and what it had generated (no lookahead)."""
+        return math.ceil((req.prompt + req.generated) / self.config.block_size)
 
     def submit(self, req: SimRequest, now: float) -> None:
         """Queue a request that arrives at `now` (the replica must have been advanced to `now`)."""
@@ -247,22 +303,59 @@ class Replica:
     def _can_admit(self) -> bool:
         if not self.waiting or self.running >= self.config.max_num_seqs:
             return False
-        return self.kv_used + self.waiting[0].kv <= self.config.kv_capacity_tokens
+        k = self.config.k_for_batch(self.running) if self.running else 0
+        need = self._blocks_held(k)
+        return need <= self.kv_blocks and need + self._blocks_for_admission(self.waiting[0]) <= self.kv_blocks
+
+    def _growth_per_step(self, k: int) -> float:
+        """Expected tokens the running requests gain per step at `k`."""
+        growth = 0.0
+        for g in self.groups.values():
+            if g.size:
+                growth += g.size * (g.distribution(k)[1] if k > 0 else 1.0)
+        return growth
+
+    def _steps_until_full(self, k: int) -> float:
+        """Steps that fit before the next step's allocation would not (inf when nothing grows)."""
+        growth = self._growth_per_step(k)
+        if growth <= 0:
+            return math.inf
+        slack_tokens = (self.kv_blocks - self._blocks_held(k)) * self.config.block_size
+        return max(1, math.floor(slack_tokens / growth + EPS) + 1)
 
     def next_event(self) -> float | None:
-        """When this replica next changes its batch (admits or finishes a request), if it will."""
+        """When this replica next changes its batch (admits, finishes or preempts), if it will."""
         if self._can_admit():
             return self.t
         if self.running == 0:
             return None
         k = self.config.k_for_batch(self.running)
+        if self._blocks_held(k) > self.kv_blocks:
+            return self.t
         dt = self.step_seconds(self.running, k)
-        steps = math.inf
+        steps = self._steps_until_full(k)
         for g in self.groups.values():
             if g.heap:
                 _, m = g.distribution(k)
                 steps = min(steps, max(1, math.ceil((g.heap[0][0] - g.level) / m - EPS)))
         return self.t + steps * dt
+
+    def _preempt_newest(self) -> None:
+        """Free the newest running request's KV and put it back at the front of the waiting queue."""
+        req = self._order.pop(next(reversed(self._order)))
+        g = self.groups[req.acceptance]
+        done = min(float(req.tokens), req.generated + (g.level - req.entry_level))
+        req.generated = done
+        self.kv_tokens -= req.prompt + done
+        req.seq = -1
+        g.size -= 1
+        heap = g.heap
+        while heap and heap[0][1] != heap[0][2].seq:
+            heapq.heappop(heap)
+        self.running -= 1
+        req.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(req)
 
     def advance_to(self, until: float, done: list[SimRequest]) -> None:
         """Run every step that starts before `until`; finished requests are appended to `done`."""
@@ -270,30 +363,50 @@ class Replica:
             if self.running == 0 and not self._can_admit():
                 self.t = until
                 return
+            preempted = False
+            if self.running:
+                k_now = self.config.k_for_batch(self.running)
+                while self.running and self._blocks_held(k_now) > self.kv_blocks:
+                    self._preempt_newest()
+                    preempted = True
+                    k_now = self.config.k_for_batch(self.running) if self.running else 0
             admitted: list[SimRequest] = []
-            kv_cap = self.config.kv_capacity_tokens
             budget = self.config.max_batched_tokens
-            prompts = 0
-            while self.waiting and self.running < self.config.max_num_seqs:
-                head = self.waiting[0]
-                if self.kv_used + head.kv > kv_cap or (admitted and prompts + head.prompt > budget):
-                    break
-                prompts += head.prompt
-                self.waiting.popleft()
-                self.kv_used += head.kv
-                self.running += 1
-                admitted.append(head)
+            prompts = 0.0
+            if not preempted:
+                k_now = self.config.k_for_batch(self.running) if self.running else 0
+                need = self._blocks_held(k_now)
+                while self.waiting and self.running < self.config.max_num_seqs:
+                    head = self.waiting[0]
+                    recompute = head.prompt + head.generated
+                    blocks = self._blocks_for_admission(head)
+                    if need + blocks > self.kv_blocks or (admitted and prompts + recompute > budget):
+                        break
+                    prompts += recompute
+                    need += blocks
+                    self.waiting.popleft()
+                    self.kv_tokens += recompute
+                    self.running += 1
+                    admitted.append(head)
+            if self.running == 0:
+                continue  # everything was preempted: the next iteration admits from the front again
             batch = self.running
             k = self.config.k_for_batch(batch)
             dt = self.step_seconds(batch, k)
             t0 = self.t
             if admitted:
-                prompt = sum(r.prompt for r in admitted)
-                dt += self.prefill_s * prompt
+                prompt = sum(r.prompt + r.generated for r in admitted)
+                prefill = self.prefill_s * prompt
+                if self.config.speculative:
+                    prefill *= 1.0 + self.config.drafter_prefill_fraction
+                dt += prefill
                 self.prompt_tokens += prompt
                 steps = 1
             else:
                 steps = max(1, math.ceil((until - t0) / dt - EPS))
+                full = self._steps_until_full(k)
+                if full < steps:
+                    steps = int(full)
                 for g in self.groups.values():
                     if g.heap:
                         _, m = g.distribution(k)
@@ -328,24 +441,35 @@ class Replica:
                 tokens += g.size * gained
                 heap = g.heap
                 while heap and heap[0][0] <= g.level + EPS:
-                    line, _, req = heapq.heappop(heap)
+                    line, seq, req = heapq.heappop(heap)
+                    if seq != req.seq:
+                        continue  # preempted since
                     g.size -= 1
                     tokens -= g.level - line
                     share = (line - before) / gained if gained > 0 else 1.0
                     j = min(steps, max(1, math.ceil(share * steps - EPS)))
-                    self._finish(req, t0 + j * dt, done)
+                    self._finish(req, t0 + j * dt, done, req.prompt + req.tokens)
+            self.kv_tokens += tokens
             for req in admitted:
                 group = self.groups.get(req.acceptance)
                 if group is None:
                     group = self.groups[req.acceptance] = _Group(req.acceptance)
                 g = group
-                req.first_token = t0 + dt
-                tokens += 1.0
-                if req.tokens <= 1:
-                    self._finish(req, t0 + dt, done)
+                # Its (re)computing step yields one token (what is left of one, after a preemption).
+                first = 1.0 if req.generated == 0 else min(1.0, req.tokens - req.generated)
+                if req.first_token < 0:
+                    req.first_token = t0 + dt
+                tokens += first
+                self.kv_tokens += first
+                req.generated += first
+                self._order[id(req)] = req
+                if req.generated >= req.tokens - EPS:
+                    self._finish(req, t0 + dt, done, req.prompt + req.generated)
                     continue
                 self._seq += 1
-                heapq.heappush(g.heap, (g.level + req.tokens - 1, self._seq, req))
+                req.seq = self._seq
+                req.entry_level = g.level
+                heapq.heappush(g.heap, (g.level + req.tokens - req.generated, self._seq, req))
                 g.size += 1
             self.generation_tokens += tokens
             if decoding:
@@ -354,11 +478,17 @@ class Replica:
             self.steps += steps
             self.t = end
 
-    def _finish(self, req: SimRequest, at: float, done: list[SimRequest]) -> None:
+    def _finish(self, req: SimRequest, at: float, done: list[SimRequest], held: float) -> None:
+        """`req` finished at `at`, giving back the `held` tokens of KV it had."""
         req.finish = at
+        req.seq = -1
         self.running -= 1
         self.outstanding -= 1
-        self.kv_used -= req.kv
+        self.kv_tokens -= held
+        self._order.pop(id(req), None)
+        self.finished += 1
+        self.finished_prompt_tokens += req.prompt
+        self.finished_output_tokens += req.tokens
         done.append(req)
 
     def take_waiting(self) -> list[SimRequest]:

@@ -12,8 +12,10 @@ Each ready or draining engine is scraped every `scrape_interval` seconds (a star
 `specfleet.metrics.prometheus.fleet_queries`; `fleet_answers` labels and indexes them as the operator
 does (`FleetAnswers.from_results`) for the shared policy evaluation (`specfleet.policy.evaluate`), so
 simulator and operator decide from one set of rules.
-Inter-token latency quantiles are not simulated (None), as the policy
-only reports them.
+The memory series are there too: KV cache usage (mean of the window's samples), preemptions (a
+counter), each engine's `vllm:cache_config_info` (its speculation label, blocks and block size), and the
+mean prompt and output length of the requests finished in the window. Inter-token latency quantiles
+are not simulated (None), as the policy only reports them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from typing import Any
 from specfleet.policy.answers import FleetAnswers, PoolSelector, observe
 from specfleet.policy.observations import PoolObservation
 from specfleet.sim.engine import Replica
+from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.names import POOL_LABELS
+from specfleet_runtime.names import SERIES_SPECULATION as SPECULATION_LABEL
 
 LOOKBACK_SECONDS = 300.0
 
@@ -42,15 +46,24 @@ class Sample:
     generation_tokens: float
     running: float
     waiting: float
+    kv_usage: float = 0.0
+    preemptions: float = 0.0
+    # vllm:request_prompt_tokens / vllm:request_generation_tokens histograms' _sum and _count
+    prompt_sum: float = 0.0
+    output_sum: float = 0.0
+    finished: float = 0.0
 
 
 @dataclass
 class Series:
-    """The samples of one engine (one pod)."""
+    """The samples of one engine (one pod), and its vllm:cache_config_info (speculation label, KV size)."""
 
     pool: str
     samples: list[Sample] = field(default_factory=list)
     deleted_at: float | None = None
+    speculation: str = "Off"
+    num_gpu_blocks: int = 0
+    block_size: int = 16
 
 
 def _window(samples: Sequence[Sample], t: float, window: float) -> list[Sample]:
@@ -106,9 +119,20 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
         and s.samples[0].t <= t
         and t - max(x.t for x in s.samples if x.t <= t) <= LOOKBACK_SECONDS
     ]
-    rates: dict[str, list[float]] = {"drafts": [], "draft_tokens": [], "accepted": [], "generation_tps": []}
+    rates: dict[str, list[float]] = {
+        "drafts": [],
+        "draft_tokens": [],
+        "accepted": [],
+        "generation_tps": [],
+        "preemptions": [],
+        "prompt_sum": [],
+        "output_sum": [],
+        "finished": [],
+    }
     per_pos: dict[int, list[float]] = {}
     running_avgs: list[float] = []
+    kv_avgs: list[float] = []
+    caches: set[tuple[str, int, int]] = set()
     waiting = 0.0
     newest = -math.inf
     for s in live:
@@ -118,11 +142,18 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
         waiting += latest.waiting
         if win:
             running_avgs.append(sum(x.running for x in win) / len(win))
+            kv_avgs.append(sum(x.kv_usage for x in win) / len(win))
+        if s.num_gpu_blocks > 0:
+            caches.add((s.speculation, s.num_gpu_blocks, s.block_size))
         for name, attr in (
             ("drafts", "drafts"),
             ("draft_tokens", "draft_tokens"),
             ("accepted", "accepted"),
             ("generation_tps", "generation_tokens"),
+            ("preemptions", "preemptions"),
+            ("prompt_sum", "prompt_sum"),
+            ("output_sum", "output_sum"),
+            ("finished", "finished"),
         ):
             r = extrapolated_rate([(x.t, getattr(x, attr)) for x in win], t, window)
             if r is not None:
@@ -134,9 +165,25 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
             )
             if r is not None:
                 per_pos.setdefault(i, []).append(r)
-    out: dict[str, list[dict[str, Any]]] = {
-        name: _vector(sum(values) if values else None, t) for name, values in rates.items()
-    }
+    sums = {name: sum(values) if values else None for name, values in rates.items()}
+    finished = sums.pop("finished")
+    prompt_sum, output_sum = sums.pop("prompt_sum"), sums.pop("output_sum")
+    out: dict[str, list[dict[str, Any]]] = {name: _vector(value, t) for name, value in sums.items()}
+    # rate(_sum) / rate(_count): no finished request in the window is Prometheus' NaN, i.e. no answer.
+    for name, total in (("prompt_len", prompt_sum), ("output_len", output_sum)):
+        out[name] = _vector(total / finished if total is not None and finished else None, t)
+    out["kv_usage"] = _vector(sum(kv_avgs) / len(kv_avgs) if kv_avgs else None, t)
+    out["kv_capacity"] = [
+        {
+            "metric": {
+                SPECULATION_LABEL: setting,
+                vm.LABEL_NUM_GPU_BLOCKS: str(blocks),
+                vm.LABEL_BLOCK_SIZE: str(size),
+            },
+            "value": [t, "1.0"],
+        }
+        for setting, blocks, size in sorted(caches)
+    ]
     out["accepted_per_pos"] = [
         {"metric": {"position": str(i)}, "value": [t, repr(float(sum(v)))]}
         for i, v in sorted(per_pos.items())
@@ -157,7 +204,12 @@ class Prometheus:
         self.series: dict[int, Series] = {}
 
     def track(self, rep: Replica) -> None:
-        self.series[rep.serial] = Series(pool=rep.pool)
+        self.series[rep.serial] = Series(
+            pool=rep.pool,
+            speculation="On" if rep.config.speculative else "Off",
+            num_gpu_blocks=rep.kv_blocks,
+            block_size=rep.config.block_size,
+        )
 
     def deleted(self, rep: Replica, at: float) -> None:
         self.series[rep.serial].deleted_at = at
@@ -173,6 +225,11 @@ class Prometheus:
                 generation_tokens=rep.generation_tokens,
                 running=float(rep.running),
                 waiting=float(len(rep.waiting)),
+                kv_usage=rep.kv_usage,
+                preemptions=float(rep.preemptions),
+                prompt_sum=rep.finished_prompt_tokens,
+                output_sum=rep.finished_output_tokens,
+                finished=float(rep.finished),
             )
         )
 

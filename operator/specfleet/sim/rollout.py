@@ -27,7 +27,10 @@ from specfleet.sim.events import POD_READY, Events
 from specfleet.sim.options import POOLS, SimOptions
 from specfleet.sim.prom import Prometheus
 from specfleet_runtime.cost_profile import StepTimeProfile
-from specfleet_runtime.vllm_args import parse_vllm_args
+from specfleet_runtime.vllm_args import LOOKAHEAD_METHODS, METHODS_WITH_DRAFTER_MODEL, parse_vllm_args
+
+# vLLM's --block-size on GPUs, where the profile does not say.
+BLOCK_SIZE = 16
 
 
 @dataclass
@@ -85,14 +88,27 @@ class Rollouts:
         spec = engine.speculative
         util = engine.gpu_memory_utilization or self.options.default_gpu_memory_utilization
         speculative = spec is not None
+        memory = self.options.memory
+        # The KV cache: measured (the cost profile's memory section) where the profile has one.
+        measured = self.profile.memory
+        if measured is not None:
+            capacity = measured.kv_tokens(speculative)
+        else:
+            capacity = memory.kv_capacity_tokens(util, speculative)
+        block_size = measured.block_size if measured is not None and measured.block_size else BLOCK_SIZE
         return EngineConfig(
             speculative=speculative,
             k=spec.num_speculative_tokens if spec else 0,
             schedule=tuple((r.start, r.end, r.k) for r in spec.dynamic_schedule) if spec else (),
             max_num_seqs=engine.max_num_seqs or self.options.default_max_num_seqs,
-            kv_capacity_tokens=self.options.memory.kv_capacity_tokens(util, speculative),
+            kv_capacity_tokens=capacity,
             max_model_len=engine.max_model_len,
             k0_penalty=self.options.k0_penalty,
+            block_size=block_size,
+            lookahead_tokens=spec.num_speculative_tokens if spec and spec.method in LOOKAHEAD_METHODS else 0,
+            drafter_prefill_fraction=(
+                memory.drafter_prefill_fraction if spec and spec.method in METHODS_WITH_DRAFTER_MODEL else 0.0
+            ),
         )
 
     def render(self, sd: SpeculativeDeployment, now: float, initial: bool = False) -> None:

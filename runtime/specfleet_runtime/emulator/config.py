@@ -14,7 +14,12 @@ from specfleet_runtime.cost_profile import (
     default_profile,
     validate_acceptance,
 )
-from specfleet_runtime.vllm_args import METHODS_WITH_DRAFTER_MODEL, EngineArgs, SpeculativeConfig
+from specfleet_runtime.vllm_args import (
+    LOOKAHEAD_METHODS,
+    METHODS_WITH_DRAFTER_MODEL,
+    EngineArgs,
+    SpeculativeConfig,
+)
 
 # vLLM's default for `--max-num-seqs` on the OpenAI server (older releases and most docs).
 DEFAULT_MAX_NUM_SEQS: Final = 256
@@ -24,10 +29,6 @@ DEFAULT_MAX_MODEL_LEN: Final = 8192
 DEFAULT_BLOCK_SIZE: Final = 16
 # vLLM's default `--gpu-memory-utilization` (only reported, in vllm:cache_config_info).
 DEFAULT_GPU_MEMORY_UTILIZATION: Final = 0.9
-# Methods whose proposer keeps K lookahead KV slots per running request: vLLM's scheduler sets
-# num_lookahead_tokens = num_speculative_tokens when speculative_config.use_eagle() (eagle, eagle3,
-# mtp) or uses_draft_model() (vllm/v1/core/sched/scheduler.py, Scheduler.__init__).
-LOOKAHEAD_METHODS: Final = frozenset({"eagle", "eagle3", "mtp", "draft_model"})
 # vLLM's version string that `/version` reports.
 EMULATED_VLLM_VERSION: Final = "0.32.0"
 

@@ -1,0 +1,137 @@
+"""The simulated engine's KV cache against hand-computed cases: vLLM V1's allocation and preemption."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specfleet.sim.engine import EngineConfig, Replica, SimRequest
+from specfleet_runtime.cost_profile import default_profile
+
+PROFILE = default_profile()
+NEVER = (0.0, 0.0, 0.0)  # drafts never accepted: exactly one token per step, speculating or not
+
+
+def step(batch: int, k: int = 0) -> float:
+    return PROFILE.step_time_s(batch, k)
+
+
+def replica(config: EngineConfig, prefill_s: float = 0.0) -> Replica:
+    return Replica(0, "latency", "stable", "t", config, PROFILE, prefill_s, 1, 0.0, 0.0)
+
+
+def request(index: int, prompt: int, tokens: int) -> SimRequest:
+    return SimRequest(index, 0.0, prompt, tokens, NEVER, "latency", None)
+
+
+def run(rep: Replica, *reqs: SimRequest) -> list[SimRequest]:
+    for req in reqs:
+        rep.submit(req, 0.0)
+    done: list[SimRequest] = []
+    rep.advance_to(1000.0, done)
+    return done
+
+
+def test_the_newest_request_is_preempted_when_a_step_cannot_allocate_and_recomputes_later() -> None:
+    # 100 slots of 1 token. Two requests of a 40-token prompt and 30 output tokens join in one step
+    # (40 + 40 <= 100) and each gets its first token: 82 tokens held. Decode step j needs 82 + 2j slots:
+    # steps 0..9 fit, then 102 > 100, so B (the newest) is preempted with 11 tokens; A alone needs 51 and
+    # B's recompute (40 + 11) does not fit beside it. A finishes after 19 more steps at batch 1, then B
+    # recomputes 51 tokens in one step (its 12th token) and decodes its last 18.
+    rep = replica(EngineConfig(speculative=False, k=0, kv_capacity_tokens=100, block_size=1))
+    a, b = request(0, 40, 30), request(1, 40, 30)
+    done = run(rep, a, b)
+    assert done == [a, b]
+    assert rep.preemptions == 1
+    assert (a.preemptions, b.preemptions) == (0, 1)
+    assert a.finish == pytest.approx(11 * step(2) + 19 * step(1))
+    assert b.finish == pytest.approx(11 * step(2) + 38 * step(1))
+    assert b.first_token == pytest.approx(step(2))  # its first token came before the preemption
+    assert rep.generation_tokens == pytest.approx(60)
+    assert rep.prompt_tokens == pytest.approx(40 + 40 + 51)
+    assert rep.kv_tokens == pytest.approx(0)
+    assert rep.idle
+
+
+def test_a_speculating_request_also_holds_its_drafts_and_lookahead_slots() -> None:
+    # As above, speculating with K=2 and 2 lookahead slots: each running request needs 4 slots more, so
+    # decode step j needs 82 + 2j + 8: steps 0..5 fit and B is preempted with 7 tokens.
+    config = EngineConfig(speculative=True, k=2, kv_capacity_tokens=100, block_size=1, lookahead_tokens=2)
+    rep = replica(config)
+    a, b = request(0, 40, 30), request(1, 40, 30)
+    done = run(rep, a, b)
+    assert done == [a, b]
+    assert rep.preemptions == 1
+    assert a.finish == pytest.approx(7 * step(2, 2) + 23 * step(1, 2))
+    assert rep.prompt_tokens == pytest.approx(40 + 40 + 47)
+
+
+def test_without_pressure_nothing_is_preempted_and_usage_counts_partly_filled_blocks() -> None:
+    rep = replica(EngineConfig(speculative=False, k=0, kv_capacity_tokens=1600, block_size=16))
+    req = request(0, 20, 50)
+    rep.submit(req, 0.0)
+    rep.advance_to(step(1) / 2, [])  # the prefill step ran: 21 tokens held
+    # 21 tokens in blocks of 16, each request's last block counted half empty on average (15/32).
+    assert rep.kv_usage == pytest.approx((21 / 16 + 15 / 32) / 100)
+    assert run(rep) == [req]
+    assert rep.preemptions == 0
+
+
+def test_waiting_requests_join_only_while_their_prompt_fits() -> None:
+    # 100 slots: a 60-token prompt runs; a second one waits (60 + 1 + 60 > 100) until the first finishes.
+    rep = replica(EngineConfig(speculative=False, k=0, kv_capacity_tokens=100, block_size=1))
+    a, b = request(0, 60, 10), request(1, 60, 10)
+    done = run(rep, a, b)
+    assert done == [a, b]
+    assert rep.preemptions == 0
+    assert b.first_token == pytest.approx(10 * step(1) + step(1))
+
+
+def test_the_drafter_prefills_every_prompt_token_too() -> None:
+    config = EngineConfig(speculative=True, k=2, lookahead_tokens=2, drafter_prefill_fraction=0.05)
+    rep = replica(config, prefill_s=1e-4)
+    req = request(0, 1000, 1)
+    assert run(rep, req) == [req]
+    assert req.finish == pytest.approx(step(1, 2) + 1000 * 1e-4 * 1.05)
+
+
+def test_under_heavy_pressure_no_request_is_lost_and_no_token_generated_twice() -> None:
+    rng = np.random.default_rng(7)
+    config = EngineConfig(speculative=True, k=3, kv_capacity_tokens=3000, block_size=16, lookahead_tokens=3)
+    rep = replica(config, prefill_s=1e-5)
+    reqs = [
+        SimRequest(
+            i, 0.0, int(rng.integers(10, 400)), int(rng.integers(1, 300)), (0.7, 0.4, 0.2), "latency", None
+        )
+        for i in range(60)
+    ]
+    done = run(rep, *reqs)
+    assert sorted(r.index for r in done) == list(range(60))
+    assert rep.preemptions > 0
+    assert rep.generation_tokens == pytest.approx(sum(r.tokens for r in reqs))
+    assert rep.kv_tokens == pytest.approx(0, abs=1e-6)
+
+
+def test_the_simulated_prometheus_answers_the_memory_queries_as_an_engine_exposes_them() -> None:
+    from specfleet.sim.prom import Prometheus
+
+    config = EngineConfig(speculative=True, k=3, kv_capacity_tokens=3200, block_size=16, lookahead_tokens=3)
+    rep = replica(config)
+    prometheus = Prometheus()
+    prometheus.track(rep)
+    for i in range(40):
+        rep.submit(SimRequest(i, 0.0, 100, 200, (0.7, 0.4, 0.2), "latency", None), 0.0)
+    done: list[SimRequest] = []
+    for tick in range(13):  # every 0.1 s: the whole run takes about a second
+        rep.advance_to(tick / 10, done)
+        prometheus.scrape(rep, tick / 10)
+    assert rep.preemptions > 0
+    answers = prometheus.fleet_answers("ns", "sd", ["latency"], 1.2, 1.2)
+    key = ("ns", "sd", "latency")
+    assert answers.kv_capacity[key] == {"On": 3200}  # 200 blocks of 16 tokens, as cache_config_info says
+    assert answers.values["preemptions"][key] > 0
+    assert 0.5 < answers.values["kv_usage"][key] <= 1.0
+    assert answers.values["prompt_len"][key] == pytest.approx(100)
+    assert answers.values["output_len"][key] == pytest.approx(200)
+    assert answers.values["waiting"][key] == len(rep.waiting)
+    assert len(done) < 40  # still under pressure at the end of the window
