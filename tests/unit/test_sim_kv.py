@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import yaml
 
+from specfleet.api.validation import parse_resource
+from specfleet.sim.accounts import RunResult
 from specfleet.sim.engine import EngineConfig, Replica, SimRequest
+from specfleet.sim.fleet import SimOptions, Strategy, simulate
+from specfleet.sim.workload import Trace, TraceRequest
 from specfleet_runtime.cost_profile import default_profile
 
 PROFILE = default_profile()
@@ -135,3 +142,33 @@ def test_the_simulated_prometheus_answers_the_memory_queries_as_an_engine_expose
     assert answers.values["output_len"][key] == pytest.approx(200)
     assert answers.values["waiting"][key] == len(rep.waiting)
     assert len(done) < 40  # still under pressure at the end of the window
+
+
+# -- a draining pod's grace period ---------------------------------------------------------------------
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "02-two-pools-routing-policy.yaml"
+
+
+def _flip_under_a_long_queue(grace_seconds: int) -> RunResult:
+    """2 latency engines, 1,200 long requests at once, the pool turned off at 30 s: the old engines drain
+    from when the new ones are ready (90 s) with most of the queue still waiting."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["pools"]["latency"]["replicas"] = 2
+    doc["spec"]["engine"] = {**doc["spec"].get("engine", {}), "terminationGracePeriodSeconds": grace_seconds}
+    sd = parse_resource(doc)
+    burst = [TraceRequest(arrival=0.0, prompt_tokens=200, output_tokens=2000) for _ in range(1199)]
+    trace = Trace((*burst, TraceRequest(arrival=900.0, prompt_tokens=10, output_tokens=10)))  # runs 900 s
+    flip = Strategy("flip", "schedule", schedule=((0.0, "latency", "On", 3), (30.0, "latency", "Off", None)))
+    return simulate(sd, trace, flip, SimOptions(startup_seconds=60))
+
+
+def test_a_draining_engine_is_killed_when_its_grace_period_runs_out() -> None:
+    # Killed at 90 + 10 s: what it had not started goes to the new engines, its running streams fail.
+    short = _flip_under_a_long_queue(grace_seconds=10)
+    assert short.failed > 0
+    assert short.failed <= 2 * 256  # at most what the two old engines were running (max_num_seqs)
+    assert short.completed + short.rejected + short.failed == short.submitted == 1200
+    # With a grace period longer than the queue takes, nothing is cut off.
+    long = _flip_under_a_long_queue(grace_seconds=3600)
+    assert long.failed == 0
+    assert long.completed == 1200

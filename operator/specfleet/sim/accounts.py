@@ -24,6 +24,8 @@ class PoolResult:
     tokens: float = 0.0
     requests: int = 0
     rejected: int = 0
+    # Requests that had started streaming on an engine killed at the end of its grace period.
+    failed: int = 0
     ttft: list[float] = field(default_factory=list)
     itl: dict[int, float] = field(default_factory=dict)
     gpu_seconds: float = 0.0
@@ -75,6 +77,7 @@ class RunResult:
     submitted: int
     completed: int
     rejected: int
+    failed: int
     generation_tokens_total: float
     requested_tokens_completed: int
     # The policy's status at the end, and the retrain Jobs it asked for (not run in the simulator).
@@ -103,12 +106,20 @@ class Accounts:
         self.submitted = 0
         self.completed = 0
         self.rejected = 0
+        self.failed = 0
         self.requested_completed = 0
         self.in_system: dict[int, SimRequest] = {}
 
     def reject(self, pool: str) -> None:
         self.rejected += 1
         self.results[pool].rejected += 1
+
+    def fail(self, sim: SimRequest, at: float) -> None:
+        """`sim` was cut off at `at` (its engine was killed while it streamed)."""
+        self.in_system.pop(id(sim), None)
+        self.failed += 1
+        self.results[sim.pool].failed += 1
+        self.add_request_seconds(sim.pool, sim.arrival, at)
 
     def finished(self, sim: SimRequest) -> None:
         self.in_system.pop(id(sim), None)
@@ -174,6 +185,7 @@ class Accounts:
             submitted=self.submitted,
             completed=self.completed,
             rejected=self.rejected,
+            failed=self.failed,
             generation_tokens_total=generated,
             requested_tokens_completed=self.requested_completed,
             status=status,

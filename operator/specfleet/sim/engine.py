@@ -222,6 +222,8 @@ class Replica:
         self.ready_at = ready_at
         self.draining_since: float | None = None
         self.gone_at: float | None = None
+        # When its terminationGracePeriodSeconds runs out once it drains (then the kubelet kills it).
+        self.kill_at: float | None = None
         self.t = ready_at
         self.waiting: deque[SimRequest] = deque()
         self.running = 0
@@ -496,4 +498,18 @@ class Replica:
         out = list(self.waiting)
         self.outstanding -= len(out)
         self.waiting.clear()
+        return out
+
+    def take_running(self) -> list[SimRequest]:
+        """Remove the running requests (the engine is killed: their KV is gone with it)."""
+        out = list(self._order.values())
+        for req in out:
+            req.seq = -1
+        self._order.clear()
+        for g in self.groups.values():
+            g.heap.clear()
+            g.size = 0
+        self.outstanding -= len(out)
+        self.running = 0
+        self.kv_tokens = 0.0
         return out

@@ -7,8 +7,8 @@ import itertools
 
 from specfleet.sim.engine import Replica
 
-# Kinds, in the order they run at one instant.
-POD_READY, SCRAPE, BIN, EVAL, REPLICA, TICK, ARRIVAL = range(7)
+# Kinds, in the order they run at one instant (KILL: a draining pod's grace period ran out).
+POD_READY, SCRAPE, BIN, EVAL, REPLICA, TICK, ARRIVAL, KILL = range(8)
 
 Event = tuple[float, int, int, int, int]
 

@@ -15,7 +15,7 @@ from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.record import auto_pools
 from specfleet.sim.accounts import Accounts, RunResult, load_per_replica
 from specfleet.sim.engine import SimRequest
-from specfleet.sim.events import ARRIVAL, BIN, EVAL, POD_READY, REPLICA, SCRAPE, TICK, Events
+from specfleet.sim.events import ARRIVAL, BIN, EVAL, KILL, POD_READY, REPLICA, SCRAPE, TICK, Events
 from specfleet.sim.options import DEFAULT_PREFILL_MS_PER_TOKEN, POOLS, SimOptions, Strategy, strategy_spec
 from specfleet.sim.policy_loop import PolicyLoop
 from specfleet.sim.prom import Prometheus
@@ -153,6 +153,10 @@ class _Fleet:
                     self.control.update_status(t)
             elif kind == TICK:
                 self.traffic.tick(t)
+            elif kind == KILL:
+                unstarted, cut_off = self.rollouts.kill(a, t)
+                self.traffic.resend(unstarted, t)
+                self.traffic.fail(cut_off, t)
         return self.result()
 
     def result(self) -> RunResult:

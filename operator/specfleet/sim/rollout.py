@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from specfleet.api.constants import LABEL_POOL, LABEL_TRACK, PoolName
+from specfleet.api.constants import LABEL_POOL, LABEL_TRACK
 from specfleet.api.status import PoolStatus, SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.reconcile import decided_plan
@@ -23,9 +23,10 @@ from specfleet.render.common import pool_name
 from specfleet.render.engine import canary_name
 from specfleet.sim.accounts import Accounts
 from specfleet.sim.engine import EngineConfig, Replica, SimRequest
-from specfleet.sim.events import POD_READY, Events
+from specfleet.sim.events import KILL, POD_READY, Events
 from specfleet.sim.options import POOLS, SimOptions
 from specfleet.sim.prom import Prometheus
+from specfleet_runtime import names
 from specfleet_runtime.cost_profile import StepTimeProfile
 from specfleet_runtime.vllm_args import LOOKAHEAD_METHODS, METHODS_WITH_DRAFTER_MODEL, parse_vllm_args
 
@@ -44,6 +45,8 @@ class SimDeployment:
     template: str
     config: EngineConfig
     pods: list[Replica] = field(default_factory=list)
+    # The pod template's terminationGracePeriodSeconds (Kubernetes' default when it has none).
+    grace_seconds: float = 30.0
 
     def active(self) -> list[Replica]:
         return [p for p in self.pods if p.draining_since is None and p.gone_at is None]
@@ -124,8 +127,7 @@ class Rollouts:
             }
             children = hand_over(children, live)
         by_name = {m["metadata"]["name"]: m for m in children if m["kind"] == "Deployment"}
-        names: tuple[PoolName, ...] = ("latency", "batch")
-        for pool in names:
+        for pool in names.POOLS:
             for track, name in (("stable", pool_name(sd, pool)), ("canary", canary_name(sd, pool))):
                 manifest = by_name.get(name)
                 if manifest is None:
@@ -144,6 +146,7 @@ class Rollouts:
                 elif dep.template != template:
                     dep.template, dep.config = template, self.engine_config(args, pool)
                 dep.replicas, dep.max_surge = int(dspec["replicas"]), surge
+                dep.grace_seconds = float(dspec["template"]["spec"].get("terminationGracePeriodSeconds", 30))
                 self.sync(dep, now, initial)
 
     def live_manifest(self, desired: dict[str, Any], now: float) -> dict[str, Any] | None:
@@ -233,7 +236,23 @@ class Rollouts:
         if rep.idle:
             self.gone(rep, max(now, rep.t))
         else:
+            grace = next((d.grace_seconds for d in self.deployments.values() if rep in d.pods), 30.0)
+            rep.kill_at = now + grace
+            self.events.push(rep.kill_at, KILL, rep.serial)
             self.events.schedule_replica(rep)
+
+    def kill(self, serial: int, now: float) -> tuple[list[SimRequest], list[SimRequest]]:
+        """A draining pod's grace period ran out: it is killed with what it still holds, as the kubelet
+        does. Returns (requests that had not started streaming, requests cut off mid-stream)."""
+        rep = self.replicas[serial]
+        if rep.gone_at is not None:
+            return [], []
+        rep.advance_to(now, self.done)
+        self.finish_done()
+        held = [*rep.take_waiting(), *rep.take_running()]
+        self.gone(rep, now)
+        unstarted = [r for r in held if r.first_token < 0]
+        return unstarted, [r for r in held if r.first_token >= 0]
 
     def gone(self, rep: Replica, at: float) -> None:
         rep.gone_at = at

@@ -115,6 +115,36 @@ class Traffic:
             self.finish_done()
             self.events.schedule_replica(best)
 
+    def resend(self, reqs: list[SimRequest], now: float) -> None:
+        """Requests a killed engine had not started: the router sends each to another engine of its pool
+        (least outstanding), or the pool's fallback; with none left it is refused."""
+        for sim in reqs:
+            pool: PoolName = sim.pool  # type: ignore[assignment]
+            candidates = self.rollouts.endpoints(pool, now)
+            if not candidates:
+                pods = {p: self.rollouts.endpoints(p, now) for p in POOLS}
+                other = resolve_pool(
+                    pool, {p: [str(r.serial) for r in v] for p, v in pods.items()}, self.routing.fallback
+                )
+                candidates = pods[other] if other is not None else []
+            best = min(candidates, key=lambda r: r.outstanding, default=None)
+            if best is None or not best.fits(sim):
+                self.accounts.in_system.pop(id(sim), None)
+                self.reject(sim, pool)
+                continue
+            sim.generated = 0.0
+            best.advance_to(now, self.done)
+            best.submit(sim, now)
+            self.finish_done()
+            self.events.schedule_replica(best)
+
+    def fail(self, reqs: list[SimRequest], now: float) -> None:
+        """Streams cut off when their engine was killed: failed; a closed-loop client goes on."""
+        for sim in reqs:
+            self.accounts.fail(sim, now)
+            if isinstance(self.workload, ClosedLoop) and sim.client is not None:
+                self.client_next(sim.client, now)
+
     def acceptance_at(self, now: float) -> tuple[float, ...]:
         if isinstance(self.workload, ClosedLoop):
             return self.workload.acceptance_at(now) or self.options.acceptance
