@@ -248,9 +248,7 @@ async def test_bytes_in_flight_are_capped(tmp_path: Path) -> None:
         aiohttp.ClientSession() as http,
     ):
         held = asyncio.create_task(http.post(f"{rr.url}/v1/completions?wait=1", data=body))
-        await asyncio.sleep(0)
-        while rr.router.budget.used == 0:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: rr.router.budget.used > 0, what="the held request admitted")
         async with http.post(f"{rr.url}/v1/completions", data=body) as resp:
             assert resp.status == 503
             assert resp.headers["Retry-After"] == "1"
@@ -337,8 +335,7 @@ async def test_connection_cap(tmp_path: Path) -> None:
     ):
         host, port = rr.url.removeprefix("http://").rsplit(":", 1)
         held = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
-        while rr.counter("specfleet_router_open_connections") < 3:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: rr.counter("specfleet_router_open_connections") >= 3)
         resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD))
         assert resp is not None
         assert resp.status == 503
@@ -346,8 +343,7 @@ async def test_connection_cap(tmp_path: Path) -> None:
         assert rr.counter("specfleet_router_protocol_errors_total", reason="too_many_connections") == 1
         for _, writer in held:
             writer.close()
-        while rr.counter("specfleet_router_open_connections") > 0:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: rr.counter("specfleet_router_open_connections") == 0)
         resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD))
         assert resp is not None
         assert resp.status == 200
