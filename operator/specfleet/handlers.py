@@ -37,6 +37,8 @@ from specfleet_runtime.names import DECISIONS as DECISIONS_NAME
 from specfleet_runtime.names import FLIPS as FLIPS_NAME
 
 logger = logging.getLogger(__name__)
+# Logged (debug) after each resync of one resource, with its namespace and name.
+RESYNCED_LOG = "resynced %s/%s"
 
 RECONCILE_SECONDS = Histogram(
     "specfleet_reconcile_duration_seconds", "Time spent in one reconcile.", ["trigger"]
@@ -233,9 +235,10 @@ def _resync(memo: kopf.Memo, body: Mapping[str, Any]) -> None:
     Outside Kopf's handler context, so events are posted directly, as the policy scheduler does.
     """
     meta = body["metadata"]
+    namespace = meta.get("namespace") or "default"
     with RECONCILE_SECONDS.labels("resync").time():
         try:
-            outcome = _controller(memo).reconcile_object(meta.get("namespace") or "default", meta["name"])
+            outcome = _controller(memo).reconcile_object(namespace, meta["name"])
         except (ApiException, HTTPError, OSError) as err:
             RECONCILE_ERRORS.labels("resync").inc()
             logger.warning(
@@ -243,6 +246,8 @@ def _resync(memo: kopf.Memo, body: Mapping[str, Any]) -> None:
             )
             return
     memo.emit(body, outcome)
+    # After its writes and events: tests count these lines to wait for N resyncs of one resource.
+    logger.debug(RESYNCED_LOG, namespace, meta["name"])
 
 
 async def track(memo: kopf.Memo, event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:

@@ -12,7 +12,6 @@ generated from its Go module (scripts/setup-keda-crds.sh).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,14 +21,13 @@ import yaml
 from specfleet.api.validation import parse_resource
 from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
-from specfleet_sandbox.processes import OperatorProcess, wait_for, wait_for_event
+from specfleet_sandbox.processes import wait_for, wait_for_event
 from specfleet_testbed import ensure_keda_crds
-from support.failure_report import print_if_failed
-from support.manifests import ROOT, load_yaml, merge
+from support.manifests import ROOT, apply_crds, load_yaml, merge
+from support.operator_log import wait_resyncs
 from support.strict_apply import strict_dry_run
 
 pytestmark = pytest.mark.cluster
-CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
 FIELD_MANAGER = "specfleet-operator"
 HANDOVER_MANAGER = "specfleet-replicas-handover"
 NO_PROMETHEUS = "http://127.0.0.1:9"
@@ -38,28 +36,12 @@ KEDA = {"kind": "ScaledObject", "minReplicas": 1, "maxReplicas": 3, "metric": "W
 
 
 @pytest.fixture(scope="module")
-def crds(cluster) -> Iterator[object]:
-    cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(CRD))
-    path = ensure_keda_crds() / "keda.sh_scaledobjects.yaml"
-    cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(path))
-    cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/speculativedeployments.specfleet.io",
-        "crd/scaledobjects.keda.sh",
-    )
-    yield cluster
+def crd(crd) -> Iterator[object]:
+    """The cluster tier's `crd`, and KEDA's ScaledObject CRD for this module only."""
+    apply_crds(crd, ensure_keda_crds() / "keda.sh_scaledobjects.yaml")
+    yield crd
     # Other cluster tests run without KEDA.
-    cluster.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=true", "--timeout=60s", check=False)
-
-
-@pytest.fixture
-def operator(crds, tmp_path, request) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(crds.kubeconfig, tmp_path / "operator.log").start()
-    yield proc
-    proc.stop()
-    print_if_failed(request, crds, {"": proc})
+    crd.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=true", "--timeout=60s", check=False)
 
 
 def _manifest(ns: str, latency: dict | None = None, batch: dict | None = None, patch=None) -> dict[str, Any]:
@@ -130,9 +112,9 @@ def _scale(cluster, ns: str, replicas: int, name: str = "assistant-latency") -> 
     cluster.kubectl("scale", f"deployment/{name}", "-n", ns, f"--replicas={replicas}")
 
 
-def test_a_scale_by_the_autoscaler_survives_resyncs_and_a_flip(crds, operator, namespace):
-    _apply(crds, _manifest(namespace, latency=HPA, batch=KEDA))
-    hpa = wait_for("the HPA", lambda: _get(crds, "hpa", "assistant-latency", namespace), timeout=60)
+def test_a_scale_by_the_autoscaler_survives_resyncs_and_a_flip(crd, operator, namespace):
+    _apply(crd, _manifest(namespace, latency=HPA, batch=KEDA))
+    hpa = wait_for("the HPA", lambda: _get(crd, "hpa", "assistant-latency", namespace), timeout=60)
     assert hpa["spec"]["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -140,20 +122,20 @@ def test_a_scale_by_the_autoscaler_survives_resyncs_and_a_flip(crds, operator, n
     }
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm_num_requests_running"
     so = wait_for(
-        "the ScaledObject", lambda: _get(crds, "scaledobject", "assistant-batch", namespace), timeout=60
+        "the ScaledObject", lambda: _get(crd, "scaledobject", "assistant-batch", namespace), timeout=60
     )
     assert so["spec"]["triggers"][0]["metadata"]["serverAddress"] == NO_PROMETHEUS
     # The Deployment is created without replicas (the default 1); the real HPA controller raises it to
     # minReplicas through the scale subresource, with no metric needed for that.
-    wait_for("the HPA controller's minReplicas", lambda: _replicas(crds, namespace) == 2, timeout=90)
-    deploy = _get(crds, "deployment", "assistant-latency", namespace)
+    wait_for("the HPA controller's minReplicas", lambda: _replicas(crd, namespace) == 2, timeout=90)
+    deploy = _get(crd, "deployment", "assistant-latency", namespace)
     assert FIELD_MANAGER not in _replica_managers(deploy)
-    _ready(crds, namespace)
+    _ready(crd, namespace)
 
     # No metrics adapter in the test bed: the real HPA controller says it cannot read its metric, and
     # the resource says so too (the usual mistake: an HPA without prometheus-adapter's rule).
     def autoscaling_condition():
-        obj = _get(crds, "sd", "assistant", namespace) or {}
+        obj = _get(crd, "sd", "assistant", namespace) or {}
         conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
         c = conds.get("AutoscalingActive", {})
         return c if c.get("status") == "False" else None
@@ -162,81 +144,81 @@ def test_a_scale_by_the_autoscaler_survives_resyncs_and_a_flip(crds, operator, n
     assert "latency: HorizontalPodAutoscaler ScalingActive=False" in inactive["message"]
     assert "vllm_num_requests_running" in inactive["message"]
 
-    _scale(crds, namespace, 4)
+    _scale(crd, namespace, 4)
     wait_for(
         "status reads the scaled count",
-        lambda: _pool_status(crds, namespace).get("desiredReplicas") == 4,
+        lambda: _pool_status(crd, namespace).get("desiredReplicas") == 4,
         timeout=60,
     )
-    time.sleep(3 * operator.resync_seconds + 2)  # several resyncs
-    assert _replicas(crds, namespace) == 4
+    wait_resyncs(operator, namespace, "assistant", 3)
+    assert _replicas(crd, namespace) == 4
     assert autoscaling_condition() == inactive  # the HPA's message is stable: no status churn
-    _ready(crds, namespace)
-    pool = _pool_status(crds, namespace)
+    _ready(crd, namespace)
+    pool = _pool_status(crd, namespace)
     assert (pool["readyReplicas"], pool["settled"]) == (4, True)
 
     # Flip the pool: its template changes and rolls with surge; the count stays the autoscaler's.
     _apply(
-        crds,
+        crd,
         _manifest(
             namespace, latency=HPA, batch=KEDA, patch={"spec": {"pools": {"latency": {"speculation": "Off"}}}}
         ),
     )
 
     def flipped():
-        p = _pool_status(crds, namespace)
+        p = _pool_status(crd, namespace)
         return p if p.get("speculation") == "Off" and p.get("settled") else None
 
     wait_for("latency flipped Off and settled", flipped, timeout=120)
-    deploy = _get(crds, "deployment", "assistant-latency", namespace)
+    deploy = _get(crd, "deployment", "assistant-latency", namespace)
     assert deploy["metadata"]["labels"]["specfleet.io/speculation"] == "Off"
     assert "--speculative-config" not in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert deploy["spec"]["replicas"] == 4
     assert deploy["status"]["readyReplicas"] == 4
-    time.sleep(2 * operator.resync_seconds + 1)
-    assert _replicas(crds, namespace) == 4
-    _ready(crds, namespace)
+    wait_resyncs(operator, namespace, "assistant", 2)
+    assert _replicas(crd, namespace) == 4
+    _ready(crd, namespace)
 
 
-def test_turning_autoscaling_on_keeps_the_count_and_off_prunes_the_hpa(crds, operator, namespace):
+def test_turning_autoscaling_on_keeps_the_count_and_off_prunes_the_hpa(crd, operator, namespace):
     _apply(
-        crds,
+        crd,
         _manifest(
             namespace, patch={"spec": {"pools": {"latency": {"replicas": 3}, "batch": {"replicas": 2}}}}
         ),
     )
-    _ready(crds, namespace)
-    assert _replicas(crds, namespace) == 3
-    assert FIELD_MANAGER in _replica_managers(_get(crds, "deployment", "assistant-latency", namespace))
+    _ready(crd, namespace)
+    assert _replicas(crd, namespace) == 3
+    assert FIELD_MANAGER in _replica_managers(_get(crd, "deployment", "assistant-latency", namespace))
 
     # On, with minReplicas 1: were the count reset to 1 (what an apply that drops a field it alone owns
     # does), nothing would raise it again. It stays 3, held by the hand-over manager.
     on = {**HPA, "minReplicas": 1}
-    _apply(crds, _manifest(namespace, latency=on, patch={"spec": {"pools": {"latency": {"replicas": 3}}}}))
-    wait_for("the HPA", lambda: _get(crds, "hpa", "assistant-latency", namespace), timeout=60)
+    _apply(crd, _manifest(namespace, latency=on, patch={"spec": {"pools": {"latency": {"replicas": 3}}}}))
+    wait_for("the HPA", lambda: _get(crd, "hpa", "assistant-latency", namespace), timeout=60)
     wait_for(
         "replicas released",
         lambda: (
-            FIELD_MANAGER not in _replica_managers(_get(crds, "deployment", "assistant-latency", namespace))
+            FIELD_MANAGER not in _replica_managers(_get(crd, "deployment", "assistant-latency", namespace))
         ),
         timeout=60,
     )
-    deploy = _get(crds, "deployment", "assistant-latency", namespace)
+    deploy = _get(crd, "deployment", "assistant-latency", namespace)
     assert deploy["spec"]["replicas"] == 3
     assert HANDOVER_MANAGER in _replica_managers(deploy)
-    time.sleep(2 * operator.resync_seconds + 1)
-    assert _replicas(crds, namespace) == 3
-    _scale(crds, namespace, 2)
-    time.sleep(3 * operator.resync_seconds + 2)
-    assert _replicas(crds, namespace) == 2
+    wait_resyncs(operator, namespace, "assistant", 2)
+    assert _replicas(crd, namespace) == 3
+    _scale(crd, namespace, 2)
+    wait_resyncs(operator, namespace, "assistant", 3)
+    assert _replicas(crd, namespace) == 2
 
     # Off again: the HPA is pruned and the operator owns the count again (the spec's 3).
-    _apply(crds, _manifest(namespace, patch={"spec": {"pools": {"latency": {"replicas": 3}}}}))
-    wait_for("HPA pruned", lambda: _get(crds, "hpa", "assistant-latency", namespace) is None, timeout=60)
-    wait_for("replicas back to the spec's", lambda: _replicas(crds, namespace) == 3, timeout=60)
-    assert FIELD_MANAGER in _replica_managers(_get(crds, "deployment", "assistant-latency", namespace))
-    wait_for_event(crds.kubectl, namespace, "ChildrenPruned")
-    _ready(crds, namespace)
+    _apply(crd, _manifest(namespace, patch={"spec": {"pools": {"latency": {"replicas": 3}}}}))
+    wait_for("HPA pruned", lambda: _get(crd, "hpa", "assistant-latency", namespace) is None, timeout=60)
+    wait_for("replicas back to the spec's", lambda: _replicas(crd, namespace) == 3, timeout=60)
+    assert FIELD_MANAGER in _replica_managers(_get(crd, "deployment", "assistant-latency", namespace))
+    wait_for_event(crd.kubectl, namespace, "ChildrenPruned")
+    _ready(crd, namespace)
 
 
 def _rendered_autoscalers() -> list[dict[str, Any]]:
@@ -249,7 +231,7 @@ def _rendered_autoscalers() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("metric", ["RunningRequests", "WaitingRequests", "KVCacheUsage"])
-def test_rendered_autoscalers_pass_strict_validation(crds, namespace, metric):
+def test_rendered_autoscalers_pass_strict_validation(crd, namespace, metric):
     doc = load_yaml(ROOT / "examples" / "06-autoscaled-pools.yaml")
     doc = merge(
         doc,
@@ -267,17 +249,17 @@ def test_rendered_autoscalers_pass_strict_validation(crds, namespace, metric):
     ]
     assert sorted(c["kind"] for c in rendered) == ["HorizontalPodAutoscaler", "ScaledObject"]
     for manifest in rendered:
-        result = strict_dry_run(crds, namespace, manifest)
+        result = strict_dry_run(crd, namespace, manifest)
         assert result.returncode == 0, f"{manifest['kind']}: {result.stderr}"
         stored = json.loads(result.stdout)["spec"]
         for key, value in manifest["spec"].items():
             assert stored[key] == value, (manifest["kind"], key)
 
 
-def test_a_wrong_scaled_object_field_is_refused(crds, namespace):
+def test_a_wrong_scaled_object_field_is_refused(crd, namespace):
     # The check above can fail: KEDA's schema refuses a field it does not have.
     so = next(c for c in _rendered_autoscalers() if c["kind"] == "ScaledObject")
     so["spec"]["minReplicas"] = so["spec"].pop("minReplicaCount")
-    result = strict_dry_run(crds, namespace, so)
+    result = strict_dry_run(crd, namespace, so)
     assert result.returncode != 0
     assert "minReplicas: field not declared in schema" in result.stderr

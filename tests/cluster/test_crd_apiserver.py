@@ -12,15 +12,6 @@ from support.failure_report import PRINTER_COLUMNS
 from support.manifests import EXAMPLES, ROOT, InvalidCase, invalid_cases, load_yaml
 
 pytestmark = pytest.mark.cluster
-CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
-
-
-@pytest.fixture(scope="module")
-def crd(cluster):
-    """The CRD applied and Established (CEL compiled, structural schema accepted)."""
-    cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(CRD))
-    cluster.wait_established("crd/speculativedeployments.specfleet.io")
-    return cluster
 
 
 def test_crd_is_established_with_structural_schema(crd):

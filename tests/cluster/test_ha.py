@@ -11,21 +11,18 @@ import pytest
 from specfleet_sandbox.processes import OperatorProcess, wait_for
 from support.failure_report import print_if_failed
 from support.fleet import as_yaml, small_fleet
-from support.manifests import ROOT, merge
+from support.manifests import merge
 
 pytestmark = pytest.mark.cluster
-CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
 LEASE = "specfleet-ha-test"
 # No Prometheus in this tier: a closed loopback port (no DNS lookups, no traffic out).
 NO_PROMETHEUS = "http://127.0.0.1:9"
 
 
 @pytest.fixture
-def operators(cluster, namespace, tmp_path, request) -> Iterator[dict[str, OperatorProcess]]:
-    cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/speculativedeployments.specfleet.io"
-    )
+def operators(crd, namespace, tmp_path, request) -> Iterator[dict[str, OperatorProcess]]:
+    """Two operators contending for one Lease, not started: the test starts (and stops) each."""
+    cluster = crd
     procs = {
         name: OperatorProcess(
             cluster.kubeconfig,

@@ -13,7 +13,7 @@ import yaml
 
 from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for, wait_for_event
 from specfleet_testbed import ensure_keda_crds
-from support.manifests import ROOT, load_yaml, merge
+from support.manifests import ROOT, apply_crds, load_yaml, merge
 
 pytestmark = pytest.mark.cluster
 CHART = ROOT / "charts" / "specfleet"
@@ -206,12 +206,9 @@ def test_operator_may_write_only_scaled_objects_of_keda(installed):
     # kubectl resolves a resource name through discovery: KEDA's CRDs must exist for can-i to answer.
     crd_dir = ensure_keda_crds()
     kinds = ("scaledobjects", "scaledjobs", "triggerauthentications")
-    for kind in kinds:
-        path = str(crd_dir / f"keda.sh_{kind}.yaml")
-        installed.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", path)
     names = [f"crd/{kind}.keda.sh" for kind in kinds]
     try:
-        installed.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+        apply_crds(installed, *(crd_dir / f"keda.sh_{kind}.yaml" for kind in kinds))
         for verb, resource, allowed in [
             ("create", "scaledobjects.keda.sh", True),
             ("patch", "scaledobjects.keda.sh", True),

@@ -15,7 +15,7 @@ from specfleet.api.validation import parse_resource
 from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
 from specfleet_testbed import ensure_prometheus_operator_crds
-from support.manifests import EXAMPLES, ROOT, load_yaml, merge
+from support.manifests import EXAMPLES, ROOT, apply_crds, load_yaml, merge
 from support.strict_apply import strict_dry_run
 
 pytestmark = pytest.mark.cluster
@@ -27,10 +27,7 @@ RENDERABLE = [p for p in EXAMPLES if "degraded" not in p.stem]
 def monitoring_crds(cluster) -> Iterator[object]:
     crd_dir = ensure_prometheus_operator_crds()
     names = [f"{kind}.monitoring.coreos.com" for kind in KINDS]
-    for kind in KINDS:
-        path = crd_dir / f"monitoring.coreos.com_{kind}.yaml"
-        cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(path))
-    cluster.wait_established(*[f"crd/{n}" for n in names])
+    apply_crds(cluster, *(crd_dir / f"monitoring.coreos.com_{kind}.yaml" for kind in KINDS))
     yield cluster
     # Other cluster tests run without prometheus-operator.
     cluster.kubectl("delete", "crd", *names, "--wait=false", check=False)

@@ -5,48 +5,23 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
 from specfleet.api.constants import LABEL_POOL, LABEL_TRACK
-from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for, wait_for_event
+from specfleet_sandbox.processes import events_by_time, wait_for, wait_for_event
 from specfleet_testbed import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
-from support.failure_report import PRINTER_COLUMNS, print_if_failed
+from support.failure_report import PRINTER_COLUMNS
 from support.manifests import ROOT, load_yaml, merge
+from support.operator_log import wait_resyncs
 
 pytestmark = pytest.mark.cluster
-CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
 FIELD_MANAGER = "specfleet-operator"
+# Logged by Kopf for each resource when the operator (re)starts: the resume ran its reconcile.
+RESUMED = "Handler 'on_change' succeeded"
 NO_PROMETHEUS = "http://127.0.0.1:9"
-
-
-@pytest.fixture(scope="module")
-def crd(cluster):
-    cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(CRD))
-    cluster.wait_established("crd/speculativedeployments.specfleet.io")
-    return cluster
-
-
-@pytest.fixture
-def operator(crd, tmp_path, request) -> Iterator[OperatorProcess]:
-    """A running operator; on failure its log and the namespace's events are printed."""
-    proc = OperatorProcess(crd.kubeconfig, tmp_path / "operator.log").start()
-    yield proc
-    proc.stop()
-    # Whatever happened, the operator wrote one JSON object per line (log pipelines parse them).
-    not_json = [line for line in proc.log().splitlines() if not _json_object(line)]
-    assert not not_json, f"operator log lines that are not JSON objects: {not_json[:5]}"
-    print_if_failed(request, crd, {"": proc})
-
-
-def _json_object(line: str) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except ValueError:
-        return False
 
 
 def _get(cluster, kind: str, name: str, ns: str) -> dict[str, Any] | None:
@@ -112,6 +87,23 @@ def _ready(cluster, ns: str, name: str = "assistant"):
 
 def _versions(children: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {k: v["metadata"]["resourceVersion"] for k, v in children.items()}
+
+
+def _snapshot(cluster, ns: str, name: str = "assistant") -> dict[str, str]:
+    """The resourceVersion of the resource and of each of its children: any write changes one."""
+    sd = _get(cluster, "sd", name, ns)
+    return {**_versions(_children(cluster, ns)), "sd": sd["metadata"]["resourceVersion"] if sd else ""}
+
+
+def _quiet_snapshot(cluster, operator, ns: str, name: str = "assistant") -> dict[str, str]:
+    """`_snapshot` once a whole resync wrote nothing (the first ones may still record readiness)."""
+
+    def quiet() -> dict[str, str] | None:
+        before = _snapshot(cluster, ns, name)
+        wait_resyncs(operator, ns, name, 1)
+        return before if _snapshot(cluster, ns, name) == before else None
+
+    return wait_for(f"a resync of {name} that wrote nothing", quiet, timeout=90)
 
 
 def _spec_versions(children: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -199,26 +191,21 @@ def test_no_writes_when_nothing_changed_even_across_restart(crd, operator, names
         lambda: "MetricsAvailable" in _conditions(_get(crd, "sd", "assistant", namespace)),
         timeout=60,
     )
-    time.sleep(4)
-    before = _versions(_children(crd, namespace))
-    sd_before = _get(crd, "sd", "assistant", namespace)["metadata"]["resourceVersion"]
-    time.sleep(3 * operator.resync_seconds + 2)  # several resyncs
-    assert _versions(_children(crd, namespace)) == before
-    assert _get(crd, "sd", "assistant", namespace)["metadata"]["resourceVersion"] == sd_before
+    before = _quiet_snapshot(crd, operator, namespace)
+    wait_resyncs(operator, namespace, "assistant", 3)
+    assert _snapshot(crd, namespace) == before
+    resumed = operator.log().count(RESUMED)
     operator.stop()
     operator.start()
-    wait_for(
-        "operator resumed", lambda: "Handler 'on_change' succeeded" in operator.log() or None, timeout=60
-    )
-    time.sleep(2 * operator.resync_seconds + 2)
-    assert _versions(_children(crd, namespace)) == before
-    assert _get(crd, "sd", "assistant", namespace)["metadata"]["resourceVersion"] == sd_before
+    wait_for("operator resumed", lambda: operator.log().count(RESUMED) > resumed, timeout=60)
+    wait_resyncs(operator, namespace, "assistant", 2)  # by the new process: the old one is gone
+    assert _snapshot(crd, namespace) == before
 
 
 def test_changing_one_pool_rolls_only_that_pool(crd, operator, namespace):
     _apply(crd, _manifest(namespace))
     _ready(crd, namespace)
-    time.sleep(3)
+    _quiet_snapshot(crd, operator, namespace)
     before = _spec_versions(_children(crd, namespace))
     _apply(crd, _manifest(namespace, {"spec": {"pools": {"batch": {"engine": {"maxNumSeqs": 64}}}}}))
 
@@ -228,7 +215,7 @@ def test_changing_one_pool_rolls_only_that_pool(crd, operator, namespace):
         return diff if {"Deployment/assistant-batch", "Deployment/assistant-batch-canary"} <= diff else None
 
     diff = wait_for("batch pool rolled", changed, timeout=60)
-    time.sleep(3)
+    wait_resyncs(operator, namespace, "assistant", 2)  # what would touch the other pool has run
     now = _spec_versions(_children(crd, namespace))
     diff = {k for k in before if now.get(k) != before[k]}
     assert diff == {"Deployment/assistant-batch", "Deployment/assistant-batch-canary"}
@@ -275,8 +262,8 @@ def test_canaries_come_up_before_their_pool_gives_up_a_replica(crd, operator):
         )  # fmt: skip
         canary = f"{LABEL_TRACK}=canary,{LABEL_POOL}=latency"
         wait_for("the canary's pod", lambda: _pods(crd, namespace, canary), timeout=60)
-        # Several resyncs (2 s) with the canary unready: the pool's Deployment keeps its 2 replicas.
-        time.sleep(8)
+        # Several resyncs with the canary unready: the pool's Deployment keeps its 2 replicas.
+        wait_resyncs(operator, namespace, "assistant", 3)
         stable = _get(crd, "deployment", "assistant-latency", namespace)
         assert stable is not None
         assert stable["spec"]["replicas"] == 2
@@ -352,7 +339,7 @@ def test_unrunnable_spec_is_degraded_without_retry_storm(crd, operator, namespac
     assert _children(crd, namespace) == {}
     rv = _get(crd, "sd", "too-old", namespace)["metadata"]["resourceVersion"]
     log_lines = len(operator.log().splitlines())
-    time.sleep(3 * operator.resync_seconds + 2)
+    wait_resyncs(operator, namespace, "too-old", 3)
     assert _get(crd, "sd", "too-old", namespace)["metadata"]["resourceVersion"] == rv, (
         "status rewritten in a loop"
     )

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from specfleet_sandbox.processes import OperatorProcess, wait_for
-from support.failure_report import print_if_failed
+from specfleet_sandbox.processes import wait_for
 from support.fleet import SilentServer, as_yaml, list_resources, small_fleet, unreconciled
-from support.manifests import ROOT, merge
+from support.manifests import merge
 
 pytestmark = pytest.mark.cluster
-CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
 RESOURCES = 100
 # Deployments each resource owns: latency, batch, router.
 DEPLOYMENTS_EACH = 3
@@ -33,14 +32,9 @@ def hung_prometheus() -> Iterator[SilentServer]:
 
 
 @pytest.fixture
-def operator(cluster, tmp_path, request) -> Iterator[OperatorProcess]:
-    cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(CRD))
-    cluster.wait_established("crd/speculativedeployments.specfleet.io")
+def operator_options() -> dict[str, Any]:
     # The default resync (30 s), as in production: a 2 s resync of 100 resources would only load the bed.
-    proc = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", resync_seconds=30).start()
-    yield proc
-    proc.stop()
-    print_if_failed(request, cluster, {"": proc})
+    return {"resync_seconds": 30}
 
 
 def _metrics_unavailable(cluster, namespace: str) -> int:

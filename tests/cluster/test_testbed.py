@@ -11,29 +11,16 @@ import ipaddress
 import json
 import socket
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
+from specfleet_sandbox.processes import wait_for
 from specfleet_testbed import Cluster, local_address
 
 pytestmark = pytest.mark.cluster
 
-T = TypeVar("T")
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    """Poll ``probe`` until it returns something truthy; fail with ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 def get_json(cluster: Cluster, *args: str) -> Any:
@@ -218,7 +205,6 @@ def test_deleting_deployment_garbage_collects_children(cluster: Cluster, namespa
 def test_pods_in_probed_namespaces_wait_for_their_process(cluster: Cluster) -> None:
     """In e2e-* namespaces a pod is Running but not Ready until its player annotates it."""
     import json
-    import time
     import uuid
 
     from specfleet_testbed import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
@@ -239,19 +225,13 @@ def test_pods_in_probed_namespaces_wait_for_their_process(cluster: Cluster) -> N
     def ready(s: dict) -> str:
         return next((c["status"] for c in s.get("conditions", []) if c["type"] == "Ready"), "")
 
-    deadline = time.monotonic() + 30
-    while status().get("phase") != "Running" and time.monotonic() < deadline:
-        time.sleep(0.3)
-    first = status()
-    assert first["phase"] == "Running"
+    first = wait_for("the pod Running", lambda: (s := status()).get("phase") == "Running" and s, timeout=30)
     assert first["podIP"]
+    # No event marks "kwok chose to leave it unready": give a ready stage time to fire, had it matched.
     time.sleep(2)
     assert ready(status()) == "False"
     cluster.kubectl("annotate", "pod", "played", "-n", ns, f"{READY_ANNOTATION}=true")
-    deadline = time.monotonic() + 30
-    while ready(status()) != "True" and time.monotonic() < deadline:
-        time.sleep(0.3)
-    final = status()
+    final = wait_for("the pod Ready", lambda: ready(s := status()) == "True" and s, timeout=30)
     assert ready(final) == "True"
     assert final["podIP"] == first["podIP"]
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -81,18 +81,6 @@ def _readiness(url: str) -> tuple[int, str] | None:
         return None
 
 
-def _sweeps(env: Env) -> int:
-    """Policy sweeps the operator started so far (its log is appended across restarts)."""
-    assert env.operator is not None
-    return env.operator.log().count("policy sweep started")
-
-
-def _wait_sweeps(env: Env, count: int, timeout: float = 60) -> None:
-    """Wait for `count` more policy sweeps: evaluations that would record a second flip if one were due."""
-    start = _sweeps(env)
-    wait_for(f"{count} more policy sweeps", lambda: _sweeps(env) >= start + count, timeout=timeout)
-
-
 def test_router_sigterm_under_load_drops_readiness_first_and_fails_no_request(env):
     name = fleet(env, "term")
     router = _router(env, name)
@@ -200,7 +188,7 @@ def test_kube_apiserver_stopped_for_a_minute_during_a_flip(env):
         finally:
             env.cluster.start_component("kube-apiserver")
         wait_settled(env, name, timeout=180)
-        _wait_sweeps(env, 3)
+        env.wait_sweeps(3)
         flips, args = history(env, name), engine_args(env, name)
     finally:
         stats = load.stop()
@@ -235,14 +223,14 @@ def test_operator_killed_at_random_points_of_a_flip_records_it_once(env):
         for _ in range(KILLS):
             # A point within or after a sweep: its queries, the decision, the Deployment applied, the
             # status written, then the rollout's reconciles.
-            _wait_sweeps(env, 1)
+            env.wait_sweeps(1)
             kill_points.append(rng.uniform(0.0, 3.0))
             time.sleep(kill_points[-1])
             operator.kill()
             operator.start()
         wait_mode(env, name, "Off", timeout=90)
         wait_settled(env, name, timeout=120)
-        _wait_sweeps(env, 3)
+        env.wait_sweeps(3)
         sd = env.sd(name)
         flips, args, live = history(env, name), engine_args(env, name), _deployments(env, name)
     finally:

@@ -9,7 +9,6 @@ Each e2e module builds one `Env` in a module fixture with `running_env`; a faili
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,9 +22,10 @@ from specfleet_sandbox.discovery import PodDiscovery
 from specfleet_sandbox.pods import PodRunner, compiled_router
 from specfleet_sandbox.processes import OperatorProcess, events_by_time, wait_for
 from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config
-from support.manifests import ROOT, load_yaml, merge
+from support.manifests import CRD, ROOT, apply_crds, load_yaml, merge
+from support.operator_log import wait_sweeps
+from support.ports import free_port
 
-CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
 # Emulated engines run 10x slower than the H100 profile so a few dozen clients saturate a replica.
 EMULATOR_ARGS = ["--time-scale", "10", "--acceptance", "0.68,0.39,0.2"]
 PUBLISHED_ACCEPTANCE = [0.68, 0.39, 0.2]
@@ -55,6 +55,11 @@ class Env:
     def conditions(self, name: str) -> dict[str, dict[str, Any]]:
         return {c["type"]: c for c in self.sd(name).get("status", {}).get("conditions", [])}
 
+    def wait_sweeps(self, count: int) -> None:
+        """Wait for `count` more policy sweeps: evaluations that would act (flip, retrain) if due."""
+        assert self.operator is not None
+        wait_sweeps(self.operator, count)
+
     def router_url(self, name: str) -> str:
         """The fleet's router, once it answers /readyz (as its readiness probe would)."""
         assert self.runner is not None
@@ -79,19 +84,12 @@ class Env:
         return "\n".join(parts)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def running_env(cluster: Any, tmp: Path, router_args: list[str] | None = None) -> Iterator[Env]:
     """A fresh namespace with Prometheus, the pod runner and the operator; all stopped at the end."""
     namespace = f"e2e-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
-    cluster.kubectl("apply", "--server-side", "--field-manager=specfleet-tests", "-f", str(CRD))
-    cluster.wait_established("crd/speculativedeployments.specfleet.io")
+    apply_crds(cluster, CRD)
     e = Env(cluster, namespace, tmp)
     discovery = PodDiscovery(Path(cluster.kubeconfig), namespace).start()
     # Rules rendered for a resource are written here and loaded with PrometheusProcess.reload().

@@ -16,12 +16,22 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 INVALID_TABLE = ROOT / "tests" / "data" / "invalid_manifests.yaml"
+CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
+# The field manager the tests apply CRDs under (server-side, as an installer would).
+TEST_FIELD_MANAGER = "specfleet-tests"
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
     doc = yaml.safe_load(path.read_text())
     assert isinstance(doc, dict)
     return doc
+
+
+def apply_crds(cluster: Any, *paths: Path) -> None:
+    """Apply CRD files server-side and wait until each is Established (its schema accepted)."""
+    for path in paths:
+        cluster.kubectl("apply", "--server-side", f"--field-manager={TEST_FIELD_MANAGER}", "-f", str(path))
+    cluster.wait_established(*(f"crd/{load_yaml(path)['metadata']['name']}" for path in paths))
 
 
 def merge(base: Any, patch: Any) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -22,17 +21,12 @@ from specfleet_runtime.emulator.config import EmulatorConfig
 from specfleet_runtime.router.app import Router, RouterSettings
 from specfleet_runtime.router.serving import serve_router
 from specfleet_runtime.router.sources import ConfigFileSource
+from support.ports import free_port
+from support.waiting import wait_until
 
 MODEL = "tiny"
 BATCH_KEY = "sk-batch-team"
 FAST = RouterSettings(connect_timeout=2.0, read_timeout=30.0, drain_seconds=2.0, housekeeping_seconds=0.05)
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, read, released): connecting to it is refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def routing(latency: list[str], batch: list[str], **extra: Any) -> dict[str, Any]:
@@ -80,21 +74,13 @@ async def running_router(
     router = Router(settings, ConfigFileSource(path, poll_seconds=0.05), slice_watch_factory)
     async with serve_router(router, "127.0.0.1", 0) as runner:
         port = runner.addresses[0][1]
-        await wait_for(lambda: router.config is not None)
+        await wait_until(lambda: router.config is not None, what="the routing config loaded")
         running = RunningRouter(f"http://127.0.0.1:{port}", router, path)
         try:
             yield running
         finally:
             for client in running.clients:
                 await client.close()
-
-
-async def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 def emulator_config(time_scale: float = 0.1) -> EmulatorConfig:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from specfleet_runtime.vllm_args import (
     SpeculativeConfig,
     build_vllm_args,
 )
+from support.ports import free_port
 
 SPEC = SpeculativeConfig(
     method="eagle3",
@@ -103,17 +103,10 @@ def test_bad_command_lines_exit_with_usage(argv: list[str], capsys: pytest.Captu
     assert "usage:" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def emulator_process() -> Iterator[str]:
     """`python -m specfleet_runtime.emulator` started with the operator's vLLM command line."""
-    port = _free_port()
+    port = free_port()
     engine = EngineArgs(model="m", served_model_name="llama", port=port, speculative=SPEC)
     argv = [sys.executable, "-m", "specfleet_runtime.emulator", *build_vllm_args(engine)]
     proc = subprocess.Popen(

@@ -4,6 +4,7 @@ and nothing puts a finalizer on resources (deleting one must never wait for the 
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 from typing import Any
 
@@ -64,3 +65,36 @@ def test_resyncs_are_due_one_interval_after_tracking_and_never_queued_twice():
         release.set()
         resyncs.stop()
     assert started[:2] == ["a", "b"]
+
+
+def test_each_finished_resync_logs_one_line_that_tests_count_for_that_resource_only(tmp_path):
+    """The cluster tier waits for N resyncs of one resource by counting this line in the operator log."""
+    from specfleet.control import Outcome
+    from specfleet.handlers import _resync
+    from specfleet.logs import JsonFormatter
+    from specfleet_sandbox.processes import OperatorProcess
+    from support.operator_log import resyncs
+
+    class Controller:
+        def reconcile_object(self, namespace: str, name: str) -> Outcome:
+            return Outcome()
+
+    memo = kopf.Memo(controller=Controller(), emit=lambda body, outcome: None)
+    log_path = tmp_path / "operator.log"
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(JsonFormatter())
+    handlers_logger = logging.getLogger("specfleet.handlers")
+    handlers_logger.addHandler(handler)
+    level = handlers_logger.level
+    handlers_logger.setLevel(logging.DEBUG)
+    try:
+        for name in ("a", "a-b", "a"):
+            _resync(memo, _body(name))
+    finally:
+        handlers_logger.removeHandler(handler)
+        handlers_logger.setLevel(level)
+        handler.close()
+    operator = OperatorProcess(tmp_path / "kubeconfig", log_path)
+    assert resyncs(operator, "ns", "a") == 2
+    assert resyncs(operator, "ns", "a-b") == 1
+    assert resyncs(operator, "other", "a") == 0

@@ -5,7 +5,6 @@ keeps its concurrency when a server drops connections. Its max req/s column rest
 from __future__ import annotations
 
 import importlib.util
-import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,6 +12,8 @@ from pathlib import Path
 from types import ModuleType
 
 from aiohttp import web
+
+from support.ports import free_port
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "router_bench.py"
 
@@ -46,9 +47,7 @@ async def server(drop_every: int = 0) -> AsyncIterator[tuple[str, list[int]]]:
     app.router.add_post("/v1/completions", completions)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     try:

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from aiohttp import web
 from specfleet_runtime.emulator.testing import RunningEmulator, serve_emulator
 from specfleet_runtime.router.classify import sha256_hex
 from specfleet_runtime.router.sources import SlicePublish
+from support.ports import free_port, refused
 from support.router_harness import (
     BATCH_KEY,
     FAST,
@@ -35,12 +35,11 @@ from support.router_harness import (
     assert_openai_error,
     emulator_config,
     engine_process,
-    free_port,
     routing,
     running_router,
-    wait_for,
     wait_http,
 )
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -169,12 +168,12 @@ async def test_classification_rules_end_to_end(tmp_path: Path) -> None:
             )
             # Where the resource says every client is trusted, it does.
             rr.write_config({**config, "poolHeaderTrust": "Always"})
-            await wait_for(
+            await wait_until(
                 lambda: rr.router.config is not None and rr.router.config.pool_header_trust == "Always"
             )
             assert await served(client, extra_headers=escape) == ("latency", "pool_header")
             rr.write_config(config)
-            await wait_for(
+            await wait_until(
                 lambda: (
                     rr.router.config is not None and rr.router.config.pool_header_trust == "AfterTenantRules"
                 )
@@ -217,7 +216,7 @@ async def test_auto_segmentation_under_concurrent_load(tmp_path: Path) -> None:
                 return raw.headers["x-specfleet-served-pool"], raw.headers["x-specfleet-reason"]
 
             bulk = [asyncio.create_task(one("bulk", 100)) for _ in range(8)]
-            await wait_for(lambda: rr.router.tracker.in_flight("client:bulk") == 8)
+            await wait_until(lambda: rr.router.tracker.in_flight("client:bulk") == 8)
             # An interactive client at the same time is not affected.
             assert await one("chat", 5) == ("latency", "default")
             results = await asyncio.gather(*bulk)
@@ -228,7 +227,7 @@ async def test_auto_segmentation_under_concurrent_load(tmp_path: Path) -> None:
             )
             assert rr.counter("specfleet_router_segment_transitions_total", direction="to_batch") == 1
             # Below the threshold for calmSeconds: the client is interactive again.
-            await wait_for(lambda: rr.router.tracker.segmented_count() == 0, timeout=5)
+            await wait_until(lambda: rr.router.tracker.segmented_count() == 0, timeout=5)
             assert await one("bulk", 5) == ("latency", "default")
             assert rr.counter("specfleet_router_segment_transitions_total", direction="from_batch") == 1
 
@@ -357,7 +356,7 @@ async def test_pool_without_endpoints_falls_back_or_is_rejected(tmp_path: Path) 
             assert rr.counter("specfleet_router_fallbacks_total", from_pool="batch", to_pool="latency") == 1
 
             rr.write_config({**config, "fallback": "reject"})
-            await wait_for(lambda: rr.router.config is not None and rr.router.config.fallback == "reject")
+            await wait_until(lambda: rr.router.config is not None and rr.router.config.fallback == "reject")
             with pytest.raises(openai.APIStatusError) as refused:
                 await client.completions.create(
                     model=MODEL, prompt="x", max_tokens=2, extra_headers={"x-specfleet-pool": "batch"}
@@ -369,7 +368,7 @@ async def test_pool_without_endpoints_falls_back_or_is_rejected(tmp_path: Path) 
 
             # No endpoint anywhere: not ready, and 503 for everyone.
             rr.write_config({**config, "pools": {"latency": config["pools"]["batch"]}})
-            await wait_for(lambda: not any(rr.router.pool_endpoints.values()))
+            await wait_until(lambda: not any(rr.router.pool_endpoints.values()))
             async with aiohttp.ClientSession() as http, http.get(f"{rr.url}/readyz") as resp:
                 assert resp.status == 503
             with pytest.raises(openai.InternalServerError):
@@ -394,19 +393,23 @@ async def test_config_file_reload_keeps_last_good(tmp_path: Path, caplog: pytest
 
             assert await pool() == "latency"
             rr.write_config({**config, "defaultPool": "batch"})
-            await wait_for(lambda: rr.router.config is not None and rr.router.config.default_pool == "batch")
+            await wait_until(
+                lambda: rr.router.config is not None and rr.router.config.default_pool == "batch"
+            )
             assert await pool() == "batch"
 
             rr.write_config("{ this is not json")
-            await wait_for(lambda: rejected() == 1)
+            await wait_until(lambda: rejected() == 1)
             rr.write_config({**config, "pools": {"gpu": {"staticUrls": ["http://x"]}}})
-            await wait_for(lambda: rejected() == 2)
+            await wait_until(lambda: rejected() == 2)
             rr.config_path.write_bytes(b"\xff\xfe not utf-8")
-            await wait_for(lambda: rejected() == 3)
+            await wait_until(lambda: rejected() == 3)
             assert await pool() == "batch"
             assert "keeping the last good one" in caplog.text
             rr.config_path.unlink()
-            await asyncio.sleep(0.2)
+            await wait_until(
+                lambda: "cannot read routing config" in caplog.text, what="the missing file read"
+            )
             assert await pool() == "batch"
 
 
@@ -492,7 +495,7 @@ async def test_an_engine_that_drops_every_connection_is_left_for_another(tmp_pat
             for _ in range(2)
         ]
         rr.write_config(routing([gone, busy.url], []))
-        await wait_for(lambda: gone in rr.router.pool_endpoints.get("latency", ()))
+        await wait_until(lambda: gone in rr.router.pool_endpoints.get("latency", ()))
         answer = await client.completions.create(model=MODEL, prompt="x", max_tokens=2)
         for stream in streams:
             await stream.close()
@@ -570,10 +573,8 @@ async def test_sigterm_finishes_the_in_flight_stream(tmp_path: Path) -> None:
                 chunks.append(chunk)
                 if len(chunks) == 3:
                     proc.send_signal(signal.SIGTERM)
-                    await asyncio.sleep(0.3)
                     # The listening socket is closed while the stream goes on.
-                    with pytest.raises(ConnectionRefusedError):
-                        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    await wait_until(lambda: refused(port), what="the listening socket closed")
             assert chunks[-1].choices[0].finish_reason == "length"
             assert sum(len(c.choices[0].text.split()) for c in chunks if c.choices) == 200
             assert await asyncio.to_thread(proc.wait, 15) == 0

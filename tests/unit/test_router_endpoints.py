@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -29,7 +28,9 @@ from specfleet_runtime.router.endpoints import (
 from specfleet_runtime.router.kube import Informer, Object, WatchEvent, WatchExpired
 from specfleet_runtime.router.serving import serve_router
 from specfleet_runtime.router.sources import ConfigFileSource, SlicePublish
-from support.router_harness import MODEL, emulator_config, free_port, wait_for
+from support.ports import free_port, refused
+from support.router_harness import MODEL, emulator_config
+from support.waiting import loop_caught_up, wait_until
 
 
 def endpoint(address: str, ready: bool | None = True, terminating: bool = False) -> dict[str, Any]:
@@ -290,7 +291,7 @@ async def test_router_follows_config_and_slices() -> None:
     thread = threading.Thread(target=watches.publish[("prod", "m-latency")], args=(slices,))
     thread.start()
     thread.join()
-    await asyncio.sleep(0.01)
+    await loop_caught_up()
     assert router.pool_endpoints["latency"] == ("http://10.0.0.1:8000",)
     assert router.ready() == (True, "ok")  # the kubelet found that one ready
 
@@ -307,7 +308,7 @@ async def test_router_follows_config_and_slices() -> None:
     assert not router.pool_endpoints["latency"]
     # A late report from the stopped watch is ignored.
     watches.publish[("prod", "m-latency")](slices)
-    await asyncio.sleep(0.01)
+    await loop_caught_up()
     assert not router.pool_endpoints["latency"]
 
 
@@ -318,11 +319,11 @@ async def test_a_pool_losing_its_last_ready_endpoint_is_a_warning(caplog: pytest
     assert router.apply_config_text(config, "test")
     publish = watches.publish[("prod", "m-latency")]
     publish([endpoint_slice("s", [endpoint("10.0.0.1")])])
-    await asyncio.sleep(0.01)
+    await loop_caught_up()
     assert router.pool_endpoints["latency"] == ("http://10.0.0.1:8000",)
     assert "no ready endpoint left" not in caplog.text
     publish([endpoint_slice("s", [endpoint("10.0.0.1", ready=False)])])
-    await asyncio.sleep(0.01)
+    await loop_caught_up()
     assert router.pool_endpoints["latency"] == ()
     warnings = [
         r for r in caplog.records if r.levelname == "WARNING" and "no ready endpoint left" in r.message
@@ -332,7 +333,7 @@ async def test_a_pool_losing_its_last_ready_endpoint_is_a_warning(caplog: pytest
     ]
     # Staying empty says nothing more.
     publish([])
-    await asyncio.sleep(0.01)
+    await loop_caught_up()
     assert len([r for r in caplog.records if "no ready endpoint left" in r.getMessage()]) == 1
 
 
@@ -345,14 +346,6 @@ async def test_service_without_kubernetes_access_uses_static_urls(caplog: pytest
 
 
 # ---- a worker beside others on one port joins it warm ---------------------------------------------
-
-
-def _refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except ConnectionRefusedError:
-        return True
-    return False
 
 
 async def test_a_worker_on_a_shared_port_listens_once_it_knows_config_and_endpoints(tmp_path: Any) -> None:
@@ -375,17 +368,27 @@ async def test_a_worker_on_a_shared_port_listens_once_it_knows_config_and_endpoi
                 listening.set()
                 await done.wait()
 
+        # Count the server's warm checks: it must look again after the latency endpoints and stay shut.
+        checks: list[tuple[bool, str]] = []
+        warm = router.warm
+
+        def counted_warm() -> tuple[bool, str]:
+            checks.append(warm())
+            return checks[-1]
+
+        router.warm = counted_warm  # type: ignore[method-assign]
         task = asyncio.create_task(serve())
         try:
-            await wait_for(lambda: len(watches.publish) == 2)  # the config is in, both watches started
+            await wait_until(lambda: len(watches.publish) == 2)  # the config is in, both watches started
             watches.publish[("prod", "m-latency")]([endpoint_slice("l", [endpoint("127.0.0.1")], ports)])
-            await wait_for(lambda: router.pool_endpoints["latency"] != ())
-            await asyncio.sleep(0.2)
+            await wait_until(lambda: router.pool_endpoints["latency"] != ())
+            looked = len(checks)
+            await wait_until(lambda: len(checks) >= looked + 3, what="three more warm checks")
             # Ready by its own /readyz (a pool has an endpoint), but the batch Service has not listed yet.
             assert router.ready() == (True, "ok")
             assert router.warm() == (False, "no EndpointSlice list yet for prod/m-batch")
             assert not listening.is_set()
-            assert _refused(port)
+            assert refused(port)
             watches.publish[("prod", "m-batch")]([])  # no ready endpoint there: known as well
             await asyncio.wait_for(listening.wait(), 5)
             client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
@@ -410,7 +413,7 @@ async def test_a_worker_that_stays_cold_listens_after_its_timeout_and_says_why(
     with caplog.at_level(logging.WARNING, logger="specfleet_runtime.router.app"):
         async with serve_router(router, "127.0.0.1", port, reuse_port=True):
             # The Service never lists (an apiserver that denies it): /healthz must still answer.
-            assert not _refused(port)
+            assert not refused(port)
             assert router.warm() == (False, "no EndpointSlice list yet for prod/m-latency")
             # (The static batch URL does not answer: not ready by /readyz either.)
             assert router.ready() == (False, "no static endpoint answered its last health check")
@@ -423,6 +426,6 @@ async def test_a_lone_process_listens_at_once() -> None:
     router = Router(RouterSettings(), None, None)
     port = free_port()
     async with serve_router(router, "127.0.0.1", port):
-        assert not _refused(port)
+        assert not refused(port)
         assert router.ready() == (False, "no routing config loaded")
         assert router.warm() == (False, "no routing config loaded")

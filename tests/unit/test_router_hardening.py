@@ -30,9 +30,9 @@ from support.router_harness import (
     recording_engine,
     routing,
     running_router,
-    wait_for,
     wait_http,
 )
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -175,7 +175,7 @@ async def test_pipelined_requests_are_answered_in_order(tmp_path: Path) -> None:
         last = raw_request("GET", "/v1/models")
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(keep + keep.replace(b"?wait=1", b"") + last)
-        await wait_for(lambda: len(engine.seen) == 1)
+        await wait_until(lambda: len(engine.seen) == 1)
         await asyncio.sleep(0.1)
         assert engine.seen == ["/v1/completions?wait=1"]  # the second waits for the first's answer
         engine.gate.set()
@@ -211,7 +211,7 @@ async def test_a_client_leaving_a_reused_connection_frees_its_request(tmp_path: 
         assert rr.router.in_flight == 1
         writer.close()
         await asyncio.wait_for(engine.endless_ended.wait(), 10)
-        await wait_for(lambda: server.open_count == 0 and rr.router.in_flight == 0)
+        await wait_until(lambda: server.open_count == 0 and rr.router.in_flight == 0)
         assert serving.done()
         labels = {"class": "latency", "pool": "latency"}
         assert rr.counter("specfleet_router_requests_total", **labels, code="200", error="none") == 3
@@ -248,9 +248,7 @@ async def test_bytes_in_flight_are_capped(tmp_path: Path) -> None:
         aiohttp.ClientSession() as http,
     ):
         held = asyncio.create_task(http.post(f"{rr.url}/v1/completions?wait=1", data=body))
-        await asyncio.sleep(0)
-        while rr.router.budget.used == 0:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: rr.router.budget.used > 0, what="the held request admitted")
         async with http.post(f"{rr.url}/v1/completions", data=body) as resp:
             assert resp.status == 503
             assert resp.headers["Retry-After"] == "1"
@@ -337,8 +335,7 @@ async def test_connection_cap(tmp_path: Path) -> None:
     ):
         host, port = rr.url.removeprefix("http://").rsplit(":", 1)
         held = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
-        while rr.counter("specfleet_router_open_connections") < 3:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: rr.counter("specfleet_router_open_connections") >= 3)
         resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD))
         assert resp is not None
         assert resp.status == 503
@@ -346,8 +343,7 @@ async def test_connection_cap(tmp_path: Path) -> None:
         assert rr.counter("specfleet_router_protocol_errors_total", reason="too_many_connections") == 1
         for _, writer in held:
             writer.close()
-        while rr.counter("specfleet_router_open_connections") > 0:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: rr.counter("specfleet_router_open_connections") == 0)
         resp = await raw_exchange(rr.url, raw_request("POST", "/v1/completions", GOOD))
         assert resp is not None
         assert resp.status == 200
@@ -384,11 +380,11 @@ async def test_a_client_that_never_reads_is_dropped(tmp_path: Path) -> None:
         try:
             # Both are dropped for the write timeout (not waited for as open at the same moment: on a
             # loaded machine the first can already be dropped before the second is accepted).
-            await wait_for(
+            await wait_until(
                 lambda: rr.counter("specfleet_router_protocol_errors_total", reason="write_timeout") == 2
             )
             await asyncio.wait_for(engine.endless_ended.wait(), 10)
-            await wait_for(lambda: server.open_count == 0)
+            await wait_until(lambda: server.open_count == 0)
             assert rr.router.in_flight == 0
             assert rr.router.budget.used == 0
             assert rr.counter("specfleet_router_protocol_errors_total", reason="write_timeout") == 2
@@ -493,12 +489,12 @@ async def test_a_declared_length_reserves_nothing(tmp_path: Path) -> None:
         aiohttp.ClientSession() as http,
     ):
         held = [(await open_body(rr.url, 64 * 1024, b"{"))[1] for _ in range(8)]
-        await wait_for(lambda: rr.router.budget.used == 8)
+        await wait_until(lambda: rr.router.budget.used == 8)
         async with http.post(f"{rr.url}/v1/completions", data=GOOD) as resp:
             assert resp.status == 200
         for writer in held:
             writer.close()
-        await wait_for(lambda: rr.router.budget.used == 0)
+        await wait_until(lambda: rr.router.budget.used == 0)
 
 
 async def test_a_stalled_body_is_shed_to_make_room_for_one_that_arrives(tmp_path: Path) -> None:
@@ -512,7 +508,7 @@ async def test_a_stalled_body_is_shed_to_make_room_for_one_that_arrives(tmp_path
     ):
         rr.router.budget.clock = lambda: now[0]
         reader, writer = await open_body(rr.url, len(body), body[:-1])
-        await wait_for(lambda: rr.router.budget.used == len(body) - 1)
+        await wait_until(lambda: rr.router.budget.used == len(body) - 1)
         # Not yet stalled: the newcomer is the one refused.
         async with http.post(f"{rr.url}/v1/completions", data=body) as resp:
             assert resp.status == 503
@@ -523,7 +519,7 @@ async def test_a_stalled_body_is_shed_to_make_room_for_one_that_arrives(tmp_path
         assert answer.startswith(b"HTTP/1.1 408 ")
         assert b"stalled" in answer
         writer.close()
-        await wait_for(lambda: rr.router.budget.used == 0)
+        await wait_until(lambda: rr.router.budget.used == 0)
     assert engine.seen == ["/v1/completions"]
 
 

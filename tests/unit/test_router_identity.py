@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specfleet_runtime.emulator.testing import serve_emulator
 from specfleet_runtime.router.classify import sha256_hex
-from support.router_harness import MODEL, emulator_config, free_port, routing, wait_http
+from support.ports import free_port
+from support.router_harness import MODEL, emulator_config, routing, wait_http
 
 pytestmark = pytest.mark.timeout(90)
 

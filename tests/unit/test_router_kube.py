@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ from specfleet_runtime.emulator.testing import serve_emulator
 from specfleet_runtime.router.__main__ import build_router, parse_args
 from specfleet_runtime.router.kube import Informer, Object, endpoint_slice_client, load_api_client
 from specfleet_runtime.router.serving import serve_router
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -155,13 +156,6 @@ def config_map(doc: dict[str, Any] | str) -> Object:
     }
 
 
-async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 async def test_endpoint_slice_informer_through_the_official_client(tmp_path: Path) -> None:
     async with fake_apiserver(tmp_path) as (fake, kubeconfig):
         fake.put("endpointslices", slice_for("svc", "svc-a", [("10.0.0.1", True)], 8000))
@@ -180,12 +174,12 @@ async def test_endpoint_slice_informer_through_the_official_client(tmp_path: Pat
         ).start()
         try:
             # The first watch gets 410: the informer relists (a second snapshot) and watches again.
-            await eventually(lambda: len(seen) >= 2 and bool(fake.watchers["endpointslices"]))
+            await wait_until(lambda: len(seen) >= 2 and bool(fake.watchers["endpointslices"]))
             fake.put("endpointslices", slice_for("svc", "svc-b", [("10.0.0.2", True)], 8000))
             fake.put("endpointslices", slice_for("other", "other-b", [("10.9.9.8", True)], 8000))
-            await eventually(lambda: seen[-1] == ["svc-a", "svc-b"])
+            await wait_until(lambda: seen[-1] == ["svc-a", "svc-b"])
             fake.put("endpointslices", fake.objects["endpointslices"]["svc-a"], event="DELETED")
-            await eventually(lambda: seen[-1] == ["svc-b"])
+            await wait_until(lambda: seen[-1] == ["svc-b"])
         finally:
             informer.stop()
         assert seen[:2] == [["svc-a"], ["svc-a"]]
@@ -221,7 +215,7 @@ async def test_configmap_mode_end_to_end(tmp_path: Path, caplog: pytest.LogCaptu
         assert router.settings.namespace == NS
         async with serve_router(router, "127.0.0.1", 0) as runner:
             url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            await eventually(lambda: router.pool_endpoints["latency"] == (f"http://127.0.0.1:{port}",))
+            await wait_until(lambda: router.pool_endpoints["latency"] == (f"http://127.0.0.1:{port}",))
             assert router.pool_endpoints["batch"] == ()  # its only endpoint is not ready
             client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
             assert (await client.completions.create(model="tiny", prompt="x", max_tokens=3)).choices
@@ -233,7 +227,7 @@ async def test_configmap_mode_end_to_end(tmp_path: Path, caplog: pytest.LogCaptu
 
             # The batch pod turns ready: the watch brings it in.
             fake.put("endpointslices", slice_for("tiny-batch", "bat-1", [("127.0.0.1", True)], port))
-            await eventually(lambda: bool(router.pool_endpoints["batch"]))
+            await wait_until(lambda: bool(router.pool_endpoints["batch"]))
             raw = await client.completions.with_raw_response.create(
                 model="tiny", prompt="x", max_tokens=3, extra_headers={"x-specfleet-pool": "batch"}
             )
@@ -241,9 +235,9 @@ async def test_configmap_mode_end_to_end(tmp_path: Path, caplog: pytest.LogCaptu
 
             # An edit of the ConfigMap reloads without a restart; a broken edit is rejected.
             fake.put("configmaps", config_map({**routing, "defaultPool": "batch"}))
-            await eventually(lambda: router.config is not None and router.config.default_pool == "batch")
+            await wait_until(lambda: router.config is not None and router.config.default_pool == "batch")
             fake.put("configmaps", config_map("{broken"))
-            await eventually(lambda: "rejected routing config from configmap" in caplog.text)
+            await wait_until(lambda: "rejected routing config from configmap" in caplog.text)
             assert router.config is not None
             assert router.config.default_pool == "batch"
             raw = await client.completions.with_raw_response.create(model="tiny", prompt="x", max_tokens=3)

@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 
 from specfleet_runtime.router.classify import sha256_hex
+from support.ports import free_port
 from support.router_harness import (
     BATCH_KEY,
     COMPLETION,
@@ -30,15 +31,14 @@ from support.router_harness import (
     MODEL,
     assert_openai_error,
     engine_process,
-    free_port,
     raw_exchange,
     raw_request,
     routing,
     running_router,
     serve_handler,
-    wait_for,
     wait_http,
 )
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -242,7 +242,7 @@ async def test_a_stream_whose_engine_freezes_mid_way_ends_with_an_error_event(tm
                 with pytest.raises(openai.APIError, match="stalled"):
                     await consume()
                 # Suspected as for a stall before the first byte: its health probe failed, it is ejected.
-                await wait_for(lambda: url in rr.router.backends.ejected_until)
+                await wait_until(lambda: url in rr.router.backends.ejected_until)
                 assert rr.counter("specfleet_router_upstream_errors_total", pool="latency", kind="stall") == 1
                 labels = {"class": "latency", "pool": "latency", "code": "200"}
                 assert rr.counter("specfleet_router_requests_total", **labels, error="mid_stream") == 1
@@ -269,7 +269,7 @@ async def test_readyz_needs_a_static_engine_that_answers(tmp_path: Path) -> None
         assert status == 503
         assert "health" in str(body["reason"])
         rr.write_config(routing([nobody, engine.url], []))
-        await wait_for(lambda: len(rr.router.pool_endpoints["latency"]) == 2)
+        await wait_until(lambda: len(rr.router.pool_endpoints["latency"]) == 2)
         # New static endpoints are checked at the next /readyz: one answers, so the router is ready.
         status, body = await readyz()
         assert (status, body["reason"]) == (200, "ok")

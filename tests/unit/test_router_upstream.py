@@ -11,8 +11,8 @@ import asyncio
 import gc
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 
 from support.router_harness import COMPLETION, FAST, GOOD, assert_openai_error, routing, running_router
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -111,10 +112,14 @@ class RawEngine:
         finally:
             writer.close()
 
-    def close_idle_connections(self) -> None:
-        for writer in self.writers:
+    async def close_idle_connections(self) -> None:
+        """Close them and return once each close is done (the FIN sent, not just asked for)."""
+        writers, self.writers = self.writers, []
+        for writer in writers:
             writer.close()
-        self.writers.clear()
+        for writer in writers:
+            with suppress(ConnectionError):
+                await writer.wait_closed()
 
 
 @asynccontextmanager
@@ -126,19 +131,12 @@ async def raw_engine() -> AsyncIterator[RawEngine]:
         yield engine
     finally:
         server.close()
-        engine.close_idle_connections()
+        await engine.close_idle_connections()
 
 
 async def post(http: aiohttp.ClientSession, url: str) -> tuple[int, bytes, str]:
     async with http.post(url, data=GOOD, headers={"Content-Type": "application/json"}) as resp:
         return resp.status, await resp.read(), resp.content_type
-
-
-async def wait(condition: Callable[[], bool]) -> None:
-    for _ in range(200):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
 
 
 async def test_every_answer_framing_is_relayed_and_keep_alive_is_reused(tmp_path: Path) -> None:
@@ -158,8 +156,7 @@ async def test_every_answer_framing_is_relayed_and_keep_alive_is_reused(tmp_path
         assert body == b"data: {}\n\ndata: [DONE]\n\n"
 
         # The engine closes the pooled idle connection: the next request is not failed by it.
-        engine.close_idle_connections()
-        await asyncio.sleep(0.05)
+        await engine.close_idle_connections()
         status, body, _ = await post(http, f"{rr.url}/v1/completions?length")
         assert status == 200
         assert json.loads(body) == COMPLETION
@@ -235,7 +232,7 @@ async def test_answers_that_stall_mid_body_are_bounded(tmp_path: Path) -> None:
         with pytest.raises(aiohttp.ClientPayloadError):
             await post(http, f"{rr.url}/v1/completions?stall-chunked")
         labels = {"class": "latency", "pool": "latency"}
-        await wait(
+        await wait_until(
             lambda: (
                 rr.counter("specfleet_router_requests_total", **labels, code="200", error="mid_stream") == 2
             )

@@ -8,7 +8,6 @@ import json
 import logging
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,9 @@ import pytest
 
 from specfleet_runtime.router.__main__ import process_count
 from specfleet_runtime.router.workers import MULTIPROC_ENV, auto_workers, cpu_count, metrics_dir, worker_argv
-from support.router_harness import GOOD, MODEL, free_port, recording_engine, routing, wait_http
+from support.ports import free_port, refused
+from support.router_harness import GOOD, MODEL, recording_engine, routing, wait_http
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -30,6 +31,11 @@ def counter_total(text: str, name: str) -> float:
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def _logged(log_path: Path, text: str) -> int:
+    """Lines of the router's log (supervisor and workers together) that contain `text`."""
+    return sum(text in line for line in log_path.read_text(errors="replace").splitlines())
 
 
 async def fresh_post(url: str, body: bytes = GOOD) -> int:
@@ -66,7 +72,10 @@ async def test_two_workers_share_the_port_and_report_pod_totals(tmp_path: Path) 
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
         try:
             await wait_http(f"{url}/readyz")
-            await asyncio.sleep(0.5)  # both workers listening
+            # One answering worker is not both: wait until each says it listens.
+            await wait_until(
+                lambda: _logged(log_path, "router listening on") == 2, 20, "both workers listening"
+            )
             statuses = await asyncio.gather(*(fresh_post(f"{url}/v1/completions") for _ in range(40)))
             assert statuses == [200] * 40
             # Whichever worker answers the scrape, it reports both workers' requests.
@@ -77,7 +86,7 @@ async def test_two_workers_share_the_port_and_report_pod_totals(tmp_path: Path) 
 
             # A config change reaches every worker: the new model name is served on every connection.
             config.write_text(json.dumps({**routing([engine.url], []), "servedModelName": "renamed"}))
-            await asyncio.sleep(1.0)
+            await wait_until(lambda: _logged(log_path, "(model renamed,") == 2, 20, "both workers reloaded")
             renamed = json.dumps({"model": "renamed", "prompt": "x", "max_tokens": 2}).encode()
             statuses = await asyncio.gather(
                 *(fresh_post(f"{url}/v1/completions", renamed) for _ in range(20))
@@ -118,24 +127,23 @@ async def test_workers_leave_with_a_killed_supervisor(tmp_path: Path) -> None:
         config = tmp_path / "routing.json"
         config.write_text(json.dumps(routing([engine.url], [])))
         port = free_port()
+        log_path = tmp_path / "router.log"
         cmd = [
             sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
             "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
         ]  # fmt: skip
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
         try:
             await wait_http(f"http://127.0.0.1:{port}/readyz")
-            await asyncio.sleep(0.5)
+            await wait_until(
+                lambda: _logged(log_path, "router listening on") == 2, 20, "both workers listening"
+            )
             proc.kill()  # no chance to stop its workers itself
             proc.wait(10)
-            for _ in range(100):
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                except ConnectionRefusedError:
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("a worker kept the port after its supervisor was killed")
+            await wait_until(
+                lambda: refused(port), 10, "the port closed: no worker outlives its killed supervisor"
+            )
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -10,6 +10,7 @@ import time
 from specfleet_runtime.emulator.config import EmulatorConfig
 from specfleet_runtime.emulator.testing import serve_emulator
 from specfleet_sandbox.load import LoadGenerator
+from support.waiting import wait_until
 
 
 def _in_flight(engine) -> int:
@@ -25,29 +26,22 @@ async def _in_flight_samples(engine, seconds: float) -> list[int]:
     return samples
 
 
-async def _until(predicate, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, "timed out"
-        await asyncio.sleep(0.01)
-
-
 async def test_keeps_exactly_its_concurrency_in_flight_and_follows_changes() -> None:
     config = EmulatorConfig(served_model_name="m", time_scale=1.0)
     async with serve_emulator(config) as emu:
         load = LoadGenerator(emu.url, "m", max_tokens=8).start(concurrency=4)
         try:
-            await _until(lambda: _in_flight(emu.engine) == 4)
+            await wait_until(lambda: _in_flight(emu.engine) == 4)
             at_four = await _in_flight_samples(emu.engine, 1.0)
             load.set_concurrency(1)
             # Wait for the extra clients to leave, not for the engine to show one request: a client
             # that had sent its next request just before the change is on the wire for a moment (CI
             # sampled 2 right after the engine first showed 1).
-            await _until(lambda: load.clients == 1)
-            await _until(lambda: _in_flight(emu.engine) == 1)
+            await wait_until(lambda: load.clients == 1)
+            await wait_until(lambda: _in_flight(emu.engine) == 1)
             at_one = await _in_flight_samples(emu.engine, 0.5)
             load.set_concurrency(3)
-            await _until(lambda: _in_flight(emu.engine) == 3)
+            await wait_until(lambda: _in_flight(emu.engine) == 3)
         finally:
             stats = await asyncio.to_thread(load.stop)
     assert max(at_four) <= 4
@@ -90,7 +84,7 @@ async def test_whole_answers_are_counted_like_streams() -> None:
     async with serve_emulator(config) as emu:
         load = LoadGenerator(emu.url, "m", max_tokens=8, stream=False).start(concurrency=2)
         try:
-            await _until(lambda: load.snapshot().ok >= 10)
+            await wait_until(lambda: load.snapshot().ok >= 10)
         finally:
             stats = await asyncio.to_thread(load.stop)
     assert stats.failed == 0, stats.errors

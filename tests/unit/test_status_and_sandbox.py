@@ -24,6 +24,7 @@ from specfleet_sandbox.scenario import (
     phase_rows,
     summary_lines,
 )
+from support.ports import free_port
 
 RESOURCE = {
     "metadata": {"namespace": "inference", "name": "assistant", "generation": 3},
@@ -206,11 +207,7 @@ def test_status_names_the_kubeconfig_it_tried(
 def test_status_says_in_one_line_that_the_server_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on once closed
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     config = _kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{port}")
     err = _status_error(capsys, "--kubeconfig", config)
     assert f"error: cannot connect to https://127.0.0.1:{port}: connection refused" in err

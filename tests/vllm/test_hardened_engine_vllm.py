@@ -30,7 +30,6 @@ from vllm_harness import (
     SERVED_MODEL_NAME,
     TEST_FLAGS,
     K,
-    free_port,
     server_env,
     spec_stats,
     start_server,
@@ -41,6 +40,7 @@ from conftest import STARTUP_TIMEOUT_S
 from specfleet.api.validation import parse_resource
 from specfleet.render import plan_of, render_children
 from specfleet_runtime.vllm_args import EngineArgs
+from support.ports import free_port
 
 pytestmark = pytest.mark.vllm
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import openai
 import pytest
 from tiny_models import TinyModels
-from vllm_harness import LOOPBACK, SERVED_MODEL_NAME, ServerProcess, free_port, http_get
+from vllm_harness import LOOPBACK, SERVED_MODEL_NAME, ServerProcess, http_get
 
 from specfleet_runtime.routing_config import PoolBackend, RoutingConfig, ShapeRules
+from support.ports import free_port
 
 pytestmark = pytest.mark.vllm
 MAX_TOKENS = 12

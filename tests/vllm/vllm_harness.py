@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -26,6 +25,7 @@ from tiny_models import SpecStats, TinyModels
 
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.vllm_args import DynamicSpeculationRange, EngineArgs, SpeculativeConfig
+from support.ports import free_port
 
 LOOPBACK = "127.0.0.1"
 # The label a histogram adds per bucket; not one of the metric's own labels.
@@ -99,13 +99,6 @@ def fleet_specs(tiny: TinyModels) -> dict[str, SpeculativeConfig | None]:
             ),
         ),
     }
-
-
-def free_port() -> int:
-    """A port that was free a moment ago (the server binds it right after; a race is unlikely)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
