@@ -51,14 +51,14 @@ docs:
 
 # docs/reference.md from the CRD schema, docs/troubleshooting.md from api/reasons.py (drift-checked in test-unit).
 docs-reference:
-	$(PY) -m specfleet.docs_reference --out docs
+	$(PY) -m specfleet.cli.docs_reference --out docs
 
 crd:
 	$(PY) -m specfleet crd -o crds/specfleet.io_speculativedeployments.yaml
 	cp crds/specfleet.io_speculativedeployments.yaml charts/specfleet/crds/
 
 dashboard:
-	$(PY) -m specfleet.dashboard > charts/specfleet/dashboards/specfleet.json
+	$(PY) -m specfleet.observe.dashboard > charts/specfleet/dashboards/specfleet.json
 
 # The operator/router image, with whichever of docker, podman or buildah is on PATH (scripts/build-image.sh).
 image:

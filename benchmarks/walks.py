@@ -77,7 +77,7 @@ class Walk:
 
 def flip_walk() -> Walk:
     """Trace one evaluation that flips the latency pool off (the unit tests' world)."""
-    from specfleet.control import Controller
+    from specfleet.controller.control import Controller
     from specfleet.render import RenderOptions
     from support.fake_cluster import FakeCluster
     from support.fake_prometheus import FakePrometheus

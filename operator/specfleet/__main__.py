@@ -1,3 +1,3 @@
-from specfleet.cli import main
+from specfleet.cli.main import main
 
 raise SystemExit(main())

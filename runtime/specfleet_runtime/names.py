@@ -2,7 +2,7 @@
 
 The data plane (`specfleet_runtime`) and the operator (`specfleet`) both import this module; it imports
 nothing of either, so it can sit at the bottom of both. vLLM's own metric names are in `vllm_metrics`,
-the routing contract in `routing_config`, the operator's per-resource gauges in `specfleet.resource_metrics`.
+the routing contract in `routing_config`, the operator's per-resource gauges in `specfleet.observe.resource_metrics`.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from specfleet.cli_common import CommandParser
+from specfleet.cli.common import CommandParser
 from specfleet_runtime.names import ENGINE_PORT, ROUTER_PORT
 from specfleet_sandbox.fleet import DEFAULT_NAMESPACE, SERVED_MODEL, sandbox_fleet
 from specfleet_sandbox.processes import Detached, OperatorProcess
@@ -308,7 +308,7 @@ def load(work: Path, scenario_name: str, *, live: bool | None = None) -> bool:
     from kubernetes import client as k8s
     from kubernetes import config as k8s_config
 
-    from specfleet.status_view import fleet_view, plain_lines
+    from specfleet.cli.status_view import fleet_view, plain_lines
 
     if scenario_name not in SCENARIOS:
         raise SandboxError(f"unknown scenario {scenario_name!r}; choose from {', '.join(SCENARIOS)}")
@@ -349,7 +349,7 @@ def load(work: Path, scenario_name: str, *, live: bool | None = None) -> bool:
             from rich.console import Group
             from rich.text import Text
 
-            from specfleet.status_cli import rich_renderable
+            from specfleet.cli.status import rich_renderable
 
             live_view.update(Group(Text(header, style="bold"), rich_renderable([view])), refresh=True)
             return

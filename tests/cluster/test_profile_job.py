@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specfleet.cli.profile import profile_job
 from specfleet.policy.profile_source import profile_from_config_map
-from specfleet.profiling import profile_job
 
 pytestmark = pytest.mark.cluster
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from specfleet.api.validation import parse_resource
-from specfleet.dashboard import dashboard
+from specfleet.observe.dashboard import dashboard
 from specfleet.render.monitoring import alert_groups
 from specfleet_sandbox.load import LoadGenerator
 from specfleet_sandbox.processes import wait_for, wait_for_event

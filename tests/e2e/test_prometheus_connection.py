@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from specfleet.metrics.prometheus import PrometheusAuth, PrometheusQuerier, QueryError
+from specfleet.observe.prometheus import PrometheusAuth, PrometheusQuerier, QueryError
 from specfleet_sandbox.prometheus import PrometheusProcess
 from specfleet_testbed.pki import make_server_tls
 

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from specfleet.metrics.prometheus import POOL_LABELS, PoolKey, QueryError, fleet_queries
+from specfleet.observe.prometheus import POOL_LABELS, PoolKey, QueryError, fleet_queries
 
 
 def vector(value: float | None, **labels: str) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from specfleet.handlers import RESYNCED_LOG
+from specfleet.controller.handlers import RESYNCED_LOG
 from specfleet_sandbox.processes import OperatorProcess, wait_for
 
 # Logged (info) by the policy scheduler when a sweep has resources due.

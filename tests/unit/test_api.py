@@ -6,7 +6,7 @@ import pytest
 
 from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.validation import InvalidResourceError, parse_resource, parse_status
-from specfleet.cli import main
+from specfleet.cli.main import main
 from support.manifests import EXAMPLES, InvalidCase, invalid_cases, load_yaml
 
 CASES = invalid_cases()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specfleet.cli import main
+from specfleet.cli.main import main
 
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "02-two-pools-routing-policy.yaml")
 
@@ -129,7 +129,7 @@ def test_plan_thresholds_and_break_even_are_the_policys_own(
 def test_plan_takes_the_profile_config_map_the_operator_reads(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from specfleet.profiling import config_map
+    from specfleet.cli.profile import config_map
 
     slow = {
         "name": "slow-drafter",
@@ -268,7 +268,7 @@ def test_a_gzip_trace_reads_as_its_csv(tmp_path: Path) -> None:
 def test_progress_is_drawn_only_once_a_run_takes_a_few_seconds_and_then_erased() -> None:
     import io
 
-    from specfleet.progress import TerminalProgress
+    from specfleet.cli.progress import TerminalProgress
 
     now = [0.0]
     out = io.StringIO()
@@ -296,7 +296,7 @@ def test_no_progress_when_stderr_is_not_a_terminal(
 def test_plan_explains_a_memory_bound_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """With a profile whose engines with the drafter hold almost no KV cache, the plan judges the pool
     as the policy does (throughput at the batch each setting holds) and says it is memory-bound."""
-    from specfleet.profiling import config_map
+    from specfleet.cli.profile import config_map
     from specfleet_runtime.cost_profile import default_profile
 
     doc = default_profile().to_dict()

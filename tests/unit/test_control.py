@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from specfleet.control import Controller
+from specfleet.controller.control import Controller
 from specfleet.policy.measurements import MEASUREMENT_WRITE_EVALUATIONS
 from specfleet.render import RenderOptions
 from support.fake_cluster import FakeCluster

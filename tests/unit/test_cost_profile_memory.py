@@ -10,11 +10,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from specfleet.cli.profile import config_map, parse_output, profile_document
+from specfleet.cli.simulate import _profile_file
 from specfleet.policy.profile_source import CostProfileError, profile_from_config_map
-from specfleet.profiling import config_map, parse_output, profile_document
 from specfleet.sim.engine import MemoryModel
 from specfleet.sim.workload import parse_acceptance
-from specfleet.sim_cli import _profile_file
 from specfleet_runtime.cost_profile import (
     PUBLISHED_EAGLE3_ACCEPTANCE,
     PUBLISHED_H100_LLAMA31_8B_EAGLE,

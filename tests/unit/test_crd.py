@@ -9,10 +9,10 @@ from typing import Any, get_args
 
 from specfleet import api
 from specfleet.api.base import ApiModel
+from specfleet.api.crd import build_crd, crd_yaml
 from specfleet.api.drafter import SpeculativeMethod
 from specfleet.api.routing import DEPRECATED_FALLBACK
 from specfleet.api.validation import NAME_RULES
-from specfleet.crd import build_crd, crd_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from specfleet.dashboard import dashboard, dashboard_json
+from specfleet.observe.dashboard import dashboard, dashboard_json
 from specfleet_sandbox.prometheus import PrometheusProcess
 from support.manifests import ROOT
 

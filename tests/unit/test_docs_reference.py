@@ -9,8 +9,8 @@ import markdown
 import pytest
 import yaml
 
-from specfleet import docs_reference
 from specfleet.api import constants, reasons
+from specfleet.cli import docs_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 

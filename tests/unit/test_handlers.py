@@ -10,8 +10,8 @@ from typing import Any
 
 import kopf
 
-from specfleet.handlers import OperatorConfig, build_registry
-from specfleet.resync import ResyncScheduler
+from specfleet.controller.handlers import OperatorConfig, build_registry
+from specfleet.controller.resync import ResyncScheduler
 
 
 def test_no_daemon_no_timer_and_no_handler_that_needs_a_finalizer():
@@ -69,9 +69,9 @@ def test_resyncs_are_due_one_interval_after_tracking_and_never_queued_twice():
 
 def test_each_finished_resync_logs_one_line_that_tests_count_for_that_resource_only(tmp_path):
     """The cluster tier waits for N resyncs of one resource by counting this line in the operator log."""
-    from specfleet.control import Outcome
-    from specfleet.handlers import _resync
-    from specfleet.logs import JsonFormatter
+    from specfleet.controller.control import Outcome
+    from specfleet.controller.handlers import _resync
+    from specfleet.controller.logs import JsonFormatter
     from specfleet_sandbox.processes import OperatorProcess
     from support.operator_log import resyncs
 
@@ -83,7 +83,7 @@ def test_each_finished_resync_logs_one_line_that_tests_count_for_that_resource_o
     log_path = tmp_path / "operator.log"
     handler = logging.FileHandler(log_path)
     handler.setFormatter(JsonFormatter())
-    handlers_logger = logging.getLogger("specfleet.handlers")
+    handlers_logger = logging.getLogger("specfleet.controller.handlers")
     handlers_logger.addHandler(handler)
     level = handlers_logger.level
     handlers_logger.setLevel(logging.DEBUG)

@@ -8,7 +8,7 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
-from specfleet.leader import LeaderElector, run_as_leader
+from specfleet.controller.leader import LeaderElector, run_as_leader
 
 
 class MemoryLease:

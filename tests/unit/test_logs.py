@@ -6,7 +6,7 @@ import io
 import json
 import logging
 
-from specfleet.logs import JsonFormatter
+from specfleet.controller.logs import JsonFormatter
 
 
 def _lines(emit) -> list[dict]:  # type: ignore[no-untyped-def,type-arg]

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import REGISTRY
 
-from specfleet.metrics.prometheus import (
+from specfleet.observe.prometheus import (
     FleetAnswers,
     PoolSelector,
     PrometheusQuerier,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from specfleet.api import reasons
-from specfleet.pod_failures import pool_failure
 from specfleet.reconcile import reconcile
+from specfleet.reconcile.pod_failures import pool_failure
 from support.fake_cluster import FakeCluster
 from support.manifests import ROOT, load_yaml
 

@@ -9,13 +9,17 @@ import pytest
 
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import parse_resource
-from specfleet.control import Controller
+from specfleet.controller.control import Controller
+from specfleet.observe.resource_metrics import (
+    POOL_ACCEPTANCE_BASELINE,
+    POOL_ACCEPTANCE_DRIFT,
+    resource_samples,
+)
 from specfleet.policy.drift import drift_percent, median_baseline, track_drift
 from specfleet.policy.observations import PoolObservation, PoolState
 from specfleet.reconcile.apply import stale_children
 from specfleet.render import RenderOptions
 from specfleet.render.retrain import render_retrain_job, retrain_job_name
-from specfleet.resource_metrics import POOL_ACCEPTANCE_BASELINE, POOL_ACCEPTANCE_DRIFT, resource_samples
 from support.fake_cluster import FakeCluster
 from support.fake_prometheus import FakePrometheus
 from support.manifests import ROOT, load_yaml, merge

@@ -11,7 +11,7 @@ import yaml
 
 from specfleet.api import reasons
 from specfleet.api.validation import parse_resource
-from specfleet.control import Controller, policy_schedule
+from specfleet.controller.control import Controller, policy_schedule
 from specfleet.policy.evaluate import evaluate_policy
 from specfleet.policy.profile_source import CostProfileError, profile_from_config_map
 from specfleet.render import RenderOptions

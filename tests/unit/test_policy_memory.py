@@ -11,7 +11,7 @@ import pytest
 
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
-from specfleet.metrics.prometheus import fleet_queries, query_fleet
+from specfleet.observe.prometheus import fleet_queries, query_fleet
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide
 from specfleet.policy.answers import ABOVE_ONE, BAD_CACHE_CONFIG, FleetAnswers, PoolSelector, observe
 from specfleet.policy.memory import OFF, memory_view, recompute_seconds_per_token

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specfleet.cli import main
-from specfleet.profiling import PROFILE_KEY, ProfileError, config_map, parse_output, profile_document
+from specfleet.cli.main import main
+from specfleet.cli.profile import PROFILE_KEY, ProfileError, config_map, parse_output, profile_document
 from specfleet_runtime.cost_profile import StepTimeProfile, load_profile
 
 DOC = {
@@ -83,7 +83,7 @@ def _job(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, dict]:
 
 
 def test_job_measures_on_a_gpu_and_publishes_the_config_map(capsys: pytest.CaptureFixture[str]):
-    from specfleet.profiling import SCRIPT
+    from specfleet.cli.profile import SCRIPT
 
     docs = _job(capsys, "--gpus", "2", "--ks", "0,1,3")
     assert set(docs) == {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Job"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from specfleet.metrics.resources import ResourceGauges
-from specfleet.resource_metrics import (
+from specfleet.observe.gauges import ResourceGauges
+from specfleet.observe.resource_metrics import (
     CONDITION,
     POOL_ACCEPTANCE,
     POOL_K,

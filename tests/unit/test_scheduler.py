@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from specfleet.control import Controller, Outcome
-from specfleet.metrics.prometheus import fleet_queries
+from specfleet.controller.control import Controller, Outcome
+from specfleet.controller.policy_scheduler import PolicyScheduler
+from specfleet.observe.prometheus import fleet_queries
 from specfleet.render import RenderOptions
-from specfleet.scheduler import PolicyScheduler
 from support.fake_cluster import FakeCluster
 from support.fake_prometheus import FakePrometheus
 from support.manifests import ROOT, load_yaml, merge

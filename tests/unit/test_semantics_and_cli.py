@@ -9,7 +9,7 @@ import pytest
 from specfleet import __version__
 from specfleet.api.semantics import find_problems, vllm_version_of_image
 from specfleet.api.validation import parse_spec
-from specfleet.cli import main
+from specfleet.cli.main import main
 from support.manifests import ROOT
 
 
@@ -114,7 +114,7 @@ def _subcommand_parsers(parser: argparse.ArgumentParser, prefix: tuple[str, ...]
 
 
 def _all_parsers():
-    from specfleet.cli import build_parser
+    from specfleet.cli.main import build_parser
     from specfleet_sandbox.cli import build_parser as sandbox_parser
 
     found = [(argv, p) for argv, p in _subcommand_parsers(build_parser()) if argv != ("sandbox",)]
@@ -131,7 +131,7 @@ def _sandbox_execs_in_process(monkeypatch) -> list[list[str]]:
         calls.append([path, *args[1:]])
         raise SystemExit(sandbox_main(args[3:]))
 
-    monkeypatch.setattr("specfleet.cli.os.execv", execv)
+    monkeypatch.setattr("specfleet.cli.main.os.execv", execv)
     return calls
 
 

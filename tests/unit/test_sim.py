@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
-from specfleet.metrics.prometheus import POOL_LABELS, FleetAnswers, PoolSelector, observe
+from specfleet.observe.prometheus import POOL_LABELS, FleetAnswers, PoolSelector, observe
 from specfleet.sim import prom
 from specfleet.sim.compare import compare
 from specfleet.sim.engine import EngineConfig, MemoryModel, Replica, SimRequest

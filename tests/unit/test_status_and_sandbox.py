@@ -11,8 +11,8 @@ import pytest
 
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import parse_resource
-from specfleet.status_cli import run_status
-from specfleet.status_view import fleet_view, plain_lines
+from specfleet.cli.status import run_status
+from specfleet.cli.status_view import fleet_view, plain_lines
 from specfleet_sandbox.cli import build_parser
 from specfleet_sandbox.fleet import sandbox_fleet
 from specfleet_sandbox.load import LoadStats
@@ -185,7 +185,7 @@ def _kubeconfig(path: Path, server: str) -> str:
 
 
 def _status_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    from specfleet.cli import main
+    from specfleet.cli.main import main
 
     assert main(["status", *argv]) == 1
     err = capsys.readouterr().err

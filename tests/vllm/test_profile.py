@@ -11,7 +11,7 @@ import yaml
 from tiny_models import TinyModels
 from vllm_harness import server_env
 
-from specfleet.cli import main
+from specfleet.cli.main import main
 from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, best_k, load_profile
 
 pytestmark = pytest.mark.vllm

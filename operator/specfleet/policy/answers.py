@@ -6,7 +6,7 @@ in the future, positions 0..n-1, no more accepted than drafted): a sample that f
 counted, and only the pool it names goes without that number. `observe` picks one pool out and
 builds its `PoolObservation`, reporting every way data can be missing in `problem` (Prometheus
 unreachable, no samples, stale or partial samples, no load) and never as 0.
-The operator fills the answers from Prometheus (specfleet.metrics.prometheus); the fleet simulator
+The operator fills the answers from Prometheus (specfleet.observe.prometheus); the fleet simulator
 fills them from its own series, so both decide from the same rules.
 """
 

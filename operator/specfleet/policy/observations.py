@@ -1,4 +1,4 @@
-"""What the policy sees of a pool: plain data, produced by specfleet.metrics from Prometheus.
+"""What the policy sees of a pool: plain data, produced by specfleet.observe from Prometheus.
 
 Missing data is explicit: a value of None means "not measured", never zero, and `problem` says why a
 whole observation cannot be trusted (Prometheus down, a query error, no samples, stale samples).

@@ -2,7 +2,7 @@
 
 `policy.goodput.costProfileConfigMap` names a ConfigMap in the resource's namespace holding a
 step-time profile under `PROFILE_KEY` (what `specfleet profile --config-map NAME` and its Job write).
-The operator reads the ConfigMap at the edge (`specfleet.control`); everything here is pure: parsing
+The operator reads the ConfigMap at the edge (`specfleet.controller.control`); everything here is pure: parsing
 it into a `StepTimeProfile` with a message that says what is wrong, the decisions that hold every
 pool while it is unusable, and the `CostProfileLoaded` condition.
 """

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from specfleet.api.constants import LABEL_POOL
-from specfleet.pod_failures import PoolFailure, pool_failure
 from specfleet.reconcile.children import (
     deployment_settled,
     describe,
@@ -18,6 +17,7 @@ from specfleet.reconcile.children import (
     write_reason,
 )
 from specfleet.reconcile.desired import DesiredState
+from specfleet.reconcile.pod_failures import PoolFailure, pool_failure
 from specfleet.reconcile.result import ApplyRejectedError, Cluster
 from specfleet.render import MANAGED_KINDS, POOLS, Manifest, owner_labels
 from specfleet.render.common import with_render_hash

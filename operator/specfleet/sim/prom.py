@@ -9,7 +9,7 @@ Each ready or draining engine is scraped every `scrape_interval` seconds (a star
   newest sample within the 5-minute lookback of series still scraped (a deleted pod's series is stale).
 
 `answers` returns them in the shape of Prometheus' instant-vector results, keyed by the names of
-`specfleet.metrics.prometheus.fleet_queries`; `fleet_answers` labels and indexes them as the operator
+`specfleet.observe.prometheus.fleet_queries`; `fleet_answers` labels and indexes them as the operator
 does (`FleetAnswers.from_results`) for the shared policy evaluation (`specfleet.policy.evaluate`), so
 simulator and operator decide from one set of rules.
 The memory series are there too: KV cache usage (mean of the window's samples), preemptions (a

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from specfleet.control import (
+from specfleet.controller.control import (
     IDLE_RETRY_SECONDS,
     Controller,
     Outcome,
@@ -29,7 +29,7 @@ from specfleet.control import (
     PrometheusTarget,
     policy_schedule,
 )
-from specfleet.metrics.prometheus import FleetAnswers
+from specfleet.observe.prometheus import FleetAnswers
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from specfleet.api.constants import GROUP, KIND, PLURAL, VERSION
-from specfleet.status_view import POOL_COLUMNS, FleetView, fleet_view, plain_lines, pool_cells
+from specfleet.cli.status_view import POOL_COLUMNS, FleetView, fleet_view, plain_lines, pool_cells
 
 Fetch = Callable[[], list[dict[str, Any]]]
 # Where the Kubernetes client looks when neither --kubeconfig nor KUBECONFIG names a file.
@@ -163,7 +163,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    from specfleet.kube import load_kube_config
+    from specfleet.controller.kube import load_kube_config
 
     kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG")
     tried = f"kubeconfig {kubeconfig}" if kubeconfig else f"in-cluster, then kubeconfig {DEFAULT_KUBECONFIG}"

@@ -1,5 +1,5 @@
 """`specfleet`: print the CRD, render manifests, simulate and plan a fleet, measure a profile, run the operator,
-show status, run the sandbox, print the version. `simulate` and `plan` live in sim_cli, `status` in status_cli."""
+show status, run the sandbox, print the version. `simulate` and `plan` live in simulate.py, `status` in status.py."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ from typing import Any
 import yaml
 
 from specfleet import __version__
+from specfleet.api.crd import crd_yaml
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
-from specfleet.cli_common import CommandParser, describe_subcommands, load_documents, shown
-from specfleet.crd import crd_yaml
-from specfleet.logs import configure_json_logging
+from specfleet.cli.common import CommandParser, describe_subcommands, load_documents, shown
+from specfleet.cli.simulate import add_parsers as add_simulation_parsers
+from specfleet.cli.status import add_parser as add_status_parser
+from specfleet.controller.logs import configure_json_logging
 from specfleet.reconcile import decided_plan
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import to_yaml
-from specfleet.sim_cli import add_parsers as add_simulation_parsers
-from specfleet.status_cli import add_parser as add_status_parser
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -90,8 +90,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from specfleet.handlers import OperatorConfig, build_registry
-    from specfleet.metrics.prometheus import PrometheusAuth
+    from specfleet.controller.handlers import OperatorConfig, build_registry
+    from specfleet.observe.prometheus import PrometheusAuth
 
     if args.kubeconfig:
         # Kopf logs in through the Kubernetes client library, which reads this variable.
@@ -128,8 +128,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.leader_election_namespace:
         run_kopf()
         return 0
-    from specfleet.kube import KubeLease, load_kube_config
-    from specfleet.leader import LeaderElector, run_as_leader
+    from specfleet.controller.kube import KubeLease, load_kube_config
+    from specfleet.controller.leader import LeaderElector, run_as_leader
 
     lease = KubeLease(
         load_kube_config(config.kubeconfig), args.leader_election_namespace, args.leader_election_name
@@ -153,7 +153,7 @@ def _run_sandbox(argv: list[str]) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from specfleet.profiling import ProfileError, config_map, measure, profile_document
+    from specfleet.cli.profile import ProfileError, config_map, measure, profile_document
 
     if args.job:
         return _profile_job(args)
@@ -183,7 +183,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 def _profile_job(args: argparse.Namespace) -> int:
     """Print the Job (and its RBAC and script) that measures on a GPU node and fills the ConfigMap."""
-    from specfleet.profiling import profile_job
+    from specfleet.cli.profile import profile_job
     from specfleet.render import RenderOptions
 
     if not (args.config_map and args.namespace and args.model):
@@ -208,8 +208,8 @@ def _profile_job(args: argparse.Namespace) -> int:
 
 def _profile_publish(args: argparse.Namespace) -> int:
     """Check a measurement's output and apply it as the profile ConfigMap (the Job's second step)."""
-    from specfleet.kube import KubeCluster, load_kube_config
-    from specfleet.profiling import ProfileError, config_map, parse_output, profile_document
+    from specfleet.cli.profile import ProfileError, config_map, parse_output, profile_document
+    from specfleet.controller.kube import KubeCluster, load_kube_config
     from specfleet.reconcile import ApplyRejectedError
 
     if not (args.config_map and args.namespace):

@@ -1,4 +1,4 @@
-"""Export the per-resource gauges of `specfleet.resource_metrics` through prometheus_client.
+"""Export the per-resource gauges of `specfleet.observe.resource_metrics` through prometheus_client.
 
 The controller calls `publish(body)` after each reconcile or status write of a resource and
 `forget(namespace, name)` when it is deleted; series of conditions or pools that disappeared are
@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
-from specfleet.resource_metrics import HELP, LABELS, resource_samples
+from specfleet.observe.resource_metrics import HELP, LABELS, resource_samples
 
 
 class ResourceGauges:

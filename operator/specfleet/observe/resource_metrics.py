@@ -2,7 +2,7 @@
 
 These are the series the rendered PrometheusRule and the Grafana dashboard read for what only the
 operator knows: conditions, each pool's mode and K, replicas and the last measured acceptance.
-`specfleet.metrics.resources` exports them with prometheus_client; both share the names below.
+`specfleet.observe.gauges` exports them with prometheus_client; both share the names below.
 
 Series carry `namespace` and `name` of the resource (kube-state-metrics' convention), so the
 operator's ServiceMonitor scrapes with `honorLabels: true`.

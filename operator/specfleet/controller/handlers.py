@@ -26,13 +26,13 @@ from prometheus_client import Counter, Gauge, Histogram
 from urllib3.exceptions import HTTPError
 
 from specfleet.api.constants import GROUP, PLURAL, VERSION
-from specfleet.control import Controller, Outcome
-from specfleet.kube import KubeCluster, load_kube_config
-from specfleet.metrics.prometheus import PrometheusAuth, PrometheusQuerier, QueryError, QueryFn
-from specfleet.metrics.resources import ResourceGauges
+from specfleet.controller.control import Controller, Outcome
+from specfleet.controller.kube import KubeCluster, load_kube_config
+from specfleet.controller.policy_scheduler import PolicyScheduler, SweepReport
+from specfleet.controller.resync import ResyncScheduler
+from specfleet.observe.gauges import ResourceGauges
+from specfleet.observe.prometheus import PrometheusAuth, PrometheusQuerier, QueryError, QueryFn
 from specfleet.render import RenderOptions
-from specfleet.resync import ResyncScheduler
-from specfleet.scheduler import PolicyScheduler, SweepReport
 from specfleet_runtime.names import DECISIONS as DECISIONS_NAME
 from specfleet_runtime.names import FLIPS as FLIPS_NAME
 
@@ -167,7 +167,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Log
     settings.execution.max_workers = config.max_workers
     # A handler that keeps failing backs off instead of hammering the API.
     settings.queueing.error_delays = (5, 10, 20, 40, 80, 160, 300)
-    # Leader election (cli.py, a Lease) decides which replica runs at all; Kopf's own peering, which
+    # Leader election (cli/main.py, a Lease) decides which replica runs at all; Kopf's own peering, which
     # pauses operators of equal priority instead of electing one, stays off.
     settings.peering.standalone = True
 

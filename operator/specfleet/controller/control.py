@@ -6,7 +6,7 @@ asked: `observe_target` runs one round of fleet queries for every resource that 
 target (no lock), then `decide_policy` re-reads one object, evaluates it on those answers (the pure
 `specfleet.policy.evaluate`, which the simulator calls too), starts retrain Jobs, rolls out a flip and
 writes status under the object's lock, so a policy flip and a resync can never interleave and undo
-each other. The scheduler (scheduler.py) drives the policy for all resources;
+each other. The scheduler (policy_scheduler.py) drives the policy for all resources;
 Kopf handlers drive reconcile; tests call both with the in-memory cluster and a scripted Prometheus.
 """
 
@@ -23,7 +23,7 @@ from specfleet.api.constants import API_VERSION, KIND
 from specfleet.api.semantics import find_problems
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
-from specfleet.metrics.prometheus import FleetAnswers, QueryFn, query_fleet
+from specfleet.observe.prometheus import FleetAnswers, QueryFn, query_fleet
 from specfleet.policy.decision import PoolDecision
 from specfleet.policy.evaluate import Evaluation, evaluate_policy
 from specfleet.policy.measurements import Measurements, measurements, with_measurements, worth_writing

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specfleet import resource_metrics as rm
+from specfleet.observe import resource_metrics as rm
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.names import BY_POOL, DECISIONS, FLIPS, ROUTER_REQUESTS, SERIES_DEPLOYMENT, SERIES_POOL
 

@@ -15,8 +15,8 @@ import yaml
 
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
-from specfleet.cli_common import load_documents, shown
-from specfleet.progress import TerminalProgress
+from specfleet.cli.common import load_documents, shown
+from specfleet.cli.progress import TerminalProgress
 
 
 class _UsageError(Exception):

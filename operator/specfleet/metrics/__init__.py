@@ -1,1 +1,0 @@
-"""Observations from Prometheus (the only place the operator queries metrics)."""
