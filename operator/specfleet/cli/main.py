@@ -1,5 +1,6 @@
 """`specfleet`: print the CRD, render manifests, simulate and plan a fleet, measure a profile, run the operator,
-show status, run the sandbox, print the version. `simulate` and `plan` live in simulate.py, `status` in status.py."""
+show status, run the sandbox, print the version. `simulate` and `plan` live in simulate.py, `status` in
+status.py, the measurement behind `profile` in profile.py."""
 
 from __future__ import annotations
 
