@@ -49,6 +49,7 @@ from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.sim.bound import NAME as BOUND
 from specfleet.sim.bound import rollout_paying_oracle
 from specfleet.sim.compare import SMOOTH, Comparison, compare, static_ks
+from specfleet.sim.engine import MemoryModel
 from specfleet.sim.fleet import DEFAULT_PREFILL_MS_PER_TOKEN, SimOptions, simulate
 from specfleet.sim.plan import crossing
 from specfleet.sim.plot import plot_timeline
@@ -514,8 +515,11 @@ def render(
         f"K inside the engine: {'yes' if engine_schedules(sd.spec) else 'no'}, "
         "`policy.goodput.engineSchedule`), "
         "published H100 Llama-3.1-8B step-time profile, engine start-up 60 s, scrape every 15 s, "
-        "K=0 penalty of in-engine Dynamic SD 10%. The simulator and what it approximates: "
-        "`operator/specfleet/sim/` (module docstrings).",
+        "K=0 penalty of in-engine Dynamic SD 10%, a speculating engine's drafter prefilling every prompt "
+        f"token at {MemoryModel().drafter_prefill_fraction:.1%} of the target's cost (the Goodput "
+        "policy's prediction does not price prefill yet), a draining engine killed after its "
+        "terminationGracePeriodSeconds. The simulator and what it approximates: "
+        "[The fleet simulator](../architecture.md#the-fleet-simulator) and `operator/specfleet/sim/`.",
         "",
         "Measure: generated tokens per request-second (tokens over the time requests spent in the system, "
         "queueing included), per evaluation window. Under the closed-loop scenarios it is proportional to "
@@ -650,8 +654,9 @@ def render(
         "",
         "Aggregated for speed (see `specfleet/sim/engine.py`): the steps between two batch changes are "
         "simulated at once, the accepted drafts of all requests of one acceptance in that span are drawn "
-        "together (one multinomial, exact in total) and those requests advance in lockstep; KV blocks are "
-        "reserved for prompt and output at admission (no preemption); prompts are admitted per step up to "
+        "together (one multinomial, exact in total) and those requests advance in lockstep; KV is taken as "
+        "tokens are produced (each request's last block counted half empty on average) and the newest "
+        "running request is preempted when a step cannot allocate; prompts are admitted per step up to "
         "max_num_batched_tokens (8192), each charged whole to its admitting step; ITL quantiles are "
         "step-time quantiles; one router.",
         "",
