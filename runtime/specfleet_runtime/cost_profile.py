@@ -10,6 +10,16 @@ decides whether speculation pays:
 where p_i is the per-position *cumulative* acceptance (the probability that drafts 0..i are all
 accepted; vLLM exposes it as accepted_per_pos[i] / drafts).
 
+Prefill is priced where the workload is known: a request of P prompt tokens and L generated tokens
+costs its engine P x prefillMsPerToken of prefill (x (1 + drafterPrefillFraction) in an engine started
+with a drafter, whose drafter runs over every prompt token too). Per generated token that is
+r x prefill x (1 + f) with r = P / L (`prompt_per_output`), so with c requests running
+
+    goodput(c, K) = m_K / (step_time(c, K) + c x m_K x r x prefill x (1 + f_K))     m_K = 1 + p_0 + ...
+
+Speculation speeds up only the decode part: the longer the prompts per generated token, the closer
+every speedup is to 1, and the drafter's prefill share can turn a small decode gain into a loss.
+
 `StepTimeProfile` holds a measured table of step times (batch sizes x K values) and interpolates it.
 The default is the published H100 / Llama-3.1-8B / EAGLE profile; other hardware loads from a file
 (`load_profile`, format below). The engine emulator runs on this module, and the operator's policy
@@ -24,7 +34,8 @@ Profile file format (YAML or JSON; one row per batch size, one column per K; K=0
       - [6.52, 7.37, 8.84, 10.33]
       - [7.77, 9.66, 13.50, 16.83]
       - [14.49, 27.14, 41.85, 57.40]
-    prefillMsPerToken: 0.0    # optional: extra step time per prompt token a step prefills
+    prefillMsPerToken: 0.04   # optional: extra step time per prompt token a step prefills
+    drafterPrefillFraction: 0.038  # optional: the drafter's pass over a prompt token, as a share of it
     memory:                   # optional (older profiles lack it); both kvCache keys required if present
       kvCacheTokens: 448312             # KV cache of one engine started without the drafter, in tokens
       kvCacheTokensWithDrafter: 428439  # the same engine started with the drafter (its weights + KV)
@@ -59,6 +70,15 @@ PUBLISHED_ACCEPTANCE: Final[tuple[float, ...]] = (0.68, 0.39, 0.20, 0.10, 0.05)
 # Off" (shared/reference). A preset for simulations (`--acceptance eagle3`), not the policy's prior:
 # every example names an EAGLE-3 drafter, so switching the prior would move every benchmark figure.
 PUBLISHED_EAGLE3_ACCEPTANCE: Final[tuple[float, ...]] = (0.75, 0.55, 0.41)
+
+# Prefill of Llama-3.1-8B on an H100: 2 x 8.03e9 FLOPs per prompt token at 40% of the GPU's 989 dense
+# bf16 TFLOPS is 0.0406 ms per token (an estimate; `specfleet profile` measures a real one).
+H100_LLAMA31_8B_PREFILL_MS_PER_TOKEN: Final = 0.04
+
+# The EAGLE-3 drafter's pass over each prompt token, as a share of Llama-3.1-8B's (multiply-adds per
+# token: its 3h -> h fusion layer, 3 x 4096 x 4096 = 50.3e6, and its one decoder layer, 218e6, against
+# the target's 32 decoder layers of 218e6 each; the LM heads run only on the last position): 3.85%.
+EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION: Final = (3 * 4096 * 4096 + 218e6) / (32 * 218e6)
 
 # Keys of a profile's `memory` section that must be present wherever the section is.
 MEMORY_REQUIRED_KEYS: Final = ("kvCacheTokens", "kvCacheTokensWithDrafter")
@@ -196,6 +216,7 @@ class StepTimeProfile:
     name: str = "custom"
     prefill_ms_per_token: float = 0.0
     memory: MemoryProfile | None = None
+    drafter_prefill_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or not self.speculative_tokens:
@@ -214,6 +235,8 @@ class StepTimeProfile:
             raise ValueError("step times must be positive, finite numbers")
         if not (math.isfinite(self.prefill_ms_per_token) and self.prefill_ms_per_token >= 0):
             raise ValueError("prefillMsPerToken must be >= 0")
+        if not (math.isfinite(self.drafter_prefill_fraction) and self.drafter_prefill_fraction >= 0):
+            raise ValueError("drafterPrefillFraction must be >= 0")
 
     @property
     def max_k(self) -> int:
@@ -237,6 +260,12 @@ class StepTimeProfile:
         """Extra milliseconds a step spends prefilling `prompt_tokens` new prompt tokens."""
         return self.prefill_ms_per_token * prompt_tokens
 
+    def prefill_s_per_output(self, prompt_per_output: float, speculative: bool) -> float:
+        """Engine seconds of prefill per generated token, at `prompt_per_output` prompt tokens per
+        generated token, in an engine started with (`speculative`) or without the drafter."""
+        share = 1.0 + (self.drafter_prefill_fraction if speculative else 0.0)
+        return max(0.0, prompt_per_output) * self.prefill_ms_per_token / 1000.0 * share
+
     def to_dict(self) -> dict[str, Any]:
         """The file format's document (inverse of `from_dict`)."""
         return {
@@ -245,6 +274,11 @@ class StepTimeProfile:
             "numSpeculativeTokens": list(self.speculative_tokens),
             "stepTimeMs": [list(row) for row in self.step_ms],
             "prefillMsPerToken": self.prefill_ms_per_token,
+            **(
+                {"drafterPrefillFraction": self.drafter_prefill_fraction}
+                if self.drafter_prefill_fraction
+                else {}
+            ),
             **({"memory": self.memory.to_dict()} if self.memory is not None else {}),
         }
 
@@ -266,6 +300,7 @@ class StepTimeProfile:
             step_ms=step_ms,
             name=str(doc.get("name", "custom")),
             prefill_ms_per_token=float(doc.get("prefillMsPerToken", 0.0)),
+            drafter_prefill_fraction=float(doc.get("drafterPrefillFraction", 0.0)),
             memory=None if memory is None else MemoryProfile.from_dict(memory),
         )
 
@@ -304,6 +339,8 @@ PUBLISHED_H100_LLAMA31_8B_EAGLE: Final = StepTimeProfile(
         (7.77, 9.66, 13.50, 16.83),
         (14.49, 27.14, 41.85, 57.40),
     ),
+    prefill_ms_per_token=H100_LLAMA31_8B_PREFILL_MS_PER_TOKEN,
+    drafter_prefill_fraction=EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION,
     memory=PUBLISHED_H100_LLAMA31_8B_MEMORY,
 )
 
@@ -357,19 +394,41 @@ def expected_tokens_per_step(per_position_acceptance: Sequence[float], k: int) -
 
 
 def goodput(
-    profile: StepTimeProfile, batch: float, k: int, per_position_acceptance: Sequence[float]
+    profile: StepTimeProfile,
+    batch: float,
+    k: int,
+    per_position_acceptance: Sequence[float],
+    prompt_per_output: float = 0.0,
 ) -> float:
-    """Generated tokens per second per request at `batch` running requests drafting `k` tokens."""
-    return expected_tokens_per_step(per_position_acceptance, k) / profile.step_time_s(batch, k)
+    """Generated tokens per second per request at `batch` running requests drafting `k` tokens, with
+    the prefill of `prompt_per_output` prompt tokens per generated token priced (0: decode only)."""
+    m = expected_tokens_per_step(per_position_acceptance, k)
+    prefill = batch * m * profile.prefill_s_per_output(prompt_per_output, k > 0)
+    return m / (profile.step_time_s(batch, k) + prefill)
 
 
 def speedup(
-    profile: StepTimeProfile, batch: float, k: int, per_position_acceptance: Sequence[float]
+    profile: StepTimeProfile,
+    batch: float,
+    k: int,
+    per_position_acceptance: Sequence[float],
+    prompt_per_output: float = 0.0,
 ) -> float:
     """Goodput with `k` draft tokens relative to no speculation (K=0) at the same batch size."""
-    return goodput(profile, batch, k, per_position_acceptance) / goodput(
-        profile, batch, 0, per_position_acceptance
+    return goodput(profile, batch, k, per_position_acceptance, prompt_per_output) / goodput(
+        profile, batch, 0, per_position_acceptance, prompt_per_output
     )
+
+
+def end_to_end_speedup(
+    profile: StepTimeProfile, batch: float, decode_speedup: float, prompt_per_output: float
+) -> float:
+    """The speedup over no speculation of an engine started with the drafter whose decode alone is
+    `decode_speedup` times faster (an in-engine schedule, K 0 inside it), with prefill priced."""
+    decode = profile.step_time_s(batch, 0) / batch  # seconds per generated token, decode, no drafter
+    off = decode + profile.prefill_s_per_output(prompt_per_output, False)
+    on = decode / decode_speedup + profile.prefill_s_per_output(prompt_per_output, True)
+    return off / on
 
 
 def best_k(
@@ -395,7 +454,11 @@ MAX_CONCURRENCY: Final = 100000.0
 
 @functools.lru_cache(maxsize=256)
 def concurrency_at_speedup(
-    profile: StepTimeProfile, k: int, per_position_acceptance: tuple[float, ...], target: float
+    profile: StepTimeProfile,
+    k: int,
+    per_position_acceptance: tuple[float, ...],
+    target: float,
+    prompt_per_output: float = 0.0,
 ) -> float:
     """The highest running requests per engine at which drafting `k` still predicts `target` speedup.
 
@@ -403,14 +466,14 @@ def concurrency_at_speedup(
     MAX_CONCURRENCY when every load does. Speedup falls with load (verifying K drafts costs more per
     step as batches grow compute-bound), so a bisection finds it.
     """
-    if speedup(profile, 1.0, k, per_position_acceptance) < target:
+    if speedup(profile, 1.0, k, per_position_acceptance, prompt_per_output) < target:
         return 0.0
-    if speedup(profile, MAX_CONCURRENCY, k, per_position_acceptance) >= target:
+    if speedup(profile, MAX_CONCURRENCY, k, per_position_acceptance, prompt_per_output) >= target:
         return MAX_CONCURRENCY
     lo, hi = 1.0, MAX_CONCURRENCY
     for _ in range(60):
         mid = (lo + hi) / 2
-        if speedup(profile, mid, k, per_position_acceptance) >= target:
+        if speedup(profile, mid, k, per_position_acceptance, prompt_per_output) >= target:
             lo = mid
         else:
             hi = mid
@@ -422,6 +485,7 @@ def break_even_concurrency(
     per_position_acceptance: Sequence[float],
     ks: Iterable[int],
     target: float = 1.0,
+    prompt_per_output: float = 0.0,
 ) -> float:
     """The highest running requests per engine at which the best of `ks` still predicts `target`.
 
@@ -431,7 +495,7 @@ def break_even_concurrency(
     when one does at every load.
     """
     acc = tuple(float(p) for p in per_position_acceptance)
-    values = [concurrency_at_speedup(profile, k, acc, target) for k in ks]
+    values = [concurrency_at_speedup(profile, k, acc, target, prompt_per_output) for k in ks]
     if not values:
         raise ValueError("no candidate K")
     return max(values)

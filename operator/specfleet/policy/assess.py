@@ -109,14 +109,17 @@ def assess(
     obs = replace(observed, running_per_replica=load)
     gains = None
     if policy.mode == "Goodput":
-        g = goodput_prediction(current_k if state.mode == "On" else None, load, est, profile, k, schedule)
-        g_observed = goodput_prediction(None, measured, est, profile, k)
+        ppo = observed.prompt_per_output  # prefill priced where the lengths are measured
+        g = goodput_prediction(
+            current_k if state.mode == "On" else None, load, est, profile, k, schedule, ppo
+        )
+        g_observed = goodput_prediction(None, measured, est, profile, k, prompt_per_output=ppo)
         gains = (g, g_observed)
         # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
         # locked, lighter budget) and the canaries on the projected load (`gains`).
         path = commit_path(policy, state, measured, load)
         g_commit = goodput_over_path(
-            current_k if state.mode == "On" else None, path, est_flip, profile, k, schedule
+            current_k if state.mode == "On" else None, path, est_flip, profile, k, schedule, ppo
         )
         # Where memory, not compute, is the bound: each setting's throughput at the batch it holds.
         mem = memory_view(
@@ -192,6 +195,13 @@ def wanted_mode(
     est = estimate_for(policy, state, obs, now, limit)
     if policy.mode == "Goodput":
         load = measured_load(obs)
-        g = goodput_prediction(k if state.mode == "On" else None, load, est, profile, limit)
+        g = goodput_prediction(
+            k if state.mode == "On" else None,
+            load,
+            est,
+            profile,
+            limit,
+            prompt_per_output=obs.prompt_per_output,
+        )
         return goodput_wanted(policy, state, obs, g, est)
     return threshold_wanted(policy, k, state, obs, est, profile)

@@ -21,10 +21,15 @@ from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, StepTimeProfile
 
 
 def predicted_speedup(
-    profile: StepTimeProfile, concurrency: float, k: int, per_position: Sequence[float]
+    profile: StepTimeProfile,
+    concurrency: float,
+    k: int,
+    per_position: Sequence[float],
+    prompt_per_output: float = 0.0,
 ) -> float:
-    """Goodput with K drafts over no speculation, at `concurrency` running requests per engine."""
-    return speedup(profile, max(1.0, concurrency), k, list(per_position))
+    """Goodput with K drafts over no speculation, at `concurrency` running requests per engine, with
+    the prefill of `prompt_per_output` prompt tokens per generated token priced (0: decode only)."""
+    return speedup(profile, max(1.0, concurrency), k, list(per_position), prompt_per_output)
 
 
 def candidate_ks(profile: StepTimeProfile, max_k: int) -> list[int]:
@@ -50,6 +55,8 @@ class GoodputPrediction:
     best: int
     gain_best: float
     gain_now: float | None
+    # The workload it was made for: mean prompt tokens per generated token (0: decode only).
+    prompt_per_output: float = 0.0
 
 
 def _acceptance_of(est: Estimate | None) -> tuple[tuple[float, ...], str]:
@@ -66,11 +73,12 @@ def _speedup_now(
     k_now: int,
     schedule: Schedule | None,
     per_position: Sequence[float],
+    prompt_per_output: float,
 ) -> float:
     """The speculating pool's predicted speedup: at its K, or following its Dynamic SD schedule."""
     if schedule:
-        return schedule_speedup(profile, load, schedule, per_position)
-    return predicted_speedup(profile, load, k_now, per_position)
+        return schedule_speedup(profile, load, schedule, per_position, prompt_per_output)
+    return predicted_speedup(profile, load, k_now, per_position, prompt_per_output)
 
 
 def goodput_prediction(
@@ -80,12 +88,15 @@ def goodput_prediction(
     profile: StepTimeProfile,
     max_k: int,
     schedule: Schedule | None = None,
+    prompt_per_output: float = 0.0,
 ) -> GoodputPrediction:
     per_position, source = _acceptance_of(est)
+    # The best K does not depend on the prefill: every K >= 1 pays the same drafter prefill.
     best = best_k(profile, max(1.0, load), list(per_position), candidates=candidate_ks(profile, max_k))
-    gain_best = predicted_speedup(profile, load, best, per_position)
-    gain_now = None if k_now is None else _speedup_now(profile, load, k_now, schedule, per_position)
-    return GoodputPrediction(per_position, source, best, gain_best, gain_now)
+    r = prompt_per_output
+    gain_best = predicted_speedup(profile, load, best, per_position, r)
+    gain_now = None if k_now is None else _speedup_now(profile, load, k_now, schedule, per_position, r)
+    return GoodputPrediction(per_position, source, best, gain_best, gain_now, r)
 
 
 def prediction_at_memory(
@@ -103,20 +114,22 @@ def goodput_over_path(
     profile: StepTimeProfile,
     max_k: int,
     schedule: Schedule | None = None,
+    prompt_per_output: float = 0.0,
 ) -> GoodputPrediction:
     """Like `goodput_prediction`, with each K's speedup averaged over a path of loads."""
     per_position, source = _acceptance_of(est)
+    r = prompt_per_output
 
     def mean(kk: int) -> float:
-        return sum(predicted_speedup(profile, c, kk, per_position) for c in loads) / len(loads)
+        return sum(predicted_speedup(profile, c, kk, per_position, r) for c in loads) / len(loads)
 
     ks = candidate_ks(profile, max_k)
     gains = {kk: mean(kk) for kk in ks}
     best = max(ks, key=lambda kk: (gains[kk], -kk))  # the smaller K on a tie, as best_k
     now = None
     if k_now is not None:
-        now = sum(_speedup_now(profile, c, k_now, schedule, per_position) for c in loads) / len(loads)
-    return GoodputPrediction(per_position, source, best, gains[best], now)
+        now = sum(_speedup_now(profile, c, k_now, schedule, per_position, r) for c in loads) / len(loads)
+    return GoodputPrediction(per_position, source, best, gains[best], now, r)
 
 
 def goodput_wanted(
@@ -132,6 +145,8 @@ def goodput_wanted(
         "acceptanceSource": g.source,
         **_estimate_numbers(est),
     }
+    if g.prompt_per_output > 0:
+        numbers["promptTokensPerOutputToken"] = f"{g.prompt_per_output:.3g}"
     if state.mode == "On" and g.gain_best < 1 - margin:
         return Wanted(
             "Off",

@@ -14,7 +14,7 @@ average its prompt plus half its output, so a setting drafting K holds
 
 requests, and runs batch(K) = min(demand, max_num_seqs, fits(K)). Its throughput per replica is
 
-    T(K) = batch x (1 + p_0 + ... + p_{K-1}) / step_time(batch, K)
+    T(K) = batch x goodput(batch, K)      (cost_profile: decode, and prefill where the lengths are known)
 
 (the in-engine schedule drafts k_at(batch); K 0 inside the engine pays its penalty). A preemption
 frees a request's KV and recomputes its prefill later: each costs a prefill over prompt + output / 2
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from specfleet.policy.observations import PoolObservation
 from specfleet.policy.schedule import Schedule, schedule_speedup
-from specfleet_runtime.cost_profile import StepTimeProfile, speedup
+from specfleet_runtime.cost_profile import StepTimeProfile, goodput, speedup
 
 # vLLM's KV block size on GPUs where the engine does not say otherwise.
 DEFAULT_BLOCK_SIZE = 16
@@ -83,6 +83,7 @@ class MemoryView:
     schedule: Schedule | None = None
     preemptions_per_token: float | None = None
     recompute_seconds: float = 0.0  # engine time one preemption costs
+    prompt_per_output: float = 0.0  # mean prompt tokens per generated token (0: prefill not priced)
 
     @property
     def bound(self) -> bool:
@@ -96,14 +97,15 @@ class MemoryView:
         if s.batch <= 0:
             return 0.0
         b = max(1.0, s.batch)
+        r = self.prompt_per_output
         if name == OFF:
             gain = 1.0
         elif name == SCHEDULE:
             assert self.schedule is not None
-            gain = schedule_speedup(self.profile, b, self.schedule, per_position)
+            gain = schedule_speedup(self.profile, b, self.schedule, per_position, r)
         else:
-            gain = speedup(self.profile, b, s.lookahead, list(per_position))
-        tps = s.batch * gain / self.profile.step_time_s(b, 0)
+            gain = speedup(self.profile, b, s.lookahead, list(per_position), r)
+        tps = s.batch * gain * goodput(self.profile, b, 0, per_position, r)
         rho = self.preemptions_per_token
         if rho and s.memory_bound:
             tps /= 1 + rho * self.recompute_seconds * tps
@@ -238,4 +240,6 @@ def memory_view(
         if current not in settings:
             settings[current] = setting(current, current_k, cap_on, src_on)
     recompute = base * recompute_seconds_per_token(profile)
-    return MemoryView(profile, demand, base, settings, current, schedule, rho, recompute)
+    return MemoryView(
+        profile, demand, base, settings, current, schedule, rho, recompute, obs.prompt_per_output
+    )

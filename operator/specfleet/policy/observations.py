@@ -51,6 +51,16 @@ class PoolObservation:
         return self.problem is None
 
     @property
+    def prompt_per_output(self) -> float:
+        """Mean prompt tokens per generated token of the requests finished in the window, which prices
+        the prefill in every prediction; 0 (decode only, as before lengths were measured) when either
+        length is not measured."""
+        p, out = self.mean_prompt_tokens, self.mean_output_tokens
+        if p is None or out is None or not (math.isfinite(p) and math.isfinite(out)) or p < 0 or out <= 0:
+            return 0.0
+        return p / out
+
+    @property
     def decision_problem(self) -> str | None:
         """Why no decision can be made from this observation: its `problem`, or no load measured (every
         decision needs it, and an unmeasured load is not an idle pool). None: one can."""

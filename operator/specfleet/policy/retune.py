@@ -55,7 +55,7 @@ def retune_schedule(
     top = max(kk for _, _, kk in new)
     if new == state.schedule or top == 0:
         return None
-    gain_new = schedule_speedup(profile, load, new, g.per_position)
+    gain_new = schedule_speedup(profile, load, new, g.per_position, g.prompt_per_output)
     margin = policy.goodput.retune_margin_percent / 100
     now_text = "its schedule" if state.schedule else f"K {pool_k(policy, state, k)}"
     if g.gain_now < 1 - goodput_margin(policy) <= gain_new:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from specfleet.policy.observations import PoolObservation, PoolState
-from specfleet_runtime.cost_profile import StepTimeProfile, goodput, speedup
+from specfleet_runtime.cost_profile import StepTimeProfile, end_to_end_speedup, goodput, speedup
 
 # (first batch size, last batch size, K), sorted, covering 1..MAX_BATCH.
 Schedule = tuple[tuple[int, int, int], ...]
@@ -85,13 +85,19 @@ def k_at(schedule: Schedule, batch: float) -> int:
 
 
 def schedule_speedup(
-    profile: StepTimeProfile, concurrency: float, schedule: Schedule, per_position: Sequence[float]
+    profile: StepTimeProfile,
+    concurrency: float,
+    schedule: Schedule,
+    per_position: Sequence[float],
+    prompt_per_output: float = 0.0,
 ) -> float:
-    """Predicted speedup over no speculation of an engine following `schedule` at `concurrency`."""
+    """Predicted speedup over no speculation of an engine following `schedule` at `concurrency`, with
+    the prefill of `prompt_per_output` prompt tokens per generated token priced (0: decode only). The
+    schedule itself is chosen on decode alone: at K 0 the drafter's prefill is paid all the same."""
     k = k_at(schedule, concurrency)
-    if k == 0:
-        return 1 - IN_ENGINE_K0_PENALTY
-    return speedup(profile, max(1.0, concurrency), k, list(per_position))
+    c = max(1.0, concurrency)
+    decode = 1 - IN_ENGINE_K0_PENALTY if k == 0 else speedup(profile, c, k, list(per_position))
+    return end_to_end_speedup(profile, c, decode, prompt_per_output)
 
 
 def unmix(

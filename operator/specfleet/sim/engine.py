@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specfleet_runtime.cost_profile import StepTimeProfile
+from specfleet_runtime.cost_profile import EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION, StepTimeProfile
 
 EPS = 1e-9
 
@@ -65,8 +65,9 @@ class MemoryModel:
     overhead_bytes: float = 2 * 2**30
     # The drafter's pass over each prompt token, as a share of the target's (multiply-adds per token:
     # EAGLE-3's 3h -> h fusion layer, 50.3e6, and its decoder layer, 218e6, against the target's 32
-    # decoder layers, 6.98e9; the LM heads run only on the last position).
-    drafter_prefill_fraction: float = (3 * 4096 * 4096 + 218e6) / (32 * 218e6)
+    # decoder layers, 6.98e9; the LM heads run only on the last position). The published profile
+    # carries the same figure, so the policy prices what the simulated engines pay.
+    drafter_prefill_fraction: float = EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float, speculative: bool) -> int:
         """Tokens of KV cache one engine holds (what bounds its running sequences)."""

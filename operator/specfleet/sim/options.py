@@ -13,13 +13,14 @@ from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.validation import parse_spec
 from specfleet.sim.engine import MemoryModel
 from specfleet_runtime import names
+from specfleet_runtime.cost_profile import H100_LLAMA31_8B_PREFILL_MS_PER_TOKEN
 
 POOLS: tuple[str, ...] = names.POOLS
 # The wall-clock time of a run's t=0, for the policy's timestamps.
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-# Prefill cost when the profile has none: 2 x 8.03e9 FLOPs per prompt token on an H100 (989 dense
-# bf16 TFLOPS) at 40% utilisation is 0.04 ms per token.
-DEFAULT_PREFILL_MS_PER_TOKEN = 0.04
+# Prefill cost when the profile has none: the published profile's (2 x 8.03e9 FLOPs per prompt token on
+# an H100, 989 dense bf16 TFLOPS, at 40% utilisation: 0.04 ms per token).
+DEFAULT_PREFILL_MS_PER_TOKEN = H100_LLAMA31_8B_PREFILL_MS_PER_TOKEN
 
 
 @dataclass(frozen=True)

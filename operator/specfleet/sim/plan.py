@@ -38,11 +38,17 @@ MAX_CONCURRENCY = 1024
 
 
 def best_speedup(
-    profile: StepTimeProfile, c: float, acceptance: Sequence[float], ks: Sequence[int]
+    profile: StepTimeProfile,
+    c: float,
+    acceptance: Sequence[float],
+    ks: Sequence[int],
+    prompt_per_output: float = 0.0,
 ) -> tuple[float, int]:
-    """The best predicted speedup at `c` running per replica, and its K."""
+    """The best predicted speedup at `c` running per replica, and its K (prefill priced at
+    `prompt_per_output` prompt tokens per generated token; 0: decode only)."""
     return max(
-        ((speedup(profile, max(1.0, c), k, list(acceptance)), k) for k in ks), key=lambda x: (x[0], -x[1])
+        ((speedup(profile, max(1.0, c), k, list(acceptance), prompt_per_output), k) for k in ks),
+        key=lambda x: (x[0], -x[1]),
     )
 
 
@@ -105,13 +111,15 @@ def gain_at(
     ks: Sequence[int],
     cap: float,
     mem: MemoryView | None,
+    prompt_per_output: float = 0.0,
 ) -> tuple[float, int]:
     """The best predicted gain at `c` requests per replica and its K: throughput at the batch memory
-    allows where memory is the bound (`mem`), else per-request speed at min(c, max_num_seqs)."""
+    allows where memory is the bound (`mem`), else per-request speed at min(c, max_num_seqs), prefill
+    priced as the policy prices it."""
     if mem is not None and mem.bound:
         k, gain, _ = mem.gains(ks, acceptance)
         return gain, k
-    return best_speedup(profile, min(cap, c), acceptance, ks)
+    return best_speedup(profile, min(cap, c), acceptance, ks, prompt_per_output)
 
 
 def pool_load(comparison: Comparison, pool: str) -> dict[str, float] | None:
@@ -161,9 +169,10 @@ def plan(
         cap = float(pool_engine(spec, pool).max_num_seqs or 256)  # type: ignore[arg-type]
         mid = min(cap, load["p50"])
         mems = {q: memory_at(profile, load[q], request_tokens, ks, int(cap)) for q in ("p5", "p50", "p95")}
-        gain_low, k_low = gain_at(profile, load["p5"], acceptance, ks, cap, mems["p5"])
-        gain_high, k_high = gain_at(profile, load["p95"], acceptance, ks, cap, mems["p95"])
-        gain_mid, k_mid = gain_at(profile, load["p50"], acceptance, ks, cap, mems["p50"])
+        ppo = request_tokens[0] / request_tokens[1] if request_tokens and request_tokens[1] > 0 else 0.0
+        gain_low, k_low = gain_at(profile, load["p5"], acceptance, ks, cap, mems["p5"], ppo)
+        gain_high, k_high = gain_at(profile, load["p95"], acceptance, ks, cap, mems["p95"], ppo)
+        gain_mid, k_mid = gain_at(profile, load["p50"], acceptance, ks, cap, mems["p50"], ppo)
         if gain_high > 1 + margin:
             setting, why = "On", f"speculation pays even at its p95 load ({gain_high:.2f}x at K={k_high})"
         elif gain_low < 1 - margin:
