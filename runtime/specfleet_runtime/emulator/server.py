@@ -312,7 +312,8 @@ async def _stream(
     include_usage: bool,
     prompts: list[Prompt],
 ) -> web.StreamResponse:
-    """Server-sent events: one chunk per engine step and choice, then usage (if asked) and [DONE]."""
+    """Server-sent events as vLLM frames them: for chat, the role deltas with the first engine output;
+    one chunk per engine step and choice; then usage (if asked, last, with no choices) and [DONE]."""
     # Step outputs, and a None once a request's future resolved (the end, also on abort or crash).
     events: asyncio.Queue[tuple[int, StepOutput | None]] = asyncio.Queue()
 
@@ -341,15 +342,24 @@ async def _stream(
 
     by_index = {job.index: r for job, r in zip(jobs, reqs, strict=True)}
     finished: set[int] = set()
-    try:
-        await response.prepare(request)
-        if kind == "chat":
+    # Chat opens with one role delta per choice, sent (as vLLM does) with the first engine output, not
+    # when the response starts: a client takes the first chunk with choices as its first token (TTFT).
+    opened = kind != "chat"
+
+    async def open_choices() -> None:
+        nonlocal opened
+        if not opened:
+            opened = True
             for job in jobs:
                 await send(chunk([_delta(kind, job.index, None, None)]))
+
+    try:
+        await response.prepare(request)
         remaining = len(jobs)
         while remaining:
             index, out = await events.get()
             if out is not None:
+                await open_choices()
                 if out.finish_reason is not None:
                     finished.add(index)
                 await send(chunk([_delta(kind, index, "".join(out.tokens), out.finish_reason)]))
@@ -363,6 +373,7 @@ async def _stream(
             if fut.exception() is not None:
                 await send(ApiError(500, f"engine is dead: {fut.exception()}").body())
             else:
+                await open_choices()
                 await send(chunk([_delta(kind, index, "", fut.result().finish_reason)]))
         if include_usage:
             generated = sum(len(r.tokens) for r in reqs)
