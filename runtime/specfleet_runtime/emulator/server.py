@@ -7,6 +7,8 @@ Endpoints, as vLLM serves them:
     GET  /metrics                Prometheus exposition (vLLM names, see metrics.py)
     POST /v1/completions         prompt(s) -> text; SSE when "stream": true
     POST /v1/chat/completions    messages -> message; SSE when "stream": true
+    POST /tokenize               prompt or messages -> {"count", "max_model_len", "tokens", "token_strs"}
+    POST /detokenize             tokens -> {"prompt"}  (the emulator's own tokenizer: tokenizer.py)
 
 Emulator-only endpoints, to steer a test or a sandbox:
     GET  /admin/state            load, KV cache, preemptions, K of the last step, acceptance, switches
@@ -44,12 +46,16 @@ from specfleet_runtime.emulator.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
     new_id,
     now_s,
     usage,
     validation_error,
 )
 from specfleet_runtime.emulator.text import Prompt
+from specfleet_runtime.emulator.tokenizer import detokenize, tokenize
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +96,8 @@ def create_app(config: EmulatorConfig) -> web.Application:
     app.router.add_get("/metrics", _metrics)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/detokenize", _detokenize)
     app.router.add_get("/admin/state", _admin_state)
     app.router.add_get("/admin/acceptance", _admin_get_acceptance)
     app.router.add_post("/admin/acceptance", _admin_set_acceptance)
@@ -163,6 +171,47 @@ async def _models(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     body = _engine(request).metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    try:
+        req: TokenizeChatRequest | TokenizeCompletionRequest
+        if "messages" in body:
+            req = TokenizeChatRequest.model_validate(body)
+        else:
+            req = TokenizeCompletionRequest.model_validate(body)
+    except ValidationError as err:
+        raise validation_error(err) from None
+    engine = _engine(request)
+    _check_model(engine, req.model)
+    text = req.rendered() if isinstance(req, TokenizeChatRequest) else req.prompt
+    ids, strs = tokenize(text)
+    return web.json_response(
+        {
+            "count": len(ids),
+            "max_model_len": engine.config.max_model_len,
+            "tokens": ids,
+            "token_strs": strs if req.return_token_strs else None,
+        }
+    )
+
+
+async def _detokenize(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    try:
+        req = DetokenizeRequest.model_validate(body)
+    except ValidationError as err:
+        raise validation_error(err) from None
+    _check_model(_engine(request), req.model)
+    try:
+        return web.json_response({"prompt": detokenize(req.tokens)})
+    except ValueError as err:
+        raise ApiError(400, str(err), param="tokens") from None
 
 
 # --------------------------------------------------------------------------------------------------
