@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from specfleet_runtime.emulator.text import Prompt
+from specfleet_runtime.emulator.text import Prompt, render_chat
 
 
 class ApiError(Exception):
@@ -142,6 +142,42 @@ class ChatCompletionRequest(_GenerationRequest):
     def requested_max_tokens(self) -> int | None:
         """`max_completion_tokens` (the newer name) wins over `max_tokens`."""
         return self.max_completion_tokens or self.max_tokens
+
+
+class TokenizeCompletionRequest(_Body):
+    """`POST /tokenize` with a prompt."""
+
+    model: StrictStr | None = None
+    prompt: StrictStr
+    add_special_tokens: bool = True  # the emulator's tokenizer has none to add
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Body):
+    """`POST /tokenize` with a conversation, rendered by the chat template first."""
+
+    model: StrictStr | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool | None = False
+
+    def rendered(self) -> str:
+        """The conversation as the chat template renders it (as a chat completion's prompt)."""
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ApiError(
+                400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
+        messages = [(m.role, m.text()) for m in self.messages]
+        return render_chat(messages, self.add_generation_prompt)
+
+
+class DetokenizeRequest(_Body):
+    """`POST /detokenize`."""
+
+    model: StrictStr | None = None
+    tokens: list[StrictInt]
 
 
 def new_id(prefix: str) -> str:

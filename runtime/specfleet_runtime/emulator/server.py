@@ -7,6 +7,8 @@ Endpoints, as vLLM serves them:
     GET  /metrics                Prometheus exposition (vLLM names, see metrics.py)
     POST /v1/completions         prompt(s) -> text; SSE when "stream": true
     POST /v1/chat/completions    messages -> message; SSE when "stream": true
+    POST /tokenize               prompt or messages -> {"count", "max_model_len", "tokens", "token_strs"}
+    POST /detokenize             tokens -> {"prompt"}  (the emulator's own tokenizer: tokenizer.py)
 
 Emulator-only endpoints, to steer a test or a sandbox:
     GET  /admin/state            load, KV cache, preemptions, K of the last step, acceptance, switches
@@ -44,12 +46,16 @@ from specfleet_runtime.emulator.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
     new_id,
     now_s,
     usage,
     validation_error,
 )
 from specfleet_runtime.emulator.text import Prompt
+from specfleet_runtime.emulator.tokenizer import detokenize, tokenize
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +96,8 @@ def create_app(config: EmulatorConfig) -> web.Application:
     app.router.add_get("/metrics", _metrics)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/detokenize", _detokenize)
     app.router.add_get("/admin/state", _admin_state)
     app.router.add_get("/admin/acceptance", _admin_get_acceptance)
     app.router.add_post("/admin/acceptance", _admin_set_acceptance)
@@ -163,6 +171,47 @@ async def _models(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     body = _engine(request).metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    try:
+        req: TokenizeChatRequest | TokenizeCompletionRequest
+        if "messages" in body:
+            req = TokenizeChatRequest.model_validate(body)
+        else:
+            req = TokenizeCompletionRequest.model_validate(body)
+    except ValidationError as err:
+        raise validation_error(err) from None
+    engine = _engine(request)
+    _check_model(engine, req.model)
+    text = req.rendered() if isinstance(req, TokenizeChatRequest) else req.prompt
+    ids, strs = tokenize(text)
+    return web.json_response(
+        {
+            "count": len(ids),
+            "max_model_len": engine.config.max_model_len,
+            "tokens": ids,
+            "token_strs": strs if req.return_token_strs else None,
+        }
+    )
+
+
+async def _detokenize(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    try:
+        req = DetokenizeRequest.model_validate(body)
+    except ValidationError as err:
+        raise validation_error(err) from None
+    _check_model(_engine(request), req.model)
+    try:
+        return web.json_response({"prompt": detokenize(req.tokens)})
+    except ValueError as err:
+        raise ApiError(400, str(err), param="tokens") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -312,7 +361,8 @@ async def _stream(
     include_usage: bool,
     prompts: list[Prompt],
 ) -> web.StreamResponse:
-    """Server-sent events: one chunk per engine step and choice, then usage (if asked) and [DONE]."""
+    """Server-sent events as vLLM frames them: for chat, the role deltas with the first engine output;
+    one chunk per engine step and choice; then usage (if asked, last, with no choices) and [DONE]."""
     # Step outputs, and a None once a request's future resolved (the end, also on abort or crash).
     events: asyncio.Queue[tuple[int, StepOutput | None]] = asyncio.Queue()
 
@@ -341,15 +391,24 @@ async def _stream(
 
     by_index = {job.index: r for job, r in zip(jobs, reqs, strict=True)}
     finished: set[int] = set()
-    try:
-        await response.prepare(request)
-        if kind == "chat":
+    # Chat opens with one role delta per choice, sent (as vLLM does) with the first engine output, not
+    # when the response starts: a client takes the first chunk with choices as its first token (TTFT).
+    opened = kind != "chat"
+
+    async def open_choices() -> None:
+        nonlocal opened
+        if not opened:
+            opened = True
             for job in jobs:
                 await send(chunk([_delta(kind, job.index, None, None)]))
+
+    try:
+        await response.prepare(request)
         remaining = len(jobs)
         while remaining:
             index, out = await events.get()
             if out is not None:
+                await open_choices()
                 if out.finish_reason is not None:
                     finished.add(index)
                 await send(chunk([_delta(kind, index, "".join(out.tokens), out.finish_reason)]))
@@ -363,6 +422,7 @@ async def _stream(
             if fut.exception() is not None:
                 await send(ApiError(500, f"engine is dead: {fut.exception()}").body())
             else:
+                await open_choices()
                 await send(chunk([_delta(kind, index, "", fut.result().finish_reason)]))
         if include_usage:
             generated = sum(len(r.tokens) for r in reqs)

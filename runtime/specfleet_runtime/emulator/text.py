@@ -28,7 +28,7 @@ well down should because each just those people how too little state good very m
 own see men work long get here between both life being under never day same another know while
 last might us great old year off come since against go came right used take three
 """
-_VOCAB: Final = tuple(" " + word for word in _WORDS.split())
+OUTPUT_VOCAB: Final = tuple(" " + word for word in _WORDS.split())
 _TOKEN_RE: Final = re.compile(r"\w+|[^\w\s]")
 
 
@@ -53,17 +53,28 @@ class Prompt:
     @classmethod
     def from_chat(cls, messages: Sequence[tuple[str, str]]) -> Prompt:
         """A chat conversation given as (role, text) pairs, rendered with a fixed template."""
-        rendered = "".join(f"<|{role}|>\n{text}\n" for role, text in messages) + "<|assistant|>\n"
+        rendered = render_chat(messages)
         return cls(_seed(b"chat\0" + json.dumps(list(messages)).encode("utf-8")), count_tokens(rendered))
+
+
+def render_chat(messages: Sequence[tuple[str, str]], add_generation_prompt: bool = True) -> str:
+    """A conversation as the emulator's fixed chat template renders it (its prompt's tokens)."""
+    rendered = "".join(f"<|{role}|>\n{text}\n" for role, text in messages)
+    return rendered + "<|assistant|>\n" if add_generation_prompt else rendered
 
 
 def _seed(payload: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(payload, digest_size=4).digest(), "little")
 
 
+def split_tokens(text: str) -> list[str]:
+    """The pieces of `text` the emulator counts as tokens: words and punctuation marks."""
+    return _TOKEN_RE.findall(text)
+
+
 def count_tokens(text: str) -> int:
     """Tokens in `text` by the emulator's rule (words and punctuation marks); at least 1."""
-    return max(1, len(_TOKEN_RE.findall(text)))
+    return max(1, len(split_tokens(text)))
 
 
 _M32: Final = 0xFFFFFFFF
@@ -84,12 +95,12 @@ def _mix(seed: int, position: int) -> int:
 
 def token_text(seed: int, position: int) -> str:
     """The token the model generates at output `position` (0-based) for the prompt with `seed`."""
-    return _VOCAB[_mix(seed, position) % len(_VOCAB)]
+    return OUTPUT_VOCAB[_mix(seed, position) % len(OUTPUT_VOCAB)]
 
 
 def drafted_token_text(seed: int, position: int) -> str:
     """A token that always differs from `token_text`: what a lossy verifier lets through."""
-    return _VOCAB[(_mix(seed, position) + 1) % len(_VOCAB)]
+    return OUTPUT_VOCAB[(_mix(seed, position) + 1) % len(OUTPUT_VOCAB)]
 
 
 def generated_text(prompt: Prompt, num_tokens: int) -> str:

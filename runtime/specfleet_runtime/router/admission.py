@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from specfleet_runtime.router.body import read_body_fields
+from specfleet_runtime.router.body import BodyFields, read_body_fields
 from specfleet_runtime.router.classify import (
     Classification,
     ClientLoadTracker,
@@ -41,6 +41,17 @@ def _refuse_repeated_identity(config: RoutingConfig, headers: Headers) -> None:
             )
 
 
+def _served_body(config: RoutingConfig, body: bytes) -> BodyFields:
+    """The fields of a valid JSON object body whose `model`, if it names one, is the served model."""
+    read = read_body_fields(body)
+    model = read.fields.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("'model' must be a string", "model")
+    if model is not None and model != config.served_model_name:
+        raise Refusal(404, f"The model `{clip(model)}` does not exist.", "model_not_found", "model")
+    return read
+
+
 class Admission:
     """Checks a request's body and decides its pool; `begin`/`end` bracket the request's life."""
 
@@ -61,15 +72,18 @@ class Admission:
         try:
             if isinstance(headers, Headers):
                 _refuse_repeated_identity(config, headers)
-            read = read_body_fields(body)
-            model = read.fields.get("model")
-            if model is not None and not isinstance(model, str):
-                raise InvalidRequest("'model' must be a string", "model")
-            if model is not None and model != config.served_model_name:
-                raise Refusal(404, f"The model `{clip(model)}` does not exist.", "model_not_found", "model")
+            read = _served_body(config, body)
             return extract_facts(
                 config, headers, read.fields, remote, prompts=read.prompts, endpoint=endpoint
             )
+        except InvalidRequest as err:
+            raise Refusal(400, err.message, "invalid_request", err.param) from None
+
+    def check_body(self, config: RoutingConfig, body: bytes) -> None:
+        """Check the body of a tokenizer request (one JSON object naming the served model, if any);
+        Refusal (400, 404) for a bad one. It is not classified: no pool choice, no client load."""
+        try:
+            _served_body(config, body)
         except InvalidRequest as err:
             raise Refusal(400, err.message, "invalid_request", err.param) from None
 

@@ -25,14 +25,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from specfleet_runtime.names import PoolName, other_pool
 from specfleet_runtime.router.admission import Admission
 from specfleet_runtime.router.backends import Backends, WatchKey
-from specfleet_runtime.router.classify import Classification, ClientLoadTracker, Endpoint
+from specfleet_runtime.router.classify import Classification, ClientLoadTracker, Endpoint, Reason
 from specfleet_runtime.router.configuration import ConfigStore
 from specfleet_runtime.router.endpoints import AddressMap
 from specfleet_runtime.router.errors import clip, error_response
 from specfleet_runtime.router.intake import BodyLimits, ByteBudget, Refusal, read_body
 from specfleet_runtime.router.message import RateLimitedLog, Request
 from specfleet_runtime.router.metrics import RouterMetrics
-from specfleet_runtime.router.paths import CHAT_PATH, METHODS, MODEL_PREFIX, PROXIED, Route, match
+from specfleet_runtime.router.paths import CHAT_PATH, METHODS, MODEL_PREFIX, PROXIED, TOKENIZER, Route, match
 from specfleet_runtime.router.proxy import CLIENT_CLOSED, Outcome, Proxy, ProxySettings
 from specfleet_runtime.router.reply import Reply, json_reply
 from specfleet_runtime.router.server import HttpServer, ServerLimits
@@ -275,6 +275,8 @@ class Router:
         try:
             if route in PROXIED:
                 return await self._proxy(request, path)
+            if route in TOKENIZER:
+                return await self._tokenizer(request, path)
             return await self._handlers[route](request, path)
         except Refusal as refusal:
             response = self._refuse(
@@ -358,6 +360,28 @@ class Router:
                     metrics.histogram(metrics.duration, *labels).observe(self.clock() - received)
             finally:
                 self.admission.end(config, facts)
+        finally:
+            self.budget.give(reserved)
+
+    async def _tokenizer(self, request: Request, path: str) -> Reply | None:
+        """/tokenize, /detokenize: to an engine of the default pool (the other one if it has none), as
+        every engine serves the one model. Read-only, so not inference: the same body bounds and model
+        check, but no classification, no client load, no request metrics, retried like any request."""
+        config = self.config
+        if config is None:
+            raise Refusal(503, "the router has no routing config yet", "not_ready")
+        body, reserved = await read_body(request, self.body_limits, self.budget)
+        try:
+            self.admission.check_body(config, body)
+            pool = self.backends.resolve(config.default_pool, config)
+            if pool is None:
+                return self._refuse(503, f"no ready endpoint for pool {config.default_pool}", "no_endpoints")
+            classification = Classification(pool, Reason.DEFAULT)
+            query = request.target.partition("?")[2]
+            target = f"{path}?{query}" if query else path
+            pools: list[PoolName] = [pool, other_pool(pool)]
+            response, _ = await self.proxy.forward(request, target, body, classification, pools, None)
+            return response
         finally:
             self.budget.give(reserved)
 

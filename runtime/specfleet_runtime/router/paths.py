@@ -1,9 +1,9 @@
 """The paths the router answers: an allow-list checked on the normalized path.
 
-Only the OpenAI routes the product serves reach an engine (`PROXIED`), always under their canonical
-spelling, so no spelling of a path (`..`, `.`, `%2e`, `//`, encoded slashes) reaches anything else an
-engine serves (`/metrics`, admin endpoints) or skips the router's body checks. Everything else is the
-router's own 404.
+Only the OpenAI routes the product serves (`PROXIED`) and vLLM's tokenizer routes (`TOKENIZER`) reach
+an engine, always under their canonical spelling, so no spelling of a path (`..`, `.`, `%2e`, `//`,
+encoded slashes) reaches anything else an engine serves (`/metrics`, admin endpoints) or skips the
+router's body checks. Everything else is the router's own 404.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ class Route(Enum):
     HEALTHZ = "healthz"
     READYZ = "readyz"
     METRICS = "metrics"
+    TOKENIZE = "tokenize"
+    DETOKENIZE = "detokenize"
 
     # Members are singletons: hashed by identity in C instead of Enum's Python-level hash of the name
     # (a route is looked up in PROXIED and METHODS on every request).
@@ -35,8 +37,12 @@ ROUTES: dict[str, Route] = {
     "/healthz": Route.HEALTHZ,
     "/readyz": Route.READYZ,
     "/metrics": Route.METRICS,
+    "/tokenize": Route.TOKENIZE,
+    "/detokenize": Route.DETOKENIZE,
 }
 PROXIED = frozenset({Route.COMPLETIONS, Route.CHAT_COMPLETIONS})
+# vLLM's tokenizer routes (outside /v1, as vLLM serves them): forwarded too, but not inference.
+TOKENIZER = frozenset({Route.TOKENIZE, Route.DETOKENIZE})
 MODEL_PREFIX = "/v1/models/"
 # Methods allowed per route (anything else is a 405 with this Allow header).
 METHODS: dict[Route, tuple[str, ...]] = {
@@ -47,6 +53,8 @@ METHODS: dict[Route, tuple[str, ...]] = {
     Route.HEALTHZ: ("GET", "HEAD"),
     Route.READYZ: ("GET", "HEAD"),
     Route.METRICS: ("GET", "HEAD"),
+    Route.TOKENIZE: ("POST",),
+    Route.DETOKENIZE: ("POST",),
 }
 
 

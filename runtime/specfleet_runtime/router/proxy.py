@@ -293,12 +293,14 @@ class Proxy:
         body: bytes,
         classification: Classification,
         pools: list[PoolName],
-        started: float,
+        started: float | None,
     ) -> tuple[Reply | None, Outcome]:
         """Send to an endpoint until one answers; retries happen only before any byte is relayed.
 
         Endpoints of `pools[0]` first; the next pool only once every endpoint of the first failed.
         `target` is the canonical path (and query) sent to the engine, never the client's spelling.
+        `started` (the request's arrival) times its first byte; None for a request that is not
+        inference (tokenizer routes), whose time is not observed.
         """
         headers = forward_headers(request.headers, request.remote)
         tried: set[str] = set()
@@ -365,7 +367,7 @@ class Proxy:
         headers: list[tuple[str, str]],
         classification: Classification,
         pool: PoolName,
-        started: float,
+        started: float | None,
     ) -> tuple[Reply | None, Outcome]:
         """One engine: wait for its first bytes under a stall watch, then relay (no retry after that)."""
         # The task serving this request is its connection's (the server's); asked there, not of asyncio.
@@ -405,9 +407,10 @@ class Proxy:
                         502, pool, "mid_stream"
                     )
                 watch.stop()
-                self.metrics.histogram(self.metrics.time_to_first_byte, classification.pool, pool).observe(
-                    self.clock() - started
-                )
+                if started is not None:
+                    self.metrics.histogram(
+                        self.metrics.time_to_first_byte, classification.pool, pool
+                    ).observe(self.clock() - started)
                 response = Reply(
                     upstream.status,
                     whole,
@@ -498,7 +501,7 @@ class Proxy:
         first: bytes | None,
         classification: Classification,
         pool: PoolName,
-        started: float,
+        started: float | None,
     ) -> tuple[None, Outcome]:
         """Copy the engine's answer to the client as it arrives, unbuffered."""
         is_sse = first is not None
@@ -528,7 +531,7 @@ class Proxy:
                     return None, Outcome(status, pool, "mid_stream")
             if not chunk:
                 break
-            if not observed:
+            if not observed and started is not None:
                 observed = True
                 self.metrics.histogram(self.metrics.time_to_first_byte, classification.pool, pool).observe(
                     self.clock() - started
