@@ -127,3 +127,11 @@ def test_help_is_for_users_not_for_developers():
     assert result.returncode == 0, result.stderr
     assert ".py" not in result.stdout
     assert "--version" in result.stdout
+
+
+def test_a_monitoring_label_without_a_value_is_a_usage_error():
+    example = str(ROOT / "examples" / "01-minimal-eagle3.yaml")
+    result = _specfleet("render", "-f", example, "--monitoring-label", "release")
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 2
+    assert "expected KEY=VALUE" in result.stderr

@@ -53,7 +53,9 @@ def _cmd_render(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    options = RenderOptions(router_image=args.router_image) if args.router_image else RenderOptions()
+    options = RenderOptions(monitoring_labels=tuple(args.monitoring_label or ()))
+    if args.router_image:
+        options = RenderOptions(router_image=args.router_image, monitoring_labels=options.monitoring_labels)
     rendered: list[dict[str, Any]] = []
     failed = False
     for number, doc in enumerate(documents, 1):
@@ -104,6 +106,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig or os.environ.get("KUBECONFIG"),
         resync_seconds=args.resync_seconds,
         router_image=args.router_image or RenderOptions().router_image,
+        monitoring_labels=tuple(args.monitoring_label or ()),
         max_workers=args.max_workers,
         resync_workers=args.resync_workers,
         prometheus_auth=PrometheusAuth(
@@ -275,6 +278,25 @@ def _cmd_version(_: argparse.Namespace) -> int:
     return 0
 
 
+def _label(text: str) -> tuple[str, str]:
+    """A `--monitoring-label KEY=VALUE` argument."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _add_monitoring_label_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--monitoring-label",
+        metavar="KEY=VALUE",
+        type=_label,
+        action="append",
+        help="label every PodMonitor and PrometheusRule (repeatable; a resource's monitoring.labels win), "
+        "e.g. release=kube-prometheus-stack for that chart's Prometheus",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="specfleet", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"specfleet {installed_version()}")
@@ -287,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     render = sub.add_parser("render", help="print the manifests a SpeculativeDeployment produces")
     render.add_argument("-f", "--filename", required=True, help="YAML file with one or more resources, or -")
     render.add_argument("--router-image", help="router image (default: the operator's own)")
+    _add_monitoring_label_flag(render)
     render.set_defaults(func=_cmd_render)
 
     run = sub.add_parser("run", help="run the operator")
@@ -321,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--prometheus-bearer-token-file", help="send this file's token to Prometheus")
     run.add_argument("--prometheus-basic-auth-file", help="file with one line 'username:password'")
+    _add_monitoring_label_flag(run)
     run.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     run.set_defaults(func=_cmd_run)
 
