@@ -21,7 +21,7 @@ help:
 	@echo "make ci-fresh      run .ci/run on a fresh clone with nothing installed by hand (before submitting)"
 	@echo "make crd           regenerate crds/ from the models"
 	@echo "make docs          build the guide (docs/, mkdocs --strict) into build/site"
-	@echo "make docs-reference  regenerate the guide's field reference and troubleshooting pages"
+	@echo "make docs-reference  regenerate the guide's field reference, troubleshooting and chart values pages"
 	@echo "make bench-policy  simulate the policy against static settings and oracles (docs/benchmarks/policy.md)"
 	@echo "make dashboard     regenerate the chart's Grafana dashboard JSON"
 	@echo "make image         build the image with docker, podman or buildah (IMAGE=repo:tag names it)"
@@ -49,7 +49,8 @@ lint:
 docs:
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# docs/reference.md from the CRD schema, docs/troubleshooting.md from api/reasons.py (drift-checked in test-unit).
+# docs/reference.md from the CRD schema, docs/troubleshooting.md from api/reasons.py, docs/values.md from
+# the chart's values.schema.json (drift-checked in test-unit).
 docs-reference:
 	$(PY) -m specfleet.cli.docs_reference --out docs
 

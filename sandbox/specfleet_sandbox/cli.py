@@ -17,6 +17,7 @@ is recorded by PID and start time in DIR/sandbox.json and stopped exactly by `do
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -55,6 +56,20 @@ CRD = Path(__file__).resolve().parents[2] / "crds" / "specfleet.io_speculativede
 
 class SandboxError(RuntimeError):
     """Something the user can act on; printed without a traceback."""
+
+
+# The sandbox extra (pyproject.toml): `load` drives traffic with openai and draws its live view with rich.
+EXTRA_MODULES = ("openai", "rich")
+
+
+def _require_extra(command: str) -> None:
+    """Refuse, naming the extra to install, before a command that needs it starts anything."""
+    missing = [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SandboxError(
+            f"`specfleet sandbox {command}` needs {' and '.join(missing)}, which come with the sandbox "
+            "extra: pip install 'specfleet[sandbox]'"
+        )
 
 
 def _say(message: str) -> None:
@@ -299,6 +314,7 @@ def set_pool_acceptance(
 
 
 def _cmd_load(args: argparse.Namespace) -> int:
+    _require_extra("load")
     result_ok = load(args.dir, args.scenario)
     return 0 if result_ok else 1
 
@@ -429,6 +445,7 @@ def _cmd_down(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    _require_extra("demo")
     work: Path = args.dir
     if (work / STATE).exists():
         raise SandboxError(f"a sandbox is already recorded in {work}: run `make demo-down` first")

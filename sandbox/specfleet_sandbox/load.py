@@ -16,9 +16,11 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import openai
-from openai.types.chat import ChatCompletionMessageParam
+if TYPE_CHECKING:  # the sandbox extra: imported when a generator runs, so `sandbox --help` works without it
+    import openai
+    from openai.types.chat import ChatCompletionMessageParam
 
 SERVED_POOL_HEADER = "x-specfleet-served-pool"
 
@@ -106,6 +108,8 @@ class LoadGenerator:
         return self.snapshot()
 
     async def _main(self) -> None:
+        import openai
+
         client = openai.AsyncOpenAI(
             base_url=f"{self.base_url}/v1",
             api_key=self.api_key,

@@ -131,6 +131,17 @@ def test_prometheus_credentials_are_mounted_files_and_tls_is_verified(cluster):
     assert "--prometheus-insecure-skip-verify" in container["args"]
 
 
+@pytest.mark.parametrize(("tag", "image"), [("1", "1"), ("0", "0"), ("v0.2.0", "v0.2.0"), ("", None)])
+def test_image_tag_is_taken_as_typed(cluster, tag, image):
+    # --set parses 1 as a number: the schema accepts it and the template prints it as written.
+    out = helm(cluster, "template", RELEASE, str(CHART), "--set", f"image.tag={tag}").stdout
+    deploy = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment")
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    expected = f"ghcr.io/specfleet/specfleet:{image or yaml.safe_load((CHART / 'Chart.yaml').read_text())['appVersion']}"
+    assert container["image"] == expected
+    assert f"--router-image={expected}" in container["args"]
+
+
 def test_chart_crd_is_the_generated_one():
     assert (CHART / "crds" / "specfleet.io_speculativedeployments.yaml").read_text() == (
         ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"

@@ -57,6 +57,16 @@ def test_reference_shows_types_defaults_enums_units_and_rules():
     assert "status.pools.&lt;pool>" in page, "a bare <pool> would be read as an HTML tag"
 
 
+def test_values_reference_lists_every_value_with_a_description_and_its_default():
+    page = docs_reference.values_reference()
+    assert '| `image.tag` | string or number | `""` |' in page
+    assert '| `grafana.dashboard.labelValue` | string | `"1"` |' in page, "a string default reads as one"
+    for line in page.splitlines():
+        if line.startswith("| `"):
+            assert not line.endswith("|  |"), f"a value without a description: {line}"
+    assert "- Helm chart values: values.md" in (ROOT / "mkdocs.yml").read_text()
+
+
 def test_troubleshooting_lists_every_reason_under_its_own_heading():
     page = docs_reference.troubleshooting()
     for value in reasons.REASON_DOCS:

@@ -268,6 +268,20 @@ def test_pod_monitor_only_when_asked():
     assert "PodMonitor" not in [c["kind"] for c in render_children(no_monitor, ON)]
 
 
+def test_monitoring_labels_of_the_installation_yield_to_the_resources():
+    from specfleet.render import RenderOptions
+
+    options = RenderOptions(monitoring_labels=(("release", "kube-prometheus-stack"), ("team", "ml")))
+    sd = _sd(patch={"spec": {"monitoring": {"prometheusRule": True, "labels": {"release": "mine"}}}})
+    monitors = [c for c in render_children(sd, ON, options) if c["kind"] in ("PodMonitor", "PrometheusRule")]
+    assert len(monitors) == 2
+    for monitor in monitors:
+        assert monitor["metadata"]["labels"]["release"] == "mine"
+        assert monitor["metadata"]["labels"]["team"] == "ml"
+    engines = [c for c in render_children(sd, ON, options) if c["kind"] == "Deployment"]
+    assert all("team" not in c["metadata"]["labels"] for c in engines)
+
+
 def test_pdb_defaults_to_one_disruption():
     pdb = _by_key(render_children(_sd(), ON))[("PodDisruptionBudget", "assistant-latency")]
     assert pdb["spec"]["minAvailable"] == 2

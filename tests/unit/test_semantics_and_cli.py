@@ -160,7 +160,9 @@ def test_every_flag_has_help_and_shows_its_default(monkeypatch):
     for argv, parser in _all_parsers():
         text = parser.format_help()
         for action in parser._actions:
-            if not action.option_strings or isinstance(action, argparse._HelpAction):
+            if not action.option_strings or isinstance(
+                action, (argparse._HelpAction, argparse._VersionAction)
+            ):
                 continue
             where = f"specfleet {' '.join(argv)} {action.option_strings[-1]}"
             assert action.help, f"{where} has no help"

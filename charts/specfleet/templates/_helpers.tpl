@@ -27,5 +27,7 @@ app.kubernetes.io/component: operator
 {{- end -}}
 
 {{- define "specfleet.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- /* toString: `--set image.tag=1` arrives as a number (0 included, which `default` would drop) */ -}}
+{{- $tag := toString .Values.image.tag -}}
+{{- printf "%s:%s" .Values.image.repository (eq $tag "" | ternary .Chart.AppVersion $tag) -}}
 {{- end -}}

@@ -60,5 +60,7 @@ class MonitoringSpec(ApiModel):
     alerts: AlertSpec = Field(default_factory=AlertSpec, description="Alert values of the PrometheusRule.")
     labels: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra labels on the PodMonitor and PrometheusRule (to match a Prometheus selector).",
+        description="Extra labels on the PodMonitor and PrometheusRule, to match your Prometheus' selectors "
+        "(kube-prometheus-stack's selects release: <its Helm release name>). They win over the operator's "
+        "chart value monitoring.labels.",
     )

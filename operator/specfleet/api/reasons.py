@@ -229,8 +229,10 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "Auto pool holds its current mode: a load that was not measured is never read as zero.",
         "Check `policy.prometheus.url` from the operator's pod, and that Prometheus scrapes the engines "
         "with their pod labels `specfleet.io/deployment`, `specfleet.io/pool` and `specfleet.io/track` "
-        "(`monitoring.podMonitor: true` in the spec renders a PodMonitor that does it). See "
-        "[Getting started](getting-started.md#prerequisites).",
+        "(`monitoring.podMonitor: true` in the spec renders a PodMonitor that does it). A PodMonitor "
+        "that Prometheus ignores lacks the label its `podMonitorSelector` wants: kube-prometheus-stack's "
+        "wants `release: <its Helm release name>`; set it in `monitoring.labels` or the chart's "
+        "`monitoring.labels`. See [Getting started](getting-started.md#prerequisites).",
     ),
     COST_PROFILE_FROM_CONFIG_MAP: ReasonDoc(
         "CostProfileLoaded", "The policy decides with the cost profile from your ConfigMap.", _NOTHING

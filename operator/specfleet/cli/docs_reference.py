@@ -1,7 +1,8 @@
 """Generate the guide's reference pages from their sources of truth.
 
 `docs/reference.md` comes from the CRD schema (itself generated from the models: types, defaults, enums,
-bounds, CEL rules, descriptions) and `docs/troubleshooting.md` from `api/reasons.py`. Both are committed;
+bounds, CEL rules, descriptions), `docs/troubleshooting.md` from `api/reasons.py` and `docs/values.md`
+from the chart's values.schema.json (with the defaults of its values.yaml). All are committed;
 `make docs-reference` rewrites them and a unit test fails when they drift, as for the CRD.
 """
 
@@ -12,6 +13,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from specfleet.api import reasons
 from specfleet.api.constants import API_VERSION, KIND
@@ -188,7 +191,55 @@ def troubleshooting() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-PAGES = {"reference.md": field_reference, "troubleshooting.md": troubleshooting}
+# The chart sits beside the packages in the source tree (this generator runs from a checkout).
+CHART = Path(__file__).resolve().parents[3] / "charts" / "specfleet"
+
+
+def _value_rows(path: str, node: dict[str, Any], defaults: Any, rows: list[str]) -> None:
+    """One row per value the schema declares, nested objects flattened into dotted paths."""
+    for name, prop in node.get("properties", {}).items():
+        child = f"{path}.{name}" if path else name
+        default = defaults.get(name) if isinstance(defaults, dict) else None
+        if "properties" in prop:
+            _value_rows(child, prop, default, rows)
+            continue
+        kinds = prop.get("type", "any")
+        kind = " or ".join(kinds) if isinstance(kinds, list) else _type(prop)
+        notes = _constraints(name, prop)
+        if prop.get("type") == "array":
+            notes += _constraints(name, prop.get("items", {}))
+        description = _cell(prop.get("description", ""))
+        if notes:
+            description += " (" + "; ".join(notes) + ")"
+        # JSON, not _code: a string default such as "1" must not read as a number.
+        shown = f"`{json.dumps(default)}`" if isinstance(defaults, dict) and name in defaults else ""
+        rows.append(f"| `{child}` | {kind} | {shown} | {description} |")
+
+
+def values_reference() -> str:
+    """The Helm chart's values, from its values.schema.json and the defaults in its values.yaml."""
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    rows = ["| Value | Type | Default | Description |", "|---|---|---|---|"]
+    _value_rows("", schema, defaults, rows)
+    out = [
+        _HEADER.format(source="specfleet.cli.docs_reference from charts/specfleet/values.schema.json"),
+        "# Helm chart values\n",
+        "Every value of the `specfleet` chart (`charts/specfleet`), from its `values.schema.json`, with the "
+        "defaults of its `values.yaml`. Helm checks values against the schema on `install`, `upgrade` and "
+        "`template`: a misspelt or unknown value is an error, not silently ignored. Set them with "
+        "`--set path=value` or a values file (`-f`); `helm show values` prints the defaults with their "
+        "comments. [Install details](install.md) describes what the chart installs.\n",
+        *rows,
+    ]
+    return "\n".join(out).rstrip() + "\n"
+
+
+PAGES = {
+    "reference.md": field_reference,
+    "troubleshooting.md": troubleshooting,
+    "values.md": values_reference,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

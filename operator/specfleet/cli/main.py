@@ -1,10 +1,11 @@
-"""`specfleet`: print the CRD, render manifests, simulate and plan a fleet, measure a profile, run the operator,
-show status, run the sandbox, print the version. `simulate` and `plan` live in simulate.py, `status` in
-status.py, the measurement behind `profile` in profile.py."""
+"""The `specfleet` command: its parser and the commands without a module of their own. `simulate` and
+`plan` live in simulate.py, `status` in status.py, the measurement behind `profile` in profile.py; the
+sandbox is its own program (specfleet_sandbox), started in this process's place."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -14,13 +15,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from specfleet import __version__
 from specfleet.api.crd import crd_yaml
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
-from specfleet.cli.common import CommandParser, describe_subcommands, load_documents, shown
+from specfleet.cli.common import (
+    CommandParser,
+    CredentialsError,
+    InputError,
+    cluster_client,
+    describe_subcommands,
+    load_documents,
+    shown,
+    write_output,
+)
 from specfleet.cli.simulate import add_parsers as add_simulation_parsers
 from specfleet.cli.status import add_parser as add_status_parser
 from specfleet.controller.logs import configure_json_logging
@@ -30,19 +38,14 @@ from specfleet.render.common import to_yaml
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    text = crd_yaml()
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return write_output(args.output, crd_yaml())
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
     try:
         documents = load_documents(args.filename)
-    except (OSError, yaml.YAMLError) as err:
-        print(f"error: cannot read {args.filename}: {err}", file=sys.stderr)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 1
     if not documents:
         print(
@@ -50,7 +53,9 @@ def _cmd_render(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    options = RenderOptions(router_image=args.router_image) if args.router_image else RenderOptions()
+    options = RenderOptions(monitoring_labels=tuple(args.monitoring_label or ()))
+    if args.router_image:
+        options = RenderOptions(router_image=args.router_image, monitoring_labels=options.monitoring_labels)
     rendered: list[dict[str, Any]] = []
     failed = False
     for number, doc in enumerate(documents, 1):
@@ -101,6 +106,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig or os.environ.get("KUBECONFIG"),
         resync_seconds=args.resync_seconds,
         router_image=args.router_image or RenderOptions().router_image,
+        monitoring_labels=tuple(args.monitoring_label or ()),
         max_workers=args.max_workers,
         resync_workers=args.resync_workers,
         prometheus_auth=PrometheusAuth(
@@ -110,6 +116,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             basic_auth_file=args.prometheus_basic_auth_file,
         ),
     )
+    # Kopf would log the failed login as a traceback and retry it forever: check the credentials first.
+    try:
+        api_client = cluster_client(config.kubeconfig)
+    except CredentialsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_address)
     namespaces = args.namespace or []
@@ -129,12 +141,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.leader_election_namespace:
         run_kopf()
         return 0
-    from specfleet.controller.kube import KubeLease, load_kube_config
+    from specfleet.controller.kube import KubeLease
     from specfleet.controller.leader import LeaderElector, run_as_leader
 
-    lease = KubeLease(
-        load_kube_config(config.kubeconfig), args.leader_election_namespace, args.leader_election_name
-    )
+    lease = KubeLease(api_client, args.leader_election_namespace, args.leader_election_name)
     identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
     elector = LeaderElector(lease, lease.name, lease.namespace, identity)
     return run_as_leader(elector, run_kopf)
@@ -175,11 +185,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     text = profile_document(profile, doc.get("measuredWith"))
     if args.config_map:
         text = to_yaml([config_map(args.config_map, args.namespace, text)])
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return write_output(args.output, text)
 
 
 def _profile_job(args: argparse.Namespace) -> int:
@@ -199,18 +205,13 @@ def _profile_job(args: argparse.Namespace) -> int:
         specfleet_image=args.specfleet_image or RenderOptions().router_image,
         gpus=args.gpus,
     )
-    text = to_yaml(manifests)
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return write_output(args.output, to_yaml(manifests))
 
 
 def _profile_publish(args: argparse.Namespace) -> int:
     """Check a measurement's output and apply it as the profile ConfigMap (the Job's second step)."""
     from specfleet.cli.profile import ProfileError, config_map, parse_output, profile_document
-    from specfleet.controller.kube import KubeCluster, load_kube_config
+    from specfleet.controller.kube import KubeCluster
     from specfleet.reconcile import ApplyRejectedError
 
     if not (args.config_map and args.namespace):
@@ -226,7 +227,10 @@ def _profile_publish(args: argparse.Namespace) -> int:
         return 1
     manifest = config_map(args.config_map, args.namespace, profile_document(profile, doc.get("measuredWith")))
     try:
-        KubeCluster(load_kube_config(args.kubeconfig)).apply(manifest)
+        KubeCluster(cluster_client(args.kubeconfig)).apply(manifest)
+    except CredentialsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except ApplyRejectedError as err:
         print(
             f"error: the cluster refused configmap/{args.config_map} in {args.namespace}: {err}",
@@ -254,13 +258,48 @@ def _measure_options(args: argparse.Namespace) -> list[str]:
     return options
 
 
+# What `specfleet --help` says: for users, so it names what each command does, not where its code lives.
+DESCRIPTION = """\
+specfleet runs vLLM fleets with speculative decoding on Kubernetes and turns speculation on or off per
+pool as load changes. Print the CRD, render what a SpeculativeDeployment produces, run the operator,
+show status, simulate and plan a fleet, measure a cost profile, or try it all in a local sandbox."""
+
+
+def installed_version() -> str:
+    """The installed package's version (its metadata), or the source tree's when run uninstalled."""
+    try:
+        return importlib.metadata.version("specfleet")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
+
+
 def _cmd_version(_: argparse.Namespace) -> int:
-    print(__version__)
+    print(installed_version())
     return 0
 
 
+def _label(text: str) -> tuple[str, str]:
+    """A `--monitoring-label KEY=VALUE` argument."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _add_monitoring_label_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--monitoring-label",
+        metavar="KEY=VALUE",
+        type=_label,
+        action="append",
+        help="label every PodMonitor and PrometheusRule (repeatable; a resource's monitoring.labels win), "
+        "e.g. release=kube-prometheus-stack for that chart's Prometheus",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="specfleet", description=__doc__)
+    parser = CommandParser(prog="specfleet", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"specfleet {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     crd = sub.add_parser("crd", help="print (or write) the CustomResourceDefinition")
@@ -270,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     render = sub.add_parser("render", help="print the manifests a SpeculativeDeployment produces")
     render.add_argument("-f", "--filename", required=True, help="YAML file with one or more resources, or -")
     render.add_argument("--router-image", help="router image (default: the operator's own)")
+    _add_monitoring_label_flag(render)
     render.set_defaults(func=_cmd_render)
 
     run = sub.add_parser("run", help="run the operator")
@@ -304,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--prometheus-bearer-token-file", help="send this file's token to Prometheus")
     run.add_argument("--prometheus-basic-auth-file", help="file with one line 'username:password'")
+    _add_monitoring_label_flag(run)
     run.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     run.set_defaults(func=_cmd_run)
 

@@ -15,7 +15,7 @@ import yaml
 
 from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
-from specfleet.cli.common import load_documents, shown
+from specfleet.cli.common import InputError, load_documents, shown
 from specfleet.cli.progress import TerminalProgress
 
 
@@ -27,8 +27,8 @@ def _load_one_resource(path: str) -> Any:
     """The first SpeculativeDeployment in a file, validated as the apiserver and operator would."""
     try:
         documents = load_documents(path)
-    except (OSError, yaml.YAMLError) as err:
-        raise _UsageError(f"cannot read {path}: {err}") from None
+    except InputError as err:
+        raise _UsageError(str(err)) from None
     if not documents:
         raise _UsageError(f"{shown(path)} holds no resources (it is empty or only comments)")
     docs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "SpeculativeDeployment"]

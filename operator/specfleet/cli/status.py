@@ -9,6 +9,7 @@ prints a resource's lines again only when they change.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -18,11 +19,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from specfleet.api.constants import GROUP, KIND, PLURAL, VERSION
+from specfleet.cli.common import CredentialsError, cluster_client, credentials_tried
 from specfleet.cli.status_view import POOL_COLUMNS, FleetView, fleet_view, plain_lines, pool_cells
 
 Fetch = Callable[[], list[dict[str, Any]]]
-# Where the Kubernetes client looks when neither --kubeconfig nor KUBECONFIG names a file.
-DEFAULT_KUBECONFIG = "~/.kube/config"
 
 
 def make_fetch(api_client: Any, namespace: str | None, name: str | None) -> Fetch:
@@ -81,6 +81,8 @@ def run_status(
     """Print once, or keep watching until interrupted."""
     out = out or sys.stdout
     terminal = out.isatty() if terminal is None else terminal
+    # rich comes with the sandbox extra; without it a terminal gets the plain lines a pipe gets.
+    terminal = terminal and importlib.util.find_spec("rich") is not None
     if not watch:
         views = [fleet_view(o) for o in fetch()]
         if not views:
@@ -163,16 +165,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    from specfleet.controller.kube import load_kube_config
-
     kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG")
-    tried = f"kubeconfig {kubeconfig}" if kubeconfig else f"in-cluster, then kubeconfig {DEFAULT_KUBECONFIG}"
+    tried = credentials_tried(kubeconfig)
     try:
-        api_client = load_kube_config(kubeconfig)
-    except Exception as err:  # kubeconfig problems raise the client's own ConfigException
-        if type(err).__name__ != "ConfigException" and not isinstance(err, OSError):
-            raise
-        print(f"error: no usable cluster credentials (tried {tried}): {err}", file=sys.stderr)
+        api_client = cluster_client(kubeconfig)
+    except CredentialsError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 1
     server = str(api_client.configuration.host)
     try:

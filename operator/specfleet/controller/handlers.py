@@ -76,6 +76,8 @@ class OperatorConfig:
     resync_workers: int = 2
     # TLS verification and credentials for every Prometheus the resources name.
     prometheus_auth: PrometheusAuth = field(default_factory=PrometheusAuth)
+    # Labels on every PodMonitor and PrometheusRule the operator renders (RenderOptions.monitoring_labels).
+    monitoring_labels: tuple[tuple[str, str], ...] = ()
 
 
 def _observe_query(seconds: float, ok: bool) -> None:
@@ -173,7 +175,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Log
 
     cluster = KubeCluster(load_kube_config(config.kubeconfig))
     controller = Controller(
-        cluster, RenderOptions(router_image=config.router_image), _querier_factory(config.prometheus_auth)
+        cluster,
+        RenderOptions(router_image=config.router_image, monitoring_labels=config.monitoring_labels),
+        _querier_factory(config.prometheus_auth),
     )
     emit = _policy_emitter(cluster)
     scheduler = PolicyScheduler(controller, emit)

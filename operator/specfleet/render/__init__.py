@@ -130,7 +130,7 @@ def render_children(
             children.append(autoscaler)
     children += [render_router_service(sd, options), render_router_deployment(sd, options)]
     if sd.spec.monitoring.pod_monitor:
-        children.append(render_pod_monitor(sd))
+        children.append(render_pod_monitor(sd, options))
     if sd.spec.monitoring.prometheus_rule:
-        children.append(render_prometheus_rule(sd))
+        children.append(render_prometheus_rule(sd, options))
     return [with_render_hash(child) for child in children]

@@ -35,6 +35,9 @@ class RenderOptions:
 
     router_image: str = f"ghcr.io/specfleet/specfleet:{__version__}"
     router_port: int = ROUTER_PORT
+    # Labels on every PodMonitor and PrometheusRule (the chart's monitoring.labels, e.g. kube-prometheus-
+    # stack's `release: <its release>`); a resource's own spec.monitoring.labels win over them.
+    monitoring_labels: tuple[tuple[str, str], ...] = ()
 
 
 def pool_name(sd: SpeculativeDeployment, pool: str) -> str:

@@ -16,7 +16,7 @@ from specfleet.api.reasons import DEGRADED, METRICS_AVAILABLE
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.observe.resource_metrics import CONDITION, POOL_READY_REPLICAS, POOL_REPLICAS, POOL_SPECULATING
 from specfleet.policy.threshold import threshold_values
-from specfleet.render.common import Manifest, metadata
+from specfleet.render.common import Manifest, RenderOptions, metadata
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import default_profile
 from specfleet_runtime.names import (
@@ -29,10 +29,17 @@ from specfleet_runtime.names import (
 )
 
 
-def render_pod_monitor(sd: SpeculativeDeployment) -> Manifest:
-    """One PodMonitor scraping /metrics on the `http` port of every pod of this resource."""
+def _monitoring_metadata(sd: SpeculativeDeployment, options: RenderOptions) -> dict[str, Any]:
+    """Metadata of the PodMonitor and PrometheusRule: the installation's labels, then the resource's."""
     meta = metadata(sd, sd.name, "monitoring")
+    meta["labels"].update(dict(options.monitoring_labels))
     meta["labels"].update(sd.spec.monitoring.labels)
+    return meta
+
+
+def render_pod_monitor(sd: SpeculativeDeployment, options: RenderOptions) -> Manifest:
+    """One PodMonitor scraping /metrics on the `http` port of every pod of this resource."""
+    meta = _monitoring_metadata(sd, options)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
@@ -194,10 +201,9 @@ def _alert(name: str, expr: str, hold: str, severity: str, summary: str, descrip
     }
 
 
-def render_prometheus_rule(sd: SpeculativeDeployment) -> Manifest:
+def render_prometheus_rule(sd: SpeculativeDeployment, options: RenderOptions) -> Manifest:
     """One PrometheusRule with this resource's recording rules and alerts (labels as the PodMonitor's)."""
-    meta = metadata(sd, sd.name, "monitoring")
-    meta["labels"].update(sd.spec.monitoring.labels)
+    meta = _monitoring_metadata(sd, options)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
