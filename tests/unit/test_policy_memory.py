@@ -14,7 +14,8 @@ from specfleet.api.policy import PolicySpec
 from specfleet.observe.prometheus import fleet_queries, query_fleet
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide
 from specfleet.policy.answers import ABOVE_ONE, BAD_CACHE_CONFIG, FleetAnswers, PoolSelector, observe
-from specfleet.policy.memory import OFF, memory_view, recompute_seconds_per_token
+from specfleet.policy.memory import recompute_seconds_per_token
+from specfleet.policy.throughput import OFF, memory_view
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import MemoryProfile, StepTimeProfile, default_profile
 from support.fake_prometheus import FakePrometheus
@@ -71,12 +72,12 @@ def test_each_setting_holds_what_its_blocks_allow():
     assert v is not None
     assert v.demand == 12.0
     assert v.footprint_tokens == 1100.0
-    assert {n: (s.fits, s.batch) for n, s in v.settings.items()} == {
+    assert {n: (s.fits, v.batch(n)) for n, s in v.settings.items()} == {
         "off": (14, 12.0),
         "K1": (4, 4.0),
         "K3": (4, 4.0),
     }
-    assert v.bound  # 12 do not fit with the drafter (4) while they do without (14)
+    assert v.bound()  # 12 do not fit with the drafter (4) while they do without (14)
     assert v.current == "K3"
 
 
@@ -88,7 +89,7 @@ def test_lookahead_slots_cost_a_block_where_they_cross_one():
     v = memory_view(HAND, ob, [1, 3], mode="Off", current_k=3)
     assert v is not None
     assert [v.settings[n].fits for n in ("off", "K1", "K3")] == [5, 4, 4]
-    assert v.bound
+    assert v.bound()
 
 
 def test_throughput_is_batch_times_tokens_per_step_over_step_time():
@@ -99,10 +100,8 @@ def test_throughput_is_batch_times_tokens_per_step_over_step_time():
     # K 1: 4 x 1.5 tokens / step(4, 1) = 12.42 ms -> 483.09; K 3: 4 x 1.875 / 16.72 ms -> 448.56
     assert v.tokens_per_second("K1", ACC) == pytest.approx(6 / 0.01242)
     assert v.tokens_per_second("K3", ACC) == pytest.approx(7.5 / 0.01672)
-    best, gain_best, gain_now = v.gains([1, 3], ACC)
-    assert best == 1
-    assert gain_best == pytest.approx((6 / 0.01242) / (12 / 0.0111))
-    assert gain_now == pytest.approx((7.5 / 0.01672) / (12 / 0.0111))
+    assert v.gain("K1", ACC) == pytest.approx((6 / 0.01242) / (12 / 0.0111))
+    assert v.gain("K3", ACC) == pytest.approx((7.5 / 0.01672) / (12 / 0.0111))
 
 
 def test_preemptions_cost_the_recompute_of_prompt_and_half_the_output_where_memory_bounds():
@@ -125,15 +124,15 @@ def test_preemptions_cost_the_recompute_of_prompt_and_half_the_output_where_memo
 def test_a_demand_that_fits_is_not_memory_bound():
     v = memory_view(HAND, mobs(running=3.0, waiting=0.0), [1, 3], mode="On", current_k=3)
     assert v is not None
-    assert not v.bound
-    assert {s.batch for s in v.settings.values()} == {3.0}
+    assert not v.bound()
+    assert {v.batch(n) for n in v.settings} == {3.0}
 
 
 def test_max_num_seqs_bounds_the_batch_before_memory_does():
     v = memory_view(HAND, mobs(), [1, 3], mode="On", current_k=3, max_num_seqs=4)
     assert v is not None
-    assert not v.bound
-    assert v.settings[OFF].batch == 4.0
+    assert not v.bound()
+    assert v.batch(OFF) == 4.0
 
 
 def test_capacity_measured_per_setting_else_the_profile_else_unknown():
@@ -220,24 +219,42 @@ def test_without_memory_the_same_pool_stays_on():
 @pytest.mark.parametrize(
     "strip",
     [
-        {"waiting": None},
+        {"kv_capacity_tokens_off": None, "kv_capacity_tokens_on": None},
         {"mean_prompt_tokens": None, "mean_output_tokens": None},
     ],
 )
 @pytest.mark.parametrize(
-    ("mode", "running", "per_replica"), [("On", 2.4, 24.0), ("Off", 11.0, 24.0), ("On", 30.0, 30.0)]
+    ("mode", "running", "per_replica"), [("On", 2.4, 24.0), ("Off", 11.0, 24.0), ("On", 3.0, 30.0)]
 )
-def test_no_memory_metrics_means_the_decision_of_a_policy_without_memory(strip, mode, running, per_replica):
+def test_memory_terms_vanish_where_capacity_or_request_size_is_unknown(strip, mode, running, per_replica):
+    # One model: without a capacity (no profile section, none measured) or a request size, no batch is
+    # bound by memory, and the decision is the one a cache too large to bind gives.
     ob = replace(big_obs(running, per_replica), **strip)
-    without = one(st(mode), ob, profile=replace(BIG, memory=None))
-    assert one(st(mode), ob) == without
-    # A profile without a memory section and no measured capacity: the same decision as without the
-    # memory metrics (the lengths stay: they price the prefill in every prediction).
-    same = one(st(mode), big_obs(running, per_replica), profile=replace(BIG, memory=None))
-    baseline = one(
-        st(mode), replace(big_obs(running, per_replica), waiting=None), profile=replace(BIG, memory=None)
+    unknown = one(st(mode), ob, profile=replace(BIG, memory=None))
+    vast = replace(BIG, memory=MemoryProfile(kv_cache_tokens=10**9, kv_cache_tokens_with_drafter=10**9))
+    unbound = one(st(mode), ob, profile=vast)
+    assert unknown.reason != r.GOODPUT_MEMORY_BOUND
+    assert (unknown.target, unknown.reason, unknown.message) == (
+        unbound.target,
+        unbound.reason,
+        unbound.message,
     )
-    assert replace(same, observations={}) == replace(baseline, observations={})
+
+
+def test_without_a_waiting_count_the_running_requests_are_the_demand():
+    # 11 running per replica measured off; with the drafter the cache holds 3 of them: the running count
+    # alone shows memory bounds the speculating engine.
+    d = one(st("Off"), replace(big_obs(11.0, 11.0), waiting=None))
+    assert (d.flip, d.target, d.reason) == (False, "Off", r.GOODPUT_MEMORY_BOUND)
+    assert d.observations["demandPerReplica"] == "11"
+
+
+def test_engines_running_more_than_the_model_fits_calibrate_the_request_size():
+    # The profile says the drafter's cache holds 3 requests of 1,100 tokens, yet 30 run with it: what is
+    # measured wins (the footprint falls to what 30 fit in), and the pool is not memory-bound.
+    d = one(st("On"), big_obs(30.0, 30.0))
+    assert d.reason != r.GOODPUT_MEMORY_BOUND
+    assert d.target == "On"
 
 
 def test_an_off_pool_stays_off_while_memory_bound_and_turns_on_once_demand_fits_after_the_gates():

@@ -1,6 +1,6 @@
 """One pool assessed before the gates (pure): the acceptance estimate (the newest interval's while the
-window's is moving), the expected load, Goodput's predictions (at memory's batch where memory is the
-bound) or Threshold's rule, and the mode they ask for (`assess`); `wanted_mode` is the same question
+window's is moving), the expected load, Goodput's predictions (one model of the pool,
+`policy.throughput`) or Threshold's rule, and the mode they ask for (`assess`); `wanted_mode` is the same question
 without the load projection.
 """
 
@@ -14,19 +14,13 @@ from specfleet.api.policy import PolicySpec
 from specfleet.policy.acceptance import Estimate, acceptance_moving, estimate_for, newest_acceptance
 from specfleet.policy.canaries import active_canaries, settling
 from specfleet.policy.decision import PoolDecision, Wanted, goodput_margin, pool_k
-from specfleet.policy.goodput import (
-    GoodputPrediction,
-    candidate_ks,
-    goodput_over_path,
-    goodput_prediction,
-    goodput_wanted,
-    prediction_at_memory,
-)
+from specfleet.policy.goodput import GoodputPrediction, candidate_ks, goodput_prediction, goodput_wanted
 from specfleet.policy.load import commit_path, expected_load, measured_load
-from specfleet.policy.memory import memory_view
+from specfleet.policy.memory import DEFAULT_MAX_NUM_SEQS
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
 from specfleet.policy.schedule import Schedule
 from specfleet.policy.threshold import threshold_wanted
+from specfleet.policy.throughput import pool_model
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 
@@ -105,24 +99,14 @@ def assess(
         if fresh is not None:
             est_flip = replace(fresh, source="newestInterval", remember=est.remember)
     measured = measured_load(observed)
-    load = expected_load(policy, state, observed, now)
+    # The load a change is decided for, never past what an engine runs (--max-num-seqs).
+    load = min(expected_load(policy, state, observed, now), float(state.max_num_seqs or DEFAULT_MAX_NUM_SEQS))
     obs = replace(observed, running_per_replica=load)
     gains = None
     if policy.mode == "Goodput":
-        ppo = observed.prompt_per_output  # prefill priced where the lengths are measured
-        g = goodput_prediction(
-            current_k if state.mode == "On" else None, load, est, profile, k, schedule, ppo
-        )
-        g_observed = goodput_prediction(None, measured, est, profile, k, prompt_per_output=ppo)
-        gains = (g, g_observed)
-        # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
-        # locked, lighter budget) and the canaries on the projected load (`gains`).
-        path = commit_path(policy, state, measured, load)
-        g_commit = goodput_over_path(
-            current_k if state.mode == "On" else None, path, est_flip, profile, k, schedule, ppo
-        )
-        # Where memory, not compute, is the bound: each setting's throughput at the batch it holds.
-        mem = memory_view(
+        # One model of the pool (policy.throughput): each setting's tokens/s at a demand of running
+        # plus waiting requests per replica; the waiting ones ride on every projected load.
+        model = pool_model(
             profile,
             observed,
             candidate_ks(profile, k),
@@ -131,11 +115,14 @@ def assess(
             schedule=schedule,
             max_num_seqs=state.max_num_seqs,
         )
-        if mem is not None and mem.bound:
-            g, g_observed, g_commit = (
-                prediction_at_memory(x, mem, profile, k) for x in (g, g_observed, g_commit)
-            )
-            gains = (g, g_observed)
+        queued = max(0.0, model.demand - measured)
+        g = goodput_prediction(model, [load + queued], est, k)
+        g_observed = goodput_prediction(model, [model.demand], est, k)
+        gains = (g, g_observed)
+        # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
+        # locked, lighter budget) and the canaries on the projected load (`gains`).
+        path = commit_path(policy, state, measured, load)
+        g_commit = goodput_prediction(model, [c + queued for c in path], est_flip, k)
         wanted = goodput_wanted(policy, state, obs, g_commit, est_flip)
         if schedule and wanted.mode == "Off" and g_observed.gain_best > 1 + goodput_margin(policy):
             # A pool following a schedule already drafts less (or nothing) as batches grow, so turning
@@ -150,9 +137,10 @@ def assess(
                 "drafts less as batches grow",
                 wanted.numbers,
             )
-        if mem is not None and mem.bound:
-            why = mem.why(g_commit.best, g_commit.per_position) + "; " if wanted.mode == "Off" else ""
-            shown = {**wanted.numbers, **mem.numbers(g_commit.per_position)}
+        if model.memory_known and model.bound():
+            # Where memory, not compute, bounds the batch, the decision says so and shows it.
+            why = model.why(g_commit.best, g_commit.per_position) + "; " if wanted.mode == "Off" else ""
+            shown = {**wanted.numbers, **model.numbers(g_commit.per_position)}
             reason = r.GOODPUT_MEMORY_BOUND if why else wanted.reason
             wanted = replace(wanted, reason=reason, message=why + wanted.message, numbers=shown)
     else:
@@ -194,14 +182,15 @@ def wanted_mode(
     limit = max_k or k
     est = estimate_for(policy, state, obs, now, limit)
     if policy.mode == "Goodput":
-        load = measured_load(obs)
-        g = goodput_prediction(
-            k if state.mode == "On" else None,
-            load,
-            est,
+        model = pool_model(
             profile,
-            limit,
-            prompt_per_output=obs.prompt_per_output,
+            obs,
+            candidate_ks(profile, limit),
+            mode=state.mode,
+            current_k=k,
+            max_num_seqs=state.max_num_seqs,
         )
+        measured_load(obs)  # raises for an observation without a load
+        g = goodput_prediction(model, [model.demand], est, limit)
         return goodput_wanted(policy, state, obs, g, est)
     return threshold_wanted(policy, k, state, obs, est, profile)

@@ -1,23 +1,22 @@
-"""What Goodput mode asks for (pure): each K's predicted speedup from the per-position acceptance and
-the load, at an instant (`goodput_prediction`) or averaged over a flip's commit path
-(`goodput_over_path`), optionally as throughput where memory is the bound (`policy.memory`), and the
-mode the prediction asks for with its margin (`goodput_wanted`). The rules are in docs/policy.md.
+"""What Goodput mode asks for (pure): each K's predicted gain from the per-position acceptance and the
+pool's model (`policy.throughput`: batch, decode, prefill, memory and preemptions in one formula) at
+a demand or averaged over a flip's commit path (`goodput_prediction`), and the mode the prediction
+asks for with its margin (`goodput_wanted`). The rules are in docs/policy.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.policy.acceptance import Estimate
 from specfleet.policy.decision import Wanted, goodput_margin
 from specfleet.policy.load import measured_load
-from specfleet.policy.memory import MemoryView
 from specfleet.policy.observations import PoolObservation, PoolState
-from specfleet.policy.schedule import Schedule, schedule_speedup
-from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, StepTimeProfile, best_k, speedup
+from specfleet.policy.throughput import PoolModel, setting_name
+from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, StepTimeProfile, speedup
 
 
 def predicted_speedup(
@@ -67,69 +66,21 @@ def _acceptance_of(est: Estimate | None) -> tuple[tuple[float, ...], str]:
     return est.per_position, est.source
 
 
-def _speedup_now(
-    profile: StepTimeProfile,
-    load: float,
-    k_now: int,
-    schedule: Schedule | None,
-    per_position: Sequence[float],
-    prompt_per_output: float,
-) -> float:
-    """The speculating pool's predicted speedup: at its K, or following its Dynamic SD schedule."""
-    if schedule:
-        return schedule_speedup(profile, load, schedule, per_position, prompt_per_output)
-    return predicted_speedup(profile, load, k_now, per_position, prompt_per_output)
-
-
 def goodput_prediction(
-    k_now: int | None,
-    load: float,
-    est: Estimate | None,
-    profile: StepTimeProfile,
-    max_k: int,
-    schedule: Schedule | None = None,
-    prompt_per_output: float = 0.0,
+    model: PoolModel, demands: Sequence[float], est: Estimate | None, max_k: int
 ) -> GoodputPrediction:
+    """Each candidate K's gain (`PoolModel.gain`) averaged over `demands` (one demand: an instant; a
+    flip's commit path: the period it locks the pool), the best of them, and the current setting's."""
     per_position, source = _acceptance_of(est)
-    # The best K does not depend on the prefill: every K >= 1 pays the same drafter prefill.
-    best = best_k(profile, max(1.0, load), list(per_position), candidates=candidate_ks(profile, max_k))
-    r = prompt_per_output
-    gain_best = predicted_speedup(profile, load, best, per_position, r)
-    gain_now = None if k_now is None else _speedup_now(profile, load, k_now, schedule, per_position, r)
-    return GoodputPrediction(per_position, source, best, gain_best, gain_now, r)
 
+    def mean(name: str) -> float:
+        return sum(model.gain(name, per_position, d) for d in demands) / len(demands)
 
-def prediction_at_memory(
-    g: GoodputPrediction, mem: MemoryView, profile: StepTimeProfile, max_k: int
-) -> GoodputPrediction:
-    """The prediction as throughput at the batch each setting's KV cache holds (`policy.memory`)."""
-    best, gain_best, gain_now = mem.gains(candidate_ks(profile, max_k), g.per_position)
-    return replace(g, best=best, gain_best=gain_best, gain_now=gain_now)
-
-
-def goodput_over_path(
-    k_now: int | None,
-    loads: Sequence[float],
-    est: Estimate | None,
-    profile: StepTimeProfile,
-    max_k: int,
-    schedule: Schedule | None = None,
-    prompt_per_output: float = 0.0,
-) -> GoodputPrediction:
-    """Like `goodput_prediction`, with each K's speedup averaged over a path of loads."""
-    per_position, source = _acceptance_of(est)
-    r = prompt_per_output
-
-    def mean(kk: int) -> float:
-        return sum(predicted_speedup(profile, c, kk, per_position, r) for c in loads) / len(loads)
-
-    ks = candidate_ks(profile, max_k)
-    gains = {kk: mean(kk) for kk in ks}
-    best = max(ks, key=lambda kk: (gains[kk], -kk))  # the smaller K on a tie, as best_k
-    now = None
-    if k_now is not None:
-        now = sum(_speedup_now(profile, c, k_now, schedule, per_position, r) for c in loads) / len(loads)
-    return GoodputPrediction(per_position, source, best, gains[best], now, r)
+    ks = candidate_ks(model.profile, max_k)
+    gains = {kk: mean(setting_name(kk)) for kk in ks}
+    best = max(ks, key=lambda kk: (gains[kk], -kk))  # the smaller K on a tie
+    now = None if model.current is None else mean(model.current)
+    return GoodputPrediction(per_position, source, best, gains[best], now, model.prompt_per_output)
 
 
 def goodput_wanted(

@@ -8,10 +8,10 @@ K), and both go through the one break-even function, `cost_profile.break_even_co
 acceptance lengths are those at which speculation stops paying at the pool's typical load. From a simulation of the workload: each
 pool's load, and the predicted gain of the policy against always-on and always-off.
 
-Memory: where the profile has a `memory` section and the trace says how long its requests are, each
-load is also judged as the policy judges it (`specfleet.policy.memory`): a pool whose requests in the
-system do not fit the KV cache of an engine with the drafter compares throughput at the batch each
-setting holds, and its `why` says so.
+Each load is judged as the policy judges it (`specfleet.policy.throughput`, one model): where the
+trace says how long its requests are, their prefill is priced, and where the profile has a `memory`
+section, a pool whose requests in the system do not fit the KV cache of an engine with the drafter is
+compared by throughput at the batch each setting holds, and its `why` says so.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import numpy as np
 
 from specfleet.api.effective import pool_engine
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.memory import MemoryView, memory_view
 from specfleet.policy.observations import PoolObservation
 from specfleet.policy.schedule import best_schedule
 from specfleet.policy.threshold import threshold_values
+from specfleet.policy.throughput import PoolModel, pool_model, setting_name
 from specfleet.sim.accounts import load_per_replica
 from specfleet.sim.compare import Comparison, static_ks
 from specfleet.sim.options import POOLS
@@ -81,45 +81,28 @@ def acceptance_break_even(
     return 1.0 + hi * sum(acceptance[:k])
 
 
-def memory_at(
-    profile: StepTimeProfile,
-    demand: float,
-    request_tokens: tuple[float, float] | None,
-    ks: Sequence[int],
-    max_num_seqs: int,
-) -> MemoryView | None:
-    """The policy's memory view at `demand` requests per replica of (mean prompt, mean output) tokens,
-    with the profile's KV caches; None without a memory section or request lengths."""
-    if request_tokens is None or profile.memory is None or demand <= 0:
-        return None
+def plan_model(
+    profile: StepTimeProfile, request_tokens: tuple[float, float] | None, ks: Sequence[int], max_num_seqs: int
+) -> PoolModel:
+    """The policy's model of a pool (`policy.throughput`) for requests of (mean prompt, mean output)
+    tokens with the profile's KV caches; without the lengths, decode only and no memory bound."""
+    prompt, output = request_tokens if request_tokens is not None else (None, None)
     ob = PoolObservation(
         pool="plan",
         at=datetime.fromtimestamp(0, UTC),
-        running_per_replica=demand,
+        running_per_replica=0.0,
         waiting=0.0,
         replicas_reporting=1,
-        mean_prompt_tokens=request_tokens[0],
-        mean_output_tokens=request_tokens[1],
+        mean_prompt_tokens=prompt,
+        mean_output_tokens=output,
     )
-    return memory_view(profile, ob, ks, mode="Off", current_k=0, max_num_seqs=max_num_seqs)
+    return pool_model(profile, ob, ks, mode="Off", current_k=0, max_num_seqs=max_num_seqs)
 
 
-def gain_at(
-    profile: StepTimeProfile,
-    c: float,
-    acceptance: Sequence[float],
-    ks: Sequence[int],
-    cap: float,
-    mem: MemoryView | None,
-    prompt_per_output: float = 0.0,
-) -> tuple[float, int]:
-    """The best predicted gain at `c` requests per replica and its K: throughput at the batch memory
-    allows where memory is the bound (`mem`), else per-request speed at min(c, max_num_seqs), prefill
-    priced as the policy prices it."""
-    if mem is not None and mem.bound:
-        k, gain, _ = mem.gains(ks, acceptance)
-        return gain, k
-    return best_speedup(profile, min(cap, c), acceptance, ks, prompt_per_output)
+def gain_at(model: PoolModel, c: float, acceptance: Sequence[float], ks: Sequence[int]) -> tuple[float, int]:
+    """The best predicted gain at a demand of `c` requests per replica, and its K: the policy's one
+    prediction (batch, decode, prefill and memory priced together)."""
+    return max(((model.gain(setting_name(k), acceptance, c), k) for k in ks), key=lambda x: (x[0], -x[1]))
 
 
 def pool_load(comparison: Comparison, pool: str) -> dict[str, float] | None:
@@ -168,11 +151,10 @@ def plan(
         # An engine runs at most maxNumSeqs requests; the rest of the load queues.
         cap = float(pool_engine(spec, pool).max_num_seqs or 256)  # type: ignore[arg-type]
         mid = min(cap, load["p50"])
-        mems = {q: memory_at(profile, load[q], request_tokens, ks, int(cap)) for q in ("p5", "p50", "p95")}
-        ppo = request_tokens[0] / request_tokens[1] if request_tokens and request_tokens[1] > 0 else 0.0
-        gain_low, k_low = gain_at(profile, load["p5"], acceptance, ks, cap, mems["p5"], ppo)
-        gain_high, k_high = gain_at(profile, load["p95"], acceptance, ks, cap, mems["p95"], ppo)
-        gain_mid, k_mid = gain_at(profile, load["p50"], acceptance, ks, cap, mems["p50"], ppo)
+        model = plan_model(profile, request_tokens, ks, int(cap))
+        gain_low, k_low = gain_at(model, load["p5"], acceptance, ks)
+        gain_high, k_high = gain_at(model, load["p95"], acceptance, ks)
+        gain_mid, k_mid = gain_at(model, load["p50"], acceptance, ks)
         if gain_high > 1 + margin:
             setting, why = "On", f"speculation pays even at its p95 load ({gain_high:.2f}x at K={k_high})"
         elif gain_low < 1 - margin:
@@ -182,10 +164,9 @@ def plan(
                 "Auto",
                 f"load crosses the break-even point: {gain_low:.2f}x at p5 (K={k_low}), {gain_high:.2f}x at p95",
             )
-        bound = next(((q, m) for q, m in mems.items() if m is not None and m.bound), None)
+        bound = next((q for q in ("p5", "p50", "p95") if model.memory_known and model.bound(load[q])), None)
         if bound is not None:
-            q, m = bound
-            why += f"; from its {q} load on, " + m.why(k_high, acceptance)
+            why += f"; from its {bound} load on, " + model.why(k_high, acceptance, load[bound])
         stop_len = acceptance_break_even(profile, acceptance, ks, mid, 1 - margin)
         resume_len = acceptance_break_even(profile, acceptance, ks, mid, 1 + margin)
         pools[pool] = {
