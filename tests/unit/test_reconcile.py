@@ -36,8 +36,9 @@ def cluster():
 
 def test_first_reconcile_applies_every_child_and_reports_progress(cluster):
     result = reconcile(_body(), cluster, NOW)
-    assert len(result.applied) == 15
-    assert len(cluster.objects) == 15
+    # 15 children, plus the engines' NetworkPolicy and the router's PodDisruptionBudget (2 routers).
+    assert len(result.applied) == 17
+    assert len(cluster.objects) == 17
     cond = _conditions(result.status)
     assert cond["Ready"]["status"] == "False"
     assert cond["Progressing"]["status"] == "True"
@@ -168,7 +169,7 @@ def test_rejected_child_reports_apply_failed_but_applies_the_rest(cluster):
     assert cond["reason"] == "ApplyFailed"
     assert "PodMonitor/assistant" in cond["message"]
     assert cond["message"].endswith(f"(see {reasons.troubleshooting_url(reasons.APPLY_FAILED)})")
-    assert len(cluster.objects) == 14
+    assert len(cluster.objects) == 16
     assert [e.message for e in result.events if e.reason == "Degraded"] == [cond["message"]]
     # Still refused at the next resync: the condition keeps its message and no new Event is sent.
     again = reconcile(_body(status=result.status), cluster, NOW + timedelta(minutes=1))
@@ -244,8 +245,19 @@ def test_children_the_spec_no_longer_wants_are_pruned_on_the_spec_change(cluster
     stranger["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]
     cluster.objects[("Deployment", "inference", "assistant-other")] = stranger
     cluster.roll_out()
-    patch = {"spec": {"policy": {"reentry": {"canaryReplicas": 0}}, "monitoring": {"podMonitor": False}}}
+    assert _names(cluster, "NetworkPolicy") == ["assistant-engines"]
+    assert "assistant-router" in _names(cluster, "PodDisruptionBudget")
+    patch = {
+        "spec": {
+            "policy": {"reentry": {"canaryReplicas": 0}},
+            "monitoring": {"podMonitor": False},
+            "networkPolicy": {"enabled": False},
+            "routing": {"router": {"replicas": 1}},
+        }
+    }
     second = reconcile(_body(patch, status=first.status, generation=2), cluster, NOW + timedelta(seconds=30))
+    assert _names(cluster, "NetworkPolicy") == []
+    assert _names(cluster, "PodDisruptionBudget") == ["assistant-batch", "assistant-latency"]
     assert "assistant-latency-canary" not in _names(cluster, "Deployment")
     assert "assistant-batch-canary" not in _names(cluster, "Deployment")
     assert "assistant-other" in _names(cluster, "Deployment")
@@ -254,6 +266,8 @@ def test_children_the_spec_no_longer_wants_are_pruned_on_the_spec_change(cluster
     assert len(pruned) == 1
     assert "Deployment/assistant-latency-canary" in pruned[0].message
     assert "PodMonitor/assistant" in pruned[0].message
+    assert "NetworkPolicy/assistant-engines" in pruned[0].message
+    assert "PodDisruptionBudget/assistant-router" in pruned[0].message
 
 
 def test_no_prune_without_a_spec_change(cluster):

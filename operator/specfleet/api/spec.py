@@ -1,7 +1,7 @@
 """The SpeculativeDeployment's spec: one model, a drafter, two pools, a router and a policy.
 
-Each part lives in its own module (engine, drafter, pools, routing, policy, monitoring); this one joins
-them and holds the rules that span parts.
+Each part lives in its own module (engine, drafter, pools, routing, policy, monitoring, network_policy);
+this one joins them and holds the rules that span parts.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from specfleet.api.base import ApiModel, Rule
 from specfleet.api.drafter import DrafterSpec
 from specfleet.api.engine import EngineSpec, ModelSpec
 from specfleet.api.monitoring import MonitoringSpec
+from specfleet.api.network_policy import NetworkPolicySpec
 from specfleet.api.policy import PolicySpec
 from specfleet.api.pools import Pools
 from specfleet.api.routing import RoutingSpec
@@ -38,6 +39,18 @@ class SpeculativeDeploymentSpec(ApiModel):
                 )
             ),
         ),
+        Rule(
+            cel="!self.networkPolicy.enabled || "
+            "(has(self.networkPolicy.metricsNamespaces) && size(self.networkPolicy.metricsNamespaces) > 0) || "
+            "(!self.monitoring.podMonitor && !self.monitoring.scrapeAnnotations)",
+            message="networkPolicy.enabled needs networkPolicy.metricsNamespaces (where Prometheus runs) while "
+            "monitoring.podMonitor or monitoring.scrapeAnnotations is on: else no scraper reaches the engines",
+            check=lambda s: (
+                not s.network_policy.enabled
+                or bool(s.network_policy.metrics_namespaces)
+                or not (s.monitoring.pod_monitor or s.monitoring.scrape_annotations)
+            ),
+        ),
     )
 
     model: ModelSpec = Field(description="The target model every pool serves; its output is the answer.")
@@ -62,4 +75,9 @@ class SpeculativeDeploymentSpec(ApiModel):
         default_factory=MonitoringSpec,
         description="How Prometheus finds the engines (PodMonitor or scrape annotations) and the "
         "alerting rules rendered for this resource.",
+    )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec,
+        description="An optional NetworkPolicy that makes the router the engines' only front door (plus "
+        "the metrics scrapers' namespaces).",
     )

@@ -22,8 +22,10 @@ from specfleet.render.engine import (
     render_pool_service,
 )
 from specfleet.render.monitoring import render_pod_monitor, render_prometheus_rule
+from specfleet.render.network_policy import render_engine_network_policy
 from specfleet.render.router import (
     render_router_deployment,
+    render_router_pdb,
     render_router_role,
     render_router_role_binding,
     render_router_service,
@@ -52,6 +54,7 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Service"),
     ("apps/v1", "Deployment"),
     ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
@@ -99,6 +102,9 @@ def render_children(
         render_router_role(sd),
         render_router_role_binding(sd),
     ]
+    # Before the engine pods, so none of them is ever reachable around the router.
+    if sd.spec.network_policy.enabled:
+        children.append(render_engine_network_policy(sd))
     for pool in POOLS:
         children += [
             render_pool_service(sd, pool),
@@ -129,6 +135,9 @@ def render_children(
         if autoscaler is not None:
             children.append(autoscaler)
     children += [render_router_service(sd, options), render_router_deployment(sd, options)]
+    router_pdb = render_router_pdb(sd)
+    if router_pdb is not None:
+        children.append(router_pdb)
     if sd.spec.monitoring.pod_monitor:
         children.append(render_pod_monitor(sd, options))
     if sd.spec.monitoring.prometheus_rule:

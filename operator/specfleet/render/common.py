@@ -50,6 +50,11 @@ def router_name(sd: SpeculativeDeployment) -> str:
     return f"{sd.name}-router"
 
 
+def engine_network_policy_name(sd: SpeculativeDeployment) -> str:
+    """Name of the NetworkPolicy on the engine pods of both pools."""
+    return f"{sd.name}-engines"
+
+
 def routing_config_map_name(sd: SpeculativeDeployment) -> str:
     """Name of the routing ConfigMap the router reads."""
     return f"{sd.name}-routing"

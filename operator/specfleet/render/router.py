@@ -167,3 +167,20 @@ def render_router_service(sd: SpeculativeDeployment, options: RenderOptions) -> 
             "ports": [{"name": "http", "port": ROUTER_SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
+
+
+def render_router_pdb(sd: SpeculativeDeployment) -> Manifest | None:
+    """A node drain takes at most one router pod at a time; None for a single router (a budget of one
+    pod would block every drain, and a budget that allows zero protects nothing)."""
+    if sd.spec.routing.router.replicas <= 1:
+        return None
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(sd, router_name(sd), ROUTER_COMPONENT),
+        "spec": {
+            # maxUnavailable, not minAvailable: it holds at any replica count without a re-render.
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(sd, ROUTER_COMPONENT)},
+        },
+    }
