@@ -386,7 +386,7 @@ def main() -> None:
             )
             print(
                 f"{label}: {fmt(comp.ratio('policy'))} / worst minute {fmt(comp.worst_minute('policy'))}"
-                f" [{changes}]",
+                f" / all requests {fmt(comp.request_ratio('policy'))} [{changes}]",
                 flush=True,
             )
         return
@@ -516,8 +516,9 @@ def render(
         "`policy.goodput.engineSchedule`), "
         "published H100 Llama-3.1-8B step-time profile, engine start-up 60 s, scrape every 15 s, "
         "K=0 penalty of in-engine Dynamic SD 10%, a speculating engine's drafter prefilling every prompt "
-        f"token at {MemoryModel().drafter_prefill_fraction:.1%} of the target's cost (the Goodput "
-        "policy's prediction does not price prefill yet), a draining engine killed after its "
+        f"token at {MemoryModel().drafter_prefill_fraction:.1%} of the target's cost (priced by the "
+        "Goodput prediction too, with the prompt tokens per generated token measured), a draining engine "
+        "killed after its "
         "terminationGracePeriodSeconds. The simulator and what it approximates: "
         "[The fleet simulator](../architecture.md#the-fleet-simulator) and `operator/specfleet/sim/`.",
         "",
@@ -563,6 +564,7 @@ def render(
                 f"{doc['policy']['tokensPerSecond']:.0f} | {load} |"
             )
         lines.append("")
+        lines += all_requests_table(comps, scenario)
         for drafter in DRAFTERS:
             changes = comps.get((scenario, drafter))
             if changes is not None and changes.runs["policy"].changes:
@@ -662,6 +664,26 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def all_requests_table(comps: dict[tuple[str, str], Comparison], scenario: str) -> list[str]:
+    """The second measure beside the time-weighted one: tokens per request-second over the whole run
+    (every request weighs as long as it was in the system), to the per-level oracle's."""
+    names = ("policy", BOUND, "policyThreshold", "alwaysOff", "alwaysOnK1", "alwaysOnK3", "engineDynamicSD")
+    lines = [
+        "Over all requests (tokens per request-second over the whole run, to the per-level oracle's; a "
+        "decision that builds a queue shows here):",
+        "",
+        "| drafter | policy | rollout-paying bound | Threshold mode | alwaysOff | alwaysOnK1 | alwaysOnK3 | "
+        "engineDynamicSD |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for drafter in DRAFTERS:
+        comp = comps.get((scenario, drafter))
+        if comp is not None:
+            cells = [fmt(comp.request_ratio(n)) if n in comp.runs else "-" for n in names]
+            lines.append(f"| {drafter} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def describe(c: Any) -> str:

@@ -275,6 +275,12 @@ def test_comparison_reports_every_strategy_with_oracle_ratios() -> None:
     )
     # Speculation pays at low load and loses at 200 per replica: the oracle mixes settings.
     assert len(results["perLevelOracle"]["settingsUsed"]) >= 2
+    # The second measure: tokens per request-second over the whole run, to the oracle's.
+    assert results["perLevelOracle"]["allRequestsRatioToPerLevelOracle"] == 1.0
+    oracle = results["perLevelOracle"]["tokensPerRequestSecond"]
+    for name in ("policy", "alwaysOff", "alwaysOnK3"):
+        expected = results[name]["tokensPerRequestSecond"] / oracle
+        assert results[name]["allRequestsRatioToPerLevelOracle"] == pytest.approx(expected, abs=2e-3)
 
 
 # -- observations: the sim feeds the operator's observe the answers Prometheus would give -------------

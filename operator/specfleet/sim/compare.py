@@ -140,6 +140,13 @@ class Comparison:
         total = float(reqsec.sum())
         return float(tokens.sum()) / total if total > 0 else None
 
+    def request_ratio(self, name: str) -> float | None:
+        """Over all requests: `name`'s tokens per request-second over the whole run, to the per-level
+        oracle's. Unlike `ratio` (the mean of per-window ratios, a calm window weighing as much as a
+        busy one), the requests that queued in a few busy windows weigh as much as they waited."""
+        value, oracle = self.per_request(name), self.per_request("perLevelOracle")
+        return value / oracle if value is not None and oracle else None
+
     # -- report -------------------------------------------------------------------------------------
 
     def names(self) -> list[str]:
@@ -174,6 +181,9 @@ class Comparison:
             "ratioToPerLevelOracle": _round(self.ratio(name if name != "alwaysOn" else self.always_on)),
             "worstMinuteRatioToPerLevelOracle": _round(
                 self.worst_minute(name if name != "alwaysOn" else self.always_on)
+            ),
+            "allRequestsRatioToPerLevelOracle": _round(
+                self.request_ratio(name if name != "alwaysOn" else self.always_on)
             ),
             "flips": sum(1 for c in run.changes if c.kind == "flip") if run else 0,
             "retunes": sum(1 for c in run.changes if c.kind == "retune") if run else 0,
