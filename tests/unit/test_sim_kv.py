@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import yaml
 
 from specfleet.api.validation import parse_resource
 from specfleet.sim.accounts import RunResult
-from specfleet.sim.engine import EngineConfig, Replica, SimRequest
+from specfleet.sim.engine import EngineConfig, MemoryModel, Replica, SimRequest
 from specfleet.sim.fleet import SimOptions, Strategy, simulate
 from specfleet.sim.workload import Trace, TraceRequest
 from specfleet_runtime.cost_profile import default_profile
@@ -172,3 +173,22 @@ def test_a_draining_engine_is_killed_when_its_grace_period_runs_out() -> None:
     long = _flip_under_a_long_queue(grace_seconds=3600)
     assert long.failed == 0
     assert long.completed == 1200
+
+
+def test_a_run_counts_each_pools_preemptions_and_mean_kv_usage() -> None:
+    # The long queue of the flip above, with engines whose cache holds a few requests: the run reports
+    # the preemptions of every engine (the drained ones too) and the mean KV usage of its ready engines.
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["pools"]["latency"]["replicas"] = 2
+    sd = parse_resource(doc)
+    burst = [TraceRequest(arrival=float(i) / 10, prompt_tokens=3000, output_tokens=600) for i in range(400)]
+    trace = Trace((*burst, TraceRequest(arrival=300.0, prompt_tokens=10, output_tokens=10)))
+    small = MemoryModel(gpu_bytes=22 * 2**30)  # about 34k tokens of KV: a dozen such requests
+    profile = dataclasses.replace(default_profile(), memory=None)  # the engines size it from `small`
+    static = Strategy("alwaysOnK3", "static", mode="On", k=3)
+    run = simulate(sd, trace, static, SimOptions(memory=small), profile)
+    latency = run.pools["latency"]
+    assert latency.preemptions > 0
+    assert latency.mean_kv_usage is not None
+    assert 0.1 < latency.mean_kv_usage <= 1.0  # the idle tail of the run counts too
+    assert run.pools["batch"].preemptions == 0

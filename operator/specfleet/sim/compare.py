@@ -289,6 +289,8 @@ def _pool_json(run: RunResult, pool: str) -> dict[str, Any]:
         "itlP50Seconds": _round(histogram_percentile(res.itl, 50)),
         "itlP99Seconds": _round(histogram_percentile(res.itl, 99)),
         "gpuSeconds": round(res.gpu_seconds, 1),
+        "preemptions": res.preemptions,
+        "meanKvCacheUsage": _round(res.mean_kv_usage),
     }
 
 
