@@ -56,6 +56,9 @@ from specfleet.sim.plot import plot_timeline
 from specfleet.sim.workload import ACCEPTANCE_PROFILES, ClosedLoop, Trace, TraceRequest, read_trace
 from specfleet_runtime.cost_profile import default_profile
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import memory_scenarios
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "02-two-pools-routing-policy.yaml"
 # The Azure LLM inference traces that ship with the repository (examples/traces/README.md).
@@ -336,7 +339,9 @@ def main() -> None:
         help="only the policy against the per-level oracle, a line per case (nothing written)",
     )
     parser.add_argument(
-        "--scenarios", default=",".join(SCENARIOS), help="with --policy-only: which (default %(default)s)"
+        "--scenarios",
+        default=",".join((*SCENARIOS, *memory_scenarios.scenarios())),
+        help="with --policy-only: which (default %(default)s)",
     )
     args = parser.parse_args()
     out = Path(args.out)
@@ -360,9 +365,10 @@ def main() -> None:
     seeds = tuple(int(x) for x in args.held_out_seeds.split(",") if x.strip())
     if args.policy_only:
         names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
-        unknown = sorted(set(names) - set(SCENARIOS))
+        memory = memory_scenarios.scenarios()
+        unknown = sorted(set(names) - set(SCENARIOS) - set(memory))
         if unknown:
-            raise SystemExit(f"unknown scenarios {unknown} (known: {', '.join(SCENARIOS)})")
+            raise SystemExit(f"unknown scenarios {unknown} (known: {', '.join((*SCENARIOS, *memory))})")
         makers = scenario_makers(replicas, conv, code, conv_sizes)
         cases = [
             (
@@ -371,8 +377,17 @@ def main() -> None:
                 SimOptions(seed=0, acceptance=ACCEPTANCE_PROFILES[drafter]),
             )
             for name in names
+            if name in makers
             for drafter in DRAFTERS
         ]
+        for name in (n for n in names if n in memory):
+            for drafter in DRAFTERS:
+                comp = memory_scenarios.run(memory[name], ACCEPTANCE_PROFILES[drafter], only=("policy",))
+                print(
+                    f"{name} / {drafter}: {fmt(comp.ratio('policy'))} / worst minute "
+                    f"{fmt(comp.worst_minute('policy'))} / all requests {fmt(comp.request_ratio('policy'))}",
+                    flush=True,
+                )
         cases += [
             (label, workload, SimOptions(seed=seed, acceptance=drafter))
             for seed, label, workload, drafter in held_out_cases(seeds, replicas, conv_sizes, code)
@@ -436,6 +451,14 @@ def main() -> None:
             if drafter == "published" or name == "ramp":
                 plot_timeline(comp, out / f"policy-{name}-{drafter}.png", title=f"{name}, {drafter} drafter")
 
+    # Memory-bound and long-context scenarios: each with its own resource, profile and trace.
+    memory_comps: dict[tuple[str, str], Comparison] = {}
+    if not args.quick:
+        for name, scenario in memory_scenarios.scenarios().items():
+            for drafter in drafters:
+                log(f"{name} / {drafter}")
+                memory_comps[(name, drafter)] = memory_scenarios.run(scenario, ACCEPTANCE_PROFILES[drafter])
+
     # How much of the c >= 128 targets prefill decides: the ramp again with prefill free (decode-only
     # physics), per-level oracle over always-on and over engine Dynamic SD in its c >= 128 windows.
     ramp = comps.get(("ramp", "published"))
@@ -484,6 +507,9 @@ def main() -> None:
     report = render(
         comps, stationary, speed_run, speed_cpu, speed_wall, profile, ks, sd, args.quick, held_out
     )
+    if memory_comps:
+        held = report.index("## Held-out cases") if "## Held-out cases" in report else len(report)
+        report = report[:held] + "\n".join(memory_scenarios.section(memory_comps)) + "\n" + report[held:]
     (out / "policy.md").write_text(report)
     print(report)
 
