@@ -20,7 +20,7 @@ from specfleet.policy.memory import DEFAULT_MAX_NUM_SEQS
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
 from specfleet.policy.schedule import Schedule
 from specfleet.policy.threshold import threshold_wanted
-from specfleet.policy.throughput import pool_model
+from specfleet.policy.throughput import PoolModel, pool_model
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 
@@ -40,6 +40,9 @@ class Assessment:
     numbers: dict[str, str]
     # The policy gives speculating pools Dynamic SD schedules (policy.goodput.engineSchedule).
     schedules: bool = False
+    # Goodput: the pool's model and the demand the predictions in `gains[0]` were made at.
+    model: PoolModel | None = None
+    demand: float | None = None
 
     @property
     def memory(self) -> MeasuredAcceptance | None:
@@ -103,6 +106,8 @@ def assess(
     load = min(expected_load(policy, state, observed, now), float(state.max_num_seqs or DEFAULT_MAX_NUM_SEQS))
     obs = replace(observed, running_per_replica=load)
     gains = None
+    model: PoolModel | None = None
+    demand: float | None = None
     if policy.mode == "Goodput":
         # One model of the pool (policy.throughput): each setting's tokens/s at a demand of running
         # plus waiting requests per replica; the waiting ones ride on every projected load.
@@ -116,7 +121,8 @@ def assess(
             max_num_seqs=state.max_num_seqs,
         )
         queued = max(0.0, model.demand - measured)
-        g = goodput_prediction(model, [load + queued], est, k)
+        demand = load + queued
+        g = goodput_prediction(model, [demand], est, k)
         g_observed = goodput_prediction(model, [model.demand], est, k)
         gains = (g, g_observed)
         # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
@@ -163,7 +169,9 @@ def assess(
             "Off", r.PROBE_ACCEPTANCE, "acceptance is unknown: the canaries measure it first", wanted.numbers
         )
     loads = (load, measured)
-    return Assessment(pool, state, obs, current_k, est, wanted, loads, gains, numbers, schedules)
+    return Assessment(
+        pool, state, obs, current_k, est, wanted, loads, gains, numbers, schedules, model, demand
+    )
 
 
 def wanted_mode(

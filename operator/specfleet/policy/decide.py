@@ -83,9 +83,7 @@ def _adjust(
     g = p.gains[0] if p.gains else None
     schedule: Schedule | None = None
     retune = None if p.schedules else retune_k(policy, p.state, p.current_k, p.wanted, g)
-    by_schedule = (
-        retune_schedule(policy, p.state, k, p.wanted, g, p.loads[0], profile) if p.schedules else None
-    )
+    by_schedule = retune_schedule(policy, p.state, k, p.wanted, g, p.model, p.demand) if p.schedules else None
     if by_schedule is not None:
         top, schedule, message = by_schedule
         target_k = top if top != p.current_k else None

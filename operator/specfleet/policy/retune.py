@@ -9,8 +9,8 @@ from specfleet.api.policy import PolicySpec
 from specfleet.policy.decision import Wanted, goodput_margin, pool_k
 from specfleet.policy.goodput import GoodputPrediction
 from specfleet.policy.observations import PoolState
-from specfleet.policy.schedule import Schedule, best_schedule, schedule_speedup
-from specfleet_runtime.cost_profile import StepTimeProfile
+from specfleet.policy.schedule import Schedule, best_schedule
+from specfleet.policy.throughput import SCHEDULE, PoolModel
 
 
 def retune_k(
@@ -40,22 +40,22 @@ def retune_schedule(
     k: int,
     wanted: Wanted,
     g: GoodputPrediction | None,
-    load: float,
-    profile: StepTimeProfile,
+    model: PoolModel | None,
+    demand: float | None,
 ) -> tuple[int, Schedule, str] | None:
     """A better Dynamic SD schedule for a speculating pool (K ceiling, schedule, why); None to keep it.
 
     The schedule follows load inside the engine, so only a new acceptance makes a better one; it is
-    rolled out when it predicts more than the retune margin above the pool's now, at the expected load
-    (or the pool's no longer pays while the new one does).
+    rolled out when it predicts more than the retune margin above the pool's now, by the pool's model
+    at the demand `g` was predicted at (or the pool's no longer pays while the new one does).
     """
-    if g is None or state.mode != "On" or wanted.mode != "On" or g.gain_now is None:
+    if g is None or model is None or state.mode != "On" or wanted.mode != "On" or g.gain_now is None:
         return None
-    new = best_schedule(profile, g.per_position, k)
+    new = best_schedule(model.profile, g.per_position, k)
     top = max(kk for _, _, kk in new)
     if new == state.schedule or top == 0:
         return None
-    gain_new = schedule_speedup(profile, load, new, g.per_position, g.prompt_per_output)
+    gain_new = model.with_schedule(new).gain(SCHEDULE, g.per_position, demand)
     margin = policy.goodput.retune_margin_percent / 100
     now_text = "its schedule" if state.schedule else f"K {pool_k(policy, state, k)}"
     if g.gain_now < 1 - goodput_margin(policy) <= gain_new:
@@ -70,7 +70,8 @@ def retune_schedule(
             new,
             (
                 f"a schedule for the measured acceptance predicts {gain_new:.2f}x against {g.gain_now:.2f}x "
-                f"for {now_text} at {load:.1f} running per replica (margin {margin:.0%})"
+                f"for {now_text} at {model.demand if demand is None else demand:.1f} requests per replica "
+                f"(margin {margin:.0%})"
             ),
         )
     return None

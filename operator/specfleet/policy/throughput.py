@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specfleet.policy.memory import (
     DEFAULT_BLOCK_SIZE,
@@ -81,6 +81,15 @@ class PoolModel:
     preemptions_per_token: float | None = None
     recompute_seconds: float = 0.0  # engine time one preemption costs
     reference_overflow: float = 0.0  # the current setting's overflow when the preemptions were measured
+    block_size: int = DEFAULT_BLOCK_SIZE
+
+    def with_schedule(self, schedule: Schedule) -> PoolModel:
+        """The same pool with the in-engine `schedule` as its SCHEDULE setting (a retune's candidate)."""
+        lookahead = max(k for _, _, k in schedule)
+        base = next(s for n, s in self.settings.items() if n != OFF)
+        fits = _fits(base.capacity_tokens, self.footprint_tokens, lookahead, self.block_size)
+        setting = Setting(SCHEDULE, lookahead, True, base.capacity_tokens, base.capacity_source, fits)
+        return replace(self, schedule=schedule, settings={**self.settings, SCHEDULE: setting})
 
     @property
     def memory_known(self) -> bool:
@@ -247,9 +256,9 @@ def pool_model(
         schedule,
         rho,
         (base or 0.0) * recompute_seconds_per_token(profile),
+        block_size=block,
     )
-    reference = model.overflow(current or OFF)
-    return PoolModel(**{**model.__dict__, "reference_overflow": reference})
+    return replace(model, reference_overflow=model.overflow(current or OFF))
 
 
 def memory_view(
