@@ -24,6 +24,20 @@ def _stringify_quantities(obj: dict[str, Any]) -> None:
                 values[key] = str(value)
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, as the apiserver applies a merge patch: objects merge key by key, null deletes a key,
+    anything else (lists included) replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 class FakeCluster:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -118,7 +132,7 @@ class FakeCluster:
 
     def patch_status(self, manifest: dict[str, Any], patch: dict[str, Any]) -> None:
         live = self.objects[self.key(manifest)]
-        live.setdefault("status", {}).update(copy.deepcopy(patch))
+        live["status"] = merge_patch(live.get("status") or {}, patch)
         self._rv += 1
         live["metadata"]["resourceVersion"] = str(self._rv)
         self.writes.append(f"{manifest['kind']}/{manifest['metadata']['name']}/status")

@@ -26,6 +26,7 @@ from typing import Any
 from specfleet.api.validation import SpeculativeDeployment, parse_spec
 from specfleet.policy import PoolObservation, decide
 from specfleet.policy.record import pool_states, record
+from specfleet.policy.scraping import ScrapeSetup
 from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
@@ -250,7 +251,7 @@ def simulate(
             states = pool_states(sd.spec, sd.status, now)
             out = decide(policy, k_max, states, {pool: obs}, now, profile)
             decisions.append((t, out[0]))
-            recorded = record(sd.status, out, {pool: obs}, sd.generation, now)
+            recorded = record(sd.status, out, {pool: obs}, sd.generation, now, ScrapeSetup.of(sd))
             sd = _replace_status(sd, recorded.status)
             if recorded.flipped:
                 d0 = recorded.flipped[0]

@@ -15,9 +15,12 @@ from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, dec
 from specfleet.policy.acceptance import estimate, extend, merge, trusted_positions
 from specfleet.policy.observations import PoolRolloutState
 from specfleet.policy.record import pool_states, record
+from specfleet.policy.scraping import ScrapeSetup
 from specfleet_runtime.cost_profile import default_profile
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+# Who should scrape the pools (named only when Prometheus does not scrape a pool's Ready pods).
+SCRAPE = ScrapeSetup("default", "llama", pod_monitor=False, scrape_annotations=True)
 PROFILE = default_profile()
 probabilities = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 
@@ -123,7 +126,7 @@ def test_status_keeps_flip_times_memory_and_rollout_across_a_restart():
     states = pool_states(spec, status, NOW)
     decisions = decide(spec.policy, 3, states, {"latency": observation}, NOW, PROFILE)
     assert decisions[0].flip
-    recorded = record(status, decisions, {"latency": observation}, 1, NOW)
+    recorded = record(status, decisions, {"latency": observation}, 1, NOW, SCRAPE)
     # Through the wire and back, as a restarted operator reads it.
     again = parse_status(recorded.status.to_wire())
     latency = again.pools.latency
@@ -144,7 +147,7 @@ def test_status_keeps_flip_times_memory_and_rollout_across_a_restart():
     later = NOW + timedelta(seconds=90)
     quiet = obs((), load=300, at=later)
     d = decide(spec.policy, 3, pool_states(spec, settled, later), {"latency": quiet}, later, PROFILE)
-    after = record(settled, d, {"latency": quiet}, 1, later).status
+    after = record(settled, d, {"latency": quiet}, 1, later, SCRAPE).status
     assert after.pools.latency.rollout is not None
     assert after.pools.latency.rollout.settled_time == "2026-11-29T12:01:30Z"
 

@@ -17,10 +17,13 @@ from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide, predicted_speedup
 from specfleet.policy.record import pool_states, record
+from specfleet.policy.scraping import ScrapeSetup
 from specfleet_runtime.cost_profile import default_profile
 from support.policy_harness import PUBLISHED, STRONG, WEAK, example_spec, issue_ramp, ramp, simulate
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+# Who should scrape the pools (named only when Prometheus does not scrape a pool's Ready pods).
+SCRAPE = ScrapeSetup("default", "llama", pod_monitor=False, scrape_annotations=True)
 PROFILE = default_profile()
 GOODPUT = PolicySpec.model_validate({"mode": "Goodput"})
 
@@ -63,7 +66,7 @@ def evaluate(spec, status, observation, now, k=3):
     """One evaluation through status: pool_states -> decide -> record (the pool then settles)."""
     states = pool_states(spec, status, now)
     decisions = decide(spec.policy, k, states, {observation.pool: observation}, now, PROFILE)
-    recorded = record(status, decisions, {observation.pool: observation}, 1, now)
+    recorded = record(status, decisions, {observation.pool: observation}, 1, now, SCRAPE)
     return decisions[0], settled(recorded.status)
 
 

@@ -15,12 +15,15 @@ from specfleet.observe.prometheus import fleet_queries, query_fleet
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide
 from specfleet.policy.answers import ABOVE_ONE, BAD_CACHE_CONFIG, FleetAnswers, PoolSelector, observe
 from specfleet.policy.memory import recompute_seconds_per_token
+from specfleet.policy.scraping import ScrapeSetup
 from specfleet.policy.throughput import OFF, memory_view
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import MemoryProfile, StepTimeProfile, default_profile
 from support.fake_prometheus import FakePrometheus
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+# Who should scrape the pools (named only when Prometheus does not scrape a pool's Ready pods).
+SCRAPE = ScrapeSetup("default", "llama", pod_monitor=False, scrape_annotations=True)
 LONG_AGO = NOW - timedelta(days=1)
 GOODPUT = PolicySpec.model_validate({})
 
@@ -304,7 +307,7 @@ def test_memory_numbers_reach_the_event():
 
     ob = big_obs(2.4, 24.0)
     d = one(st("On"), ob)
-    rec = record(SpeculativeDeploymentStatus(), [d], {"latency": ob}, 1, NOW)
+    rec = record(SpeculativeDeploymentStatus(), [d], {"latency": ob}, 1, NOW, SCRAPE)
     assert any("demandPerReplica=24" in message for _, _, message in rec.events)
     entry = rec.status.history[-1]
     assert entry.reason == r.GOODPUT_MEMORY_BOUND

@@ -26,9 +26,12 @@ from specfleet.policy.schedule import (
     schedule_speedup,
     unmix,
 )
+from specfleet.policy.scraping import ScrapeSetup
 from specfleet_runtime.cost_profile import default_profile, speedup
 from support.policy_harness import example_spec
 
+# Who should scrape the pools (named only when Prometheus does not scrape a pool's Ready pods).
+SCRAPE = ScrapeSetup("default", "llama", pod_monitor=False, scrape_annotations=True)
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 PROFILE = default_profile()
 GOODPUT = PolicySpec.model_validate({"mode": "Goodput"})
@@ -225,12 +228,12 @@ def test_record_keeps_the_schedule_in_status_and_drops_it_when_the_pool_turns_of
         "latency", "On", "On", False, "GoodputRetune", "new schedule", current_k=3, target_schedule=schedule
     )
     ob = observation(80, PUBLISHED)
-    status = record(status, [on], {"latency": ob}, 1, NOW).status
+    status = record(status, [on], {"latency": ob}, 1, NOW, SCRAPE).status
     assert schedule_rows(status.pools.latency.dynamic_schedule) == schedule
     assert pool_states(spec, status, NOW)["latency"].schedule == schedule
     off = PoolDecision("latency", "On", "Off", True, "GoodputBelowBreakEven", "far", current_k=3, target_k=1)
     later = NOW + timedelta(minutes=10)
-    status = record(status, [off], {"latency": replace(ob, at=later)}, 1, later).status
+    status = record(status, [off], {"latency": replace(ob, at=later)}, 1, later, SCRAPE).status
     assert status.pools.latency.dynamic_schedule is None
     assert schedule_rows(status.pools.latency.rollout.from_dynamic_schedule) == schedule
     assert status.history[-1].observations["dynamicSchedule"].endswith("->none")

@@ -8,7 +8,7 @@ import pytest
 
 from specfleet.api import reasons
 from specfleet.reconcile import reconcile, status_patch
-from support.fake_cluster import FakeCluster
+from support.fake_cluster import FakeCluster, merge_patch
 from support.manifests import ROOT, load_yaml, merge
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -179,6 +179,22 @@ def test_rejected_child_reports_apply_failed_but_applies_the_rest(cluster):
 def test_status_patch_only_changed_keys():
     assert status_patch({"a": 1, "b": [1]}, {"a": 1, "b": [2]}) == {"b": [2]}
     assert status_patch(None, {"a": 1}) == {"a": 1}
+
+
+def test_status_patch_deletes_fields_status_no_longer_has():
+    # A merge patch keeps what it leaves out: a field unset in status is sent as null.
+    current = {
+        "pools": {"latency": {"k": 2, "unscrapedEvaluations": 3, "rollout": {"time": "t", "reason": "r"}}}
+    }
+    desired = {"pools": {"latency": {"k": 2, "rollout": {"time": "t"}}, "batch": {"k": 0}}}
+    patch = status_patch(current, desired)
+    assert patch == {
+        "pools": {
+            "latency": {"k": 2, "rollout": {"time": "t", "reason": None}, "unscrapedEvaluations": None},
+            "batch": {"k": 0},
+        }
+    }
+    assert merge_patch(current, patch) == desired
 
 
 def test_desired_state_is_pure_and_matches_what_reconcile_applies(cluster):

@@ -36,6 +36,8 @@ APPLY_FAILED: Final = "ApplyFailed"
 AS_EXPECTED: Final = "AsExpected"
 METRICS_OK: Final = "MetricsOK"
 METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
+# Prometheus answers, but has had no series of a pool's Ready pods for a few evaluations.
+PROMETHEUS_NOT_SCRAPING: Final = "PrometheusNotScraping"
 COST_PROFILE_FROM_CONFIG_MAP: Final = "ProfileFromConfigMap"
 COST_PROFILE_UNAVAILABLE: Final = "CostProfileUnavailable"
 COST_PROFILE_DEFAULT: Final = "DefaultProfile"
@@ -57,6 +59,7 @@ EVENT_SPECULATION_ON: Final = "SpeculationOn"
 EVENT_SPECULATION_OFF: Final = "SpeculationOff"
 EVENT_SPECULATION_RETUNED: Final = "SpeculationRetuned"
 EVENT_METRICS_UNAVAILABLE: Final = "MetricsUnavailable"
+EVENT_PROMETHEUS_NOT_SCRAPING: Final = "PrometheusNotScraping"
 EVENT_COST_PROFILE_UNAVAILABLE: Final = "CostProfileUnavailable"
 EVENT_ROLLOUT_FAILED: Final = "RolloutFailed"
 EVENT_CANARIES_SCALED: Final = "CanariesScaled"
@@ -233,6 +236,23 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "that Prometheus ignores lacks the label its `podMonitorSelector` wants: kube-prometheus-stack's "
         "wants `release: <its Helm release name>`; set it in `monitoring.labels` or the chart's "
         "`monitoring.labels`. See [Getting started](getting-started.md#prerequisites).",
+    ),
+    PROMETHEUS_NOT_SCRAPING: ReasonDoc(
+        "MetricsAvailable, Event",
+        "Prometheus answers the policy's queries, but has had no series of an Auto pool's engines for "
+        "three evaluations in a row while the pool's pods are Ready: it is not scraping them. (A pool "
+        "whose pods are not Ready, or an empty window right after a rollout, is MetricsUnavailable.) "
+        "Every Auto pool holds its current mode.",
+        "The message names the series the queries select (`namespace`, `specfleet_io_deployment`, "
+        "`specfleet_io_pool`, from the pod labels `specfleet.io/deployment` and `specfleet.io/pool`) and "
+        "what should make Prometheus scrape the pods. With `monitoring.podMonitor: true`: the PodMonitor "
+        "(named after the resource, in its namespace) must carry the labels your Prometheus' "
+        "`podMonitorSelector` wants (kube-prometheus-stack's: `release: <its Helm release name>`; set "
+        "`monitoring.labels` or the chart's `monitoring.labels`), and its `podMonitorNamespaceSelector` "
+        "must include the namespace (`kubectl get prometheus -A -o yaml`). With the "
+        "`prometheus.io/scrape` annotations: a scrape job must keep annotated pods of the namespace and "
+        "copy the pod labels onto the series (`labelmap` of `__meta_kubernetes_pod_label_(.+)`). "
+        "Prometheus' Targets page (`/targets`) shows whether the pods are targets at all.",
     ),
     COST_PROFILE_FROM_CONFIG_MAP: ReasonDoc(
         "CostProfileLoaded", "The policy decides with the cost profile from your ConfigMap.", _NOTHING

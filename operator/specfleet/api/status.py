@@ -183,6 +183,12 @@ class PoolStatus(StatusModel):
         default=None, description="When the last drafter retrain Job of this pool was created (RFC 3339)."
     )
     last_retrain_job: str | None = Field(default=None, description="Name of that Job.")
+    unscraped_evaluations: int | None = Field(
+        default=None,
+        description="Consecutive evaluations in which Prometheus answered but had no series of the pool's "
+        "Ready pods (counted up to the number that sets MetricsAvailable to PrometheusNotScraping; "
+        "unset: it had some, or no pod is Ready).",
+    )
 
 
 class PoolStatuses(StatusModel):

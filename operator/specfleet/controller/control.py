@@ -201,7 +201,9 @@ class Controller:
                 memory = None  # a new object under the same name
             previous = sd.status if memory is None else with_measurements(sd.status, memory.values)
             profile, problem = self._cost_profile(sd)
-            evaluation = evaluate_policy(sd, previous, answers, profile, problem, now)
+            evaluation = evaluate_policy(
+                sd, previous, answers, profile, problem, now, self.options.monitoring_labels
+            )
             events = list(evaluation.events)
             status = self._start_retrain_jobs(sd, evaluation, events)
             outcome.decisions = evaluation.decisions

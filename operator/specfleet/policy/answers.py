@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from specfleet.policy.observations import PoolObservation
+from specfleet.policy.scraping import ready_pods
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.names import MIN_DRAFTS_IN_WINDOW as MIN_DRAFTS_FOR_ACCEPTANCE
 from specfleet_runtime.names import POOL_LABELS
@@ -307,21 +308,31 @@ def observe(
     *,
     pool_mode: str = "On",
     expected_replicas: int | None = None,
+    ready_replicas: int = 0,
 ) -> PoolObservation:
     """One pool's observation from the fleet's answers (pure; never raises for missing data).
 
     `expected_replicas` (the ready engines of a settled pool) turns "some engines have no samples"
-    into a problem: averages over part of a pool would misstate its load.
+    into a problem: averages over part of a pool would misstate its load. `ready_replicas` (the pool's
+    Ready pods, settled or not) is recorded as `ready_without_series` when Prometheus answered with no
+    series of the pool at all: a sign that it does not scrape them.
     """
     pool, key = selector.pool, selector.key
     if answers.error is not None:
-        return PoolObservation(pool=pool, at=now, problem=f"Prometheus query failed: {answers.error}")
+        return PoolObservation(
+            pool=pool, at=now, problem=f"Prometheus query failed: {answers.error}", ready_without_series=None
+        )
     replicas = answers.get("replicas", key)
     if not replicas:
+        rejected = answers.why_missing("replicas", key)
+        # Series that were there but rejected are scraped: only an empty answer says "not scraping".
+        unscraped = 0 if rejected else max(ready_replicas, 0)
+        ready = f" although {ready_pods(unscraped)} Ready" if unscraped else ""
         return PoolObservation(
             pool=pool,
             at=now,
-            problem=f"no engine samples for pool {pool} in Prometheus{answers.why_missing('replicas', key)}",
+            problem=f"no engine samples for pool {pool} in Prometheus{ready}{rejected}",
+            ready_without_series=unscraped,
         )
     if expected_replicas is not None and replicas < expected_replicas:
         return PoolObservation(

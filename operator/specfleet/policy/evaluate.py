@@ -9,6 +9,7 @@ status; the simulator renders its Deployments from the new status.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -24,6 +25,7 @@ from specfleet.policy.observations import PoolObservation
 from specfleet.policy.profile_source import hold_every_pool, profile_condition
 from specfleet.policy.record import auto_pools, parse_time, pool_states, record
 from specfleet.policy.schedule import observed_under_schedule
+from specfleet.policy.scraping import ScrapeSetup
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 # The same acceptance measured again rewrites its timestamp in status at most this often: otherwise
@@ -61,10 +63,13 @@ def evaluate_policy(
     profile: StepTimeProfile | None,
     profile_problem: str | None,
     now: datetime,
+    monitoring_labels: Iterable[tuple[str, str]] = (),
 ) -> Evaluation:
     """Evaluate the policy of `sd` once; `previous` is its status with the remembered measurements.
 
-    `profile` None (with `profile_problem` saying why) holds every pool.
+    `profile` None (with `profile_problem` saying why) holds every pool. `monitoring_labels` are the
+    installation's PodMonitor labels (the chart's monitoring.labels), named when Prometheus does not
+    scrape a pool.
     """
     spec = sd.spec
     window = spec.policy.window_seconds
@@ -77,6 +82,7 @@ def evaluate_policy(
             now,
             pool_mode=states[pool].mode,
             expected_replicas=expected_reporting(previous, pool),
+            ready_replicas=getattr(previous.pools, pool).ready_replicas,
         )
         for pool in auto_pools(spec)
     }
@@ -93,7 +99,8 @@ def evaluate_policy(
             profile,
             engine_schedule=schedules,
         )
-    recorded = record(previous, decisions, observations, sd.generation, now)
+    scrape = ScrapeSetup.of(sd, monitoring_labels)
+    recorded = record(previous, decisions, observations, sd.generation, now, scrape)
     status, profile_events = profile_condition(
         recorded.status, spec.policy.goodput.cost_profile_config_map, profile_problem, sd.generation, now
     )

@@ -33,6 +33,9 @@ class PoolObservation:
     itl_p50_seconds: float | None = None
     itl_p99_seconds: float | None = None
     replicas_reporting: int = 0
+    # Ready pods of the pool for which Prometheus answered with no series at all (0: it had some, or no
+    # pod is Ready; None: Prometheus did not answer, so whether it scrapes them is not known).
+    ready_without_series: int | None = 0
     # Drafts counted in the window; acceptance is only reported when there were enough of them.
     drafts_in_window: float = 0.0
     # Memory (None: not measured; the policy's memory reasoning then stays off). Mean KV cache usage

@@ -19,10 +19,18 @@ from specfleet.api.drafter import DynamicScheduleRange
 from specfleet.api.effective import pool_engine
 from specfleet.api.fields import MAX_CHANGES_PER_HOUR
 from specfleet.api.spec import SpeculativeDeploymentSpec
-from specfleet.api.status import Condition, Decision, PoolRollout, PoolStatus, SpeculativeDeploymentStatus
+from specfleet.api.status import (
+    Condition,
+    Decision,
+    PoolRollout,
+    PoolStatus,
+    PoolStatuses,
+    SpeculativeDeploymentStatus,
+)
 from specfleet.policy.decision import PoolDecision
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolRolloutState, PoolState
 from specfleet.policy.schedule import Schedule, drafted_by
+from specfleet.policy.scraping import ScrapeSetup, not_scraping, not_scraping_message, unscraped_evaluations
 
 HISTORY_LIMIT = 20
 # Loads kept for the trend: the last few evaluations within this long.
@@ -348,23 +356,40 @@ def _change_event(decision: PoolDecision, change: _Change) -> tuple[str, str, st
 
 def _metrics_condition(
     status: SpeculativeDeploymentStatus,
+    pools: PoolStatuses,
     observations: Mapping[str, PoolObservation],
+    scrape: ScrapeSetup,
     generation: int,
     now: datetime,
 ) -> tuple[list[Condition], tuple[str, str, str] | None]:
-    """The MetricsAvailable condition, and the Warning to emit when metrics have just gone missing."""
+    """The MetricsAvailable condition, and the Warning to emit when metrics have just gone missing (or
+    have just been found missing because Prometheus does not scrape a pool's Ready pods).
+
+    `pools` carries this evaluation's unscrapedEvaluations counts."""
+    unscraped = {
+        pool: not_scraping_message(scrape, pool, obs.ready_without_series or 0)
+        for pool, obs in observations.items()
+        if not_scraping(getattr(pools, pool).unscraped_evaluations, obs)
+    }
     problems = [
-        f"{pool}: {problem}" for pool, obs in observations.items() if (problem := obs.decision_problem)
+        unscraped.get(pool) or f"{pool}: {problem}"
+        for pool, obs in observations.items()
+        if (problem := obs.decision_problem)
     ]
-    previous_ok = next((c.status for c in status.conditions if c.type == reasons.METRICS_AVAILABLE), None)
+    previous = next((c for c in status.conditions if c.type == reasons.METRICS_AVAILABLE), None)
     warning = None
     ok: ConditionStatus
     if not observations:
         ok, why, message = "True", reasons.NO_AUTO_POOLS, "no pool is Auto: nothing to observe"
+    elif unscraped:
+        ok, why = "False", reasons.PROMETHEUS_NOT_SCRAPING
+        message = reasons.with_link("; ".join(problems) + " (holding every pool in its current mode)", why)
+        if previous is None or previous.reason != why:
+            warning = ("Warning", reasons.EVENT_PROMETHEUS_NOT_SCRAPING, message)
     elif problems:
         ok, why = "False", reasons.METRICS_UNAVAILABLE
         message = "; ".join(problems) + " (holding every pool in its current mode)"
-        if previous_ok != "False":
+        if previous is None or previous.status != "False":
             warning = ("Warning", reasons.EVENT_METRICS_UNAVAILABLE, message)
     else:
         ok, why, message = "True", reasons.METRICS_OK, "every Auto pool has fresh engine metrics"
@@ -386,10 +411,17 @@ def record(
     observations: Mapping[str, PoolObservation],
     generation: int,
     now: datetime,
+    scrape: ScrapeSetup,
 ) -> Recorded:
     """Fold one evaluation into status: measurements, settled rollouts, acceptance memory, changes
-    (with their history entries and Events) and the MetricsAvailable condition."""
+    (with their history entries and Events), how long Prometheus has not scraped a pool's Ready pods,
+    and the MetricsAvailable condition (`scrape` says what should make it scrape them)."""
     pools = status.pools.model_copy(deep=True)
+    for name in POOLS:
+        ps = getattr(pools, name)
+        count = unscraped_evaluations(ps.unscraped_evaluations, observations.get(name))
+        if count != ps.unscraped_evaluations:
+            setattr(pools, name, ps.model_copy(update={"unscraped_evaluations": count}))
     for pool, obs in observations.items():
         if obs.decision_problem is None:
             setattr(pools, pool, _with_measurements(getattr(pools, pool), obs, now))
@@ -409,7 +441,7 @@ def record(
         out.flipped.append(decision)
         history.append(_history_entry(decision, change.numbers, now))
         out.events.append(_change_event(decision, change))
-    conditions, warning = _metrics_condition(status, observations, generation, now)
+    conditions, warning = _metrics_condition(status, pools, observations, scrape, generation, now)
     if warning is not None:
         out.events.append(warning)
     out.status = status.model_copy(

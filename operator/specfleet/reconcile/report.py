@@ -235,6 +235,17 @@ def reported_status(desired: DesiredState, applied: AppliedChildren, now: dateti
 
 
 def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
-    """Top-level status keys whose value changed (lists assigned whole: merge-patch replaces lists)."""
+    """A JSON merge patch (RFC 7386) of the top-level status keys whose value changed, each sent whole
+    (lists are assigned whole), with null for every field an object of it no longer has: a merge patch
+    keeps what it leaves out, so an optional field the operator unset would otherwise stay (and the
+    status would differ from what the operator wants at every evaluation)."""
     current = current or {}
-    return {k: v for k, v in desired.items() if current.get(k) != v}
+    return {k: _with_removals(current.get(k), v) for k, v in desired.items() if current.get(k) != v}
+
+
+def _with_removals(current: Any, desired: Any) -> Any:
+    if not (isinstance(current, Mapping) and isinstance(desired, Mapping)):
+        return desired
+    out = {k: _with_removals(current.get(k), v) for k, v in desired.items()}
+    out.update({k: None for k in current if k not in desired})
+    return out
