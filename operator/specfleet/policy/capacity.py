@@ -72,6 +72,9 @@ class CapacityModel:
     drafter_layers: int = 1
     overhead_bytes: float = 2 * 2**30
     block_size: int = DEFAULT_BLOCK_SIZE
+    # vLLM's --kv-cache-memory-bytes (VLLM_CPU_KVCACHE_SPACE GiB on CPU): a set KV budget per rank
+    # that replaces the one from utilisation, weights and overhead (None: not set).
+    kv_cache_memory_bytes: float | None = None
 
     def page_bytes(self, tensor_parallel_size: int) -> int:
         """One block of one attention layer on one rank: K and V of block_size tokens."""
@@ -80,6 +83,8 @@ class CapacityModel:
 
     def kv_bytes(self, gpu_memory_utilization: float, tensor_parallel_size: int, speculative: bool) -> float:
         """Bytes one rank leaves to the KV cache (negative: the engine does not fit)."""
+        if self.kv_cache_memory_bytes is not None:
+            return self.kv_cache_memory_bytes
         tp = max(1, tensor_parallel_size)
         free = gpu_memory_utilization * self.gpu_bytes - self.target_weight_bytes / tp - self.overhead_bytes
         return free - self.drafter_weight_bytes / tp if speculative else free
