@@ -42,9 +42,10 @@ Profile file format (YAML or JSON; one row per batch size, one column per K; K=0
       model: meta-llama/Llama-3.1-8B-Instruct   # what it was measured for (all optional)
       drafter: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
       gpu: NVIDIA H100 80GB HBM3
-      tensorParallelSize: 1
+      tensorParallelSize: 1       # the setting it was measured at (unset: 1), and ...
       maxModelLen: 131072
-      gpuMemoryUtilization: 0.9
+      gpuMemoryUtilization: 0.9   # ... (unset: vLLM's 0.9): the capacity model predicts other settings
+      blockSize: 16
 """
 
 from __future__ import annotations
