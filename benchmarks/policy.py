@@ -49,7 +49,6 @@ from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.sim.bound import NAME as BOUND
 from specfleet.sim.bound import rollout_paying_oracle
 from specfleet.sim.compare import SMOOTH, Comparison, compare, static_ks
-from specfleet.sim.engine import MemoryModel
 from specfleet.sim.fleet import DEFAULT_PREFILL_MS_PER_TOKEN, SimOptions, simulate
 from specfleet.sim.plan import crossing
 from specfleet.sim.plot import plot_timeline
@@ -542,7 +541,7 @@ def render(
         "`policy.goodput.engineSchedule`), "
         "published H100 Llama-3.1-8B step-time profile, engine start-up 60 s, scrape every 15 s, "
         "K=0 penalty of in-engine Dynamic SD 10%, a speculating engine's drafter prefilling every prompt "
-        f"token at {MemoryModel().drafter_prefill_fraction:.1%} of the target's cost (priced by the "
+        f"token at {SimOptions().drafter_prefill_fraction:.1%} of the target's cost (priced by the "
         "Goodput prediction too, with the prompt tokens per generated token measured), a draining engine "
         "killed after its "
         "terminationGracePeriodSeconds. The simulator and what it approximates: "

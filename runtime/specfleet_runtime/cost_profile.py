@@ -37,14 +37,15 @@ Profile file format (YAML or JSON; one row per batch size, one column per K; K=0
     prefillMsPerToken: 0.04   # optional: extra step time per prompt token a step prefills
     drafterPrefillFraction: 0.038  # optional: the drafter's pass over a prompt token, as a share of it
     memory:                   # optional (older profiles lack it); both kvCache keys required if present
-      kvCacheTokens: 448312             # KV cache of one engine started without the drafter, in tokens
-      kvCacheTokensWithDrafter: 428439  # the same engine started with the drafter (its weights + KV)
+      kvCacheTokens: 448304             # KV cache of one engine started without the drafter, in tokens
+      kvCacheTokensWithDrafter: 428432  # the same engine started with the drafter (its weights + KV)
       model: meta-llama/Llama-3.1-8B-Instruct   # what it was measured for (all optional)
       drafter: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
       gpu: NVIDIA H100 80GB HBM3
-      tensorParallelSize: 1
+      tensorParallelSize: 1       # the setting it was measured at (unset: 1), and ...
       maxModelLen: 131072
-      gpuMemoryUtilization: 0.9
+      gpuMemoryUtilization: 0.9   # ... (unset: vLLM's 0.9): the capacity model predicts other settings
+      blockSize: 16
 """
 
 from __future__ import annotations
@@ -305,26 +306,27 @@ class StepTimeProfile:
         )
 
 
-# KV cache of the published setup, from the simulator's memory model (sim/engine.py MemoryModel) at
-# gpu-memory-utilization 0.9 on an H100 80GB (81559 MiB = 85,520,809,984 B):
+# KV cache of the published setup, from the capacity model (operator/specfleet/policy/capacity.py) at
+# gpu-memory-utilization 0.9 on an H100 80GB (81559 MiB = 85,520,809,984 B), in vLLM's 16-token blocks:
 #   usable       0.9 x 85,520,809,984 B                           = 76,968,728,985.6 B
 #   - weights    8.03e9 params x 2 B (bf16)                       = 16,060,000,000 B
 #   - overhead   activations, CUDA graphs (estimate) 2 GiB        =  2,147,483,648 B
 #   = KV memory                                                   = 58,761,245,337.6 B
-#   KV per token: 2 (K, V) x 32 layers x 8 KV heads x 128 dim x 2 B = 131,072 B
-#   kvCacheTokens = floor(58,761,245,337.6 / 131,072)             = 448,312
-#   with the EAGLE-3 drafter: - 0.85e9 B weights (one layer + fusion + 32k head, bf16), + one layer's
-#   KV 2 x 1 x 8 x 128 x 2 B = 4,096 B per token:
-#   kvCacheTokensWithDrafter = floor(57,911,245,337.6 / 135,168)  = 428,439
+#   a block: 16 tokens x 2 (K, V) x 32 layers x 8 KV heads x 128 dim x 2 B = 2,097,152 B
+#   kvCacheTokens = floor(58,761,245,337.6 / 2,097,152) = 28,019 blocks x 16 = 448,304
+#   with the EAGLE-3 drafter: - 0.85e9 B weights (one layer + fusion + 32k head, bf16), and its one
+#   layer's KV in every block (33 layers, 2,162,688 B a block):
+#   kvCacheTokensWithDrafter = floor(57,911,245,337.6 / 2,162,688) = 26,777 blocks x 16 = 428,432
 PUBLISHED_H100_LLAMA31_8B_MEMORY: Final = MemoryProfile(
-    kv_cache_tokens=448312,
-    kv_cache_tokens_with_drafter=428439,
+    kv_cache_tokens=448304,
+    kv_cache_tokens_with_drafter=428432,
     model="meta-llama/Llama-3.1-8B-Instruct",
     drafter="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
     gpu="NVIDIA H100 80GB HBM3",
     tensor_parallel_size=1,
     max_model_len=131072,  # the model's default; the capacity above does not depend on it
     gpu_memory_utilization=0.9,
+    block_size=16,
 )
 
 # Llama-3.1-8B-Instruct with the EAGLE-1 drafter yuhuili/EAGLE-LLaMA3.1-Instruct-8B on one H100, from

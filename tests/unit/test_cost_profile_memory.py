@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specfleet.cli.profile import config_map, parse_output, profile_document
 from specfleet.cli.simulate import _profile_file
+from specfleet.policy.capacity import CapacityModel
 from specfleet.policy.profile_source import CostProfileError, profile_from_config_map
-from specfleet.sim.engine import MemoryModel
 from specfleet.sim.workload import parse_acceptance
 from specfleet_runtime.cost_profile import (
     PUBLISHED_EAGLE3_ACCEPTANCE,
@@ -101,10 +101,10 @@ def test_invalid_sections_are_refused_naming_what_is_wrong(memory: Any, message:
 def test_the_published_profile_holds_what_the_simulator_assumes() -> None:
     memory = default_profile().memory
     assert memory is not None
-    model = MemoryModel()
-    assert memory.gpu_memory_utilization == 0.9
-    assert memory.kv_cache_tokens == model.kv_capacity_tokens(0.9, speculative=False) == 448312
-    assert memory.kv_cache_tokens_with_drafter == model.kv_capacity_tokens(0.9, speculative=True) == 428439
+    model = CapacityModel()
+    assert (memory.gpu_memory_utilization, memory.block_size) == (0.9, 16)
+    assert memory.kv_cache_tokens == model.kv_tokens(0.9, 1, speculative=False) == 448304
+    assert memory.kv_cache_tokens_with_drafter == model.kv_tokens(0.9, 1, speculative=True) == 428432
     assert (memory.model, memory.gpu, memory.tensor_parallel_size) == (
         "meta-llama/Llama-3.1-8B-Instruct",
         "NVIDIA H100 80GB HBM3",

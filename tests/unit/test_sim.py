@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.observe.prometheus import POOL_LABELS, FleetAnswers, PoolSelector, observe
+from specfleet.policy.capacity import CapacityModel
 from specfleet.sim import prom
 from specfleet.sim.compare import compare
-from specfleet.sim.engine import EngineConfig, MemoryModel, Replica, SimRequest
+from specfleet.sim.engine import EngineConfig, Replica, SimRequest
 from specfleet.sim.fleet import SimOptions, Strategy, simulate
 from specfleet.sim.workload import (
     ACCEPTANCE_PROFILES,
@@ -103,9 +104,9 @@ def test_acceptance_by_name_or_values() -> None:
 
 
 def test_memory_model_gives_a_speculating_engine_less_kv_cache() -> None:
-    memory = MemoryModel()
-    plain = memory.kv_capacity_tokens(0.9, speculative=False)
-    spec = memory.kv_capacity_tokens(0.9, speculative=True)
+    memory = CapacityModel()
+    plain = memory.kv_tokens(0.9, 1, speculative=False)
+    spec = memory.kv_tokens(0.9, 1, speculative=True)
     assert 400_000 < spec < plain < 500_000
 
 

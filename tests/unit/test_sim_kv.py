@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from specfleet.api.validation import parse_resource
+from specfleet.policy.capacity import CapacityModel
 from specfleet.sim.accounts import RunResult
-from specfleet.sim.engine import EngineConfig, MemoryModel, Replica, SimRequest
+from specfleet.sim.engine import EngineConfig, Replica, SimRequest
 from specfleet.sim.fleet import SimOptions, Strategy, simulate
 from specfleet.sim.workload import Trace, TraceRequest
 from specfleet_runtime.cost_profile import default_profile
@@ -183,7 +184,7 @@ def test_a_run_counts_each_pools_preemptions_and_mean_kv_usage() -> None:
     sd = parse_resource(doc)
     burst = [TraceRequest(arrival=float(i) / 10, prompt_tokens=3000, output_tokens=600) for i in range(400)]
     trace = Trace((*burst, TraceRequest(arrival=300.0, prompt_tokens=10, output_tokens=10)))
-    small = MemoryModel(gpu_bytes=22 * 2**30)  # about 34k tokens of KV: a dozen such requests
+    small = CapacityModel(gpu_bytes=22 * 2**30)  # about 34k tokens of KV: a dozen such requests
     profile = dataclasses.replace(default_profile(), memory=None)  # the engines size it from `small`
     static = Strategy("alwaysOnK3", "static", mode="On", k=3)
     run = simulate(sd, trace, static, SimOptions(memory=small), profile)

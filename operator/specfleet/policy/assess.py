@@ -119,6 +119,8 @@ def assess(
             current_k=current_k,
             schedule=schedule,
             max_num_seqs=state.max_num_seqs,
+            gpu_memory_utilization=state.gpu_memory_utilization,
+            tensor_parallel_size=state.tensor_parallel_size,
         )
         queued = max(0.0, model.demand - measured)
         demand = load + queued
@@ -197,6 +199,8 @@ def wanted_mode(
             mode=state.mode,
             current_k=k,
             max_num_seqs=state.max_num_seqs,
+            gpu_memory_utilization=state.gpu_memory_utilization,
+            tensor_parallel_size=state.tensor_parallel_size,
         )
         measured_load(obs)  # raises for an observation without a load
         g = goodput_prediction(model, [model.demand], est, limit)

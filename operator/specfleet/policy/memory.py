@@ -8,33 +8,47 @@ average its prompt plus half its output (the footprint). A preemption frees a re
 recomputes its prefill later: each costs a prefill over prompt + output / 2 tokens of engine time.
 
 Capacity of a setting: measured (`vllm:cache_config_info` of the pool's pods of that setting:
-num_gpu_blocks x block_size), else the cost profile's `memory` section (kvCacheTokens without the
-drafter, kvCacheTokensWithDrafter with it), else unknown: then no batch is bound by memory.
+num_gpu_blocks x block_size), else what vLLM would size for the pool's own utilisation and tensor
+parallel (`policy.capacity`, calibrated by the cost profile's `memory` section: kvCacheTokens without
+the drafter, kvCacheTokensWithDrafter with it, at the utilisation and TP it was measured with), else
+unknown: then no batch is bound by memory.
 """
 
 from __future__ import annotations
 
 import math
 
+from specfleet.policy.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, profile_capacity
 from specfleet.policy.observations import PoolObservation
 from specfleet_runtime.cost_profile import StepTimeProfile
 
-# vLLM's KV block size on GPUs where the engine does not say otherwise.
-DEFAULT_BLOCK_SIZE = 16
 # vLLM's --max-num-seqs where the spec leaves it unset (as the fleet simulator assumes).
 DEFAULT_MAX_NUM_SEQS = 256
 
 
 def capacities(
-    profile: StepTimeProfile, obs: PoolObservation
+    profile: StepTimeProfile,
+    obs: PoolObservation,
+    gpu_memory_utilization: float | None = None,
+    tensor_parallel_size: int | None = None,
 ) -> tuple[tuple[int, str], tuple[int, str]] | None:
-    """((tokens, source) without the drafter, (tokens, source) with it), or None when one is unknown."""
+    """((tokens, source) without the drafter, (tokens, source) with it), or None when one is unknown.
+
+    A setting not measured gets the profile-calibrated prediction for the pool's engines at
+    `gpu_memory_utilization` and `tensor_parallel_size` (None: as the profile was measured)."""
+    memory = profile.memory
+    predicted: dict[bool, int] = {}
+    if memory is not None:
+        model = profile_capacity(memory)
+        util = gpu_memory_utilization or memory.gpu_memory_utilization or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+        tp = tensor_parallel_size or memory.tensor_parallel_size or 1
+        predicted = {speculative: model.kv_tokens(util, tp, speculative) for speculative in (False, True)}
     out = []
     for measured, speculative in ((obs.kv_capacity_tokens_off, False), (obs.kv_capacity_tokens_on, True)):
         if measured is not None and measured > 0:
             out.append((measured, "measured"))
-        elif profile.memory is not None:
-            out.append((profile.memory.kv_tokens(speculative), "profile"))
+        elif speculative in predicted:
+            out.append((predicted[speculative], "profile"))
         else:
             return None
     return out[0], out[1]

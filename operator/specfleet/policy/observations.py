@@ -172,6 +172,10 @@ class PoolState:
     recent_load: tuple[tuple[datetime, float], ...] = field(default_factory=tuple)
     # The pool's engines' --max-num-seqs (None: not set, vLLM's default).
     max_num_seqs: int | None = None
+    # The pool's engines' --gpu-memory-utilization and --tensor-parallel-size, which size their KV
+    # cache where it is not measured (None: as the cost profile's memory was measured).
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int | None = None
 
     @property
     def last_change(self) -> datetime | None:

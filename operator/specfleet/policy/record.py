@@ -27,6 +27,7 @@ from specfleet.api.status import (
     PoolStatuses,
     SpeculativeDeploymentStatus,
 )
+from specfleet.policy.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from specfleet.policy.decision import PoolDecision
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolRolloutState, PoolState
 from specfleet.policy.schedule import Schedule, drafted_by
@@ -137,6 +138,7 @@ def pool_states(
     out: dict[str, PoolState] = {}
     for pool in auto_pools(spec):
         ps = getattr(status.pools, pool)
+        engine = pool_engine(spec, pool)
         if ps.recent_flip_times is not None:
             flips = tuple(t for t in _times(ps.recent_flip_times) if t > hour_ago)
         else:  # a status written before the pool kept its own flip memory: read the history
@@ -161,7 +163,13 @@ def pool_states(
             canary_replicas=ps.canary_replicas,
             rollout=_rollout(ps),
             recent_load=_loads(ps.recent_load),
-            max_num_seqs=pool_engine(spec, pool).max_num_seqs,
+            max_num_seqs=engine.max_num_seqs,
+            gpu_memory_utilization=(
+                engine.gpu_memory_utilization_percent / 100
+                if engine.gpu_memory_utilization_percent
+                else VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+            ),
+            tensor_parallel_size=engine.tensor_parallel_size,
         )
     return out
 

@@ -30,8 +30,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from specfleet.policy.capacity import DEFAULT_BLOCK_SIZE
 from specfleet.policy.memory import (
-    DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_NUM_SEQS,
     capacities,
     footprint_tokens,
@@ -206,11 +206,15 @@ def pool_model(
     current_k: int,
     schedule: Schedule | None = None,
     max_num_seqs: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    tensor_parallel_size: int | None = None,
 ) -> PoolModel:
     """The model of one pool from what is measured of it (the profile where nothing is).
 
-    `mode` and `current_k` say what the pool runs now (On at K `current_k`, or following `schedule`)."""
-    caps = capacities(profile, obs)
+    `mode` and `current_k` say what the pool runs now (On at K `current_k`, or following `schedule`);
+    `gpu_memory_utilization` and `tensor_parallel_size` are its engines' (None: as the profile's memory
+    was measured), for the capacity of a setting not measured."""
+    caps = capacities(profile, obs, gpu_memory_utilization, tensor_parallel_size)
     (cap_off, src_off), (cap_on, src_on) = caps or ((math.inf, "unknown"), (math.inf, "unknown"))
     lookahead_now = (max(k for _, _, k in schedule) if schedule else current_k) if mode == "On" else 0
     cap_now = cap_on if mode == "On" else cap_off
@@ -270,6 +274,8 @@ def memory_view(
     current_k: int,
     schedule: Schedule | None = None,
     max_num_seqs: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    tensor_parallel_size: int | None = None,
 ) -> PoolModel | None:
     """The pool's model where its memory is known (demand, request size and both capacities), else
     None; also None when not one request fits even without the drafter (nothing to compare)."""
@@ -278,7 +284,15 @@ def memory_view(
     if obs.replicas_reporting < 1:
         return None
     model = pool_model(
-        profile, obs, ks, mode=mode, current_k=current_k, schedule=schedule, max_num_seqs=max_num_seqs
+        profile,
+        obs,
+        ks,
+        mode=mode,
+        current_k=current_k,
+        schedule=schedule,
+        max_num_seqs=max_num_seqs,
+        gpu_memory_utilization=gpu_memory_utilization,
+        tensor_parallel_size=tensor_parallel_size,
     )
     if not model.memory_known or model.settings[OFF].fits < 1:
         return None

@@ -36,47 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specfleet_runtime.cost_profile import EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION, StepTimeProfile
+from specfleet_runtime.cost_profile import StepTimeProfile
 
 EPS = 1e-9
-
-
-@dataclass(frozen=True)
-class MemoryModel:
-    """GPU memory of one replica, to size its KV cache (defaults: Llama-3.1-8B, EAGLE-3, H100 80GB).
-
-    - GPU memory 81559 MiB: what nvidia-smi reports for an H100 80GB HBM3.
-    - Target weights: 8.03e9 parameters x 2 bytes (bf16).
-    - KV per token (target): 2 (K and V) x 32 layers x 8 KV heads x 128 head dim x 2 bytes = 128 KiB.
-    - Drafter (EAGLE-3 for Llama-3.1-8B): one decoder layer whose attention reads 2 x hidden, a 3 x
-      hidden -> hidden fusion layer and a 32k-token draft vocabulary head: about 0.42e9 parameters,
-      0.85 GB in bf16 (an estimate from the architecture; the checkpoint is of that size); its KV is
-      one layer's: 4 KiB per token.
-    - Runtime overhead (activations, CUDA graphs, allocator): 2 GiB, an estimate.
-    - Decoder layer of Llama-3.1-8B: q and o 2 x 4096^2, k and v 2 x 4096 x 1024, MLP 3 x 4096 x 14336:
-      about 218e6 weights.
-    """
-
-    gpu_bytes: float = 81559 * 2**20
-    target_weight_bytes: float = 8.03e9 * 2
-    target_kv_bytes_per_token: float = 2 * 32 * 8 * 128 * 2
-    drafter_weight_bytes: float = 0.85e9
-    drafter_kv_bytes_per_token: float = 2 * 1 * 8 * 128 * 2
-    overhead_bytes: float = 2 * 2**30
-    # The drafter's pass over each prompt token, as a share of the target's (multiply-adds per token:
-    # EAGLE-3's 3h -> h fusion layer, 50.3e6, and its decoder layer, 218e6, against the target's 32
-    # decoder layers, 6.98e9; the LM heads run only on the last position). The published profile
-    # carries the same figure, so the policy prices what the simulated engines pay.
-    drafter_prefill_fraction: float = EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION
-
-    def kv_capacity_tokens(self, gpu_memory_utilization: float, speculative: bool) -> int:
-        """Tokens of KV cache one engine holds (what bounds its running sequences)."""
-        free = gpu_memory_utilization * self.gpu_bytes - self.target_weight_bytes - self.overhead_bytes
-        per_token = self.target_kv_bytes_per_token
-        if speculative:
-            free -= self.drafter_weight_bytes
-            per_token += self.drafter_kv_bytes_per_token
-        return max(0, int(free // per_token))
 
 
 @dataclass(frozen=True)

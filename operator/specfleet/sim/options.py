@@ -6,14 +6,17 @@ The strategies are described in docs/architecture.md ("The fleet simulator").
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.validation import parse_spec
-from specfleet.sim.engine import MemoryModel
+from specfleet.policy.capacity import CapacityModel
 from specfleet_runtime import names
-from specfleet_runtime.cost_profile import H100_LLAMA31_8B_PREFILL_MS_PER_TOKEN
+from specfleet_runtime.cost_profile import (
+    EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION,
+    H100_LLAMA31_8B_PREFILL_MS_PER_TOKEN,
+)
 
 POOLS: tuple[str, ...] = names.POOLS
 # The wall-clock time of a run's t=0, for the policy's timestamps.
@@ -45,7 +48,14 @@ class SimOptions:
     prefill_ms_per_token: float | None = None
     k0_penalty: float = 0.10
     acceptance: tuple[float, ...] = (0.68, 0.39, 0.20, 0.10, 0.05)
-    memory: MemoryModel = field(default_factory=MemoryModel)
+    # The engines' memory where the profile has no `memory` section (with one: the preset its model
+    # names, calibrated by it); `policy.capacity` sizes the KV cache from utilisation and TP.
+    memory: CapacityModel | None = None
+    # The drafter's pass over each prompt token, as a share of the target's (multiply-adds per token:
+    # EAGLE-3's 3h -> h fusion layer and its decoder layer against Llama-3.1-8B's 32 decoder layers;
+    # the LM heads run only on the last position). The published profile carries the same figure, so
+    # the policy prices what the simulated engines pay.
+    drafter_prefill_fraction: float = EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION
     default_max_num_seqs: int = 256
     default_gpu_memory_utilization: float = 0.9
     # Bin width of the timeline and of the oracle's per-window choice (None: the evaluation interval).

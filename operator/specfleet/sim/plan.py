@@ -25,6 +25,7 @@ import numpy as np
 
 from specfleet.api.effective import pool_engine
 from specfleet.api.validation import SpeculativeDeployment
+from specfleet.policy.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from specfleet.policy.observations import PoolObservation
 from specfleet.policy.schedule import best_schedule
 from specfleet.policy.threshold import threshold_values
@@ -82,10 +83,16 @@ def acceptance_break_even(
 
 
 def plan_model(
-    profile: StepTimeProfile, request_tokens: tuple[float, float] | None, ks: Sequence[int], max_num_seqs: int
+    profile: StepTimeProfile,
+    request_tokens: tuple[float, float] | None,
+    ks: Sequence[int],
+    max_num_seqs: int,
+    gpu_memory_utilization: float | None = None,
+    tensor_parallel_size: int | None = None,
 ) -> PoolModel:
     """The policy's model of a pool (`policy.throughput`) for requests of (mean prompt, mean output)
-    tokens with the profile's KV caches; without the lengths, decode only and no memory bound."""
+    tokens with the KV caches the profile's memory predicts for the pool's utilisation and TP; without
+    the lengths, decode only and no memory bound."""
     prompt, output = request_tokens if request_tokens is not None else (None, None)
     ob = PoolObservation(
         pool="plan",
@@ -96,7 +103,16 @@ def plan_model(
         mean_prompt_tokens=prompt,
         mean_output_tokens=output,
     )
-    return pool_model(profile, ob, ks, mode="Off", current_k=0, max_num_seqs=max_num_seqs)
+    return pool_model(
+        profile,
+        ob,
+        ks,
+        mode="Off",
+        current_k=0,
+        max_num_seqs=max_num_seqs,
+        gpu_memory_utilization=gpu_memory_utilization,
+        tensor_parallel_size=tensor_parallel_size,
+    )
 
 
 def gain_at(model: PoolModel, c: float, acceptance: Sequence[float], ks: Sequence[int]) -> tuple[float, int]:
@@ -149,9 +165,12 @@ def plan(
             }
             continue
         # An engine runs at most maxNumSeqs requests; the rest of the load queues.
-        cap = float(pool_engine(spec, pool).max_num_seqs or 256)  # type: ignore[arg-type]
+        engine = pool_engine(spec, pool)  # type: ignore[arg-type]
+        cap = float(engine.max_num_seqs or 256)
         mid = min(cap, load["p50"])
-        model = plan_model(profile, request_tokens, ks, int(cap))
+        percent = engine.gpu_memory_utilization_percent
+        util = percent / 100 if percent else VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+        model = plan_model(profile, request_tokens, ks, int(cap), util, engine.tensor_parallel_size)
         gain_low, k_low = gain_at(model, load["p5"], acceptance, ks)
         gain_high, k_high = gain_at(model, load["p95"], acceptance, ks)
         gain_mid, k_mid = gain_at(model, load["p50"], acceptance, ks)

@@ -16,6 +16,7 @@ from typing import Any
 from specfleet.api.constants import LABEL_POOL, LABEL_TRACK
 from specfleet.api.status import PoolStatus, SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment
+from specfleet.policy.capacity import CapacityModel, profile_capacity
 from specfleet.reconcile import decided_plan
 from specfleet.reconcile.apply import hand_over
 from specfleet.render import RenderOptions, render_children
@@ -29,9 +30,6 @@ from specfleet.sim.prom import Prometheus
 from specfleet_runtime import names
 from specfleet_runtime.cost_profile import StepTimeProfile
 from specfleet_runtime.vllm_args import LOOKAHEAD_METHODS, METHODS_WITH_DRAFTER_MODEL, parse_vllm_args
-
-# vLLM's --block-size on GPUs, where the profile does not say.
-BLOCK_SIZE = 16
 
 
 @dataclass
@@ -91,14 +89,14 @@ class Rollouts:
         spec = engine.speculative
         util = engine.gpu_memory_utilization or self.options.default_gpu_memory_utilization
         speculative = spec is not None
-        memory = self.options.memory
-        # The KV cache: measured (the cost profile's memory section) where the profile has one.
+        # The KV cache as vLLM sizes it for this engine's utilisation and TP (`policy.capacity`): the
+        # options' model where set, else the one the profile's memory section calibrates.
         measured = self.profile.memory
-        if measured is not None:
-            capacity = measured.kv_tokens(speculative)
-        else:
-            capacity = memory.kv_capacity_tokens(util, speculative)
-        block_size = measured.block_size if measured is not None and measured.block_size else BLOCK_SIZE
+        memory = self.options.memory or (
+            profile_capacity(measured) if measured is not None else CapacityModel()
+        )
+        capacity = memory.kv_tokens(util, engine.tensor_parallel_size, speculative)
+        block_size = memory.block_size
         return EngineConfig(
             speculative=speculative,
             k=spec.num_speculative_tokens if spec else 0,
@@ -110,7 +108,9 @@ class Rollouts:
             block_size=block_size,
             lookahead_tokens=spec.num_speculative_tokens if spec and spec.method in LOOKAHEAD_METHODS else 0,
             drafter_prefill_fraction=(
-                memory.drafter_prefill_fraction if spec and spec.method in METHODS_WITH_DRAFTER_MODEL else 0.0
+                self.options.drafter_prefill_fraction
+                if spec and spec.method in METHODS_WITH_DRAFTER_MODEL
+                else 0.0
             ),
         )
 

@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
         "--kv-cache-tokens",
         type=int,
         help="KV cache of the engine started without a drafter, in tokens (default: the profile's "
-        "memory.kvCacheTokens, 448312 in the published profile; from --kv-cache-tokens-with-drafter "
+        "memory.kvCacheTokens, 448304 in the published profile; from --kv-cache-tokens-with-drafter "
         "and the profile's ratio when only that is given)",
     )
     p.add_argument(
@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="KV cache of the same engine started with a drafter (--speculative-config naming eagle, "
         "eagle3, draft_model or medusa), in tokens (default: the profile's "
-        "memory.kvCacheTokensWithDrafter, 428439 in the published profile; with only "
+        "memory.kvCacheTokensWithDrafter, 428432 in the published profile; with only "
         "--kv-cache-tokens, that scaled by the profile's kvCacheTokensWithDrafter/kvCacheTokens)",
     )
     p.add_argument(
