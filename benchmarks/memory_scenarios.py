@@ -17,6 +17,17 @@ Scenarios:
 
 - long-context-8b: Llama-3.1-8B on one H100 (the published profile and its memory section), prompts
   of 16k-32k tokens: about 18 requests fill an engine's KV cache, one fewer with the drafter.
+- 70b-one-gpu: Llama-3.1-70B in FP8 on one H100 with its EAGLE-3 drafter, prompts of 500-1,500
+  tokens: 11 requests fit without the drafter, 3 with it (memory-bound from a few requests on).
+- 70b-two-gpus: the same in BF16 over two H100s (tensor parallel 2), prompts of 500-1,500 tokens.
+
+The 70B profiles are derived, not measured: step times are the published 8B table times 4.4 (per
+GPU, FP8 70B on one H100 and BF16 70B over two read 70.6 GB of weights a step against the 8B's 16.1
+GB, and do 4.4x its multiply-adds at FP8's or two GPUs' rate; the all-reduce of TP 2 is left out),
+prefill 0.178 ms per prompt token (2 x 70.6e9 FLOPs at 40% of 1,979 TFLOPS), the drafter's prefill
+share 1.5% (its fusion layer and one decoder layer against 80), and the KV caches from
+`specfleet.policy.capacity` (FP8 weights on one GPU; the 70B preset over two) at 90% utilisation,
+entered as the profile's memory section as `specfleet profile` would measure them.
 """
 
 from __future__ import annotations
@@ -30,12 +41,13 @@ import numpy as np
 import yaml
 
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
+from specfleet.policy.capacity import LLAMA31_70B_EAGLE3_H100
 from specfleet.policy.throughput import OFF, setting_name
 from specfleet.sim.compare import Comparison, compare
 from specfleet.sim.fleet import SimOptions
 from specfleet.sim.plan import plan_model
 from specfleet.sim.workload import Trace, TraceRequest, read_trace
-from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
+from specfleet_runtime.cost_profile import MemoryProfile, StepTimeProfile, default_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "02-two-pools-routing-policy.yaml"
@@ -104,11 +116,59 @@ def _long_context(doc: dict) -> None:
     doc["spec"]["engine"]["maxModelLen"] = 40960
 
 
+# The 70B step-time scale (see the module docstring), prefill and drafter prefill share.
+SCALE_70B = 70.6 / 16.06
+PREFILL_70B_MS = 2 * 70.6e9 / (1979e12 * 0.4) * 1000
+DRAFTER_PREFILL_70B = (3 * 8192 * 8192 + 855e6) / (80 * 855e6)
+MODEL_70B = "meta-llama/Llama-3.1-70B-Instruct"
+DRAFTER_70B = "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"
+
+
+def profile_70b(tensor_parallel_size: int) -> StepTimeProfile:
+    """The derived 70B profile on `tensor_parallel_size` H100s (FP8 weights on one, BF16 over more)."""
+    base = default_profile()
+    capacity = LLAMA31_70B_EAGLE3_H100
+    if tensor_parallel_size == 1:
+        capacity = dataclasses.replace(capacity, target_weight_bytes=70.6e9)  # FP8
+    memory = MemoryProfile(
+        kv_cache_tokens=capacity.kv_tokens(0.9, tensor_parallel_size, False),
+        kv_cache_tokens_with_drafter=capacity.kv_tokens(0.9, tensor_parallel_size, True),
+        model=MODEL_70B,
+        drafter=DRAFTER_70B,
+        gpu="H100 80GB",
+        tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=0.9,
+        block_size=capacity.block_size,
+    )
+    return dataclasses.replace(
+        base,
+        name=f"derived H100 x{tensor_parallel_size} Llama-3.1-70B EAGLE-3",
+        step_ms=tuple(tuple(round(v * SCALE_70B, 2) for v in row) for row in base.step_ms),
+        prefill_ms_per_token=PREFILL_70B_MS,
+        drafter_prefill_fraction=DRAFTER_PREFILL_70B,
+        memory=memory,
+    )
+
+
+def _seventy_b(tensor_parallel_size: int) -> Callable[[dict], None]:
+    def edit(doc: dict) -> None:
+        doc["spec"]["model"] = {"name": MODEL_70B, "servedModelName": "llama-3.1-70b", "revision": "main"}
+        doc["spec"]["drafter"]["model"] = DRAFTER_70B
+        engine = doc["spec"]["engine"]
+        engine["tensorParallelSize"] = tensor_parallel_size
+        engine["resources"]["gpus"] = tensor_parallel_size
+        engine["maxModelLen"] = 8192
+
+    return edit
+
+
 def scenarios() -> dict[str, MemoryScenario]:
     return {
         "long-context-8b": MemoryScenario(
             "long-context-8b", _resource(_long_context), default_profile(), (16384, 32768)
         ),
+        "70b-one-gpu": MemoryScenario("70b-one-gpu", _resource(_seventy_b(1)), profile_70b(1), (500, 1500)),
+        "70b-two-gpus": MemoryScenario("70b-two-gpus", _resource(_seventy_b(2)), profile_70b(2), (500, 1500)),
     }
 
 

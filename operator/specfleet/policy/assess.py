@@ -102,12 +102,13 @@ def assess(
         if fresh is not None:
             est_flip = replace(fresh, source="newestInterval", remember=est.remember)
     measured = measured_load(observed)
-    # The load a change is decided for, never past what an engine runs (--max-num-seqs).
-    load = min(expected_load(policy, state, observed, now), float(state.max_num_seqs or DEFAULT_MAX_NUM_SEQS))
+    # The demand a change is decided for (running + waiting, projected), and the running count it
+    # asks for, never past what an engine runs (--max-num-seqs).
+    demand = expected_load(policy, state, observed, now)
+    load = min(demand, float(state.max_num_seqs or DEFAULT_MAX_NUM_SEQS))
     obs = replace(observed, running_per_replica=load)
     gains = None
     model: PoolModel | None = None
-    demand: float | None = None
     if policy.mode == "Goodput":
         # One model of the pool (policy.throughput): each setting's tokens/s at a demand of running
         # plus waiting requests per replica; the waiting ones ride on every projected load.
@@ -122,15 +123,13 @@ def assess(
             gpu_memory_utilization=state.gpu_memory_utilization,
             tensor_parallel_size=state.tensor_parallel_size,
         )
-        queued = max(0.0, model.demand - measured)
-        demand = load + queued
         g = goodput_prediction(model, [demand], est, k)
         g_observed = goodput_prediction(model, [model.demand], est, k)
         gains = (g, g_observed)
         # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
         # locked, lighter budget) and the canaries on the projected load (`gains`).
-        path = commit_path(policy, state, measured, load)
-        g_commit = goodput_prediction(model, [c + queued for c in path], est_flip, k)
+        path = commit_path(policy, state, model.demand, demand)
+        g_commit = goodput_prediction(model, path, est_flip, k)
         wanted = goodput_wanted(policy, state, obs, g_commit, est_flip)
         if schedule and wanted.mode == "Off" and g_observed.gain_best > 1 + goodput_margin(policy):
             # A pool following a schedule already drafts less (or nothing) as batches grow, so turning
@@ -158,6 +157,8 @@ def assess(
         numbers["acceptanceMoving"] = moving
     if load != measured:
         numbers["expectedRunningPerReplica"] = f"{load:.3g}"
+    if policy.mode == "Goodput" and demand != load:
+        numbers["expectedDemandPerReplica"] = f"{demand:.3g}"
     if (
         est is None
         and state.mode == "Off"

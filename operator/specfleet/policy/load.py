@@ -32,16 +32,24 @@ def measured_load(obs: PoolObservation) -> float:
     return obs.running_per_replica
 
 
-def expected_load(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> float:
-    """Running requests per replica to decide with: the load when a change decided now takes effect.
+def measured_demand(obs: PoolObservation) -> float:
+    """Requests in the pool per replica measured (running + waiting); raises as `measured_load`."""
+    measured_load(obs)
+    return obs.demand_per_replica or 0.0
 
-    The observed value is an average over the window, so on a ramp it trails the load by half a
+
+def expected_load(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> float:
+    """Requests per replica (running + waiting) to decide with: the demand when a change decided now
+    takes effect.
+
+    The observed value is an average over the window, so on a ramp it trails the demand by half a
     window, and a change takes effect only after its rollout. The trend of the last evaluations
     (least squares over one window) projects the observed value over both (the rollout's duration
-    is the pool's last one). A running count fluctuates by about its square root (Poisson), so a
-    projection within that band is noise and is dropped, as is that much of a larger one.
+    is the pool's last one). A count fluctuates by about its square root (Poisson), so a projection
+    within that band is noise and is dropped, as is that much of a larger one. The waiting requests
+    are in it: a queue that grows is the first sign that the setting cannot serve the arrivals.
     """
-    load = measured_load(obs)
+    load = measured_demand(obs)
     span = timedelta(seconds=TREND_SPAN_WINDOWS * policy.window_seconds + 1)
     points = [(t, v) for t, v in state.recent_load if timedelta(0) < now - t <= span]
     points.append((now, load))

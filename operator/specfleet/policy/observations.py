@@ -54,6 +54,14 @@ class PoolObservation:
         return self.problem is None
 
     @property
+    def demand_per_replica(self) -> float | None:
+        """Requests in the pool per replica: running plus waiting (waiting counts as 0 unmeasured)."""
+        if self.running_per_replica is None:
+            return None
+        waiting = self.waiting if self.waiting is not None and math.isfinite(self.waiting) else 0.0
+        return self.running_per_replica + max(0.0, waiting) / max(1, self.replicas_reporting)
+
+    @property
     def prompt_per_output(self) -> float:
         """Mean prompt tokens per generated token of the requests finished in the window, which prices
         the prefill in every prediction; 0 (decode only, as before lengths were measured) when either

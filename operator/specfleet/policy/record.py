@@ -234,9 +234,11 @@ def _with_measurements(ps: PoolStatus, obs: PoolObservation, now: datetime) -> P
             for e in ps.recent_load or []
             if (t := parse_time(e.partition("=")[0])) and now - t <= LOAD_MEMORY
         ]
-        # Every evaluation's load: the trend needs them all (sparser samples measurably delayed the
-        # down-ramp decision on the fleet simulator), at the cost of one status write per evaluation.
-        update["recent_load"] = [*kept, f"{rfc3339(now)}={obs.running_per_replica:.4g}"][-LOAD_SAMPLES:]
+        # Every evaluation's demand (running + waiting per replica): the trend needs them all (sparser
+        # samples measurably delayed the down-ramp decision on the fleet simulator), at the cost of one
+        # status write per evaluation; a queue that grows is the first sign of an overloaded setting.
+        demand = obs.demand_per_replica or 0.0
+        update["recent_load"] = [*kept, f"{rfc3339(now)}={demand:.4g}"][-LOAD_SAMPLES:]
     if obs.generation_tokens_per_second is not None:
         update["generation_tokens_per_second"] = f"{obs.generation_tokens_per_second:.4g}"
     return ps.model_copy(update=update)

@@ -139,8 +139,8 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
         win = _window(s.samples, t, window)
         latest = next(x for x in reversed(s.samples) if x.t <= t)
         newest = max(newest, latest.t)
-        waiting += latest.waiting
         if win:
+            waiting += sum(x.waiting for x in win) / len(win)
             running_avgs.append(sum(x.running for x in win) / len(win))
             kv_avgs.append(sum(x.kv_usage for x in win) / len(win))
         if s.num_gpu_blocks > 0:
