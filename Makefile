@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint docs docs-reference crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy
+.PHONY: help venv deps lint docs docs-reference docs-figures crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy
 
 help:
 	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
@@ -22,6 +22,7 @@ help:
 	@echo "make crd           regenerate crds/ from the models"
 	@echo "make docs          build the guide (docs/, mkdocs --strict) into build/site"
 	@echo "make docs-reference  regenerate the guide's field reference, troubleshooting and chart values pages"
+	@echo "make docs-figures  regenerate the command outputs the README and the guide show (plan, simulate)"
 	@echo "make bench-policy  simulate the policy against static settings and oracles (docs/benchmarks/policy.md)"
 	@echo "make dashboard     regenerate the chart's Grafana dashboard JSON"
 	@echo "make image         build the image with docker, podman or buildah (IMAGE=repo:tag names it)"
@@ -53,6 +54,11 @@ docs:
 # the chart's values.schema.json (drift-checked in test-unit).
 docs-reference:
 	$(PY) -m specfleet.cli.docs_reference --out docs
+
+# The command outputs README.md and docs/ show, between <!-- figure: COMMAND --> and <!-- /figure -->,
+# run from the current code (drift-checked in test-unit: tests/unit/test_docs_figures.py).
+docs-figures:
+	$(PY) -m specfleet.cli.docs_figures
 
 crd:
 	$(PY) -m specfleet crd -o crds/specfleet.io_speculativedeployments.yaml
