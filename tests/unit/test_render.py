@@ -338,3 +338,13 @@ def test_cpu_limit_only_when_asked():
     resources = _container(deploy)["resources"]
     assert resources["requests"]["cpu"] == "8"
     assert resources["limits"] == {"nvidia.com/gpu": 1, "cpu": "12", "memory": "64Gi"}
+
+
+def test_replace_rollout_rolls_within_the_pools_gpus():
+    """Replace: no surge pod (maxSurge 0), `maxUnavailable` engines stop first; Surge stays as it was."""
+    patch = {"spec": {"pools": {"batch": {"rollout": {"strategy": "Replace", "maxUnavailable": 1}}}}}
+    children = _by_key(render_children(_sd(patch=patch), ON))
+    batch = children[("Deployment", "assistant-batch")]["spec"]["strategy"]
+    latency = children[("Deployment", "assistant-latency")]["spec"]["strategy"]
+    assert batch == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+    assert latency["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}

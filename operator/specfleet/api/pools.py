@@ -13,6 +13,7 @@ from specfleet.api.fields import SpeculationSetting
 
 AutoscalerKind = Literal["HorizontalPodAutoscaler", "ScaledObject"]
 AutoscalingMetric = Literal["RunningRequests", "WaitingRequests", "KVCacheUsage"]
+RolloutStrategy = Literal["Surge", "Replace"]
 MAX_POOL_REPLICAS = 1000
 
 
@@ -67,6 +68,28 @@ class AutoscalingSpec(ApiModel):
     )
 
 
+class RolloutSpec(ApiModel):
+    """How the pool's engines are replaced when its speculation flips (or its K or spec changes)."""
+
+    strategy: RolloutStrategy = Field(
+        default="Surge",
+        description="Surge: new engines start beside the old ones (maxUnavailable 0, maxSurge "
+        "`maxSurge`), so capacity never dips but each flip needs one more engine's GPUs free: on a "
+        "cluster whose GPUs are all allocated the new pod stays Pending and the flip is reverted "
+        "(RolloutFailed). Replace: `maxUnavailable` old engines stop first and new ones start on "
+        "their GPUs (maxSurge 0): no spare GPU needed, but the pool serves with replicas - "
+        "maxUnavailable engines while they restart; the policy starts such a flip only when the "
+        "remaining engines can carry the load and the flip's gain repays the dip.",
+    )
+    max_unavailable: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_POOL_REPLICAS,
+        description="Replace only: engines stopped at once during a rollout (at most replicas - 1, "
+        "unless the pool has one replica).",
+    )
+
+
 class PoolSpec(ApiModel):
     """One traffic pool: its size, its speculation setting and its engine overrides."""
 
@@ -88,6 +111,29 @@ class PoolSpec(ApiModel):
                 or p.min_available <= p.autoscaling.min_replicas
             ),
         ),
+        Rule(
+            cel="!has(self.rollout) || self.rollout.strategy != 'Replace' || has(self.autoscaling) "
+            "|| self.replicas <= 1 || self.rollout.maxUnavailable <= self.replicas - 1",
+            message="rollout.maxUnavailable must be at most replicas - 1 (a pool of one replica may stop it)",
+            check=lambda p: (
+                p.rollout.strategy != "Replace"
+                or p.autoscaling is not None
+                or p.replicas <= 1
+                or p.rollout.max_unavailable <= p.replicas - 1
+            ),
+        ),
+        Rule(
+            cel="!has(self.rollout) || self.rollout.strategy != 'Replace' || !has(self.autoscaling) "
+            "|| self.autoscaling.minReplicas <= 1 "
+            "|| self.rollout.maxUnavailable <= self.autoscaling.minReplicas - 1",
+            message="rollout.maxUnavailable must be at most autoscaling.minReplicas - 1",
+            check=lambda p: (
+                p.rollout.strategy != "Replace"
+                or p.autoscaling is None
+                or p.autoscaling.min_replicas <= 1
+                or p.rollout.max_unavailable <= p.autoscaling.min_replicas - 1
+            ),
+        ),
     )
 
     replicas: int = Field(
@@ -105,7 +151,12 @@ class PoolSpec(ApiModel):
         default=1,
         ge=1,
         le=100,
-        description="Extra pods during a rollout (capacity never drops below replicas).",
+        description="Extra pods during a Surge rollout (capacity never drops below replicas).",
+    )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec,
+        description="Surge (default: needs one more engine's GPUs free per pool) or Replace (rolls "
+        "within the pool's own GPUs, dipping capacity while engines restart).",
     )
     min_available: int | None = Field(
         default=None, ge=0, description="PodDisruptionBudget minAvailable. Defaults to replicas - 1."

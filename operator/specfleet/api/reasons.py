@@ -88,6 +88,8 @@ SPECULATION_PAYS: Final = "SpeculationPays"
 # Both modes.
 PROBE_ACCEPTANCE: Final = "ProbeAcceptance"
 ROLLOUT_FAILED: Final = "RolloutFailed"
+REPLACE_WOULD_OVERLOAD: Final = "ReplaceWouldOverload"
+REPLACE_DIP_NOT_REPAID: Final = "ReplaceDipNotRepaid"
 CANARIES_SCALED_DOWN: Final = "CanariesScaledDown"
 CANARIES_SCALED_UP: Final = "CanariesScaledUp"
 # Goodput mode.
@@ -404,7 +406,24 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "Decision, Event",
         "A change did not finish rolling out within `policy.rolloutDeadlineSeconds` and was undone, "
         "typically because the surge pod found no free GPU.",
-        "Free one engine's worth of GPUs per pool for surges, or raise the deadline.",
+        "Free one engine's worth of GPUs per pool for surges, set the pool's `rollout.strategy: "
+        "Replace` (rolls within its own GPUs), or raise the deadline.",
+    ),
+    REPLACE_WOULD_OVERLOAD: ReasonDoc(
+        "Decision (hold)",
+        "The pool rolls out by `rollout.strategy: Replace`, and the engines left while "
+        "`rollout.maxUnavailable` of them restart could not run the requests measured (running + "
+        "waiting, against `maxNumSeqs` or what their KV cache holds): the flip waits for the load to fall.",
+        "Nothing, if it passes; if the pool never flips under load, lower `rollout.maxUnavailable`, add "
+        "replicas, or free one engine's GPUs and use Surge.",
+    ),
+    REPLACE_DIP_NOT_REPAID: ReasonDoc(
+        "Decision (hold)",
+        "The pool rolls out by `rollout.strategy: Replace`, and the flip's predicted gain over "
+        "`policy.minDwellSeconds` (at least one window) is smaller than the capacity share the rollout "
+        "removes times its duration (the pool's last rollout, else its engines' start-up).",
+        "Nothing: the flip does not pay on this cluster. A longer `minDwellSeconds`, a smaller "
+        "`rollout.maxUnavailable` share or faster start-up (weights from a shared cache) lets it pay.",
     ),
     CANARIES_SCALED_DOWN: ReasonDoc(
         "Decision",

@@ -14,11 +14,14 @@ from specfleet.api.policy import PolicySpec
 from specfleet.policy.assess import Assessment, assess
 from specfleet.policy.canaries import active_canaries, canary_target, far_past_break_even
 from specfleet.policy.decision import PoolDecision
+from specfleet.policy.dip import replace_dip, replace_gate
 from specfleet.policy.gates import adjust_gate, flip_gate
+from specfleet.policy.memory import DEFAULT_MAX_NUM_SEQS
 from specfleet.policy.observations import PoolObservation, PoolState
 from specfleet.policy.retune import retune_k, retune_schedule
 from specfleet.policy.revert import revert_missed_rollout
 from specfleet.policy.schedule import Schedule, best_schedule, observed_under_schedule
+from specfleet.policy.throughput import OFF
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 
@@ -46,6 +49,10 @@ def _flip(
                 r.CANARIES_SCALED_UP, f"canaries -> {spec} while {reason}: {held}", canaries=spec
             )
         return p.decision(reason, held)
+    dip_hold = _dip_hold(policy, p)
+    if dip_hold is not None:
+        reason, why = dip_hold
+        return p.decision(reason, f"wants {wanted.mode} ({wanted.reason}: {wanted.message}) but holds: {why}")
     message = wanted.message
     canaries = None
     if wanted.mode == "Off" and policy.reentry.canary_replicas:
@@ -74,6 +81,28 @@ def _flip(
     return p.decision(
         wanted.reason, message, target=wanted.mode, target_k=target_k, canaries=canaries, schedule=schedule
     )
+
+
+def _dip_hold(policy: PolicySpec, p: Assessment) -> tuple[str, str] | None:
+    """Why a flip of a pool that rolls out by Replace may not start now (`policy.dip`), or None."""
+    dip = replace_dip(p.state, p.obs)
+    if dip is None:
+        return None
+    per_engine = float(p.state.max_num_seqs or DEFAULT_MAX_NUM_SEQS)
+    gain = None
+    if p.model is not None:
+        demand = max(p.model.demand, p.demand or 0.0)
+        if p.model.memory_known:
+            per_engine = min(per_engine, p.model.settings[p.model.current or OFF].fits)
+    else:
+        waiting = (p.obs.waiting or 0.0) / max(1, p.obs.replicas_reporting)
+        demand = max(p.loads) + waiting
+    if p.gains is not None:
+        g = p.gains[0]
+        # The flip's throughput over the current setting's: the best K over no drafter when turning
+        # on, no drafter over the current setting when turning off.
+        gain = g.gain_best if p.wanted.mode == "On" else 1.0 / (g.gain_now or g.gain_best)
+    return replace_gate(policy, dip, demand, per_engine, gain)
 
 
 def _adjust(

@@ -184,6 +184,11 @@ class PoolState:
     # cache where it is not measured (None: as the cost profile's memory was measured).
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int | None = None
+    # How the pool's engines roll out (pools.<pool>.rollout): "Surge" or "Replace", the engines a
+    # Replace stops at once, and the pool's replicas (None: autoscaled, the engines reporting count).
+    rollout_strategy: str = "Surge"
+    max_unavailable: int = 0
+    replicas: int | None = None
 
     @property
     def last_change(self) -> datetime | None:

@@ -139,6 +139,7 @@ def pool_states(
     for pool in auto_pools(spec):
         ps = getattr(status.pools, pool)
         engine = pool_engine(spec, pool)
+        pool_spec = getattr(spec.pools, pool)
         if ps.recent_flip_times is not None:
             flips = tuple(t for t in _times(ps.recent_flip_times) if t > hour_ago)
         else:  # a status written before the pool kept its own flip memory: read the history
@@ -170,6 +171,9 @@ def pool_states(
                 else VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
             ),
             tensor_parallel_size=engine.tensor_parallel_size,
+            rollout_strategy=pool_spec.rollout.strategy,
+            max_unavailable=pool_spec.rollout.max_unavailable,
+            replicas=pool_spec.replicas if pool_spec.autoscaling is None else None,
         )
     return out
 

@@ -9,6 +9,7 @@ from specfleet.api.constants import LABEL_SPECULATION, LABEL_TRACK, PoolName
 from specfleet.api.drafter import METHODS_NEEDING_MODEL, DrafterSpec, DynamicScheduleRange
 from specfleet.api.effective import PoolEngine, pool_engine
 from specfleet.api.fields import SpeculationMode
+from specfleet.api.pools import PoolSpec
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, RenderOptions, metadata, pool_name, selector_labels
 from specfleet_runtime.names import ENGINE_PORT
@@ -330,16 +331,20 @@ def render_pool_deployment(
         "spec": {
             **deployment_spec,
             "selector": {"matchLabels": selector},
-            # Surge only: ready capacity never drops below `replicas` while a pool flips.
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": pool_spec.max_surge},
-            },
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(pool_spec)},
             "revisionHistoryLimit": 3,
             "progressDeadlineSeconds": spec.engine.startup_timeout_seconds + 600,
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
+
+
+def rolling_update(pool_spec: PoolSpec) -> dict[str, int]:
+    """The engines' rolling update: Surge keeps ready capacity at `replicas` (needs spare GPUs);
+    Replace stops `maxUnavailable` engines first so new ones start on their GPUs."""
+    if pool_spec.rollout.strategy == "Replace":
+        return {"maxUnavailable": pool_spec.rollout.max_unavailable, "maxSurge": 0}
+    return {"maxUnavailable": 0, "maxSurge": pool_spec.max_surge}
 
 
 def render_pool_service(sd: SpeculativeDeployment, pool: PoolName) -> Manifest:

@@ -1,7 +1,10 @@
 """The pools' simulated Deployments: rendered as the operator renders them, rolled out as Kubernetes would.
 
-Each Deployment rolls out with `maxUnavailable: 0`: new pods start (`startup_seconds`), each ready one
-replaces an old one, and an old pod stops taking requests and drains what it holds.
+Each Deployment rolls out as its rendered strategy says. Surge (`maxUnavailable: 0`, `maxSurge` >= 1):
+new pods start (`startup_seconds`), each ready one replaces an old one. Replace (`maxSurge: 0`,
+`maxUnavailable` >= 1): old pods stop first and each new pod starts on the GPUs one of them frees, so
+its start-up begins only when that pod is gone (a Replace pool is one on a cluster with no spare GPU).
+Either way an old pod stops taking requests and drains what it holds within its grace period.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class SimDeployment:
     pods: list[Replica] = field(default_factory=list)
     # The pod template's terminationGracePeriodSeconds (Kubernetes' default when it has none).
     grace_seconds: float = 30.0
+    # Pods the rollout may take out of service (0: a surge rollout).
+    max_unavailable: int = 0
 
     def active(self) -> list[Replica]:
         return [p for p in self.pods if p.draining_since is None and p.gone_at is None]
@@ -83,6 +88,8 @@ class Rollouts:
         self.replicas: dict[int, Replica] = {}
         self.endpoint_cache: dict[str, list[Replica]] = {}
         self.endpoint_cache_until = 0.0
+        # A draining pod of a Replace rollout -> the new pod that waits for its GPUs (Pending until then).
+        self.gpu_waiters: dict[int, Replica] = {}
 
     def engine_config(self, args: list[str], pool: str) -> EngineConfig:
         engine, _ = parse_vllm_args(args)
@@ -137,7 +144,8 @@ class Rollouts:
                 template = json.dumps(args)
                 key = (pool, track)
                 dep = self.deployments.get(key)
-                surge = int(dspec["strategy"]["rollingUpdate"]["maxSurge"])
+                rolling = dspec["strategy"]["rollingUpdate"]
+                surge = int(rolling["maxSurge"])
                 if dep is None:
                     dep = SimDeployment(
                         pool, track, int(dspec["replicas"]), surge, template, self.engine_config(args, pool)
@@ -146,6 +154,7 @@ class Rollouts:
                 elif dep.template != template:
                     dep.template, dep.config = template, self.engine_config(args, pool)
                 dep.replicas, dep.max_surge = int(dspec["replicas"]), surge
+                dep.max_unavailable = int(rolling.get("maxUnavailable", 0))
                 dep.grace_seconds = float(dspec["template"]["spec"].get("terminationGracePeriodSeconds", 30))
                 self.sync(dep, now, initial)
 
@@ -186,12 +195,26 @@ class Rollouts:
         self.endpoint_cache.clear()
         self.prometheus.track(rep)
         dep.pods.append(rep)
-        if ready_at > now:
+        if now < ready_at < math.inf:
             self.events.push(ready_at, POD_READY, rep.serial)
         return rep
 
+    def start_pod(self, dep: SimDeployment, now: float) -> Replica:
+        """A new pod of a rollout: it starts now, or (maxSurge 0) once a draining pod frees its GPUs."""
+        if dep.max_surge == 0:
+            freeing = [
+                p
+                for p in dep.pods
+                if p.draining_since is not None and p.gone_at is None and p.serial not in self.gpu_waiters
+            ]
+            if freeing:
+                pending = self.new_pod(dep, now, math.inf)
+                self.gpu_waiters[min(freeing, key=lambda p: p.serial).serial] = pending
+                return pending
+        return self.new_pod(dep, now, now + self.options.startup_seconds)
+
     def sync(self, dep: SimDeployment, now: float, initial: bool = False) -> None:
-        """One pass of the Deployment controller with maxUnavailable 0 and maxSurge `dep.max_surge`."""
+        """One pass of the Deployment controller with `dep.max_surge` and `dep.max_unavailable`."""
         active = dep.active()
         new = [p for p in active if p.template == dep.template]
         old = [p for p in active if p.template != dep.template]
@@ -210,14 +233,15 @@ class Rollouts:
                 self.remove(p, now)
                 new.remove(p)
         while True:
-            # Surge new pods while the total stays within replicas + maxSurge ...
+            # New pods while the total stays within replicas + maxSurge ...
             room = dep.replicas + dep.max_surge - len(new) - len(old)
             created = max(0, min(dep.replicas - len(new), room))
             for _ in range(created):
-                new.append(self.new_pod(dep, now, now + self.options.startup_seconds))
-            # ... and retire old ones while the ready pods stay at least `replicas` (maxUnavailable 0).
+                new.append(self.start_pod(dep, now))
+            # ... and retire old ones while the ready pods stay at least replicas - maxUnavailable.
             ready = sum(1 for p in new if p.ready_at <= now) + len(old)
-            retired = sorted(old, key=lambda p: p.serial)[: max(0, ready - dep.replicas)]
+            floor = dep.replicas - dep.max_unavailable
+            retired = sorted(old, key=lambda p: p.serial)[: max(0, min(len(old), ready - floor))]
             for p in retired:
                 self.remove(p, now)
                 old.remove(p)
@@ -258,6 +282,12 @@ class Rollouts:
         rep.gone_at = at
         self.prometheus.deleted(rep, at)
         self.accounts.gone(rep)
+        waiter = self.gpu_waiters.pop(rep.serial, None)
+        if waiter is not None and waiter.gone_at is None:
+            # Its GPUs are free: the pod that waited for them is scheduled and starts up.
+            waiter.ready_at = waiter.t = at + self.options.startup_seconds
+            self.endpoint_cache.clear()
+            self.events.push(waiter.ready_at, POD_READY, waiter.serial)
 
     def pool_pods(self, pool: str) -> list[Replica]:
         return [p for (pl, _), d in self.deployments.items() if pl == pool for p in d.pods]

@@ -1,0 +1,128 @@
+"""The capacity dip of a Replace rollout (`policy.dip`): the remaining engines must carry the load, and
+the flip's gain over its dwell must repay the capacity it removes for the rollout's duration."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from specfleet.api import reasons as r
+from specfleet.api.policy import PolicySpec
+from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide
+from specfleet.policy.dip import DEFAULT_STARTUP_SECONDS, Dip, replace_dip, replace_gate
+from specfleet.policy.observations import PoolRolloutState
+from specfleet_runtime.cost_profile import default_profile
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+LONG_AGO = NOW - timedelta(days=1)
+PROFILE = default_profile()
+GOODPUT = PolicySpec.model_validate({})
+THRESHOLD = PolicySpec.model_validate(
+    {
+        "mode": "Threshold",
+        "thresholds": {
+            "stopBelowAcceptanceLengthMilli": 1400,
+            "resumeAboveAcceptanceLengthMilli": 1700,
+            "stopAboveConcurrencyPerReplica": 48,
+            "resumeBelowConcurrencyPerReplica": 32,
+        },
+    }
+)
+
+
+def obs(load: float, *, waiting: float = 0.0, accept: float | None = 2.4) -> PoolObservation:
+    return PoolObservation(
+        pool="batch",
+        at=NOW,
+        acceptance_length=accept,
+        per_position=(0.68, 0.39, 0.2) if accept is not None else (),
+        acceptance_source="pool" if accept is not None else None,
+        running_per_replica=load,
+        waiting=waiting,
+        replicas_reporting=3,
+    )
+
+
+def state(
+    mode: str, strategy: str = "Replace", *, replicas: int = 3, unavailable: int = 1, **kw
+) -> PoolState:
+    return PoolState(
+        mode=mode,
+        last_transition=LONG_AGO,
+        rollout_strategy=strategy,
+        max_unavailable=unavailable,
+        replicas=replicas,
+        **kw,
+    )
+
+
+def test_surge_has_no_dip():
+    assert replace_dip(state("On", "Surge"), obs(4)) is None
+    assert replace_gate(GOODPUT, None, 1e9, 1, 0.5) is None
+
+
+def test_dip_lasts_the_pools_last_rollout_else_each_batch_of_start_ups():
+    assert replace_dip(state("On", replicas=4, unavailable=2), obs(4)) == Dip(
+        4, 2, 2 * DEFAULT_STARTUP_SECONDS
+    )
+    assert replace_dip(state("On", replicas=3), obs(4)) == Dip(3, 1, 3 * DEFAULT_STARTUP_SECONDS)
+    measured = PoolRolloutState(
+        at=NOW - timedelta(hours=1), settled_at=NOW - timedelta(hours=1) + timedelta(seconds=95)
+    )
+    assert replace_dip(state("On", rollout=measured), obs(4)).seconds == 95
+    # Autoscaled (no spec replicas): the engines reporting; never more stopped than there are.
+    assert replace_dip(state("On", replicas=None, unavailable=5), obs(4)) == Dip(
+        3, 3, DEFAULT_STARTUP_SECONDS
+    )
+
+
+def test_remaining_engines_must_carry_the_load():
+    dip = Dip(3, 1, 60)
+    # 3 x 90 = 270 requests on 2 engines of 128: overload, whatever the gain.
+    reason, message = replace_gate(GOODPUT, dip, 90, 128, 3.0)
+    assert reason == r.REPLACE_WOULD_OVERLOAD
+    assert "the 2 left would hold 270.0 requests, more than the 256" in message
+    assert replace_gate(GOODPUT, dip, 85.4, 128, 3.0)[0] == r.REPLACE_WOULD_OVERLOAD
+    assert replace_gate(GOODPUT, dip, 85.3, 128, 3.0) is None
+    # One replica stopped whole: any demand is more than no engine carries; an idle pool flips.
+    assert replace_gate(GOODPUT, Dip(1, 1, 60), 0.1, 256, 3.0)[0] == r.REPLACE_WOULD_OVERLOAD
+    assert replace_gate(GOODPUT, Dip(1, 1, 60), 0.0, 256, 3.0) is None
+
+
+def test_gain_over_the_dwell_must_repay_the_dip():
+    dip = Dip(2, 1, 60)  # half the capacity for 60 s: 30
+    # minDwellSeconds 300: 1.05x repays 15, 1.2x repays 60.
+    assert replace_gate(GOODPUT, dip, 4, 256, 1.05)[0] == r.REPLACE_DIP_NOT_REPAID
+    assert replace_gate(GOODPUT, dip, 4, 256, 1.2) is None
+    # A flip that pays less than nothing never repays a dip.
+    assert replace_gate(GOODPUT, dip, 4, 256, 0.9)[0] == r.REPLACE_DIP_NOT_REPAID
+    # Threshold mode predicts no gain: only the load is checked.
+    assert replace_gate(THRESHOLD, dip, 4, 256, None) is None
+    # The payoff is counted over at least one window even with no dwell.
+    no_dwell = PolicySpec.model_validate({"minDwellSeconds": 0, "windowSeconds": 120})
+    assert replace_gate(no_dwell, dip, 4, 256, 1.3) is None
+
+
+def _one(policy, st, ob):
+    return decide(policy, 3, {"batch": st}, {"batch": ob}, NOW, PROFILE)[0]
+
+
+def test_threshold_flip_off_holds_while_the_remaining_engines_would_overload():
+    # 60 running per replica is past the stop threshold; 3 x 60 = 180 do not fit 2 engines of 64.
+    st = state("On", max_num_seqs=64)
+    held = _one(THRESHOLD, st, obs(60))
+    assert (held.flip, held.reason) == (False, r.REPLACE_WOULD_OVERLOAD)
+    assert "wants Off (ConcurrencyAboveThreshold" in held.message
+    # Engines of 128 carry it: the flip starts; a Surge pool flips as before.
+    assert _one(THRESHOLD, replace(st, max_num_seqs=128), obs(60)).flip
+    assert _one(THRESHOLD, replace(st, rollout_strategy="Surge"), obs(60)).flip
+
+
+def test_goodput_turns_on_at_low_load_within_the_pools_gpus():
+    memory = MeasuredAcceptance(2.3, (0.68, 0.39, 0.2), NOW - timedelta(minutes=5))
+    st = state("Off", last_acceptance=memory)
+    d = _one(GOODPUT, st, obs(2, accept=None))
+    assert (d.flip, d.target) == (True, "On"), d.message
+    # The same flip on a pool of one engine would stop all of it under load: it holds.
+    d1 = _one(GOODPUT, replace(st, replicas=1), obs(2, accept=None))
+    assert (d1.flip, d1.reason) == (False, r.REPLACE_WOULD_OVERLOAD)
