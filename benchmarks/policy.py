@@ -556,6 +556,16 @@ def render(
         "evaluation after the start. `policy` is the resource's own mode (Goodput); `Threshold mode` is "
         "the same resource with `policy.mode: Threshold` and default thresholds.",
         "",
+        "Two measures, side by side where both are shown: time-weighted (the mean of the per-window "
+        "ratios, every window weighing the same) and over all requests (tokens per request-second over "
+        "the whole run, to the oracle's: a request weighs as long as it was in the system, so a decision "
+        "that builds a queue in a few busy windows shows here while a calm window cannot hide it). Under "
+        "the open-loop traces the per-level oracle is not an upper bound: each static run it picks from "
+        "carries its own queue from window to window, so a window's best static setting can be worse than "
+        "a policy that switched before the queue built; a ratio above 1.000 says so, not that the policy "
+        "beat hindsight. The rollout-paying bound is a schedule of static settings chosen in hindsight "
+        "with each change paying its rollout; it is the reference for what any flip schedule can reach.",
+        "",
         "Drafters (per-position cumulative acceptance): published "
         f"{ACCEPTANCE_PROFILES['published']}, weak {ACCEPTANCE_PROFILES['weak']}, strong "
         f"{ACCEPTANCE_PROFILES['strong']}.",
