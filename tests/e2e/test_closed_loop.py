@@ -425,6 +425,87 @@ def test_simulator_tells_the_truth_about_this_loop(env):
         assert abs(t_sim - t_real) <= 2 * every, evidence
 
 
+# The KV cache of the memory test's engines, in tokens: 25 blocks of 16 with the drafter (about 8
+# of the load's requests at ~41 tokens each, 18 of prompt and ~46 of output), 250 without (more than
+# maxNumSeqs). Given to the emulators on their command line and to the operator as a cost profile's
+# memory section, so the capacity it predicts for the setting it does not run is what that setting has.
+KV_TOKENS, KV_TOKENS_WITH_DRAFTER = 4000, 400
+
+
+def test_goodput_turns_a_pool_off_when_the_drafter_s_kv_cache_runs_out_without_failed_requests(env):
+    """Goodput, memory-bound: the speculating engines' KV cache holds about 8 of 32 clients' requests
+    (the rest wait or are preempted) while the engine without the drafter would hold them all, so the
+    pool turns off with reason GoodputMemoryBound, and no client sees an error. Deleted at its end, so
+    its load does not weigh on the schedule test after it."""
+    from specfleet.cli.profile import config_map, profile_document
+    from specfleet_runtime.cost_profile import default_profile
+
+    published = default_profile()
+    assert published.memory is not None
+    memory = dataclasses.replace(
+        published.memory,
+        kv_cache_tokens=KV_TOKENS,
+        kv_cache_tokens_with_drafter=KV_TOKENS_WITH_DRAFTER,
+        max_model_len=256,
+    )
+    profile = config_map(
+        "memory-profile", env.namespace, profile_document(dataclasses.replace(published, memory=memory))
+    )
+    env.kubectl("apply", "-f", "-", input=yaml.safe_dump(profile))
+    name = _fleet(
+        env,
+        "memory",
+        {
+            "spec": {
+                "engine": {
+                    # A context the small cache holds (the emulator, as vLLM, refuses one it cannot).
+                    "maxModelLen": 256,
+                    # The emulator's own flags (a real vLLM would refuse them): its KV cache.
+                    "extraArgs": [
+                        "--kv-cache-tokens",
+                        str(KV_TOKENS),
+                        "--kv-cache-tokens-with-drafter",
+                        str(KV_TOKENS_WITH_DRAFTER),
+                    ],
+                },
+                "policy": {
+                    "mode": "Goodput",
+                    # Without a Dynamic SD schedule: the one way out is the turn-off under test.
+                    "goodput": {"costProfileConfigMap": "memory-profile", "engineSchedule": False},
+                },
+            }
+        },
+    )
+    load = LoadGenerator(env.router_url(name), "llama", max_tokens=48).start(concurrency=2)
+    try:
+        _wait_metrics(env, name)
+        assert env.conditions(name)["CostProfileLoaded"]["status"] == "True"
+        assert _latency(env, name)["speculation"] == "On"
+        load.set_concurrency(32)
+        off = _wait_mode(env, name, "Off", timeout=150)
+        assert off["reason"] == "GoodputMemoryBound", off
+        assert "memory-bound" in off["message"], off
+        _wait_settled(env, name, timeout=120)
+        assert "--speculative-config" not in _engine_args(env, name)
+        # The engines without the drafter hold the whole load: later sweeps keep the pool off.
+        env.wait_sweeps(3)
+    finally:
+        stats = load.stop()
+        history = env.sd(name)["status"].get("history", [])
+        pool = _latency(env, name)
+        env.kubectl("delete", "sd", name, "-n", env.namespace, "--wait=false")
+        env.kubectl("delete", "configmap", "memory-profile", "-n", env.namespace, "--wait=false")
+    assert [(h["from"], h["to"], h["reason"]) for h in history] == [("On", "Off", "GoodputMemoryBound")], (
+        history
+    )
+    seen = history[0]["observations"]
+    assert seen["memoryBound"] == "true", seen
+    assert seen["kvCacheTokens"] == f"off={KV_TOKENS}(profile),on={KV_TOKENS_WITH_DRAFTER}(measured)", seen
+    assert pool["speculation"] == "Off"
+    assert stats.ok > 50
+    assert stats.failed == 0, stats.errors
+
+
 def _tokens_per_draft(env: Env, name: str) -> float | None:
     """Draft tokens per draft of the pool's engines over the last 6 s, through the real Prometheus."""
     assert env.prometheus is not None
