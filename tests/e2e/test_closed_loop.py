@@ -425,9 +425,9 @@ def test_simulator_tells_the_truth_about_this_loop(env):
         assert abs(t_sim - t_real) <= 2 * every, evidence
 
 
-# The KV cache of the memory test's engines, in tokens: 25 blocks of 16 with the drafter (about 8
-# of the load's requests at ~41 tokens each, 18 of prompt and ~46 of output), 250 without (more than
-# maxNumSeqs). Given to the emulators on their command line and to the operator as a cost profile's
+# The KV cache of the memory test's engines, in tokens: 25 blocks of 16 with the drafter (6 to 8 of
+# the load's requests, 18 prompt tokens and up to 48 of output each, plus K lookahead slots), 250
+# without (more than maxNumSeqs). Given to the emulators on their command line and to the operator as a cost profile's
 # memory section, so the capacity it predicts for the setting it does not run is what that setting has.
 KV_TOKENS, KV_TOKENS_WITH_DRAFTER = 4000, 400
 
@@ -439,6 +439,7 @@ def test_goodput_turns_a_pool_off_when_the_drafter_s_kv_cache_runs_out_without_f
     its load does not weigh on the schedule test after it."""
     from specfleet.cli.profile import config_map, profile_document
     from specfleet_runtime.cost_profile import default_profile
+    from specfleet_runtime.names import SERIES_SPECULATION
 
     published = default_profile()
     assert published.memory is not None
@@ -487,6 +488,15 @@ def test_goodput_turns_a_pool_off_when_the_drafter_s_kv_cache_runs_out_without_f
         assert "memory-bound" in off["message"], off
         _wait_settled(env, name, timeout=120)
         assert "--speculative-config" not in _engine_args(env, name)
+        # The speculating engines did run out of KV: they preempted requests (vLLM's counter, scraped).
+        assert env.prometheus is not None
+        sel = (
+            f'namespace="{env.namespace}",specfleet_io_deployment="{name}",specfleet_io_pool="latency",'
+            f'{SERIES_SPECULATION}="On"'
+        )
+        preempted = env.prometheus.query(f"sum(max_over_time(vllm:num_preemptions_total{{{sel}}}[5m]))")
+        assert preempted, "no vllm:num_preemptions_total of the speculating engines in Prometheus"
+        assert float(preempted[0]["value"][1]) > 0, preempted
         # The engines without the drafter hold the whole load: later sweeps keep the pool off.
         env.wait_sweeps(3)
     finally:
@@ -495,14 +505,16 @@ def test_goodput_turns_a_pool_off_when_the_drafter_s_kv_cache_runs_out_without_f
         pool = _latency(env, name)
         env.kubectl("delete", "sd", name, "-n", env.namespace, "--wait=false")
         env.kubectl("delete", "configmap", "memory-profile", "-n", env.namespace, "--wait=false")
-    assert [(h["from"], h["to"], h["reason"]) for h in history] == [("On", "Off", "GoodputMemoryBound")], (
-        history
-    )
-    seen = history[0]["observations"]
+    # As the demand measured climbs, K 3's lookahead slots cost a request of the cache before K 1's do:
+    # the policy may retune to K 1 on the way (at 9 per replica in one run), then turns the pool off.
+    changes = [(h["from"], h["to"], h["reason"]) for h in history]
+    assert changes[-1] == ("On", "Off", "GoodputMemoryBound"), history
+    assert set(changes[:-1]) <= {("On", "On", "GoodputRetune")}, history
+    seen = history[-1]["observations"]
     assert seen["memoryBound"] == "true", seen
     assert seen["kvCacheTokens"] == f"off={KV_TOKENS}(profile),on={KV_TOKENS_WITH_DRAFTER}(measured)", seen
     assert pool["speculation"] == "Off"
-    assert stats.ok > 50
+    assert stats.ok > 20
     assert stats.failed == 0, stats.errors
 
 
