@@ -57,7 +57,7 @@ def _apply(cluster, doc: dict[str, Any]) -> None:
 
 
 def _children(cluster, ns: str) -> dict[str, dict[str, Any]]:
-    kinds = "deployments,services,configmaps,poddisruptionbudgets,serviceaccounts,roles,rolebindings"
+    kinds = "deployments,services,configmaps,poddisruptionbudgets,serviceaccounts,roles,rolebindings,networkpolicies"
     out = cluster.kubectl(
         "get",
         kinds,
@@ -123,6 +123,8 @@ EXPECTED_CHILDREN = {
     "Service/assistant",
     "PodDisruptionBudget/assistant-latency",
     "PodDisruptionBudget/assistant-batch",
+    "PodDisruptionBudget/assistant-router",
+    "NetworkPolicy/assistant-engines",
     "Deployment/assistant-latency",
     "Deployment/assistant-latency-canary",
     "Deployment/assistant-batch",
