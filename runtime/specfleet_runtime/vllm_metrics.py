@@ -30,6 +30,9 @@ NUM_PREEMPTIONS: Final = "vllm:num_preemptions_total"
 CACHE_CONFIG_INFO: Final = "vllm:cache_config_info"
 LABEL_NUM_GPU_BLOCKS: Final = "num_gpu_blocks"
 LABEL_BLOCK_SIZE: Final = "block_size"
+# Prefix caching, in tokens: those looked up for each new request, and those found cached.
+PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits_total"
 # Histograms of each finished request's prompt and generated tokens (queried as _sum / _count).
 REQUEST_PROMPT_TOKENS: Final = "vllm:request_prompt_tokens"
 REQUEST_GENERATION_TOKENS: Final = "vllm:request_generation_tokens"
@@ -71,6 +74,11 @@ MEMORY_FAMILIES: Final[dict[str, str]] = {
     "vllm:cache_config_info": "gauge",
     "vllm:request_prompt_tokens": "histogram",
     "vllm:request_generation_tokens": "histogram",
+}
+# Prefix-cache counters (the emulator exposes them; the operator does not query them yet).
+PREFIX_CACHE_FAMILIES: Final[dict[str, str]] = {
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
 }
 # Families whose samples carry `engine` but no `model_name` label (vLLM's info gauges).
 ENGINE_ONLY_FAMILIES: Final[frozenset[str]] = frozenset({CACHE_CONFIG_INFO})

@@ -62,13 +62,13 @@ async def emulator() -> AsyncIterator[RunningEmulator]:
 
 
 async def test_speculating_engine_exposes_exactly_the_operator_families(emulator: RunningEmulator) -> None:
-    assert vllm_families(await scrape(emulator.url)) == vm.OPERATOR_FAMILIES
+    assert vllm_families(await scrape(emulator.url)) == {**vm.OPERATOR_FAMILIES, **vm.PREFIX_CACHE_FAMILIES}
 
 
 async def test_non_speculating_engine_has_no_spec_decode_families() -> None:
     # As vLLM: SpecDecodingProm registers nothing when speculative_config is None.
     async with serve_emulator(replace(CONFIG, speculative=None)) as emu:
-        assert vllm_families(await scrape(emu.url)) == vm.LOAD_FAMILIES
+        assert vllm_families(await scrape(emu.url)) == {**vm.LOAD_FAMILIES, **vm.PREFIX_CACHE_FAMILIES}
 
 
 async def test_labels(emulator: RunningEmulator) -> None:

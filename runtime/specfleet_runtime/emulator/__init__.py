@@ -9,7 +9,7 @@ Where to start reading: `engine.py` (the step loop), then `server.py` (the HTTP 
 
     config.py       EmulatorConfig: vLLM's engine args + the emulator's knobs
     engine.py       the step loop: batching, preemption, K per step, acceptance sampling, metrics
-    kv_cache.py     the paged KV cache's block accounting (vLLM V1's BlockPool, counted)
+    kv_cache.py     the paged KV cache's block accounting and prefix cache (vLLM V1's BlockPool)
     text.py         deterministic output text (identical with and without speculation)
     metrics.py      vLLM's metric families on a per-engine registry
     protocol.py     OpenAI request/response/error bodies

@@ -73,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
         "its running requests need preempts the newest, as vLLM V1 does",
     )
     p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="vLLM's flag (on by default in V1): reuse the KV cache of full prompt blocks already "
+        "cached (hashed over their token ids, LRU-evicted) instead of prefilling them",
+    )
+    p.add_argument(
         "--spec-k0-overhead",
         type=float,
         default=0.0,
@@ -96,6 +103,7 @@ def config_from_argv(argv: Sequence[str]) -> tuple[EmulatorConfig, str, int]:
         "break_losslessness": ns.break_losslessness,
         "seed": ns.seed,
         "spec_k0_overhead": ns.spec_k0_overhead,
+        "enable_prefix_caching": ns.enable_prefix_caching,
     }
     if ns.profile:
         options["profile"] = load_profile(ns.profile)

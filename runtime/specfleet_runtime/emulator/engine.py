@@ -25,6 +25,11 @@ which yields its next token); tokens it already handed out are not handed out ag
 a pause, never a failure. The KV cache's blocks are counted in `kv_cache.py`; its size
 is `EmulatorConfig.kv_capacity` (docs/testing.md, "The engine emulator's KV cache").
 
+Prefix caching (`enable_prefix_caching`, on by default as in vLLM V1): a request joining the batch
+takes the longest run of its prompt's leading full blocks already cached (vLLM's `get_computed_blocks`),
+and its prefill is priced for the other tokens only; once prefilled, its full prompt blocks are cached.
+vllm:prefix_cache_queries / _hits count, in tokens, each new request's lookup at admission.
+
 Output text does not depend on how many tokens a step yields (see `text.py`), so speculation is
 lossless here, unless `break_losslessness` is set.
 """
@@ -43,7 +48,7 @@ from typing import NamedTuple
 
 from specfleet_runtime.cost_profile import validate_acceptance
 from specfleet_runtime.emulator.config import EmulatorConfig
-from specfleet_runtime.emulator.kv_cache import BlockPool
+from specfleet_runtime.emulator.kv_cache import BlockHash, BlockPool, block_hashes
 from specfleet_runtime.emulator.metrics import EngineMetrics, cache_config_labels
 from specfleet_runtime.emulator.text import Prompt, drafted_token_text, natural_length, token_text
 
@@ -91,6 +96,10 @@ class EngineRequest:
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
+        # The prompt's full blocks' chained hashes (empty with prefix caching off), and how many of
+        # the tokens its next prefill needs were found in the prefix cache at admission.
+        self.block_hashes: list[BlockHash] = []
+        self.num_cached_tokens = 0
         self.on_output = on_output
         self.arrival_time = arrival_time
         # The request ends at the first of max_tokens and the prompt's natural end (unless ignored).
@@ -144,7 +153,12 @@ class Engine:
             config.served_model_name, spec.num_speculative_tokens if spec is not None else None
         )
         self.metrics.set_cache_config(cache_config_labels(config))
-        self.kv = BlockPool(config.num_gpu_blocks, config.block_size, config.max_model_len)
+        self.kv = BlockPool(
+            config.num_gpu_blocks,
+            config.block_size,
+            config.max_model_len,
+            enable_caching=config.enable_prefix_caching,
+        )
         self.stats = EngineStats()
         # Run-time switches (the admin endpoints change them).
         self.break_losslessness = config.break_losslessness
@@ -213,6 +227,8 @@ class Engine:
             arrival_time=loop.time(),
             finished=loop.create_future(),
         )
+        if self.config.enable_prefix_caching:
+            req.block_hashes = block_hashes(prompt.token_ids, self.config.block_size)
         self._waiting.append(req)
         self.metrics.waiting.set(len(self._waiting))
         self._wakeup.set()
@@ -329,8 +345,15 @@ class Engine:
             admitted_into_empty = not self._running
             while self._waiting and len(self._running) < cfg.max_num_seqs:
                 head = self._waiting[0]
-                if not kv.allocate(head, head.num_tokens):
+                # vLLM looks up at most num_tokens - 1 tokens: the last one is computed for its logits.
+                cached = kv.find_cached(head.block_hashes, head.num_tokens - 1)
+                if not kv.allocate(head, head.num_tokens, cached):
                     break
+                head.num_cached_tokens = len(cached) * kv.block_size
+                if cfg.enable_prefix_caching and head.num_preemptions == 0:
+                    # vLLM counts a preempted request's lookups apart (not in these counters).
+                    self.metrics.prefix_cache_queries.inc(head.num_tokens)
+                    self.metrics.prefix_cache_hits.inc(head.num_cached_tokens)
                 self._waiting.popleft()
                 self._running.append(head)
             if admitted_into_empty and self._running:  # nothing to verify: the K of the new batch
@@ -352,7 +375,10 @@ class Engine:
         ms = cfg.profile.step_time_ms(len(batch), k)
         if k == 0 and cfg.speculative is not None:
             ms *= 1.0 + cfg.spec_k0_overhead
-        ms += cfg.profile.prefill_time_ms(sum(r.num_tokens for r in batch if not r.prefilled))
+        # Prefill is priced for the tokens the prefix cache did not have.
+        ms += cfg.profile.prefill_time_ms(
+            sum(r.num_tokens - r.num_cached_tokens for r in batch if not r.prefilled)
+        )
         return ms / 1000.0 * cfg.time_scale
 
     def _sample_accepted(self, k: int) -> int:
@@ -379,6 +405,8 @@ class Engine:
             accepted = 0
             if not req.prefilled:  # prefill step: the next token, nothing to verify yet
                 req.prefilled = True
+                req.num_cached_tokens = 0
+                self.kv.cache_blocks(req, req.block_hashes)
                 if not req.tokens:  # vLLM counts a prompt once, not again when it is recomputed
                     prompt_tokens += req.prompt.num_tokens
             elif k > 0:

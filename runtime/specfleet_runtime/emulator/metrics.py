@@ -49,7 +49,7 @@ _CACHE_CONFIG_DEFAULTS: Final[dict[str, str]] = {
     "cache_hit_alignment_tokens": "None",
     "effective_attention_block_size": "16",
     "enable_mamba_shared_prefix_checkpoint": "False",
-    "enable_prefix_caching": "False",  # the emulator caches no prefixes
+    "enable_prefix_caching": "True",
     "gpu_memory_utilization": "0.9",
     "hash_block_size": "None",
     "is_attention_free": "False",
@@ -91,6 +91,7 @@ def cache_config_labels(config: EmulatorConfig) -> dict[str, str]:
         "block_size": str(config.block_size),
         "effective_attention_block_size": str(config.block_size),
         "gpu_memory_utilization": str(config.gpu_memory_utilization),
+        "enable_prefix_caching": str(config.enable_prefix_caching),
         "num_gpu_blocks": str(blocks),
         "kv_cache_size_tokens": str(tokens),
         # As vLLM: how many requests of max_model_len the cache holds at once.
@@ -140,6 +141,16 @@ class EngineMetrics:
         self.waiting = gauge(vm.REQUESTS_WAITING, "Number of requests waiting to be processed.")
         self.kv_cache_usage = gauge(vm.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.")
         self.num_preemptions = counter(vm.NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.")
+
+        # In tokens, as vLLM V1 counts them (PrefixCacheStats): queries = the tokens of each new
+        # request looked up at admission, hits = those found cached (a preempted request's
+        # recomputation is not counted). Present, at 0, also with prefix caching off.
+        self.prefix_cache_queries = counter(
+            vm.PREFIX_CACHE_QUERIES, "Prefix cache queries, in terms of number of queried tokens."
+        )
+        self.prefix_cache_hits = counter(
+            vm.PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens."
+        )
 
         self.prompt_tokens = counter(vm.PROMPT_TOKENS, "Number of prefill tokens processed.")
         self.generation_tokens = counter(vm.GENERATION_TOKENS, "Number of generation tokens processed.")

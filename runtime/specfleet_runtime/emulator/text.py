@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 # Output vocabulary. Every token is one word with a leading space, as BPE vocabularies store words.
@@ -34,27 +34,40 @@ _TOKEN_RE: Final = re.compile(r"\w+|[^\w\s]")
 
 @dataclass(frozen=True)
 class Prompt:
-    """A prompt as the engine sees it: a stable 32-bit seed for its output, and its length in tokens."""
+    """A prompt as the engine sees it: a stable 32-bit seed for its output, and its length in tokens.
+
+    `token_ids` are its tokens as the emulator's tokenizer gives them (what prefix caching hashes);
+    a prompt built from a seed and a length alone has none, and never hits the prefix cache.
+    """
 
     seed: int
     num_tokens: int
+    token_ids: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def from_text(cls, text: str) -> Prompt:
         """A text prompt (completions API)."""
-        return cls(_seed(b"text\0" + text.encode("utf-8")), count_tokens(text))
+        return cls(_seed(b"text\0" + text.encode("utf-8")), count_tokens(text), _token_ids(text))
 
     @classmethod
     def from_token_ids(cls, token_ids: Sequence[int]) -> Prompt:
         """A pre-tokenized prompt (completions API with a list of token ids)."""
         payload = b"ids\0" + ",".join(str(t) for t in token_ids).encode("ascii")
-        return cls(_seed(payload), max(1, len(token_ids)))
+        return cls(_seed(payload), max(1, len(token_ids)), tuple(token_ids))
 
     @classmethod
     def from_chat(cls, messages: Sequence[tuple[str, str]]) -> Prompt:
         """A chat conversation given as (role, text) pairs, rendered with a fixed template."""
         rendered = render_chat(messages)
-        return cls(_seed(b"chat\0" + json.dumps(list(messages)).encode("utf-8")), count_tokens(rendered))
+        seed = _seed(b"chat\0" + json.dumps(list(messages)).encode("utf-8"))
+        return cls(seed, count_tokens(rendered), _token_ids(rendered))
+
+
+def _token_ids(text: str) -> tuple[int, ...]:
+    """`text`'s token ids from the emulator's tokenizer (imported here: it builds on this module)."""
+    from specfleet_runtime.emulator.tokenizer import tokenize
+
+    return tuple(tokenize(text)[0])
 
 
 def render_chat(messages: Sequence[tuple[str, str]], add_generation_prompt: bool = True) -> str:
