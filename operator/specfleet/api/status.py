@@ -145,6 +145,14 @@ class PoolStatus(StatusModel):
     rollout: PoolRollout | None = Field(
         default=None, description="The policy's last change of the pool and how its rollout went."
     )
+    startup_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="How long the pool's engines take to start: the median, over its Ready pods that "
+        "never restarted, of pod creation to the Ready condition, measured by the operator when it "
+        "lists the pool's pods (a rollout, a pool short of replicas, or no measurement yet). The policy "
+        "prices a flip's rollout with it; unset: an estimate for the model's size.",
+    )
     acceptance_baseline: str | None = Field(
         default=None,
         description="Baseline cumulative acceptance per draft position, comma-separated (see "

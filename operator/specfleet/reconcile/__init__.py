@@ -17,7 +17,7 @@ from typing import Any
 
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.reconcile.apply import apply_children, prune_children, read_hand_over, read_pool_failures
+from specfleet.reconcile.apply import apply_children, prune_children, read_hand_over, read_pool_pods
 from specfleet.reconcile.desired import decided_plan, desired_state
 from specfleet.reconcile.report import reported_status, status_patch
 from specfleet.reconcile.result import ApplyRejectedError, Cluster, Event, ReconcileResult
@@ -61,5 +61,5 @@ def reconcile(
         applied.pruned, prune_errors = prune_children(desired, cluster)
         applied.errors += prune_errors
     if reconciled_before:  # a first reconcile has just created the pods' Deployments
-        read_pool_failures(desired, applied, cluster)
+        read_pool_pods(desired, applied, cluster)
     return reported_status(desired, applied, now)

@@ -18,6 +18,7 @@ from specfleet.reconcile.children import (
 )
 from specfleet.reconcile.desired import DesiredState
 from specfleet.reconcile.pod_failures import PoolFailure, pool_failure
+from specfleet.reconcile.pod_startup import pool_startup_seconds
 from specfleet.reconcile.result import ApplyRejectedError, Cluster
 from specfleet.render import MANAGED_KINDS, POOLS, Manifest, owner_labels
 from specfleet.render.common import with_render_hash
@@ -87,6 +88,8 @@ class AppliedChildren:
     pruned: list[str] = field(default_factory=list)
     # Why a pool short of ready replicas is short, from its pods and Deployments (read only then).
     failures: dict[str, PoolFailure] = field(default_factory=dict)
+    # Each pool's engines' start-up measured from the pods listed (`pod_startup`; only where listed).
+    startups: dict[str, int] = field(default_factory=dict)
 
 
 def apply_children(
@@ -186,10 +189,11 @@ def prune_children(desired: DesiredState, cluster: Cluster) -> tuple[list[str], 
     return pruned, errors
 
 
-def read_pool_failures(desired: DesiredState, applied: AppliedChildren, cluster: Cluster) -> None:
-    """For each pool short of ready replicas or still rolling out, why (pods are listed only then: a
-    healthy, settled fleet costs nothing). A surge rollout whose new pods fail (a drafter that does not
-    fit) keeps the old pods ready: only the rollout shows it."""
+def read_pool_pods(desired: DesiredState, applied: AppliedChildren, cluster: Cluster) -> None:
+    """For each pool short of ready replicas or still rolling out, why, and how long its engines took
+    to start (pods are listed only then, or once for a pool with Ready pods and no start-up measured
+    yet: a healthy, settled fleet costs nothing). A surge rollout whose new pods fail (a drafter that
+    does not fit) keeps the old pods ready: only the rollout shows it."""
     assert desired.sd is not None
     sd = desired.sd
     for pool in POOLS:
@@ -197,7 +201,8 @@ def read_pool_failures(desired: DesiredState, applied: AppliedChildren, cluster:
         deployments = [live for _, live in pairs]
         ready = sum(int(((d or {}).get("status") or {}).get("readyReplicas", 0)) for d in deployments)
         settled = all(deployment_settled(child, live) for child, live in pairs)
-        if ready >= needed_replicas(sd, pool, desired.children, applied.live) and settled:
+        unmeasured = ready > 0 and getattr(desired.previous.pools, pool).startup_seconds is None
+        if ready >= needed_replicas(sd, pool, desired.children, applied.live) and settled and not unmeasured:
             continue
         try:
             pods = cluster.list_children("v1", "Pod", sd.namespace, {**owner_labels(sd), LABEL_POOL: pool})
@@ -206,3 +211,6 @@ def read_pool_failures(desired: DesiredState, applied: AppliedChildren, cluster:
         failure = pool_failure(pods, deployments)
         if failure is not None:
             applied.failures[pool] = failure
+        startup = pool_startup_seconds(pods)
+        if startup is not None:
+            applied.startups[pool] = startup

@@ -52,6 +52,8 @@ def _pool_statuses(desired: DesiredState, applied: AppliedChildren) -> PoolStatu
         if desired.sd is not None:  # the K the engines are rendered with (kubectl's K column)
             drafted = plan.k if plan.k is not None else desired.sd.spec.drafter.num_speculative_tokens
             updated.k = drafted if plan.mode == "On" else 0
+        if pool in applied.startups:  # measured from the pods this reconcile listed; else kept
+            updated.startup_seconds = applied.startups[pool]
         setattr(pools, pool, updated)
     return pools
 
