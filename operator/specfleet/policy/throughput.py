@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from specfleet.policy.capacity import DEFAULT_BLOCK_SIZE
 from specfleet.policy.memory import (
@@ -266,34 +267,16 @@ def pool_model(
 
 
 def memory_view(
-    profile: StepTimeProfile,
-    obs: PoolObservation,
-    ks: Sequence[int],
-    *,
-    mode: str,
-    current_k: int,
-    schedule: Schedule | None = None,
-    max_num_seqs: int | None = None,
-    gpu_memory_utilization: float | None = None,
-    tensor_parallel_size: int | None = None,
+    profile: StepTimeProfile, obs: PoolObservation, ks: Sequence[int], **settings: Any
 ) -> PoolModel | None:
-    """The pool's model where its memory is known (demand, request size and both capacities), else
-    None; also None when not one request fits even without the drafter (nothing to compare)."""
+    """The pool's model (`pool_model`, the same keyword settings) where its memory is known (demand,
+    request size and both capacities), else None; also None when not one request fits even without
+    the drafter (nothing to compare)."""
     if capacities(profile, obs) is None or obs.running_per_replica is None or obs.waiting is None:
         return None
     if obs.replicas_reporting < 1:
         return None
-    model = pool_model(
-        profile,
-        obs,
-        ks,
-        mode=mode,
-        current_k=current_k,
-        schedule=schedule,
-        max_num_seqs=max_num_seqs,
-        gpu_memory_utilization=gpu_memory_utilization,
-        tensor_parallel_size=tensor_parallel_size,
-    )
+    model = pool_model(profile, obs, ks, **settings)
     if not model.memory_known or model.settings[OFF].fits < 1:
         return None
     return model
