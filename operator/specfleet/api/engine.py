@@ -71,6 +71,15 @@ class GpuResources(ApiModel):
 class ModelCache(ApiModel):
     """Where downloaded weights live; a PersistentVolumeClaim survives pod restarts, an emptyDir does not."""
 
+    rules = (
+        Rule(
+            cel="!has(self.readOnly) || !self.readOnly || has(self.persistentVolumeClaimName)",
+            message="modelCache.readOnly needs modelCache.persistentVolumeClaimName: an emptyDir cache "
+            "starts empty, so a read-only one could never hold the weights",
+            check=lambda c: not c.read_only or c.persistent_volume_claim_name is not None,
+        ),
+    )
+
     persistent_volume_claim_name: str | None = Field(
         default=None, max_length=253, description="Existing PVC mounted as the Hugging Face cache."
     )
@@ -79,6 +88,12 @@ class ModelCache(ApiModel):
     )
     mount_path: str = Field(
         default="/root/.cache/huggingface", max_length=512, description="Mount path; HF_HOME points here."
+    )
+    read_only: bool = Field(
+        default=False,
+        description="Mount the PVC read-only (a ReadOnlyMany claim, or any claim a Job filled beforehand) "
+        "and set HF_HUB_OFFLINE=1: engines load the weights from the cache and never download, so a "
+        "checkpoint missing from it fails the engine's start instead. Needs persistentVolumeClaimName.",
     )
 
 

@@ -103,7 +103,7 @@ def _resources(eng: PoolEngine) -> dict[str, Any]:
 
 def _env(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
     spec = sd.spec.engine
-    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": spec.model_cache.mount_path}]
+    env = _cache_env(sd)
     if spec.security.read_only_root_filesystem:
         env.append({"name": "HOME", "value": WRITABLE_TMP})
     ref = spec.hf_token_secret_ref
@@ -141,13 +141,32 @@ def _pod_security(sd: SpeculativeDeployment) -> dict[str, Any]:
     return context
 
 
+def _cache_env(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
+    """Where every container that reads the weights finds them, and whether it may fetch missing ones."""
+    cache = sd.spec.engine.model_cache
+    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": cache.mount_path}]
+    if cache.read_only:
+        # Hugging Face then resolves ids from HF_HOME/hub alone and writes nothing there.
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    return env
+
+
+def _cache_mount(sd: SpeculativeDeployment) -> dict[str, Any]:
+    cache = sd.spec.engine.model_cache
+    mount: dict[str, Any] = {"name": "model-cache", "mountPath": cache.mount_path}
+    if cache.read_only:
+        mount["readOnly"] = True
+    return mount
+
+
 def _volumes(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
     cache = sd.spec.engine.model_cache
     if cache.persistent_volume_claim_name:
-        cache_volume: dict[str, Any] = {
-            "name": "model-cache",
-            "persistentVolumeClaim": {"claimName": cache.persistent_volume_claim_name},
-        }
+        claim: dict[str, Any] = {"claimName": cache.persistent_volume_claim_name}
+        if cache.read_only:
+            # A ReadOnlyMany claim can only be attached read-only.
+            claim["readOnly"] = True
+        cache_volume: dict[str, Any] = {"name": "model-cache", "persistentVolumeClaim": claim}
     else:
         empty: dict[str, Any] = {"sizeLimit": cache.size_limit} if cache.size_limit else {}
         cache_volume = {"name": "model-cache", "emptyDir": empty}
@@ -160,10 +179,7 @@ def _volumes(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
 
 
 def _volume_mounts(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
-    mounts = [
-        {"name": "model-cache", "mountPath": sd.spec.engine.model_cache.mount_path},
-        {"name": "dshm", "mountPath": "/dev/shm"},
-    ]
+    mounts = [_cache_mount(sd), {"name": "dshm", "mountPath": "/dev/shm"}]
     if sd.spec.engine.security.read_only_root_filesystem:
         mounts.append({"name": "tmp", "mountPath": WRITABLE_TMP})
     return mounts
@@ -210,9 +226,9 @@ def preflight_init_container(sd: SpeculativeDeployment, options: RenderOptions) 
         "imagePullPolicy": sd.spec.engine.image_pull_policy,
         "command": ["python", "-m", PREFLIGHT_MODULE],
         "args": args,
-        "env": [{"name": "HF_HOME", "value": sd.spec.engine.model_cache.mount_path}],
+        "env": _cache_env(sd),
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
-        "volumeMounts": [{"name": "model-cache", "mountPath": sd.spec.engine.model_cache.mount_path}],
+        "volumeMounts": [_cache_mount(sd)],
         # A failing check's stderr (its DrafterIncompatible lines) becomes the terminated state's message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": _container_security(sd),
