@@ -167,3 +167,31 @@ def test_the_fill_job_fills_the_claim_the_example_mounts():
     assert container["image"] == sd.spec.engine.image
     token = next(e for e in container["env"] if e["name"] == "HF_TOKEN")
     assert token["valueFrom"]["secretKeyRef"]["optional"] is True
+
+
+def _abridges(short: Any, full: Any) -> bool:
+    """Whether `short` is `full` with keys, list tails or comment lines of a script left out."""
+    if isinstance(short, dict):
+        return isinstance(full, dict) and all(k in full and _abridges(v, full[k]) for k, v in short.items())
+    if isinstance(short, list):
+        return isinstance(full, list) and all(_abridges(s, f) for s, f in zip(short, full, strict=False))
+    if isinstance(short, str) and isinstance(full, str) and "\n" in full:
+
+        def code(text: str) -> list[str]:
+            return [line for line in text.splitlines() if not line.strip().startswith("#")]
+
+        return code(short) == code(full)
+    return bool(short == full)
+
+
+def test_the_getting_started_snippets_are_the_example_files_abridged():
+    text = (ROOT / "docs" / "getting-started.md").read_text()
+    section = text[text.index("## Keep the weights in a shared cache") :]
+    section = section[: section.index("\n## ")]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    fill_doc, resource_doc = (list(yaml.safe_load_all(b)) for b in blocks[:2])
+    claim, job = _fill_manifests()
+    assert len(fill_doc) == 2
+    assert _abridges(fill_doc[0], claim)
+    assert _abridges(fill_doc[1], job)
+    assert _abridges(resource_doc[0], load_yaml(CACHED))
