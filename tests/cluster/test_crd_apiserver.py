@@ -44,6 +44,42 @@ def test_apiserver_defaults_match_the_models(crd, namespace):
     assert parse_spec(doc["spec"]).to_wire() == parse_spec(stored).to_wire()
 
 
+def test_the_model_cache_example_and_its_fill_job_are_accepted(crd, namespace):
+    """examples/model-cache/fill-cache.yaml (claim and Job) and the engines of examples/08 that mount the
+    claim read-only: the apiserver's own validation of PVCs, Jobs and pod templates accepts them."""
+    from specfleet.api.constants import LABEL_COMPONENT
+    from specfleet.api.validation import parse_resource
+    from specfleet.reconcile import decided_plan
+    from specfleet.render import render_children
+    from specfleet.render.engine import ENGINE_COMPONENT
+
+    fill = [
+        d
+        for d in yaml.safe_load_all((ROOT / "examples" / "model-cache" / "fill-cache.yaml").read_text())
+        if d
+    ]
+    doc = load_yaml(ROOT / "examples" / "08-model-cache-pvc.yaml")
+    doc["metadata"]["namespace"] = namespace
+    sd = parse_resource(doc)
+    engines = [
+        c
+        for c in render_children(sd, decided_plan(sd))
+        if c["kind"] == "Deployment" and c["metadata"]["labels"][LABEL_COMPONENT] == ENGINE_COMPONENT
+    ]
+    assert len(engines) == 3  # both pools and the latency pool's canary
+    for manifest in [*fill, *engines]:
+        manifest["metadata"]["namespace"] = namespace
+        out = crd.kubectl(
+            "apply", "--dry-run=server", "-o", "json", "-f", "-", input=yaml.safe_dump(manifest)
+        )
+        stored = json.loads(out.stdout)
+        assert stored["kind"] == manifest["kind"]
+        if manifest["kind"] == "Deployment":
+            volumes = stored["spec"]["template"]["spec"]["volumes"]
+            cache = next(v for v in volumes if v["name"] == "model-cache")
+            assert cache["persistentVolumeClaim"] == {"claimName": "hf-cache", "readOnly": True}
+
+
 CASES = invalid_cases()
 
 
