@@ -191,6 +191,8 @@ def test_surge_flip_without_a_spare_gpu_ends_unschedulable_and_is_reverted(env, 
         assert "Insufficient nvidia.com/gpu" in progressing["message"], progressing
         assert "latency" in progressing["message"], progressing
         assert env.conditions(name)["SpeculationSettled"]["status"] == "False"
+        ready = env.conditions(name)["Ready"]
+        assert ready["status"] == "True", ready  # only Progressing says why: the old engines still serve
         # The old engines keep serving: both still there and ready while the surge pod waits.
         assert len([p for p in _engine_pods(env, name) if p["metadata"]["name"] in before]) == REPLICAS
         # The deadline passes: the policy undoes its own flip.
