@@ -153,12 +153,14 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "specific reason replaces this one when the pods say what is wrong.",
     ),
     UNSCHEDULABLE: ReasonDoc(
-        "Ready",
+        "Ready, Progressing",
         "An engine pod cannot be scheduled: no node has the GPUs, CPU or memory it requests, or its "
-        "nodeSelector, affinity or tolerations match no node.",
+        "nodeSelector, affinity or tolerations match no node. On Ready when the pool is short of engines; "
+        "on Progressing when only a rollout's new pod waits (a surge pod with no free GPU: the old engines "
+        "keep serving and Ready stays True).",
         "Check the GPU device plugin runs (`kubectl describe node` shows `nvidia.com/gpu`), lower "
-        "`engine.resources`, or add nodes. A speculation flip rolls with a surge pod: keep one engine's "
-        "worth of GPUs free per pool, or set `maxSurge`.",
+        "`engine.resources`, or add nodes. A speculation flip rolls with a surge pod by default: keep one "
+        "engine's worth of GPUs free per pool, or set the pool's `rollout.strategy: Replace`.",
     ),
     IMAGE_PULL_FAILED: ReasonDoc(
         "Ready",
