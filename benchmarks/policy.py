@@ -381,10 +381,20 @@ def main() -> None:
         ]
         for name in (n for n in names if n in memory):
             for drafter in DRAFTERS:
-                comp = memory_scenarios.run(memory[name], ACCEPTANCE_PROFILES[drafter], only=("policy",))
+                comp = memory_scenarios.run(
+                    memory[name],
+                    ACCEPTANCE_PROFILES[drafter],
+                    lag_seconds=lag_seconds(memory[name].sd),
+                    only=("policy", BOUND),
+                )
+                bounds = " / ".join(
+                    f"{fmt(comp.ratio(n))} ({fmt(comp.request_ratio(n))})"
+                    for n in (BOUND, memory_scenarios.LAGGED)
+                )
                 print(
                     f"{name} / {drafter}: {fmt(comp.ratio('policy'))} / worst minute "
-                    f"{fmt(comp.worst_minute('policy'))} / all requests {fmt(comp.request_ratio('policy'))}",
+                    f"{fmt(comp.worst_minute('policy'))} / all requests {fmt(comp.request_ratio('policy'))}"
+                    f" [bounds, time-weighted (all requests): paying {bounds} lagged]",
                     flush=True,
                 )
         cases += [
@@ -444,7 +454,7 @@ def main() -> None:
             for at, _ in getattr(workload, "acceptance_changes", ()):
                 # No policy sees a shift and has a new engine serving within an evaluation interval
                 # plus a start-up of it: the best worst minute one that cannot know when it comes can have.
-                hold = sd.spec.policy.evaluation_interval_seconds + options.startup_seconds
+                hold = sd.spec.policy.evaluation_interval_seconds + options.resolved(sd.spec).startup
                 comp.extra["heldThrough"] = (at, *comp.held_through(at, hold))
             comps[(name, drafter)] = comp
             if drafter == "published" or name == "ramp":
@@ -456,7 +466,9 @@ def main() -> None:
         for name, scenario in memory_scenarios.scenarios().items():
             for drafter in drafters:
                 log(f"{name} / {drafter}")
-                memory_comps[(name, drafter)] = memory_scenarios.run(scenario, ACCEPTANCE_PROFILES[drafter])
+                memory_comps[(name, drafter)] = memory_scenarios.run(
+                    scenario, ACCEPTANCE_PROFILES[drafter], lag_seconds=lag_seconds(scenario.sd)
+                )
 
     # How much of the c >= 128 targets prefill decides: the ramp again with prefill free (decode-only
     # physics), per-level oracle over always-on and over engine Dynamic SD in its c >= 128 windows.

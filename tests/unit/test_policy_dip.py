@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide
-from specfleet.policy.dip import DEFAULT_STARTUP_SECONDS, Dip, replace_dip, replace_gate
+from specfleet.policy.dip import Dip, replace_dip, replace_gate
 from specfleet.policy.observations import PoolRolloutState
+from specfleet.policy.startup import pool_rollout
 from specfleet_runtime.cost_profile import default_profile
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -56,24 +57,30 @@ def state(
     )
 
 
+def dip(s: PoolState, o: PoolObservation) -> Dip | None:
+    return replace_dip(s, o, pool_rollout(s, o.replicas_reporting, PROFILE))
+
+
 def test_surge_has_no_dip():
-    assert replace_dip(state("On", "Surge"), obs(4)) is None
+    assert dip(state("On", "Surge"), obs(4)) is None
     assert replace_gate(GOODPUT, None, 1e9, 1, 0.5) is None
 
 
-def test_dip_lasts_the_pools_last_rollout_else_each_batch_of_start_ups():
-    assert replace_dip(state("On", replicas=4, unavailable=2), obs(4)) == Dip(
-        4, 2, 2 * DEFAULT_STARTUP_SECONDS
-    )
-    assert replace_dip(state("On", replicas=3), obs(4)) == Dip(3, 1, 3 * DEFAULT_STARTUP_SECONDS)
+def test_dip_lasts_each_batch_of_start_ups_measured_else_the_last_rollout_else_estimated():
+    # The pool's measured start-up, per batch of maxUnavailable engines.
+    assert dip(state("On", replicas=4, unavailable=2, startup_seconds=80), obs(4)) == Dip(4, 2, 160)
+    assert dip(state("On", replicas=3, startup_seconds=80), obs(4)) == Dip(3, 1, 240)
+    # Not measured: the last rollout's duration.
     measured = PoolRolloutState(
         at=NOW - timedelta(hours=1), settled_at=NOW - timedelta(hours=1) + timedelta(seconds=95)
     )
-    assert replace_dip(state("On", rollout=measured), obs(4)).seconds == 95
+    assert dip(state("On", rollout=measured), obs(4)).seconds == 95
+    # Neither: the estimate for the profile's model (Llama-3.1-8B with EAGLE-3: about a minute).
+    estimated = dip(state("On", replicas=3), obs(4))
+    assert estimated is not None
+    assert 3 * 55 < estimated.seconds < 3 * 70
     # Autoscaled (no spec replicas): the engines reporting; never more stopped than there are.
-    assert replace_dip(state("On", replicas=None, unavailable=5), obs(4)) == Dip(
-        3, 3, DEFAULT_STARTUP_SECONDS
-    )
+    assert dip(state("On", replicas=None, unavailable=5, startup_seconds=70), obs(4)) == Dip(3, 3, 70)
 
 
 def test_remaining_engines_must_carry_the_load():

@@ -65,3 +65,8 @@ def test_a_surge_flip_keeps_ready_capacity_with_one_pod_beyond_the_spec() -> Non
     assert min(_latency(run, "readyReplicas")) == 3
     assert max(_latency(run, "replicas")) == 4
     assert run.failed == 0
+
+
+def test_status_carries_the_engines_start_up_as_the_operator_measures_it() -> None:
+    run = _flip({"strategy": "Replace", "maxUnavailable": 1})
+    assert run.status.pools.latency.startup_seconds == round(STARTUP)

@@ -98,6 +98,7 @@ GOODPUT_ABOVE_BREAK_EVEN: Final = "GoodputAboveBreakEven"
 GOODPUT_WITHIN_MARGIN: Final = "GoodputWithinMargin"
 GOODPUT_RETUNE: Final = "GoodputRetune"
 GOODPUT_MEMORY_BOUND: Final = "GoodputMemoryBound"
+GOODPUT_OVERLOADED: Final = "GoodputOverloaded"
 
 # Condition type present only while a pool is autoscaled: whether its autoscaler can scale (reads its
 # metric), and its reasons (a failing autoscaler's own reason is used as it is).
@@ -423,7 +424,8 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "Decision (hold)",
         "The pool rolls out by `rollout.strategy: Replace`, and the flip's predicted gain over "
         "`policy.minDwellSeconds` (at least one window) is smaller than the capacity share the rollout "
-        "removes times its duration (the pool's last rollout, else its engines' start-up).",
+        "removes times its duration (its batches of `maxUnavailable` engines times their start-up: "
+        "`status.pools.<pool>.startupSeconds` measured, else an estimate for the model's size).",
         "Nothing: the flip does not pay on this cluster. A longer `minDwellSeconds`, a smaller "
         "`rollout.maxUnavailable` share or faster start-up (weights from a shared cache) lets it pay.",
     ),
@@ -467,6 +469,17 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "demand, each setting's KV cache (measured from `vllm:cache_config_info`, else the cost "
         "profile's `memory`), the batch it holds and its predicted tokens per second. The pool turns "
         "back on once the demand fits again (after the usual dwell, cooldown and flip budget).",
+        "Nothing if expected. To speculate under this load: more replicas, a larger "
+        "`gpuMemoryUtilizationPercent` or more GPUs per replica (`tensorParallelSize`).",
+    ),
+    GOODPUT_OVERLOADED: ReasonDoc(
+        "Decision (Goodput mode)",
+        "More tokens arrive per second than the speculating engines can serve at their largest batch "
+        "(`maxNumSeqs`, or what their KV cache holds with the drafter), with the policy's margin as "
+        "headroom, while the engines without the drafter serve more: requests arriving on their own "
+        "schedule (not waiting for each other's answers) would queue without end, so speculation is off "
+        "(or stays off) until the arrivals fit again. The arrivals are the generated tokens per second "
+        "measured plus the growth of the queue; the numbers give each setting's capacity.",
         "Nothing if expected. To speculate under this load: more replicas, a larger "
         "`gpuMemoryUtilizationPercent` or more GPUs per replica (`tensorParallelSize`).",
     ),

@@ -84,7 +84,8 @@ def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
             file=sys.stderr,
         )
     for name in ("startup_seconds", "scrape_interval"):
-        if not getattr(args, name) > 0:
+        value = getattr(args, name)
+        if value is not None and not value > 0:
             raise _UsageError(f"--{name.replace('_', '-')} must be > 0")
     if not 0 <= args.k0_penalty < 10:
         raise _UsageError("--k0-penalty must be within [0, 10)")
@@ -231,7 +232,11 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
         help="step-time profile file, or the ConfigMap holding one (default: the published H100 Llama-3.1-8B one)",
     )
     parser.add_argument(
-        "--startup-seconds", type=float, default=60.0, help="seconds an engine takes to start"
+        "--startup-seconds",
+        type=float,
+        default=None,
+        help="seconds an engine takes to start (default: estimated from the model's size and tensor "
+        "parallel size, see docs/policy.md)",
     )
     parser.add_argument(
         "--scrape-interval", type=float, default=15.0, help="Prometheus scrape interval, seconds"

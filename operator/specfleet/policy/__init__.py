@@ -1,6 +1,5 @@
 """The adaptive speculation policy: pure functions from observations to per-pool decisions."""
 
-from specfleet.policy.assess import wanted_mode
 from specfleet.policy.decide import decide
 from specfleet.policy.decision import PoolDecision
 from specfleet.policy.goodput import predicted_speedup
@@ -13,5 +12,4 @@ __all__ = [
     "PoolState",
     "decide",
     "predicted_speedup",
-    "wanted_mode",
 ]

@@ -1,7 +1,6 @@
 """One pool assessed before the gates (pure): the acceptance estimate (the newest interval's while the
 window's is moving), the expected load, Goodput's predictions (one model of the pool,
-`policy.throughput`) or Threshold's rule, and the mode they ask for (`assess`); `wanted_mode` is the same question
-without the load projection.
+`policy.throughput`) or Threshold's rule, and the mode they ask for (`assess`).
 """
 
 from __future__ import annotations
@@ -15,12 +14,14 @@ from specfleet.policy.acceptance import Estimate, acceptance_moving, estimate_fo
 from specfleet.policy.canaries import active_canaries, settling
 from specfleet.policy.decision import PoolDecision, Wanted, goodput_margin, pool_k
 from specfleet.policy.goodput import GoodputPrediction, candidate_ks, goodput_prediction, goodput_wanted
-from specfleet.policy.load import commit_path, expected_load, measured_load
+from specfleet.policy.load import commit_path, demand_trend, expected_load, measured_load
 from specfleet.policy.memory import DEFAULT_MAX_NUM_SEQS
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
+from specfleet.policy.saturation import arrivals, overloaded, queued
 from specfleet.policy.schedule import Schedule
+from specfleet.policy.startup import RolloutTime, pool_rollout
 from specfleet.policy.threshold import threshold_wanted
-from specfleet.policy.throughput import PoolModel, pool_model
+from specfleet.policy.throughput import PoolModel, pool_model, setting_name
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 
@@ -43,6 +44,8 @@ class Assessment:
     # Goodput: the pool's model and the demand the predictions in `gains[0]` were made at.
     model: PoolModel | None = None
     demand: float | None = None
+    # The pool's next rollout: how long a change decided now takes to serve.
+    rollout: RolloutTime | None = None
 
     @property
     def memory(self) -> MeasuredAcceptance | None:
@@ -104,7 +107,8 @@ def assess(
     measured = measured_load(observed)
     # The demand a change is decided for (running + waiting, projected), and the running count it
     # asks for, never past what an engine runs (--max-num-seqs).
-    demand = expected_load(policy, state, observed, now)
+    rollout = pool_rollout(state, observed.replicas_reporting, profile)
+    demand = expected_load(policy, state, observed, now, rollout)
     load = min(demand, float(state.max_num_seqs or DEFAULT_MAX_NUM_SEQS))
     obs = replace(observed, running_per_replica=load)
     gains = None
@@ -128,7 +132,7 @@ def assess(
         gains = (g, g_observed)
         # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
         # locked, lighter budget) and the canaries on the projected load (`gains`).
-        path = commit_path(policy, state, model.demand, demand)
+        path = commit_path(policy, rollout, model.demand, demand)
         g_commit = goodput_prediction(model, path, est_flip, k)
         wanted = goodput_wanted(policy, state, obs, g_commit, est_flip)
         if schedule and wanted.mode == "Off" and g_observed.gain_best > 1 + goodput_margin(policy):
@@ -150,6 +154,7 @@ def assess(
             shown = {**wanted.numbers, **model.numbers(g_commit.per_position)}
             reason = r.GOODPUT_MEMORY_BOUND if why else wanted.reason
             wanted = replace(wanted, reason=reason, message=why + wanted.message, numbers=shown)
+        wanted = _saturation(policy, state, observed, now, model, g_commit, wanted)
     else:
         wanted = threshold_wanted(policy, k, state, obs, est, profile)
     numbers = {**observed.as_text(), **wanted.numbers}
@@ -173,37 +178,38 @@ def assess(
         )
     loads = (load, measured)
     return Assessment(
-        pool, state, obs, current_k, est, wanted, loads, gains, numbers, schedules, model, demand
+        pool, state, obs, current_k, est, wanted, loads, gains, numbers, schedules, model, demand, rollout
     )
 
 
-def wanted_mode(
+def _saturation(
     policy: PolicySpec,
-    k: int,
     state: PoolState,
-    obs: PoolObservation,
+    observed: PoolObservation,
     now: datetime,
-    profile: StepTimeProfile,
-    max_k: int | None = None,
+    model: PoolModel,
+    g: GoodputPrediction,
+    wanted: Wanted,
 ) -> Wanted:
-    """The mode the numbers ask for, with hysteresis, before any stability gate.
-
-    `k` is the K the pool drafts now; `max_k` (default `k`) bounds the K that Goodput may choose.
-    """
-    limit = max_k or k
-    est = estimate_for(policy, state, obs, now, limit)
-    if policy.mode == "Goodput":
-        model = pool_model(
-            profile,
-            obs,
-            candidate_ks(profile, limit),
-            mode=state.mode,
-            current_k=k,
-            max_num_seqs=state.max_num_seqs,
-            gpu_memory_utilization=state.gpu_memory_utilization,
-            tensor_parallel_size=state.tensor_parallel_size,
-        )
-        measured_load(obs)  # raises for an observation without a load
-        g = goodput_prediction(model, [model.demand], est, limit)
-        return goodput_wanted(policy, state, obs, g, est)
-    return threshold_wanted(policy, k, state, obs, est, profile)
+    """`wanted`, or Off where the speculating setting it keeps or turns to cannot serve the arrivals
+    (`policy.saturation`)."""
+    if wanted.mode != "On" or (state.mode == "On" and not queued(observed)):
+        return wanted
+    trend = demand_trend(policy, state, observed, now)
+    arriving = arrivals(observed, trend[0] if trend else None)
+    if arriving is None:
+        return wanted
+    name = model.current if state.mode == "On" else setting_name(wanted.k or g.best)
+    why = None if name is None else overloaded(model, name, g.per_position, arriving, goodput_margin(policy))
+    if why is None:
+        return wanted
+    numbers = {
+        **wanted.numbers,
+        "arrivingTokensPerSecond": f"{arriving.tokens_per_second:.4g}",
+        "capacityTokensPerSecond": ",".join(
+            f"{n}={model.capacity(n, g.per_position):.0f}" for n in model.settings
+        ),
+    }
+    if state.mode == "On":
+        return Wanted("Off", r.GOODPUT_OVERLOADED, why, numbers, k=g.best)
+    return Wanted("Off", r.GOODPUT_OVERLOADED, f"stays off: {why}", numbers)

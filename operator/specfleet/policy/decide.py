@@ -85,7 +85,9 @@ def _flip(
 
 def _dip_hold(policy: PolicySpec, p: Assessment) -> tuple[str, str] | None:
     """Why a flip of a pool that rolls out by Replace may not start now (`policy.dip`), or None."""
-    dip = replace_dip(p.state, p.obs)
+    if p.rollout is None:
+        return None
+    dip = replace_dip(p.state, p.obs, p.rollout)
     if dip is None:
         return None
     per_engine = float(p.state.max_num_seqs or DEFAULT_MAX_NUM_SEQS)

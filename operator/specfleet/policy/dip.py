@@ -11,25 +11,21 @@ for the rollout's duration the pool serves with `replicas - maxUnavailable` engi
 - Does the flip repay its dip? Its predicted throughput gain over the period it is locked in
   (`minDwellSeconds`, at least one window) must exceed the share of capacity it removes times the
   rollout's duration: (gain - 1) x dwell > maxUnavailable / replicas x rollout seconds. Otherwise it
-  holds (ReplaceDipNotRepaid). The duration is the pool's last measured rollout, else each batch of
-  `maxUnavailable` engines restarting in `DEFAULT_STARTUP_SECONDS`. Threshold mode predicts no gain:
-  only the first question is asked there.
+  holds (ReplaceDipNotRepaid). The duration is the pool's rollout (`policy.startup`: batches of
+  `maxUnavailable` engines, each restarting in the measured or estimated start-up). Threshold mode
+  predicts no gain: only the first question is asked there.
 
 Surge rollouts (the default) never dip capacity: this module answers None for them.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.policy.observations import PoolObservation, PoolState
-
-# An engine's start-up (model load from a shared cache, warm-up) when the pool has no measured rollout
-# yet; the simulator's default start-up too.
-DEFAULT_STARTUP_SECONDS = 60.0
+from specfleet.policy.startup import RolloutTime
 
 
 @dataclass(frozen=True)
@@ -50,19 +46,14 @@ class Dip:
         return self.unavailable / self.replicas
 
 
-def replace_dip(state: PoolState, obs: PoolObservation) -> Dip | None:
+def replace_dip(state: PoolState, obs: PoolObservation, rollout: RolloutTime) -> Dip | None:
     """The dip a rollout of this pool would cause now (None: a Surge rollout, no dip)."""
     if state.rollout_strategy != "Replace":
         return None
     replicas = state.replicas if state.replicas is not None else obs.replicas_reporting
     replicas = max(1, replicas)
     unavailable = min(max(1, state.max_unavailable), replicas)
-    last = state.rollout
-    if last is not None and last.settled_at is not None and last.settled_at > last.at:
-        seconds = (last.settled_at - last.at).total_seconds()
-    else:
-        seconds = math.ceil(replicas / unavailable) * DEFAULT_STARTUP_SECONDS
-    return Dip(replicas, unavailable, seconds)
+    return Dip(replicas, unavailable, rollout.seconds)
 
 
 def replace_gate(

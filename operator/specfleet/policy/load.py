@@ -10,17 +10,10 @@ from datetime import datetime, timedelta
 
 from specfleet.api.policy import PolicySpec
 from specfleet.policy.observations import PoolObservation, PoolState
+from specfleet.policy.startup import RolloutTime
 
 # The load's trend is fitted over this many windows of past evaluations.
 TREND_SPAN_WINDOWS = 1.0
-
-
-def rollout_seconds(policy: PolicySpec, state: PoolState) -> float:
-    """How long the pool's last rollout took (0 when unknown), capped at one window."""
-    rollout = state.rollout
-    if rollout is None or rollout.settled_at is None:
-        return 0.0
-    return min(float(policy.window_seconds), max(0.0, (rollout.settled_at - rollout.at).total_seconds()))
 
 
 def measured_load(obs: PoolObservation) -> float:
@@ -38,35 +31,58 @@ def measured_demand(obs: PoolObservation) -> float:
     return obs.demand_per_replica or 0.0
 
 
-def expected_load(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> float:
+def expected_load(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime, rollout: RolloutTime
+) -> float:
     """Requests per replica (running + waiting) to decide with: the demand when a change decided now
     takes effect.
 
     The observed value is an average over the window, so on a ramp it trails the demand by half a
     window, and a change takes effect only after its rollout. The trend of the last evaluations
-    (least squares over one window) projects the observed value over both (the rollout's duration
-    is the pool's last one). A count fluctuates by about its square root (Poisson), so a projection
-    within that band is noise and is dropped, as is that much of a larger one. The waiting requests
+    (least squares over one window, `demand_trend`) projects the observed value over both
+    (`rollout_horizon`). The pool's count fluctuates by about its square root (Poisson), so a
+    projection within that band (per replica: sqrt(count) / replicas) is noise and is dropped, as is
+    that much of a larger one. The waiting requests
     are in it: a queue that grows is the first sign that the setting cannot serve the arrivals.
     """
+    load = measured_demand(obs)
+    trend = demand_trend(policy, state, obs, now)
+    if trend is None:
+        return load
+    slope, fitted = trend
+    projection = slope * rollout_horizon(policy, rollout)
+    # The pool's count is Poisson: its noise per replica is sqrt(count) / replicas.
+    band = math.sqrt(max(fitted, 1.0) / max(1, obs.replicas_reporting))
+    return max(0.0, load + math.copysign(max(0.0, abs(projection) - band), projection))
+
+
+def demand_trend(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime
+) -> tuple[float, float] | None:
+    """The demand's trend (requests per replica per second) and its fitted value now: least squares
+    over the last window of evaluations (None: fewer than three points)."""
     load = measured_demand(obs)
     span = timedelta(seconds=TREND_SPAN_WINDOWS * policy.window_seconds + 1)
     points = [(t, v) for t, v in state.recent_load if timedelta(0) < now - t <= span]
     points.append((now, load))
     if len(points) < 3:
-        return load
+        return None
     xs = [(t - now).total_seconds() for t, _ in points]
     ys = [v for _, v in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    fitted = my - slope * mx
-    projection = slope * (policy.window_seconds / 2 + rollout_seconds(policy, state))
-    band = math.sqrt(max(fitted, 1.0))
-    return max(0.0, load + math.copysign(max(0.0, abs(projection) - band), projection))
+    return slope, my - slope * mx
 
 
-def commit_path(policy: PolicySpec, state: PoolState, observed: float, expected: float) -> list[float]:
+def rollout_horizon(policy: PolicySpec, rollout: RolloutTime) -> float:
+    """Seconds from the middle of the window measured to when a change decided now serves: half a
+    window, then until the average engine runs the new setting (`RolloutTime.mean_switch_seconds`),
+    at most one window (a trend is not extrapolated further than it was fitted over)."""
+    return policy.window_seconds / 2 + min(float(policy.window_seconds), rollout.mean_switch_seconds)
+
+
+def commit_path(policy: PolicySpec, rollout: RolloutTime, observed: float, expected: float) -> list[float]:
     """Running requests per replica over the period a flip decided now commits the pool to.
 
     A flip is locked for its rollout plus `minDwellSeconds`, so it pays only if speculation's
@@ -76,8 +92,7 @@ def commit_path(policy: PolicySpec, state: PoolState, observed: float, expected:
     per evaluation interval: from the observed load along the trend to the projection (`expected`,
     reached at that horizon) and held there after (no extrapolation beyond the trend's horizon).
     """
-    rollout = rollout_seconds(policy, state)
-    horizon = max(1.0, policy.window_seconds / 2 + rollout)
+    horizon = max(1.0, rollout_horizon(policy, rollout))
     step = max(1, policy.evaluation_interval_seconds)
-    n = max(1, int((rollout + policy.min_dwell_seconds) // step))
+    n = max(1, int((min(float(policy.window_seconds), rollout.seconds) + policy.min_dwell_seconds) // step))
     return [observed + (expected - observed) * min(1.0, (i + 0.5) * step / horizon) for i in range(n)]

@@ -189,6 +189,10 @@ class PoolState:
     rollout_strategy: str = "Surge"
     max_unavailable: int = 0
     replicas: int | None = None
+    # The engines a Surge rollout starts at once (pools.<pool>.maxSurge), and one engine's start-up
+    # measured from the pool's pods (status.pools.<pool>.startupSeconds; None: not measured yet).
+    max_surge: int = 1
+    startup_seconds: float | None = None
 
     @property
     def last_change(self) -> datetime | None:

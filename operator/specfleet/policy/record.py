@@ -174,6 +174,8 @@ def pool_states(
             rollout_strategy=pool_spec.rollout.strategy,
             max_unavailable=pool_spec.rollout.max_unavailable,
             replicas=pool_spec.replicas if pool_spec.autoscaling is None else None,
+            max_surge=pool_spec.max_surge,
+            startup_seconds=ps.startup_seconds,
         )
     return out
 

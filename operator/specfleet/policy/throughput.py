@@ -149,6 +149,11 @@ class PoolModel:
             tps /= 1 + rho * share * self.recompute_seconds * tps
         return tps
 
+    def capacity(self, name: str, per_position: Sequence[float]) -> float:
+        """The most tokens per second per replica setting `name` serves: at the largest batch it runs
+        (min(max_num_seqs, fits)), whatever the demand."""
+        return self.tokens_per_second(name, per_position, min(self.max_num_seqs, self.settings[name].fits))
+
     def gain(self, name: str, per_position: Sequence[float], demand: float | None = None) -> float:
         """Throughput of `name` over the engine without the drafter, at the same demand."""
         off = self.tokens_per_second(OFF, per_position, demand)

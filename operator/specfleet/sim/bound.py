@@ -219,6 +219,7 @@ def rollout_paying_oracle(
     flip no sooner than max(minDwellSeconds, cooldownSeconds) after the pool's previous one, as the
     resource's gates allow a policy (the hourly flip budget and the retune interval are not modelled:
     the bound stays above what the gates allow)."""
+    options = options.resolved(sd.spec)
     any_run = next(iter(statics.values()))
     policy = sd.spec.policy
     step = any_run.bin_seconds
@@ -227,7 +228,7 @@ def rollout_paying_oracle(
     choices: dict[str, list[str]] = {}
     for pool in auto_pools(sd.spec):
         spec = getattr(sd.spec.pools, pool)
-        mix = rollout_mix(spec.replicas, spec.max_surge, options.startup_seconds, step)
+        mix = rollout_mix(spec.replicas, spec.max_surge, options.startup, step)
         choices[pool] = best_schedule(scores(statics, pool, smooth), mix, gap, objective, skip)
     schedule = schedule_of(choices, any_run.bin_seconds)
     if lag_seconds > 0:

@@ -303,7 +303,7 @@ def compare(
     only: Sequence[str] | None = None,
 ) -> Comparison:
     """Run every strategy on the same workload and seed, and derive bestStatic and perLevelOracle."""
-    options = options or SimOptions()
+    options = (options or SimOptions()).resolved(sd.spec)
     profile = profile or default_profile()
     drafter_k = sd.spec.drafter.num_speculative_tokens
     # The table a user would give vLLM: the same one the policy makes from this acceptance.

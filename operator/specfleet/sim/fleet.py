@@ -184,7 +184,7 @@ def simulate(
 ) -> RunResult:
     """Replay `workload` through the fleet `sd` describes, under `strategy` (default: the policy)."""
     strategy = strategy or Strategy("policy", "policy")
-    options = options or SimOptions()
+    options = (options or SimOptions()).resolved(sd.spec)
     profile = profile or default_profile()
     spec = strategy_spec(sd.spec, strategy, schedule)
     fleet = _Fleet(dataclasses.replace(sd, spec=spec), strategy, workload, options, profile)

@@ -6,12 +6,13 @@ The strategies are described in docs/architecture.md ("The fleet simulator").
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.validation import parse_spec
-from specfleet.policy.capacity import CapacityModel
+from specfleet.policy.capacity import CapacityModel, preset
+from specfleet.policy.startup import estimated_startup_seconds
 from specfleet_runtime import names
 from specfleet_runtime.cost_profile import (
     EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION,
@@ -44,7 +45,9 @@ class SimOptions:
 
     seed: int = 0
     scrape_interval: float = 15.0
-    startup_seconds: float = 60.0
+    # One engine's start-up (pod created to Ready); None: estimated from the resource's model size and
+    # tensor parallel size (`specfleet.policy.startup`), resolved by `resolved`.
+    startup_seconds: float | None = None
     prefill_ms_per_token: float | None = None
     k0_penalty: float = 0.10
     acceptance: tuple[float, ...] = (0.68, 0.39, 0.20, 0.10, 0.05)
@@ -60,6 +63,20 @@ class SimOptions:
     default_gpu_memory_utilization: float = 0.9
     # Bin width of the timeline and of the oracle's per-window choice (None: the evaluation interval).
     bin_seconds: float | None = None
+
+    @property
+    def startup(self) -> float:
+        """The engines' start-up (after `resolved`)."""
+        if self.startup_seconds is None:
+            raise ValueError("SimOptions.startup_seconds is not resolved: see SimOptions.resolved")
+        return self.startup_seconds
+
+    def resolved(self, spec: SpeculativeDeploymentSpec) -> SimOptions:
+        """These options with the start-up estimated for `spec`'s model where none is given."""
+        if self.startup_seconds is not None:
+            return self
+        tp = spec.engine.tensor_parallel_size or 1
+        return replace(self, startup_seconds=estimated_startup_seconds(preset(spec.model.name), tp))
 
 
 def strategy_spec(

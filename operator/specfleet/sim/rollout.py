@@ -211,7 +211,7 @@ class Rollouts:
                 pending = self.new_pod(dep, now, math.inf)
                 self.gpu_waiters[min(freeing, key=lambda p: p.serial).serial] = pending
                 return pending
-        return self.new_pod(dep, now, now + self.options.startup_seconds)
+        return self.new_pod(dep, now, now + self.options.startup)
 
     def sync(self, dep: SimDeployment, now: float, initial: bool = False) -> None:
         """One pass of the Deployment controller with `dep.max_surge` and `dep.max_unavailable`."""
@@ -285,7 +285,7 @@ class Rollouts:
         waiter = self.gpu_waiters.pop(rep.serial, None)
         if waiter is not None and waiter.gone_at is None:
             # Its GPUs are free: the pod that waited for them is scheduled and starts up.
-            waiter.ready_at = waiter.t = at + self.options.startup_seconds
+            waiter.ready_at = waiter.t = at + self.options.startup
             self.endpoint_cache.clear()
             self.events.push(waiter.ready_at, POD_READY, waiter.serial)
 
@@ -339,6 +339,8 @@ class Rollouts:
                             1 for d in deps for p in d.active() if p.template == d.template
                         ),
                         "settled": all(d.settled(now) for d in deps),
+                        # As the operator measures it from the pods (pod created to Ready).
+                        "startup_seconds": max(1, round(self.options.startup)),
                     }
                 ),
             )

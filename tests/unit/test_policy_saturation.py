@@ -1,0 +1,102 @@
+"""Whether a setting can serve what arrives (`policy.saturation`): a speculating setting whose most
+tokens per second is below the arrivals (served + the queue's growth) is never kept nor turned to where
+the engine without the drafter serves more; below its capacity, the closed-loop prediction decides."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from specfleet.api import reasons as r
+from specfleet.api.policy import PolicySpec
+from specfleet.policy import PoolObservation, PoolState, decide
+from specfleet.policy.saturation import Arrivals, arrivals, overloaded
+from specfleet.policy.throughput import OFF, pool_model
+from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, MemoryProfile, default_profile
+
+NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+ACC = PUBLISHED_ACCEPTANCE
+# A 70B-class target on one GPU: the drafter's cache holds 3 requests of 1k-token prompts, off's 11.
+BIG = replace(
+    default_profile(), memory=MemoryProfile(kv_cache_tokens=12900, kv_cache_tokens_with_drafter=4300)
+)
+POLICY = PolicySpec.model_validate({})
+
+
+def obs(running: float, generated: float, waiting: float = 0.0) -> PoolObservation:
+    return PoolObservation(
+        pool="latency",
+        at=NOW,
+        acceptance_length=1 + sum(ACC[:3]),
+        per_position=tuple(ACC[:3]),
+        acceptance_source="pool",
+        running_per_replica=running,
+        waiting=waiting,
+        replicas_reporting=3,
+        mean_prompt_tokens=1000.0,
+        mean_output_tokens=200.0,
+        generation_tokens_per_second=generated,
+    )
+
+
+MODEL = pool_model(BIG, obs(2.0, 300.0), [1, 2, 3], mode="On", current_k=3)
+
+
+def test_capacity_is_the_throughput_at_the_largest_batch_each_setting_runs():
+    assert (MODEL.settings[OFF].fits, MODEL.settings["K3"].fits) == (11.0, 3.0)
+    assert MODEL.capacity("K3", ACC) == MODEL.tokens_per_second("K3", ACC, 3.0)
+    assert MODEL.capacity(OFF, ACC) == MODEL.tokens_per_second(OFF, ACC, 11.0)
+    assert MODEL.capacity(OFF, ACC) > MODEL.capacity("K3", ACC)
+
+
+def test_arrivals_are_what_is_served_plus_a_growing_queue_never_minus_a_draining_one():
+    queue = obs(3.0, 300.0, waiting=6.0)
+    assert arrivals(queue, 0.05) == Arrivals(100.0, 0.05 * 200.0)
+    assert arrivals(queue, -0.5) == Arrivals(100.0, 0.0)
+    # Without a queue the demand's growth is more requests running, served: not counted.
+    assert arrivals(obs(2.0, 300.0), 0.05) == Arrivals(100.0, 0.0)
+    assert arrivals(replace(obs(2.0, 300.0), generation_tokens_per_second=None), 0.1) is None
+
+
+def test_a_setting_below_the_arrivals_is_overloaded_where_off_serves_more():
+    cap = MODEL.capacity("K3", ACC)
+    assert overloaded(MODEL, "K3", ACC, Arrivals(cap * 0.8, 0.0), 0.05) is None
+    why = overloaded(MODEL, "K3", ACC, Arrivals(cap * 0.9, cap * 0.2), 0.05)
+    assert why is not None
+    assert "queue would grow" in why
+    # Up to its capacity it serves the arrivals; off must serve more by the margin to relieve it.
+    assert overloaded(MODEL, "K3", ACC, Arrivals(cap * 0.99, 0.0), 0.05) is None
+    off = MODEL.capacity(OFF, ACC)
+    assert overloaded(MODEL, "K3", ACC, Arrivals(cap * 1.1, 0.0), off / cap - 1) is None
+    assert overloaded(MODEL, OFF, ACC, Arrivals(1e9, 0.0), 0.05) is None
+
+
+def _decide(mode: str, ob: PoolObservation, recent: tuple[tuple[datetime, float], ...] = ()):
+    state = PoolState(mode=mode, last_transition=NOW - timedelta(days=1), recent_load=recent, k=3)
+    return decide(POLICY, 3, {"latency": state}, {"latency": ob}, NOW, BIG)[0]
+
+
+def test_a_speculating_pool_that_cannot_serve_the_arrivals_turns_off():
+    cap = MODEL.capacity("K3", ACC)
+    # 2.5 running per replica: at that demand the drafter is still faster per request (closed loop) ...
+    calm = _decide("On", obs(2.5, 3 * cap * 0.5))
+    assert calm.target == "On"
+    # ... but the engines already serve all they can and the queue grows: the arrivals do not fit.
+    # (A queue of one request per replica growing slowly: the demand's projection stays within noise.)
+    rising = tuple((NOW - timedelta(seconds=s), 4.0 - s / 240) for s in range(120, 0, -15))
+    d = _decide("On", obs(3.0, 3 * cap, waiting=3.0), rising)
+    assert (d.target, d.reason) == ("Off", r.GOODPUT_OVERLOADED)
+    assert "arrivingTokensPerSecond" in d.observations
+    # The same throughput with no queue (a large batch yielding little more than a medium one): the
+    # closed-loop prediction decides.
+    assert _decide("On", obs(3.0, 3 * cap), rising).target == "On"
+
+
+def test_an_off_pool_does_not_turn_on_into_a_load_the_drafter_cannot_serve():
+    cap = MODEL.capacity("K3", ACC)
+    # Off serves 1.5x what the drafter could at 2 running per replica: it stays off, saying why.
+    d = _decide("Off", obs(2.0, 3 * cap * 1.5))
+    assert (d.target, d.reason) == ("Off", r.GOODPUT_OVERLOADED)
+    assert d.message.startswith("stays off")
+    # Serving half of it, the same pool turns on.
+    assert _decide("Off", obs(2.0, 3 * cap * 0.5)).target == "On"
