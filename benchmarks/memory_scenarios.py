@@ -56,7 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "02-two-pools-routing-policy.yaml"
 CONV = ROOT / "examples" / "traces" / "AzureLLMInferenceTrace_conv.csv.gz"
 # (seconds from the start, share of capacity): the load's shape, linear between the points.
-SHAPE = ((0.0, 0.15), (600.0, 0.15), (900.0, 0.85), (1800.0, 0.85), (2100.0, 0.15), (2700.0, 0.15))
+Shape = tuple[tuple[float, float], ...]
+SHAPE: Shape = ((0.0, 0.15), (600.0, 0.15), (900.0, 0.85), (1800.0, 0.85), (2100.0, 0.15), (2700.0, 0.15))
 KS = (1, 3)
 # The rollout-paying bound made as late as a windowed measurement sees a change.
 LAGGED = f"{BOUND}Lagged"
@@ -83,16 +84,16 @@ class MemoryScenario:
         best = max(model.tokens_per_second(n, acceptance, float(cap)) for n in names)
         return best / float(outputs.mean())
 
-    def trace(self, acceptance: tuple[float, ...], seed: int = 0) -> Trace:
-        """The scenario's requests (see the module docstring for the rule)."""
+    def trace(self, acceptance: tuple[float, ...], seed: int = 0, shape: Shape = SHAPE) -> Trace:
+        """The scenario's requests (see the module docstring for the rule; `shape` the load's)."""
         outputs = np.array([r.output_tokens for r in read_trace(CONV).requests[:5000]], dtype=float)
         replicas = self.sd.spec.pools.latency.replicas
         peak = self.capacity(acceptance, outputs) * replicas
         rng = np.random.default_rng(seed)
         out: list[TraceRequest] = []
-        t, end = 0.0, SHAPE[-1][0]
+        t, end = 0.0, shape[-1][0]
         while True:
-            rate = peak * share_at(t)
+            rate = peak * share_at(t, shape)
             t += float(rng.exponential(1.0 / rate))
             if t >= end:
                 break
@@ -102,12 +103,67 @@ class MemoryScenario:
         return Trace(tuple(out), name=self.name)
 
 
-def share_at(t: float) -> float:
-    """The share of capacity the load asks for at `t` seconds (linear between SHAPE's points)."""
-    for (t0, v0), (t1, v1) in itertools.pairwise(SHAPE):
+def share_at(t: float, shape: Shape = SHAPE) -> float:
+    """The share of capacity the load asks for at `t` seconds (linear between the shape's points)."""
+    for (t0, v0), (t1, v1) in itertools.pairwise(shape):
         if t <= t1:
             return v0 + (v1 - v0) * (t - t0) / (t1 - t0)
-    return SHAPE[-1][1]
+    return shape[-1][1]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+    """One held-out case: a scenario, a drafter, a seed and a load shape drawn by `held_out_cases`."""
+
+    scenario: str
+    drafter: str
+    seed: int
+    shape: Shape
+
+    @property
+    def label(self) -> str:
+        busy = max(v for _, v in self.shape)
+        rise = (self.shape[2][0] - self.shape[1][0]) / 60
+        length = (self.shape[3][0] - self.shape[2][0]) / 60
+        return (
+            f"{self.scenario} / {self.drafter} (seed {self.seed}: busy {busy:.2f} for {length:.0f} min, "
+            f"rise and fall {rise:.1f} min)"
+        )
+
+
+# The held-out memory cases' seeds (drawn once; see `held_out_cases`).
+HELD_OUT_SEEDS = (201, 202, 203, 204, 205, 206)
+
+
+def held_out_cases(seeds: tuple[int, ...] = HELD_OUT_SEEDS) -> list[HeldOut]:
+    """Held-out memory-bound cases, by a rule written before any of them was run:
+
+    - scenario: long-context-8b, 70b-one-gpu, 70b-two-gpus by seed % 3; drafter: published, weak,
+      strong by (seed // 3) % 3 (seeds 201-206 give each scenario twice, with two drafters);
+    - shape, from numpy's default_rng(seed): the busy share uniform in [0.6, 0.9] of the best setting's
+      capacity, the rise (and the fall) uniform in [2, 10] minutes, the busy stretch uniform in
+      [10, 20] minutes, calm 10 minutes at 0.15 before and after;
+    - the trace: the scenario's rule with that shape and the same seed.
+    """
+    names = ("long-context-8b", "70b-one-gpu", "70b-two-gpus")
+    drafters = ("published", "weak", "strong")
+    out = []
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        busy = float(rng.uniform(0.6, 0.9))
+        rise = float(rng.uniform(2, 10)) * 60
+        length = float(rng.uniform(10, 20)) * 60
+        t1 = 600.0
+        shape = (
+            (0.0, 0.15),
+            (t1, 0.15),
+            (t1 + rise, busy),
+            (t1 + rise + length, busy),
+            (t1 + 2 * rise + length, 0.15),
+            (2 * t1 + 2 * rise + length, 0.15),
+        )
+        out.append(HeldOut(names[seed % 3], drafters[(seed // 3) % 3], seed, shape))
+    return out
 
 
 def _resource(edit: Callable[[dict], None]) -> SpeculativeDeployment:
@@ -191,13 +247,14 @@ def run(
     acceptance: tuple[float, ...],
     seed: int = 0,
     lag_seconds: float | None = None,
+    shape: Shape = SHAPE,
     **kw: object,
 ) -> Comparison:
     """Every strategy on the scenario's trace (`compare`), with the scenario's resource and profile;
     with `lag_seconds`, also the rollout-paying bound made that much late (`LAGGED`): what a policy
     that measures can reach at best, as it sees a change only after part of a window."""
     options = SimOptions(seed=seed, acceptance=acceptance, startup_seconds=scenario.startup_seconds)
-    trace = scenario.trace(acceptance, seed)
+    trace = scenario.trace(acceptance, seed, shape)
     comp = compare(scenario.sd, trace, options, scenario.profile, **kw)  # type: ignore[arg-type]
     comp.extra["startupSeconds"] = options.resolved(scenario.sd.spec).startup
     statics = {n: r for n, r in comp.runs.items() if r.strategy.kind == "static"}
@@ -263,5 +320,34 @@ def section(comps: dict[tuple[str, str], Comparison]) -> list[str]:
             f"{latency.preemptions} | {_fmt(latency.mean_kv_usage)} | "
             f"{sum(1 for c in changes if c.kind == 'flip')} | {sum(1 for c in changes if c.kind == 'retune')} | "
             f"{'yes' if met else '**no**'} |"
+        )
+    return [*lines, ""]
+
+
+def held_out_section(rows: list[tuple[HeldOut, Comparison]]) -> list[str]:
+    """The held-out memory cases, reported once: both measures for the policy and the two bounds."""
+    lines = [
+        "## Held-out memory-bound cases",
+        "",
+        *(line.strip() for line in (held_out_cases.__doc__ or "").splitlines()[1:] if line.strip()),
+        "",
+        "Drawn by this rule before any of them was run, and reported once. Ratios to the per-level "
+        "oracle, time-weighted / over all requests.",
+        "",
+        "| case | start-up (s) | policy | worst minute | rollout-paying bound | lagged bound | "
+        "alwaysOff | alwaysOnK3 | preemptions | flips | targets met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case, comp in rows:
+        tw, every = comp.ratio("policy"), comp.request_ratio("policy")
+        met = tw is not None and tw >= 0.97 and every is not None and every >= 0.90
+        startup = comp.extra.get("startupSeconds")
+        changes = comp.runs["policy"].changes
+        lines.append(
+            f"| {case.label} | {'-' if startup is None else f'{startup:.0f}'} | {_fmt(tw)} / {_fmt(every)} | "
+            f"{_fmt(comp.worst_minute('policy'))} | {both(comp, BOUND)} | {both(comp, LAGGED)} | "
+            f"{both(comp, 'alwaysOff')} | {both(comp, 'alwaysOnK3')} | "
+            f"{comp.runs['policy'].pools['latency'].preemptions} | "
+            f"{sum(1 for c in changes if c.kind == 'flip')} | {'yes' if met else '**no**'} |"
         )
     return [*lines, ""]
