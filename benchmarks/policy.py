@@ -333,6 +333,11 @@ def main() -> None:
         help="seeds of the held-out cases (comma-separated; default %(default)s)",
     )
     parser.add_argument(
+        "--memory-held-out-only",
+        action="store_true",
+        help="only the held-out memory-bound cases, printed as a table (nothing written)",
+    )
+    parser.add_argument(
         "--policy-only",
         action="store_true",
         help="only the policy against the per-level oracle, a line per case (nothing written)",
@@ -360,6 +365,9 @@ def main() -> None:
     def log(text: str) -> None:
         print(f"[{time.monotonic() - started:6.0f}s] {text}", file=sys.stderr, flush=True)
 
+    if args.memory_held_out_only:
+        print("\n".join(memory_scenarios.held_out_section(memory_held_out_rows(log))))
+        return
     held_out: list[tuple[str, tuple[float, ...], Comparison]] = []
     seeds = tuple(int(x) for x in args.held_out_seeds.split(",") if x.strip())
     if args.policy_only:
@@ -469,6 +477,7 @@ def main() -> None:
                 memory_comps[(name, drafter)] = memory_scenarios.run(
                     scenario, ACCEPTANCE_PROFILES[drafter], lag_seconds=lag_seconds(scenario.sd)
                 )
+    memory_held_out = [] if args.quick else memory_held_out_rows(log)
 
     # How much of the c >= 128 targets prefill decides: the ramp again with prefill free (decode-only
     # physics), per-level oracle over always-on and over engine Dynamic SD in its c >= 128 windows.
@@ -521,8 +530,31 @@ def main() -> None:
     if memory_comps:
         held = report.index("## Held-out cases") if "## Held-out cases" in report else len(report)
         report = report[:held] + "\n".join(memory_scenarios.section(memory_comps)) + "\n" + report[held:]
+    if memory_held_out:
+        report += "\n" + "\n".join(memory_scenarios.held_out_section(memory_held_out))
     (out / "policy.md").write_text(report)
     print(report)
+
+
+def memory_held_out_rows(
+    log: Callable[[str], None] | None = None,
+) -> list[tuple[memory_scenarios.HeldOut, Comparison]]:
+    """Every held-out memory case (`memory_scenarios.held_out_cases`) run with its bounds."""
+    scenarios = memory_scenarios.scenarios()
+    rows = []
+    for case in memory_scenarios.held_out_cases():
+        if log:
+            log(f"held-out memory: {case.label}")
+        scenario = scenarios[case.scenario]
+        comp = memory_scenarios.run(
+            scenario,
+            ACCEPTANCE_PROFILES[case.drafter],
+            seed=case.seed,
+            lag_seconds=lag_seconds(scenario.sd),
+            shape=case.shape,
+        )
+        rows.append((case, comp))
+    return rows
 
 
 def render(
