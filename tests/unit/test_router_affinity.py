@@ -163,7 +163,8 @@ def test_excluded_endpoints_are_skipped_and_nothing_left_is_none() -> None:
     assert key is not None
     home = ring.owner(key)
     other = ring.choose(key, {}, {home}, 125)
-    assert other is not None and other != home
+    assert other is not None
+    assert other != home
     assert ring.choose(key, {}, set(URLS), 125) is None
     assert Ring(()).choose(key, {}, (), 125) is None
     assert len(ring.points) == VIRTUAL_NODES * len(URLS)
