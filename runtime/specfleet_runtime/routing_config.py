@@ -26,9 +26,22 @@ IDENTITY_HEADER_TRUST_VALUES: Final = ("Ignored", "Trusted")
 # When a pool has no ready endpoint: send its traffic to the other pool, or answer 503.
 Fallback = Literal["otherPool", "reject"]
 FALLBACK_VALUES: Final = ("otherPool", "reject")
+# How the router picks one endpoint of a pool: the fewest outstanding requests, or the endpoint a hash of
+# the request's leading text maps to while it is under the load bound (router/affinity.py).
+EndpointStrategy = Literal["LeastOutstanding", "PrefixAffinity"]
+ENDPOINT_STRATEGY_VALUES: Final = ("LeastOutstanding", "PrefixAffinity")
+# PrefixAffinity's load bound where none is set: an endpoint takes a prefix's requests while it has fewer
+# than 1.25 times the mean outstanding requests (plus the arriving one).
+DEFAULT_LOAD_BOUND_PERCENT: Final = 125
+LOAD_BOUND_PERCENT_RANGE: Final = (100, 1000)
+# The leading text PrefixAffinity hashes: characters of a prompt, or of the chat messages up to and
+# including the first user turn (2 KiB of text is ~500 tokens: past a system prompt and into the turn
+# that tells one conversation from another); token ids of a prompt given as ids (router/body.py).
+PREFIX_CHARS: Final = 2048
+PREFIX_TOKENS: Final = 512
 
 
-_Rule = TypeVar("_Rule", "TenantRule", "ShapeRules", "AutoSegmentation")
+_Rule = TypeVar("_Rule", "TenantRule", "ShapeRules", "AutoSegmentation", "EndpointSelection")
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,30 @@ class AutoSegmentation:
 
 
 @dataclass(frozen=True)
+class EndpointSelection:
+    """How the router picks one endpoint of a pool for each request."""
+
+    strategy: EndpointStrategy = "LeastOutstanding"
+    # PrefixAffinity's load bound c in percent; None: DEFAULT_LOAD_BOUND_PERCENT.
+    load_bound_percent: int | None = None
+
+    @property
+    def bound_percent(self) -> int:
+        return DEFAULT_LOAD_BOUND_PERCENT if self.load_bound_percent is None else self.load_bound_percent
+
+
+@dataclass(frozen=True)
+class PoolEndpointSelection:
+    """Endpoint selection of each pool."""
+
+    latency: EndpointSelection = field(default_factory=EndpointSelection)
+    batch: EndpointSelection = field(default_factory=EndpointSelection)
+
+    def of(self, pool: str) -> EndpointSelection:
+        return self.batch if pool == "batch" else self.latency
+
+
+@dataclass(frozen=True)
 class RoutingConfig:
     """The whole router configuration of one SpeculativeDeployment."""
 
@@ -87,6 +124,7 @@ class RoutingConfig:
     shape: ShapeRules = field(default_factory=ShapeRules)
     auto_segmentation: AutoSegmentation = field(default_factory=AutoSegmentation)
     fallback: Fallback = "otherPool"
+    endpoint_selection: PoolEndpointSelection = field(default_factory=PoolEndpointSelection)
 
     def to_json(self) -> str:
         """Key-sorted camelCase JSON, stable so an unchanged config renders an unchanged ConfigMap."""
@@ -115,6 +153,12 @@ class RoutingConfig:
             ),
             shape=_build(ShapeRules, doc.get("shape", {})),
             auto_segmentation=_build(AutoSegmentation, doc.get("auto_segmentation", {})),
+            endpoint_selection=PoolEndpointSelection(
+                **{
+                    pool: _build(EndpointSelection, selection)
+                    for pool, selection in doc.get("endpoint_selection", {}).items()
+                }
+            ),
             **{key: doc[key] for key in _PLAIN_FIELDS if key in doc},
         )
 
@@ -158,13 +202,28 @@ class RoutingConfig:
             raise ValueError(
                 f"invalid routing config: fallback must be otherPool or reject, not {self.fallback!r}"
             )
+        for pool in POOLS:
+            selection = self.endpoint_selection.of(pool)
+            if selection.strategy not in ENDPOINT_STRATEGY_VALUES:
+                raise ValueError(
+                    f"invalid routing config: endpointSelection.{pool}.strategy must be one of "
+                    f"{', '.join(ENDPOINT_STRATEGY_VALUES)}, not {selection.strategy!r}"
+                )
+            low, high = LOAD_BOUND_PERCENT_RANGE
+            bound = selection.load_bound_percent
+            if bound is not None and (type(bound) is not int or not low <= bound <= high):
+                raise ValueError(
+                    f"invalid routing config: endpointSelection.{pool}.loadBoundPercent must be an "
+                    f"integer from {low} to {high}, not {bound!r}"
+                )
 
 
 # Top-level fields that are plain values (the rest are built by `from_dict`).
 _PLAIN_FIELDS: Final = tuple(
     f.name
     for f in fields(RoutingConfig)
-    if f.name not in ("served_model_name", "pools", "tenant_rules", "shape", "auto_segmentation")
+    if f.name
+    not in ("served_model_name", "pools", "tenant_rules", "shape", "auto_segmentation", "endpoint_selection")
 )
 
 

@@ -205,6 +205,10 @@ def test_every_routing_field_reaches_the_router():
         "shape": {"batchIfMaxTokensAtLeast": 9, "batchIfNAtLeast": 3, "batchIfNotStreaming": True},
         "autoSegmentation": {"enabled": False, "inFlightThreshold": 3, "calmSeconds": 7},
         "fallback": "Reject",
+        "endpointSelection": {
+            "latency": {"strategy": "PrefixAffinity", "loadBoundPercent": 150},
+            "batch": {"strategy": "PrefixAffinity"},
+        },
     }
     sd = _sd(patch={"spec": {"routing": routing}})
     spec = sd.spec.routing.model_dump(by_alias=True, exclude={"router"})
@@ -239,6 +243,8 @@ def test_the_routing_spec_declares_the_routing_contract_fields_with_its_defaults
         (routing.TenantRule, contract.TenantRule, set(), set()),
         (routing.ShapeRules, contract.ShapeRules, set(), set()),
         (routing.AutoSegmentation, contract.AutoSegmentation, set(), set()),
+        (routing.PoolEndpointSelection, contract.PoolEndpointSelection, set(), set()),
+        (routing.EndpointSelection, contract.EndpointSelection, set(), set()),
     ]
     for api, runtime, api_only, runtime_only in pairs:
         declared = {f.name: f for f in dataclasses.fields(runtime) if f.name not in runtime_only}

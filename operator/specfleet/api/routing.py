@@ -23,6 +23,7 @@ DEPRECATED_FALLBACK: dict[str, RoutingFallback] = {"otherPool": "OtherPool", "re
 _ROUTING = contract.RoutingConfig
 _SHAPE = contract.ShapeRules
 _SEGMENTATION = contract.AutoSegmentation
+_SELECTION = contract.EndpointSelection
 
 
 class TenantRule(ApiModel):
@@ -82,6 +83,49 @@ class AutoSegmentation(ApiModel):
         ge=0,
         le=86400,
         description="Time below the threshold before a client is latency again.",
+    )
+
+
+class EndpointSelection(ApiModel):
+    """How the router picks one engine of a pool for each request."""
+
+    rules = (
+        Rule(
+            cel="self.strategy == 'PrefixAffinity' || !has(self.loadBoundPercent)",
+            message="loadBoundPercent applies only to strategy PrefixAffinity",
+            check=lambda s: s.strategy == "PrefixAffinity" or s.load_bound_percent is None,
+        ),
+    )
+
+    strategy: contract.EndpointStrategy = Field(
+        default=_SELECTION.strategy,
+        description="LeastOutstanding (default): the engine with the fewest requests in flight from this "
+        "router worker. PrefixAffinity: consistent hashing with bounded loads on the request's leading "
+        "text (a completion's prompt, or the chat messages up to the first user turn, at most "
+        f"{contract.PREFIX_CHARS} characters), so requests sharing it, such as the turns of one conversation, "
+        "reach the engine whose prefix cache holds it while that engine is under the load bound; "
+        "requests without such text are sent by least outstanding.",
+    )
+    load_bound_percent: int | None = Field(
+        default=_SELECTION.load_bound_percent,
+        ge=contract.LOAD_BOUND_PERCENT_RANGE[0],
+        le=contract.LOAD_BOUND_PERCENT_RANGE[1],
+        description="PrefixAffinity only: an engine takes a prefix's requests while it has fewer than this "
+        "percentage of the mean requests in flight across the pool's engines (counting the arriving "
+        "one, rounded up); past it the request goes to the next engine on the ring. An integer percent "
+        f"rather than a fraction; default {contract.DEFAULT_LOAD_BOUND_PERCENT}. Lower spreads a hot "
+        "prefix sooner, higher keeps more requests on their prefix's engine.",
+    )
+
+
+class PoolEndpointSelection(ApiModel):
+    """Endpoint selection of each pool."""
+
+    latency: EndpointSelection = Field(
+        default_factory=EndpointSelection, description="How the latency pool's engines are picked."
+    )
+    batch: EndpointSelection = Field(
+        default_factory=EndpointSelection, description="How the batch pool's engines are picked."
     )
 
 
@@ -162,6 +206,11 @@ class RoutingSpec(ApiModel):
         "Reject answers 503. The spellings otherPool and reject are deprecated (read as OtherPool and "
         "Reject) and will be refused by a later version.",
         json_schema_extra={"enum": [*get_args(RoutingFallback), *DEPRECATED_FALLBACK]},
+    )
+    endpoint_selection: PoolEndpointSelection = Field(
+        default_factory=PoolEndpointSelection,
+        description="How the router picks an engine within each pool: least outstanding requests, or "
+        "prefix affinity (consistent hashing with bounded loads).",
     )
     router: RouterSpec = Field(default_factory=RouterSpec, description="Router deployment settings.")
 

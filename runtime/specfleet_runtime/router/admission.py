@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
+from specfleet_runtime.router.affinity import prefix_key
 from specfleet_runtime.router.body import BodyFields, read_body_fields
 from specfleet_runtime.router.classify import (
     Classification,
@@ -41,9 +42,10 @@ def _refuse_repeated_identity(config: RoutingConfig, headers: Headers) -> None:
             )
 
 
-def _served_body(config: RoutingConfig, body: bytes) -> BodyFields:
-    """The fields of a valid JSON object body whose `model`, if it names one, is the served model."""
-    read = read_body_fields(body)
+def _served_body(config: RoutingConfig, body: bytes, prefix: bool = False) -> BodyFields:
+    """The fields of a valid JSON object body whose `model`, if it names one, is the served model (and
+    its leading text, with `prefix`)."""
+    read = read_body_fields(body, prefix=prefix)
     model = read.fields.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidRequest("'model' must be a string", "model")
@@ -72,9 +74,17 @@ class Admission:
         try:
             if isinstance(headers, Headers):
                 _refuse_repeated_identity(config, headers)
-            read = _served_body(config, body)
+            selection = config.endpoint_selection
+            affinity = "PrefixAffinity" in (selection.latency.strategy, selection.batch.strategy)
+            read = _served_body(config, body, affinity)
             return extract_facts(
-                config, headers, read.fields, remote, prompts=read.prompts, endpoint=endpoint
+                config,
+                headers,
+                read.fields,
+                remote,
+                prompts=read.prompts,
+                endpoint=endpoint,
+                prefix=prefix_key(read.prefix) if affinity else None,
             )
         except InvalidRequest as err:
             raise Refusal(400, err.message, "invalid_request", err.param) from None

@@ -347,7 +347,7 @@ class Router:
                 gauge.inc()
                 try:
                     response, outcome = await self.proxy.forward(
-                        request, target, body, classification, pools, received
+                        request, target, body, classification, pools, received, facts.prefix
                     )
                     return response
                 finally:

@@ -5,6 +5,9 @@ stopped as the routing config changes). An endpoint that refused a connection or
 for `eject_seconds`: skipped while another endpoint is available. An EndpointSlice lists only what
 the kubelet found ready; a static URL has nobody vouching for it, so it counts towards readiness only
 once it answered its last health check (`check_static`, run when /readyz asks).
+
+Each pool picks by its `endpointSelection`: least outstanding, or prefix affinity over a ring of its
+endpoints (router/affinity.py), rebuilt when they change; ejected and tried endpoints are skipped alike.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from specfleet_runtime.names import POOLS, PoolName
+from specfleet_runtime.router.affinity import Ring
 from specfleet_runtime.router.endpoints import (
     AddressMap,
     choose_endpoint,
@@ -55,6 +59,8 @@ class Backends:
         self._watches: dict[WatchKey, EndpointWatch] = {}
         self._discovered: dict[WatchKey, tuple[str, ...]] = {}
         self.pool_endpoints: dict[str, tuple[str, ...]] = dict.fromkeys(POOLS, ())
+        # Each pool's prefix-affinity ring, built on first use after its endpoints changed.
+        self._rings: dict[str, Ring] = {}
         self.outstanding: dict[str, int] = {}
         self.ejected_until: dict[str, float] = {}
         self._turn = 0
@@ -136,7 +142,10 @@ class Backends:
             if self.pool_endpoints[pool] and not urls:
                 # Operationally loud: every request for this pool now gets a 503 (or its fallback).
                 log.warning("pool %s: no ready endpoint left; its requests get 503 until one is ready", pool)
-            self.pool_endpoints[pool] = tuple(sorted(urls))
+            endpoints = tuple(sorted(urls))
+            if endpoints != self.pool_endpoints[pool]:
+                self._rings.pop(pool, None)
+            self.pool_endpoints[pool] = endpoints
             self.metrics.endpoints.labels(pool).set(len(urls))
         for found in self._discovered.values():
             static.difference_update(found)
@@ -199,9 +208,16 @@ class Backends:
             wanted, self.pool_endpoints, config.fallback
         )
 
-    def pick(self, pool: PoolName, tried: set[str]) -> str | None:
-        """The least loaded endpoint of `pool` not yet tried, avoiding ejected ones while possible."""
+    def pick(self, pool: PoolName, tried: set[str], prefix: int | None = None) -> str | None:
+        """The endpoint of `pool` for a request not yet tried there, avoiding ejected ones while possible:
+        by the pool's strategy, the least loaded one or, for a request with a `prefix` key, its prefix's
+        endpoint under the load bound."""
         endpoints = self.pool_endpoints.get(pool, ())
+        config = self.config
+        if prefix is not None and config is not None:
+            selection = config.endpoint_selection.of(pool)
+            if selection.strategy == "PrefixAffinity":
+                return self._pick_by_prefix(pool, endpoints, tried, prefix, selection.bound_percent)
         self._turn += 1
         if self.ejected_until:
             now = self.clock()
@@ -211,6 +227,21 @@ class Backends:
                 return url
         # Every untried endpoint is ejected: better to try one than to fail without trying.
         return choose_endpoint(endpoints, self.outstanding, tried, self._turn)
+
+    def _pick_by_prefix(
+        self, pool: str, endpoints: tuple[str, ...], tried: set[str], prefix: int, bound_percent: int
+    ) -> str | None:
+        ring = self._rings.get(pool)
+        if ring is None or ring.endpoints != endpoints:
+            ring = Ring(endpoints)
+            self._rings[pool] = ring
+        if self.ejected_until:
+            now = self.clock()
+            ejected = {u for u in endpoints if self.ejected_until.get(u, 0.0) > now}
+            url = ring.choose(prefix, self.outstanding, tried | ejected, bound_percent)
+            if url is not None:
+                return url
+        return ring.choose(prefix, self.outstanding, tried, bound_percent)
 
     def acquire(self, url: str) -> None:
         self.outstanding[url] = self.outstanding.get(url, 0) + 1

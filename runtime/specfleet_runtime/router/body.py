@@ -9,6 +9,9 @@ way it checks that the body is one valid JSON object as an engine would parse it
 and `MAX_VALUES`, refuses what Python's json accepts but no engine should see (`NaN`, `Infinity`,
 numbers beyond a double, lone surrogate escapes, UTF-16/32), and keeps only those fields. A scan holds
 one Latin-1 copy of the body (a byte a character) and 1 MiB windows while checking its bytes.
+
+Asked for it (`prefix=True`), it also reads the request's leading text for prefix affinity: the same
+`PREFIX_CHARS` of it whichever way the body was read, and never more than a bounded slice of it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 from specfleet_runtime.router.classify import InvalidRequest
+from specfleet_runtime.routing_config import PREFIX_CHARS, PREFIX_TOKENS
 
 # Nesting deeper than this is refused (json.loads stops near 1,000 with a RecursionError; tool schemas
 # in real requests stay far below).
@@ -42,6 +46,13 @@ _ESCAPE = re.compile(r"\\(?:[\"\\/bfnrt]|u([0-9a-fA-F]{4}))")
 _WHITESPACE = " \t\n\r"
 _WS_RUN = re.compile(r"[ \t\n\r]+")
 
+# A JSON string holds at least one character per this many bytes (a surrogate pair escape: 12), so a
+# slice this many times PREFIX_CHARS long holds the first PREFIX_CHARS characters of any string.
+_BYTES_PER_CHAR: Final = 12
+# Between a message's role and content, and after each message, in the prefix text.
+_ROLE_END: Final = "\x1f"
+_MESSAGE_END: Final = "\x1e"
+
 
 @dataclass(frozen=True, slots=True)
 class BodyFields:
@@ -55,6 +66,9 @@ class BodyFields:
 
     fields: dict[str, Any]
     prompts: int = 1
+    # The request's leading text for prefix affinity (see `prefix_text`); "" where it has none or
+    # it was not asked for.
+    prefix: str = ""
 
 
 def _invalid(message: str, pos: int | None = None) -> NoReturn:
@@ -79,18 +93,71 @@ def _lone_surrogate() -> NoReturn:
     raise InvalidRequest("request body has a lone surrogate escape (\\ud800-\\udfff) in a string")
 
 
-def read_body_fields(body: bytes, whole_parse_max: int = WHOLE_PARSE_MAX) -> BodyFields:
+def read_body_fields(body: bytes, whole_parse_max: int = WHOLE_PARSE_MAX, prefix: bool = False) -> BodyFields:
     """Check `body` is one JSON object an engine can take and read the fields the router needs.
 
     Raises `InvalidRequest` (400) with what is wrong: not UTF-8 (a leading byte order mark is
     ignored, as RFC 8259 allows), not valid JSON, not an object, nested deeper than `MAX_DEPTH`,
-    more than `MAX_VALUES` values, a non-finite number or a lone surrogate escape.
+    more than `MAX_VALUES` values, a non-finite number or a lone surrogate escape. With `prefix`, the
+    result also holds the leading text of its prompt or messages.
     """
     if len(body) >= 2 and body[:4].count(0):
         raise InvalidRequest("request body must be UTF-8 (RFC 8259); it looks like UTF-16 or UTF-32")
     if len(body) <= whole_parse_max:
-        return _parse_whole(body)
-    return _Scanner(body).read()
+        return _parse_whole(body, prefix)
+    return _Scanner(body, prefix).read()
+
+
+# ---- the leading text, for prefix affinity --------------------------------------------------------
+
+
+def prefix_text(doc: dict[str, Any]) -> str:
+    """The leading text of a request for prefix affinity, from its parsed body; "" if it has none.
+
+    Chat: each message's role and (string) content, in order, up to and including the first user
+    message; a content that is not a string counts as empty. Completion: a string prompt, or the first
+    of a list of them; a prompt of token ids gives its first `PREFIX_TOKENS` ids as decimal text
+    (after a NUL, so ids never collide with text). A list of token-id lists has none. At most
+    `PREFIX_CHARS` characters.
+    """
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        size = 0
+        for message in messages:
+            if not isinstance(message, dict):
+                break
+            role = message.get("role")
+            content = message.get("content")
+            role_text = role[:PREFIX_CHARS] if isinstance(role, str) else ""
+            content_text = content[:PREFIX_CHARS] if isinstance(content, str) else ""
+            part = role_text + _ROLE_END + content_text + _MESSAGE_END
+            parts.append(part)
+            size += len(part)
+            if role_text == "user" or size >= PREFIX_CHARS:
+                break
+        return "".join(parts)[:PREFIX_CHARS]
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and prompt:
+        prompt = prompt[0] if isinstance(prompt[0], str) else prompt
+    if isinstance(prompt, str):
+        return prompt[:PREFIX_CHARS]
+    if isinstance(prompt, list):
+        ids: list[str] = []
+        for item in prompt[:PREFIX_TOKENS]:
+            if not _is_id(item):
+                break
+            ids.append(str(item))
+        return _ids_text(ids) if ids else ""
+    return ""
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ids_text(ids: list[str]) -> str:
+    return "\x00" + ",".join(ids)
 
 
 # ---- small bodies: json's C parser, with the checks it lacks --------------------------------------
@@ -98,7 +165,7 @@ def read_body_fields(body: bytes, whole_parse_max: int = WHOLE_PARSE_MAX) -> Bod
 _DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_not_finite)
 
 
-def _parse_whole(body: bytes) -> BodyFields:
+def _parse_whole(body: bytes, prefix: bool) -> BodyFields:
     try:
         text = body.decode()
     except UnicodeDecodeError as err:
@@ -126,7 +193,7 @@ def _parse_whole(body: bytes) -> BodyFields:
         if name in FIELDS:
             long = isinstance(value, str) and len(value) > MAX_FIELD_BYTES
             fields[name] = value[:MAX_FIELD_BYTES] + "…" if long else value
-    return BodyFields(fields, _prompt_count(doc.get("prompt", "")))
+    return BodyFields(fields, _prompt_count(doc.get("prompt", "")), prefix_text(doc) if prefix else "")
 
 
 def _check_depth(doc: dict[str, Any]) -> None:
@@ -190,8 +257,9 @@ class _Scanner:
     is found with `str.find`; only its escapes are looked at one by one (each counts as a value).
     """
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, want_prefix: bool = False) -> None:
         self.body = body
+        self.want_prefix = want_prefix
         self.text = body.decode("latin-1")
         self.size = len(body)
         self.values = 0
@@ -207,6 +275,8 @@ class _Scanner:
         self.count()
         fields: dict[str, Any] = {}
         prompts = 1
+        prompt_prefix = ""
+        messages_prefix: str | None = None
         pos = self.ws(pos + 1)
         if self.at(pos, "a property name or '}'") == "}":
             pos += 1
@@ -216,7 +286,9 @@ class _Scanner:
                 if name is not None and name in FIELDS:
                     fields[name], pos = self.field(pos)
                 elif name == "prompt":
-                    prompts, pos = self.prompt_count(pos)
+                    prompts, prompt_prefix, pos = self.prompt(pos)
+                elif name == "messages" and self.want_prefix:
+                    messages_prefix, pos = self.messages_prefix(pos)
                 else:
                     pos = self.skip(pos, 1)
                 pos = self.ws(pos)
@@ -230,7 +302,7 @@ class _Scanner:
         end = self.ws(pos)
         if end != self.size:
             _invalid("extra data", end)
-        return BodyFields(fields, prompts)
+        return BodyFields(fields, prompts, prompt_prefix if messages_prefix is None else messages_prefix)
 
     def ws(self, pos: int) -> int:
         if pos >= self.size or self.text[pos] not in _WHITESPACE:
@@ -388,24 +460,109 @@ class _Scanner:
         except ValueError as err:
             _invalid(str(err), pos)
 
-    def prompt_count(self, pos: int) -> tuple[int, int]:
-        """How many prompts a `prompt` value holds, and its end."""
-        if self.at(pos, "a value") != "[":
-            return 1, self.skip(pos, 1)
+    def prompt(self, pos: int) -> tuple[int, str, int]:
+        """How many prompts a `prompt` value holds, its prefix text (if asked for) and its end."""
+        want = self.want_prefix
+        c = self.at(pos, "a value")
+        if c != "[":
+            end = self.skip(pos, 1)
+            return 1, (self.string_prefix(pos, end) if want and c == '"' else ""), end
         self.count()
         pos = self.ws(pos + 1)
         if self.at(pos, "a value or ']'") == "]":
-            return 0, pos + 1
+            return 0, "", pos + 1
         count = 0
         numbers = True
+        text = ""
+        ids: list[str] = []
+        collecting = want  # the leading token ids, while they are ids
         while True:
             c = self.at(pos, "a value")
             numbers = numbers and (c == "-" or "0" <= c <= "9")
-            pos = self.ws(self.skip(pos, 2))
+            end = self.skip(pos, 2)
+            if want and count == 0 and c == '"':
+                text = self.string_prefix(pos, end)
+            if collecting:
+                value = self.decode(pos, end) if numbers else None
+                collecting = _is_id(value) and len(ids) < PREFIX_TOKENS
+                if collecting:
+                    ids.append(str(value))
+            pos = self.ws(end)
             count += 1
             c = self.at(pos, "',' or ']'")
             if c == "]":
-                return (1 if numbers else count), pos + 1
+                return (1 if numbers else count), (_ids_text(ids) if ids else text), pos + 1
             if c != ",":
                 _invalid("expecting ',' or ']'", pos)
             pos = self.ws(pos + 1)
+
+    def messages_prefix(self, pos: int) -> tuple[str | None, int]:
+        """The prefix text of a `messages` value (None if it is not a list; see `prefix_text`), its end."""
+        if self.at(pos, "a value") != "[":
+            return None, self.skip(pos, 1)
+        self.count()
+        pos = self.ws(pos + 1)
+        if self.at(pos, "a value or ']'") == "]":
+            return "", pos + 1
+        parts: list[str] = []
+        size = 0
+        done = False
+        while True:
+            if not done and self.at(pos, "a value") == "{":
+                role, content, pos = self.message(pos)
+                part = role + _ROLE_END + content + _MESSAGE_END
+                parts.append(part)
+                size += len(part)
+                done = role == "user" or size >= PREFIX_CHARS
+            else:
+                done = True  # the rest is only checked
+                pos = self.skip(pos, 2)
+            pos = self.ws(pos)
+            c = self.at(pos, "',' or ']'")
+            if c == "]":
+                return "".join(parts)[:PREFIX_CHARS], pos + 1
+            if c != ",":
+                _invalid("expecting ',' or ']'", pos)
+            pos = self.ws(pos + 1)
+
+    def message(self, pos: int) -> tuple[str, str, int]:
+        """A chat message's role and content (their leading text; "" where not a string), and its end."""
+        self.count()
+        role = ""
+        content = ""
+        pos = self.ws(pos + 1)
+        if self.at(pos, "a property name or '}'") == "}":
+            return role, content, pos + 1
+        while True:
+            name, pos = self.key(pos)
+            c = self.at(pos, "a value")
+            end = self.skip(pos, 3)
+            if name == "role":
+                role = self.string_prefix(pos, end) if c == '"' else ""
+            elif name == "content":
+                content = self.string_prefix(pos, end) if c == '"' else ""
+            pos = self.ws(end)
+            c = self.at(pos, "',' or '}'")
+            if c == "}":
+                return role, content, pos + 1
+            if c != ",":
+                _invalid("expecting ',' or '}'", pos)
+            pos = self.ws(pos + 1)
+
+    def string_prefix(self, pos: int, end: int) -> str:
+        """The first PREFIX_CHARS characters of the (checked) string from `pos` to `end`, quotes included,
+        decoded from a slice of at most PREFIX_CHARS * _BYTES_PER_CHAR bytes."""
+        stop = pos + 1 + PREFIX_CHARS * _BYTES_PER_CHAR
+        if stop >= end - 1:
+            value = self.decode(pos, end)
+            return value[:PREFIX_CHARS] if isinstance(value, str) else ""
+        # Cut inside the string: drop a UTF-8 character or an escape the cut split (an escape is at most
+        # 6 bytes, so one of the first 6 shorter cuts decodes).
+        text = self.body[pos + 1 : stop].decode(errors="ignore")
+        for cut in range(7):
+            try:
+                value = json.loads('"' + text[: len(text) - cut] + '"')
+            except ValueError:
+                continue
+            return value[:PREFIX_CHARS] if isinstance(value, str) else ""
+        return ""

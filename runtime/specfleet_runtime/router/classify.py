@@ -84,6 +84,8 @@ class RequestFacts:
     unbounded: bool = False
     # Choices the request asks for: its prompts times n.
     choices: int = 1
+    # Not for classification: the ring position of its leading text, for a pool with prefix affinity.
+    prefix: int | None = None
 
 
 # vLLM's default `max_tokens` for /v1/completions (a chat request's default is the rest of the context).
@@ -177,6 +179,7 @@ def extract_facts(
     *,
     prompts: int = 1,
     endpoint: Endpoint | None = None,
+    prefix: int | None = None,
 ) -> RequestFacts:
     """Turn headers (case-insensitive mapping) and the body's top-level fields into `RequestFacts`.
 
@@ -218,6 +221,7 @@ def extract_facts(
         max_tokens=max_tokens,
         unbounded=unbounded,
         choices=prompts * (1 if n is None else n),
+        prefix=prefix,
     )
 
 

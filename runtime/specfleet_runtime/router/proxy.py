@@ -294,13 +294,15 @@ class Proxy:
         classification: Classification,
         pools: list[PoolName],
         started: float | None,
+        prefix: int | None = None,
     ) -> tuple[Reply | None, Outcome]:
         """Send to an endpoint until one answers; retries happen only before any byte is relayed.
 
         Endpoints of `pools[0]` first; the next pool only once every endpoint of the first failed.
         `target` is the canonical path (and query) sent to the engine, never the client's spelling.
         `started` (the request's arrival) times its first byte; None for a request that is not
-        inference (tokenizer routes), whose time is not observed.
+        inference (tokenizer routes), whose time is not observed. `prefix`: the request's prefix key,
+        for pools that pick endpoints by prefix affinity.
         """
         headers = forward_headers(request.headers, request.remote)
         tried: set[str] = set()
@@ -311,7 +313,9 @@ class Proxy:
             url = None
             for candidate in pools:
                 # An engine that dropped this request is tried again only when no other is left.
-                url = backends.pick(candidate, tried | dropped) or backends.pick(candidate, tried)
+                url = backends.pick(candidate, tried | dropped, prefix)
+                if url is None:
+                    url = backends.pick(candidate, tried, prefix)
                 if url is not None:
                     pool = candidate
                     break

@@ -2,8 +2,9 @@
 
 One asyncio process uses one core; the kernel spreads new connections over the workers' listening
 sockets. What each worker keeps is its own: its engine connections, its outstanding-request counts
-(least-outstanding is per worker), its auto-segmentation view and its config source (every worker
-watches the ConfigMap or polls the file, so a reload reaches each). Process-wide caps (connections,
+(least-outstanding, and prefix affinity's load bound, are per worker; affinity's ring is the same in
+every worker, a pure function of the endpoints), its auto-segmentation view and its config source
+(every worker watches the ConfigMap or polls the file, so a reload reaches each). Process-wide caps (connections,
 requests and body bytes in flight) are divided among the workers, so the pod's total stays as set.
 
 Metrics use prometheus_client's multiprocess mode: each worker writes its samples to files in a

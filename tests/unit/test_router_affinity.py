@@ -1,0 +1,260 @@
+"""Prefix affinity: the leading text a body gives, the ring it maps to, and the pool config that turns it on."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from specfleet_runtime.router.affinity import VIRTUAL_NODES, Ring, prefix_key
+from specfleet_runtime.router.backends import Backends
+from specfleet_runtime.router.body import read_body_fields
+from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.routing_config import PREFIX_CHARS, PREFIX_TOKENS, RoutingConfig
+
+URLS = tuple(f"http://10.0.0.{i}:8000" for i in range(1, 5))
+KEYS = [prefix_key(f"conversation {i}") for i in range(4000)]
+
+
+def prefix(doc: dict[str, Any] | bytes) -> str:
+    """The leading text read whole and scanned; both ways must agree."""
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    whole = read_body_fields(body, whole_parse_max=len(body), prefix=True).prefix
+    scanned = read_body_fields(body, whole_parse_max=0, prefix=True).prefix
+    assert whole == scanned
+    return whole
+
+
+# ---- the leading text ----------------------------------------------------------------------------
+
+
+def test_a_completion_prompt_gives_its_leading_characters() -> None:
+    assert prefix({"model": "m", "prompt": "Once upon a time"}) == "Once upon a time"
+    assert prefix({"prompt": ["first prompt", "second"]}) == "first prompt"
+    assert prefix({"prompt": "x" * 10_000}) == "x" * PREFIX_CHARS
+    assert prefix({"prompt": [1, 2, 3]}) == "\x001,2,3"
+    assert prefix({"prompt": list(range(5000))}) == "\x00" + ",".join(map(str, range(PREFIX_TOKENS)))
+    # Only leading ids count; a list of id lists, or no prompt at all, has none.
+    assert prefix({"prompt": [7, 8.5, 9]}) == "\x007"
+    assert prefix({"prompt": [[1, 2], [3]]}) == ""
+    assert prefix({"prompt": []}) == ""
+    assert prefix({"model": "m"}) == ""
+    # Not asked for, not read.
+    assert read_body_fields(json.dumps({"prompt": "p"}).encode()).prefix == ""
+
+
+def test_chat_messages_give_the_turns_up_to_the_first_user_message() -> None:
+    system = {"role": "system", "content": "You are terse."}
+    first = {"role": "user", "content": "What is a KV cache?"}
+    turn1 = {"messages": [system, first]}
+    turn2 = {
+        "messages": [
+            system,
+            first,
+            {"role": "assistant", "content": "A cache."},
+            {"role": "user", "content": "More?"},
+        ]
+    }
+    assert prefix(turn1) == "system\x1fYou are terse.\x1euser\x1fWhat is a KV cache?\x1e"
+    assert prefix(turn2) == prefix(turn1)  # every turn of a conversation: one key
+    other = {"messages": [system, {"role": "user", "content": "Something else"}]}
+    assert prefix(other) != prefix(turn1)
+    # Keys in any order, a non-string content counts as empty, a non-object message ends the text.
+    assert prefix({"messages": [{"content": "hi", "role": "user"}]}) == "user\x1fhi\x1e"
+    parts = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    assert prefix({"messages": [parts]}) == "user\x1f\x1e"
+    assert prefix({"messages": [system, "junk", first]}) == "system\x1fYou are terse.\x1e"
+    assert prefix({"messages": []}) == ""
+    # messages beat a prompt; a messages that is not a list does not.
+    assert prefix({"prompt": "p", "messages": [first]}) == "user\x1fWhat is a KV cache?\x1e"
+    assert prefix({"messages": "nope", "prompt": "p"}) == "p"
+    # A long system prompt fills the text by itself.
+    long = {"messages": [{"role": "system", "content": "s" * 9000}, first]}
+    assert prefix(long) == ("system\x1f" + "s" * 9000)[:PREFIX_CHARS]
+
+
+@pytest.mark.parametrize("filler", ["é", "\\u00e9", "\\ud83d\\ude00", "\\n", "\\\\", "😀"])
+def test_a_long_string_cut_inside_an_escape_or_character_reads_as_when_parsed_whole(filler: str) -> None:
+    """The scan decodes a bounded slice of a long string; wherever the cut falls, it reads the same
+    characters as a whole parse."""
+    for pad in range(8):
+        raw = '{"prompt": "' + "a" * pad + filler * 30_000 + '"}'
+        body = raw.encode()
+        text = prefix(body)
+        assert len(text) == PREFIX_CHARS
+        assert text == json.loads(raw)["prompt"][:PREFIX_CHARS]
+
+
+def test_reading_the_text_of_a_huge_body_is_bounded() -> None:
+    """8 MiB of system prompt and 400k token ids: the scan checks them all but decodes only a slice."""
+    huge = json.dumps(
+        {"messages": [{"role": "system", "content": "z" * (8 << 20)}, {"role": "user", "content": "q"}]}
+    )
+    ids = json.dumps({"prompt": list(range(400_000))})
+    for body in (huge.encode(), ids.encode()):
+        started = time.perf_counter()
+        read = read_body_fields(body, prefix=True)
+        assert time.perf_counter() - started < 5.0
+        assert 0 < len(read.prefix) <= PREFIX_CHARS + 1 + 7 * PREFIX_TOKENS
+
+
+# ---- the ring ------------------------------------------------------------------------------------
+
+
+def owners(ring: Ring, outstanding: dict[str, int] | None = None) -> list[str | None]:
+    return [ring.choose(k, outstanding or {}, (), 125) for k in KEYS if k is not None]
+
+
+def test_the_same_key_goes_to_the_same_endpoint_and_keys_spread() -> None:
+    ring = Ring(URLS)
+    first = owners(ring)
+    assert first == owners(Ring(URLS))  # another worker, another replica: the same map
+    assert first == [ring.owner(k) for k in KEYS if k is not None]
+    shares = Counter(first)
+    assert set(shares) == set(URLS)
+    assert max(shares.values()) < 1.35 * len(KEYS) / len(URLS)
+
+
+def test_removing_one_of_four_endpoints_moves_only_its_keys() -> None:
+    before = owners(Ring(URLS))
+    after = owners(Ring(URLS[1:]))
+    for old, new in zip(before, after, strict=True):
+        if old != URLS[0]:
+            assert new == old
+    assert URLS[0] not in after
+
+
+def test_adding_a_fifth_endpoint_moves_about_a_fifth_of_the_keys_all_to_it() -> None:
+    grown = (*URLS, "http://10.0.0.5:8000")
+    before = owners(Ring(URLS))
+    after = owners(Ring(grown))
+    moved = [new for old, new in zip(before, after, strict=True) if old != new]
+    assert set(moved) == {grown[-1]}
+    assert 0.12 < len(moved) / len(KEYS) < 0.28
+
+
+def test_a_hot_key_spills_at_the_load_bound() -> None:
+    ring = Ring(URLS)
+    key = KEYS[0]
+    assert key is not None
+    home = ring.owner(key)
+    assert home is not None
+    outstanding: dict[str, int] = {}
+    for _ in range(40):
+        url = ring.choose(key, outstanding, (), 125)
+        assert url is not None
+        outstanding[url] = outstanding.get(url, 0) + 1
+        # ceil(1.25 * requests / endpoints): no endpoint past it, however hot the key.
+        assert max(outstanding.values()) <= -(-(125 * sum(outstanding.values())) // (100 * len(URLS)))
+    assert outstanding[home] == max(outstanding.values())
+    assert len(outstanding) == len(URLS)
+    # With room, the key goes home again.
+    assert ring.choose(key, {}, (), 125) == home
+    # A looser bound keeps more at home: 40 requests, bound 400%, the home endpoint takes up to 40.
+    assert ring.choose(key, {home: 39, URLS[0] if home != URLS[0] else URLS[1]: 0}, (), 400) == home
+
+
+def test_excluded_endpoints_are_skipped_and_nothing_left_is_none() -> None:
+    ring = Ring(URLS)
+    key = KEYS[1]
+    assert key is not None
+    home = ring.owner(key)
+    other = ring.choose(key, {}, {home}, 125)
+    assert other is not None
+    assert other != home
+    assert ring.choose(key, {}, set(URLS), 125) is None
+    assert Ring(()).choose(key, {}, (), 125) is None
+    assert len(ring.points) == VIRTUAL_NODES * len(URLS)
+
+
+# ---- the config and the router's pick ------------------------------------------------------------
+
+
+def config_doc(**selection: Any) -> dict[str, Any]:
+    return {
+        "servedModelName": "m",
+        "pools": {"latency": {"staticUrls": list(URLS)}, "batch": {"staticUrls": [URLS[0]]}},
+        "endpointSelection": selection,
+    }
+
+
+def test_the_config_reads_and_writes_endpoint_selection() -> None:
+    config = RoutingConfig.from_json(
+        json.dumps(config_doc(latency={"strategy": "PrefixAffinity", "loadBoundPercent": 150}))
+    )
+    assert config.endpoint_selection.latency.strategy == "PrefixAffinity"
+    assert config.endpoint_selection.latency.bound_percent == 150
+    assert config.endpoint_selection.of("batch").strategy == "LeastOutstanding"
+    assert config.endpoint_selection.of("batch").bound_percent == 125
+    written = json.loads(config.to_json())["endpointSelection"]
+    assert written["latency"] == {"strategy": "PrefixAffinity", "loadBoundPercent": 150}
+    assert RoutingConfig.from_json(config.to_json()) == config
+    # A config without it (an older operator's) reads as least outstanding everywhere.
+    old = RoutingConfig.from_json(
+        json.dumps({k: v for k, v in config_doc().items() if k != "endpointSelection"})
+    )
+    assert old.endpoint_selection.latency.strategy == "LeastOutstanding"
+
+
+@pytest.mark.parametrize(
+    ("selection", "message"),
+    [
+        ({"latency": {"strategy": "RoundRobin"}}, "endpointSelection.latency.strategy must be one of"),
+        (
+            {"batch": {"strategy": "PrefixAffinity", "loadBoundPercent": 99}},
+            "loadBoundPercent must be an integer",
+        ),
+        (
+            {"batch": {"strategy": "PrefixAffinity", "loadBoundPercent": True}},
+            "loadBoundPercent must be an integer",
+        ),
+        ({"canary": {}}, "invalid routing config"),
+        ({"latency": {"strategy": "PrefixAffinity", "weight": 1}}, "invalid routing config"),
+    ],
+)
+def test_a_bad_endpoint_selection_is_refused(selection: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RoutingConfig.from_json(json.dumps(config_doc(**selection)))
+
+
+def backends(**selection: Any) -> Backends:
+    b = Backends("ns", 10.0, (), RouterMetrics(), clock=lambda: 100.0)
+    b.apply_config(RoutingConfig.from_json(json.dumps(config_doc(**selection))))
+    return b
+
+
+def test_pick_follows_the_prefix_only_where_the_pool_asks_for_it() -> None:
+    key = KEYS[2]
+    assert key is not None
+    affine = backends(latency={"strategy": "PrefixAffinity"})
+    home = Ring(URLS).owner(key)
+    assert {affine.pick("latency", set(), key) for _ in range(8)} == {home}
+    # No key: least outstanding, which rotates over idle endpoints.
+    assert len({affine.pick("latency", set(), None) for _ in range(8)}) == len(URLS)
+    plain = backends()
+    assert len({plain.pick("latency", set(), key) for _ in range(8)}) == len(URLS)
+
+
+def test_pick_by_prefix_skips_tried_and_ejected_endpoints() -> None:
+    key = KEYS[3]
+    assert key is not None
+    b = backends(latency={"strategy": "PrefixAffinity"})
+    home = b.pick("latency", set(), key)
+    assert home is not None
+    retry = b.pick("latency", {home}, key)
+    assert retry not in (None, home)
+    b.ejected_until[home] = 200.0  # ejected until after the clock's 100
+    assert b.pick("latency", set(), key) == retry
+    # Every endpoint ejected: one is tried rather than none, its home first.
+    for url in URLS:
+        b.ejected_until[url] = 200.0
+    assert b.pick("latency", set(), key) == home
+    assert b.pick("latency", set(URLS), key) is None
+    # The load bound counts what this worker has outstanding.
+    b.ejected_until.clear()
+    for _ in range(3):
+        b.acquire(home)
+    assert b.pick("latency", set(), key) != home
