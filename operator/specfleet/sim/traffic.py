@@ -93,7 +93,14 @@ class Traffic:
         for _ in range(req.n):
             self.accounts.submitted += 1
             sim = SimRequest(
-                index, now, req.prompt_tokens, tokens, acceptance, wanted, client_id if req.tenant else client
+                index,
+                now,
+                req.prompt_tokens,
+                tokens,
+                acceptance,
+                wanted,
+                client_id if req.tenant else client,
+                req.prefix,
             )
             if pool is None:
                 self.reject(sim, wanted)
