@@ -14,6 +14,7 @@ from specfleet.api.validation import parse_resource
 from specfleet.sim import prom
 from specfleet.sim.engine import EngineConfig, Replica, SimRequest
 from specfleet.sim.fleet import SimOptions, simulate
+from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY
 from specfleet.sim.workload import (
     Trace,
     TraceRequest,
@@ -201,3 +202,17 @@ def test_the_simulated_prometheus_answers_hits_over_queries_and_nothing_without_
     idle = prom.answers([series(0.0, 0.0)], 120.0, 120.0)
     assert idle["prefix_hit_rate"] == []
     assert prom.observation("latency", idle, 120, now).prefix_hit_rate is None
+
+
+def test_prefix_affinity_routing_raises_the_hit_rate_over_least_outstanding() -> None:
+    sd = parse_resource(yaml.safe_load(EXAMPLE.read_text()))
+    trace = shared_prefix_conversations(tenants=8, conversations=120, duration=600.0)
+
+    def hit_rate(routing: str) -> float:
+        result = simulate(sd, trace, options=SimOptions(startup_seconds=60, routing=routing))
+        assert result.completed == len(trace.requests)
+        rates = [row["latency"].get("prefixCacheHitRate") for row in result.timeline if row["t"] > 300]
+        return sum(rates) / len(rates)
+
+    # Each conversation's later turns find their history on the engine that served the earlier ones.
+    assert hit_rate(PREFIX_AFFINITY) > hit_rate(LEAST_OUTSTANDING) + 0.05
