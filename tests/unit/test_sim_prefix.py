@@ -84,14 +84,14 @@ def test_cached_blocks_nobody_holds_are_evicted_least_recently_used_first_when_k
     rep = replica(kv_tokens=1600)  # 100 blocks
     serve(rep, request(0, 800, (("a", 800),)))
     serve(rep, request(1, 800, (("b", 800),), at=100.0))
-    assert dict(rep.prefix_cache) == {"a": 50, "b": 50}  # both fit in the 100 free blocks
+    assert dict(rep.prefix_cache.blocks) == {"a": 50, "b": 50}  # both fit in the 100 free blocks
     # "c" runs (50 blocks and its output): the free blocks no longer hold a and b, a goes first.
     serve(rep, request(2, 800, (("c", 800),), tokens=20, at=200.0))
-    assert list(rep.prefix_cache) == ["b", "c"]
-    assert rep.prefix_cache["b"] < 50
-    assert rep.prefix_cache["c"] == 50
-    assert rep.cached_blocks <= rep.kv_blocks
-    assert rep.held_cached_blocks == 0  # nothing runs: every cached block is free
+    assert list(rep.prefix_cache.blocks) == ["b", "c"]
+    assert rep.prefix_cache.blocks["b"] < 50
+    assert rep.prefix_cache.blocks["c"] == 50
+    assert rep.prefix_cache.cached <= rep.kv_blocks
+    assert rep.prefix_cache.held == 0  # nothing runs: every cached block is free
     # "a" was evicted: its next request misses and is prefilled in full.
     assert serve(rep, request(3, 800, (("a", 800),), at=300.0)).hit == 0
 
@@ -101,10 +101,10 @@ def test_blocks_a_running_request_holds_stay_cached_and_serve_others() -> None:
     serve(rep, request(0, 800, (("b", 800),)))
     rep.submit(request(1, 800, (("a", 800),), tokens=500, at=100.0), 100.0)
     rep.advance_to(101.0, [])
-    assert rep.held_cached_blocks == 50
+    assert rep.prefix_cache.held == 50
     # With no block free (as before a preemption), only what no running request holds goes.
-    rep._evict(0.0)
-    assert dict(rep.prefix_cache) == {"a": 50}
+    rep.prefix_cache.evict(0.0)
+    assert dict(rep.prefix_cache.blocks) == {"a": 50}
     # A request of the same prefix that fits beside it finds all 50 blocks (within its 900 - 1).
     rep.submit(request(2, 900, (("a", 800),), at=101.0), 101.0)
     rep.advance_to(102.0, [])
@@ -116,7 +116,7 @@ def test_without_prefix_caching_nothing_is_cached_or_counted() -> None:
     serve(rep, request(0, 1000, (("system", 800),)))
     req = serve(rep, request(1, 1000, (("system", 800),), at=100.0))
     assert req.hit == 0
-    assert not rep.prefix_cache
+    assert not rep.prefix_cache.blocks
     assert (rep.prefix_queries, rep.prefix_hits) == (0.0, 0.0)
 
 

@@ -26,29 +26,21 @@ preemption do waiting requests join, first come first served, while their prompt
 fits. Aggregated: each request's rounding up to whole blocks is counted as its mean ((B - 1) / 2B of a
 block of B tokens), and a span ends at the step whose allocation would not fit.
 
-Prefix cache, as vLLM's automatic prefix caching (the emulator's `kv_cache.py` hashes real token ids;
-here a request names its shared leading context instead): a request's `prefix` is (key, end) segments,
-the prompt tokens [previous end, end) named by key, and a full block belongs to the segment its last
-token is in. The engine remembers, per key, how many of the segment's leading blocks it has cached,
-least recently used first. A request joining the batch takes the cached blocks of the longest run of
-its leading segments (at most prompt - 1 tokens, as vLLM looks up) and is prefilled for the rest only
-(which is also what counts against max_batched_tokens); once prefilled, its full prompt blocks are
-cached. The blocks of keys a running request holds stay; the others are the free blocks' content,
-so they are evicted, least recently used first, when the free blocks no longer hold them (at each
-lookup, before a span's growth and before a preemption). vllm:prefix_cache_queries / _hits count, in
-tokens, each request's first lookup. Approximation: a running request's KV is counted whole (shared
-blocks are not deduplicated), so memory with shared prefixes is overstated, never understated.
+Prefix cache (`prefix_cache.py`): a request joining the batch takes the blocks of its shared prefix the
+engine has cached, is prefilled (and charged against max_batched_tokens) for the rest only, and
+vllm:prefix_cache_queries / _hits count, in tokens, each request's first lookup on the engine.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
+from specfleet.sim.prefix_cache import PrefixCache
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 EPS = 1e-9
@@ -236,12 +228,7 @@ class Replica:
         self.finished = 0
         self.finished_prompt_tokens = 0.0
         self.finished_output_tokens = 0.0
-        # Prefix cache: per key, its segment's leading blocks cached (least recently used first); the
-        # running requests holding each key; all blocks cached, and those of held keys.
-        self.prefix_cache: OrderedDict[str, int] = OrderedDict()
-        self.prefix_holders: dict[str, int] = {}
-        self.cached_blocks = 0
-        self.held_cached_blocks = 0
+        self.prefix_cache = PrefixCache(config.block_size)
         # vllm:prefix_cache_queries / vllm:prefix_cache_hits (tokens).
         self.prefix_queries = 0.0
         self.prefix_hits = 0.0
@@ -278,88 +265,6 @@ class Replica:
     def _blocks_for_admission(self, req: SimRequest) -> float:
         """Blocks a waiting request needs to join: its prompt and what it had generated (no lookahead)."""
         return math.ceil((req.prompt + req.generated) / self.config.block_size)
-
-    # -- prefix cache --------------------------------------------------------------------------------
-
-    def _lookup(self, req: SimRequest) -> int:
-        """Prompt tokens of `req` the prefix cache holds: the cached blocks of its longest run of leading
-        segments, within its first prompt - 1 tokens (vLLM computes the last one for its logits)."""
-        size = self.config.block_size
-        limit = req.prompt - 1
-        cache = self.prefix_cache
-        blocks = start = 0
-        for key, end in req.prefix:
-            stop = min(end, limit) // size
-            wanted = stop - start
-            if wanted <= 0:
-                break
-            have = cache.get(key, 0)
-            if have < wanted:
-                blocks += have
-                break
-            blocks += wanted
-            start = stop
-        return blocks * size
-
-    def _cache_prompt(self, req: SimRequest) -> None:
-        """Cache `req`'s full prompt blocks under its segments' keys (just prefilled) and hold them."""
-        size = self.config.block_size
-        cache, holders = self.prefix_cache, self.prefix_holders
-        start = 0
-        pinned: list[str] = []
-        for key, end in req.prefix:
-            stop = min(end, req.prompt) // size
-            blocks = stop - start
-            if blocks <= 0:
-                break
-            start = stop
-            have = cache.get(key, 0)
-            held = key in holders
-            if blocks > have:
-                cache[key] = blocks
-                self.cached_blocks += blocks - have
-                if held:
-                    self.held_cached_blocks += blocks - have
-            cache.move_to_end(key)
-            if not held:
-                holders[key] = 0
-                self.held_cached_blocks += cache[key]
-            holders[key] += 1
-            pinned.append(key)
-        req.pinned = tuple(pinned)
-
-    def _release_prompt(self, req: SimRequest) -> None:
-        """`req` no longer runs here: its cached blocks are free (and evictable) once nobody holds them."""
-        holders = self.prefix_holders
-        for key in req.pinned:
-            holders[key] -= 1
-            if holders[key] == 0:
-                del holders[key]
-                self.held_cached_blocks -= self.prefix_cache.get(key, 0)
-        req.pinned = ()
-
-    def _evict(self, free_blocks: float) -> None:
-        """Evict cached blocks no running request holds, least recently used first (a segment's tail
-        first), until the free blocks hold them."""
-        excess = math.ceil(self.cached_blocks - self.held_cached_blocks - max(0.0, free_blocks) - EPS)
-        if excess <= 0:
-            return
-        cache, holders = self.prefix_cache, self.prefix_holders
-        emptied: list[str] = []
-        for key, blocks in cache.items():
-            if key in holders:
-                continue
-            take = min(blocks, excess)
-            excess -= take
-            self.cached_blocks -= take
-            if take == blocks:
-                emptied.append(key)
-            else:
-                cache[key] = blocks - take
-            if excess <= 0:
-                break
-        for key in emptied:
-            del cache[key]
 
     def submit(self, req: SimRequest, now: float) -> None:
         """Queue a request that arrives at `now` (the replica must have been advanced to `now`)."""
@@ -435,7 +340,8 @@ class Replica:
         self.running -= 1
         req.preemptions += 1
         self.preemptions += 1
-        self._release_prompt(req)
+        self.prefix_cache.release(req.pinned)
+        req.pinned = ()
         self.waiting.appendleft(req)
 
     def advance_to(self, until: float, done: list[SimRequest]) -> None:
@@ -448,7 +354,9 @@ class Replica:
             if self.running:
                 k_now = self.config.k_for_batch(self.running)
                 if self._blocks_held(k_now) > self.kv_blocks:
-                    self._evict(0.0)  # vLLM takes every free block, cached or not, before preempting
+                    self.prefix_cache.evict(
+                        0.0
+                    )  # vLLM takes every free block, cached or not, before preempting
                 while self.running and self._blocks_held(k_now) > self.kv_blocks:
                     self._preempt_newest()
                     preempted = True
@@ -465,8 +373,8 @@ class Replica:
                     recompute = head.prompt + head.generated
                     blocks = self._blocks_for_admission(head)
                     if caching and head.prefix:
-                        self._evict(self.kv_blocks - need)
-                        head.hit = self._lookup(head)
+                        self.prefix_cache.evict(self.kv_blocks - need)
+                        head.hit = self.prefix_cache.lookup(head.prefix, head.prompt)
                     else:
                         head.hit = 0
                     if need + blocks > self.kv_blocks or (
@@ -484,7 +392,7 @@ class Replica:
                         self.prefix_queries += head.prompt
                         self.prefix_hits += head.hit
                     if caching and head.prefix:
-                        self._cache_prompt(head)
+                        head.pinned = self.prefix_cache.take(head.prefix, head.prompt)
             if self.running == 0:
                 continue  # everything was preempted: the next iteration admits from the front again
             batch = self.running
@@ -509,10 +417,10 @@ class Replica:
                     if g.heap:
                         _, m = g.distribution(k)
                         steps = min(steps, max(1, math.ceil((g.heap[0][0] - g.level) / m - EPS)))
-                if self.cached_blocks > self.held_cached_blocks:
+                if self.prefix_cache.free_blocks_cached:
                     # The span's growth takes free blocks: evict down to what is free at its end.
                     grown = self._growth_per_step(k) * steps / self.config.block_size
-                    self._evict(self.kv_blocks - self._blocks_held(k) - grown)
+                    self.prefix_cache.evict(self.kv_blocks - self._blocks_held(k) - grown)
             end = t0 + steps * dt
             tokens = 0.0
             decoding = 0
@@ -589,7 +497,8 @@ class Replica:
         self.kv_tokens -= held
         self._order.pop(id(req), None)
         if req.pinned:
-            self._release_prompt(req)
+            self.prefix_cache.release(req.pinned)
+            req.pinned = ()
         self.finished += 1
         self.finished_prompt_tokens += req.prompt
         self.finished_output_tokens += req.tokens
@@ -608,7 +517,8 @@ class Replica:
         for req in out:
             req.seq = -1
             if req.pinned:
-                self._release_prompt(req)
+                self.prefix_cache.release(req.pinned)
+                req.pinned = ()
         self._order.clear()
         for g in self.groups.values():
             g.heap.clear()
