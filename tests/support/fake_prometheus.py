@@ -33,6 +33,7 @@ _VALUE_KEYS = {
     "preemptions": "preemptions",
     "prompt_len": "prompt_len",
     "output_len": "output_len",
+    "prefix_hit_rate": "prefix_hit_rate",
 }
 _MATCHER = re.compile(r'namespace(=~|=)("(?:[^"\\]|\\.)*")')
 

@@ -94,6 +94,52 @@ def test_a_nan_quantile_is_no_data_but_an_infinite_load_is_rejected():
     )
 
 
+def test_the_prefix_hit_rate_is_hits_over_lookups_by_pool():
+    q = fleet_queries(60, ["ns"])["prefix_hit_rate"]
+    by = "namespace, specfleet_io_deployment, specfleet_io_pool"
+    sel = 'namespace="ns",specfleet_io_deployment!="",specfleet_io_pool!=""'
+    assert q == (
+        f"sum by ({by}) (rate(vllm:prefix_cache_hits_total{{{sel}}}[60s])) / "
+        f"sum by ({by}) (rate(vllm:prefix_cache_queries_total{{{sel}}}[60s]))"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "expected", "rejected"),
+    [
+        ("0.35", 0.35, {}),
+        ("0", 0.0, {}),  # lookups that all missed: measured, 0
+        ("NaN", None, {}),  # 0 / 0, no lookup in the window: not measured, nothing wrong
+        ("1.2", None, {("prefix_hit_rate", "above_one"): 1}),
+        ("-0.1", None, {("prefix_hit_rate", "negative"): 1}),
+        ("+Inf", None, {("prefix_hit_rate", "not_finite"): 1}),
+        (None, None, {}),  # engines that export no prefix-cache counters
+    ],
+)
+def test_the_prefix_hit_rate_reaches_the_observation(
+    value: str | None, expected: float | None, rejected: dict[tuple[str, str], int]
+) -> None:
+    sample = {"namespace": "ns", "specfleet_io_deployment": "llama", "specfleet_io_pool": "latency"}
+    results = {
+        "replicas": [{"metric": sample, "value": [0, "2"]}],
+        "sample_age": [{"metric": sample, "value": [0, "3"]}],
+        "running_per_replica": [{"metric": sample, "value": [0, "5"]}],
+    }
+    if value is not None:
+        results["prefix_hit_rate"] = [{"metric": sample, "value": [0, value]}]
+    answers = FleetAnswers.from_results(results)
+    assert answers.rejected == rejected
+    obs = observe(answers, SEL, 60, NOW)
+    assert obs.problem is None  # a missing hit rate never keeps a decision from being made
+    assert obs.prefix_hit_rate == expected
+    assert ("prefixCacheHitRate" in obs.as_text()) == (expected is not None)
+
+
+def test_the_prefix_hit_rate_comes_through_a_round_of_queries(prom):
+    prom.set_pool("latency", prefix_hit_rate=0.6)
+    assert observe_pool(prom, SEL, 60, NOW).prefix_hit_rate == 0.6
+
+
 def test_a_failed_round_holds_every_pool(prom):
     prom.down = True
     answers = query_fleet(prom, 60, ["ns"])

@@ -106,6 +106,26 @@ def test_prefix_cache_hits_take_the_prefill_out() -> None:
     assert short > long > 1
 
 
+def test_the_measured_hit_rate_prices_the_prefill_net_of_the_prefix_cache() -> None:
+    # 4k-token prompts per 300 generated at 128 running per replica: with every prompt token prefilled
+    # speculation loses; the more of them the prefix cache serves, the more it gains, past break-even.
+    def gain(h: float | None) -> float:
+        return model(PUBLISHED, obs(4000.0, 300.0, prefix_hit_rate=h)).gain("K3", ACC, 128.0)
+
+    gains = [gain(h) for h in (0.0, 0.25, 0.5, 0.75, 0.9)]
+    assert gains == sorted(gains)
+    assert gains[0] < 1 < gains[-1]
+    # Not measured (no lookup in the window) is no hit, as before hits were measured.
+    assert gain(None) == gain(0.0)
+    assert model(PUBLISHED, obs(4000.0, 300.0, prefix_hit_rate=0.5)).prefix_hit_rate == 0.5
+    # The engine without the drafter serves more too: its prefill is cheaper by the same share.
+    off = [
+        model(PUBLISHED, obs(4000.0, 300.0, prefix_hit_rate=h)).tokens_per_second(OFF, ACC, 128.0)
+        for h in (0.0, 0.5)
+    ]
+    assert off[1] > off[0]
+
+
 def test_memory_bound_settings_compare_by_the_batch_each_holds() -> None:
     m = CASES["70b-one-gpu"]
     assert (m.settings[OFF].fits, m.settings["K3"].fits) == (11.0, 3.0)

@@ -128,6 +128,9 @@ def fleet_queries(window_seconds: int, namespaces: Collection[str]) -> dict[str,
         ),
         "prompt_len": mean_per_request(vm.REQUEST_PROMPT_TOKENS),
         "output_len": mean_per_request(vm.REQUEST_GENERATION_TOKENS),
+        # Share of prompt tokens the engines' prefix caches served: hits over lookups, both in tokens
+        # (no lookup in the window is 0 / 0, NaN: not measured).
+        "prefix_hit_rate": f"{rate_sum(vm.PREFIX_CACHE_HITS)} / {rate_sum(vm.PREFIX_CACHE_QUERIES)}",
     }
 
 

@@ -55,7 +55,8 @@ ACCEPTANCE_SLACK = 0.5
 
 # What each fleet query measures, for its range check: "rate" and "count" must be finite and >= 0;
 # "seconds" and "mean" too, where NaN is Prometheus' answer for no data (a quantile of no observations,
-# a mean over no finished requests); "fraction" also <= 1; "age" is finite and not in the future.
+# a mean over no finished requests); "fraction" also <= 1; "ratio" is a fraction whose NaN is no data
+# (a share of nothing counted); "age" is finite and not in the future.
 # kv_capacity's labels must name a setting and positive block counts (its value is 1).
 QUERY_KINDS: Mapping[str, str] = {
     "drafts": "rate",
@@ -74,9 +75,10 @@ QUERY_KINDS: Mapping[str, str] = {
     "kv_capacity": "count",
     "prompt_len": "mean",
     "output_len": "mean",
+    "prefix_hit_rate": "ratio",
 }
 # Kinds whose NaN is Prometheus' answer for no data (a quantile of no observations, 0 / 0 requests).
-NAN_IS_NO_DATA = ("seconds", "mean")
+NAN_IS_NO_DATA = ("seconds", "mean", "ratio")
 
 # Why a sample was rejected (the `reason` label of specfleet_prometheus_samples_rejected_total).
 MALFORMED = "malformed"
@@ -140,7 +142,7 @@ def _parse(name: str, sample: Any, now: float | None) -> tuple[PoolKey, float | 
             raise _Rejected(FUTURE, f"newest sample is {-value:.0f}s in the future")
     elif value < 0:
         raise _Rejected(NEGATIVE, f"negative value {value:g}")
-    if kind == "fraction" and value > 1:
+    if kind in ("fraction", "ratio") and value > 1:
         raise _Rejected(ABOVE_ONE, f"a fraction of {value:g}")
     return _key(labels), value, labels
 
@@ -400,4 +402,5 @@ def observe(
         kv_capacity_tokens_on=answers.kv_capacity.get(key, {}).get("On"),
         mean_prompt_tokens=answers.get("prompt_len", key),
         mean_output_tokens=answers.get("output_len", key),
+        prefix_hit_rate=answers.get("prefix_hit_rate", key),
     )

@@ -48,6 +48,9 @@ class PoolObservation:
     kv_capacity_tokens_on: int | None = None
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
+    # Share of the prompt tokens looked up that the engines' prefix caches held (vllm:prefix_cache_hits
+    # over vllm:prefix_cache_queries in the window; None: no lookup counted, or not exported).
+    prefix_hit_rate: float | None = None
 
     @property
     def usable(self) -> bool:
@@ -70,6 +73,15 @@ class PoolObservation:
         if p is None or out is None or not (math.isfinite(p) and math.isfinite(out)) or p < 0 or out <= 0:
             return 0.0
         return p / out
+
+    @property
+    def prefill_hit_share(self) -> float:
+        """The share of prompt tokens whose prefill the prefix cache saves, for the prediction; 0 (every
+        prompt token prefilled, as before hits were measured) when not measured."""
+        h = self.prefix_hit_rate
+        if h is None or not math.isfinite(h):
+            return 0.0
+        return min(1.0, max(0.0, h))
 
     @property
     def decision_problem(self) -> str | None:
@@ -98,6 +110,7 @@ class PoolObservation:
             ("preemptionsPerSecond", self.preemptions_per_second),
             ("meanPromptTokens", self.mean_prompt_tokens),
             ("meanOutputTokens", self.mean_output_tokens),
+            ("prefixCacheHitRate", self.prefix_hit_rate),
         ):
             if value is not None:
                 out[name] = f"{value:.3g}"

@@ -10,7 +10,8 @@ prediction moves smoothly with load (no model switched at a threshold). For a se
     T'      = T / (1 + rho x recompute x T)      where memory bounds the batch (else rho is 0)
 
 with m_K = 1 + p_0 + ... + p_{K-1} tokens per step, r prompt tokens per generated token, h the
-prefix-cache hit rate (0 until measured), f the drafter's share of the prefill (engines started with
+pool's measured prefix-cache hit rate (vllm:prefix_cache_hits over vllm:prefix_cache_queries in the
+window; 0 where no lookup was counted), f the drafter's share of the prefill (engines started with
 the drafter pay it even at K 0), rho preemptions per generated token and recompute the engine time of
 one preemption (a prefill of the request's footprint). A setting's gain is its T' over the engine
 without the drafter at the same demand: where neither is memory-bound it is `cost_profile.speedup`
@@ -262,7 +263,7 @@ def pool_model(
         base,
         float(max_num_seqs or DEFAULT_MAX_NUM_SEQS),
         obs.prompt_per_output,
-        0.0,
+        obs.prefill_hit_share,
         schedule,
         rho,
         (base or 0.0) * recompute_seconds_per_token(profile),

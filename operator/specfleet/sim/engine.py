@@ -25,6 +25,10 @@ prompt and output later in one prefill, and hands out no token twice); only in a
 preemption do waiting requests join, first come first served, while their prompt (and earlier output)
 fits. Aggregated: each request's rounding up to whole blocks is counted as its mean ((B - 1) / 2B of a
 block of B tokens), and a span ends at the step whose allocation would not fit.
+
+Prefix cache (`prefix_cache.py`): a request joining the batch takes the blocks of its shared prefix the
+engine has cached, is prefilled (and charged against max_batched_tokens) for the rest only, and
+vllm:prefix_cache_queries / _hits count, in tokens, each request's first lookup on the engine.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specfleet.sim.prefix_cache import PrefixCache
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 EPS = 1e-9
@@ -60,6 +65,8 @@ class EngineConfig:
     lookahead_tokens: int = 0
     # The drafter's pass over prompt tokens, as a fraction of the target's prefill time.
     drafter_prefill_fraction: float = 0.0
+    # vLLM's --enable-prefix-caching (on by default in vLLM V1).
+    enable_prefix_caching: bool = True
 
     def k_for_batch(self, batch: int) -> int:
         if not self.speculative:
@@ -83,10 +90,13 @@ class SimRequest:
         "finish",
         "first_token",
         "generated",
+        "hit",
         "index",
         "kv",
+        "pinned",
         "pool",
         "preemptions",
+        "prefix",
         "prompt",
         "replica",
         "seq",
@@ -102,6 +112,7 @@ class SimRequest:
         acceptance: tuple[float, ...],
         pool: str,
         client: str | None,
+        prefix: tuple[tuple[str, int], ...] = (),
     ) -> None:
         self.index = index
         self.arrival = arrival
@@ -119,6 +130,11 @@ class SimRequest:
         self.entry_level = 0.0
         self.generated = 0.0  # tokens generated before its current run (after a preemption)
         self.preemptions = 0
+        # Its shared leading context ((key, end) segments; see the module docstring), the prompt tokens
+        # the prefix cache held at its last admission, and the keys whose blocks it holds while running.
+        self.prefix = prefix
+        self.hit = 0
+        self.pinned: tuple[str, ...] = ()
 
 
 class _Group:
@@ -212,6 +228,10 @@ class Replica:
         self.finished = 0
         self.finished_prompt_tokens = 0.0
         self.finished_output_tokens = 0.0
+        self.prefix_cache = PrefixCache(config.block_size)
+        # vllm:prefix_cache_queries / vllm:prefix_cache_hits (tokens).
+        self.prefix_queries = 0.0
+        self.prefix_hits = 0.0
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -320,6 +340,8 @@ class Replica:
         self.running -= 1
         req.preemptions += 1
         self.preemptions += 1
+        self.prefix_cache.release(req.pinned)
+        req.pinned = ()
         self.waiting.appendleft(req)
 
     def advance_to(self, until: float, done: list[SimRequest]) -> None:
@@ -331,6 +353,10 @@ class Replica:
             preempted = False
             if self.running:
                 k_now = self.config.k_for_batch(self.running)
+                if self._blocks_held(k_now) > self.kv_blocks:
+                    self.prefix_cache.evict(
+                        0.0
+                    )  # vLLM takes every free block, cached or not, before preempting
                 while self.running and self._blocks_held(k_now) > self.kv_blocks:
                     self._preempt_newest()
                     preempted = True
@@ -341,18 +367,32 @@ class Replica:
             if not preempted:
                 k_now = self.config.k_for_batch(self.running) if self.running else 0
                 need = self._blocks_held(k_now)
+                caching = self.config.enable_prefix_caching
                 while self.waiting and self.running < self.config.max_num_seqs:
                     head = self.waiting[0]
                     recompute = head.prompt + head.generated
                     blocks = self._blocks_for_admission(head)
-                    if need + blocks > self.kv_blocks or (admitted and prompts + recompute > budget):
+                    if caching and head.prefix:
+                        self.prefix_cache.evict(self.kv_blocks - need)
+                        head.hit = self.prefix_cache.lookup(head.prefix, head.prompt)
+                    else:
+                        head.hit = 0
+                    if need + blocks > self.kv_blocks or (
+                        admitted and prompts + recompute - head.hit > budget
+                    ):
                         break
-                    prompts += recompute
+                    prompts += recompute - head.hit
                     need += blocks
                     self.waiting.popleft()
                     self.kv_tokens += recompute
                     self.running += 1
                     admitted.append(head)
+                    if caching and head.generated == 0:
+                        # A request's first lookup here (vLLM counts a preempted one's apart).
+                        self.prefix_queries += head.prompt
+                        self.prefix_hits += head.hit
+                    if caching and head.prefix:
+                        head.pinned = self.prefix_cache.take(head.prefix, head.prompt)
             if self.running == 0:
                 continue  # everything was preempted: the next iteration admits from the front again
             batch = self.running
@@ -361,7 +401,8 @@ class Replica:
             t0 = self.t
             if admitted:
                 prompt = sum(r.prompt + r.generated for r in admitted)
-                prefill = self.prefill_s * prompt
+                # Prefill is priced for the tokens the prefix cache did not have.
+                prefill = self.prefill_s * (prompt - sum(r.hit for r in admitted))
                 if self.config.speculative:
                     prefill *= 1.0 + self.config.drafter_prefill_fraction
                 dt += prefill
@@ -376,6 +417,10 @@ class Replica:
                     if g.heap:
                         _, m = g.distribution(k)
                         steps = min(steps, max(1, math.ceil((g.heap[0][0] - g.level) / m - EPS)))
+                if self.prefix_cache.free_blocks_cached:
+                    # The span's growth takes free blocks: evict down to what is free at its end.
+                    grown = self._growth_per_step(k) * steps / self.config.block_size
+                    self.prefix_cache.evict(self.kv_blocks - self._blocks_held(k) - grown)
             end = t0 + steps * dt
             tokens = 0.0
             decoding = 0
@@ -451,6 +496,9 @@ class Replica:
         self.outstanding -= 1
         self.kv_tokens -= held
         self._order.pop(id(req), None)
+        if req.pinned:
+            self.prefix_cache.release(req.pinned)
+            req.pinned = ()
         self.finished += 1
         self.finished_prompt_tokens += req.prompt
         self.finished_output_tokens += req.tokens
@@ -468,6 +516,9 @@ class Replica:
         out = list(self._order.values())
         for req in out:
             req.seq = -1
+            if req.pinned:
+                self.prefix_cache.release(req.pinned)
+                req.pinned = ()
         self._order.clear()
         for g in self.groups.values():
             g.heap.clear()

@@ -134,6 +134,8 @@ class PolicyLoop:
                 # The load the policy decided with (the observed one projected along its trend).
                 "expectedRunningPerReplica": float(expected) if expected else obs.running_per_replica,
                 "predictedSpeedup": d.observations.get("predictedSpeedup"),
+                # The pool's measured prefix-cache hit rate the prediction priced the prefill with.
+                "prefixCacheHitRate": obs.prefix_hit_rate,
             }
         for d in evaluation.flipped:
             to_k = d.target_k if d.target_k is not None else d.current_k

@@ -14,7 +14,9 @@ does (`FleetAnswers.from_results`) for the shared policy evaluation (`specfleet.
 simulator and operator decide from one set of rules.
 The memory series are there too: KV cache usage (mean of the window's samples), preemptions (a
 counter), each engine's `vllm:cache_config_info` (its speculation label, blocks and block size), and the
-mean prompt and output length of the requests finished in the window. Inter-token latency quantiles
+mean prompt and output length of the requests finished in the window, and the prefix cache's hit rate
+(the rate of vllm:prefix_cache_hits over that of vllm:prefix_cache_queries, summed over the pool's
+engines; no lookup in the window is no answer). Inter-token latency quantiles
 are not simulated (None), as the policy only reports them.
 """
 
@@ -52,6 +54,9 @@ class Sample:
     prompt_sum: float = 0.0
     output_sum: float = 0.0
     finished: float = 0.0
+    # vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total (tokens)
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
 
 
 @dataclass
@@ -128,6 +133,8 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
         "prompt_sum": [],
         "output_sum": [],
         "finished": [],
+        "prefix_queries": [],
+        "prefix_hits": [],
     }
     per_pos: dict[int, list[float]] = {}
     running_avgs: list[float] = []
@@ -154,6 +161,8 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
             ("prompt_sum", "prompt_sum"),
             ("output_sum", "output_sum"),
             ("finished", "finished"),
+            ("prefix_queries", "prefix_queries"),
+            ("prefix_hits", "prefix_hits"),
         ):
             r = extrapolated_rate([(x.t, getattr(x, attr)) for x in win], t, window)
             if r is not None:
@@ -168,10 +177,13 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
     sums = {name: sum(values) if values else None for name, values in rates.items()}
     finished = sums.pop("finished")
     prompt_sum, output_sum = sums.pop("prompt_sum"), sums.pop("output_sum")
+    queries, hits = sums.pop("prefix_queries"), sums.pop("prefix_hits")
     out: dict[str, list[dict[str, Any]]] = {name: _vector(value, t) for name, value in sums.items()}
     # rate(_sum) / rate(_count): no finished request in the window is Prometheus' NaN, i.e. no answer.
     for name, total in (("prompt_len", prompt_sum), ("output_len", output_sum)):
         out[name] = _vector(total / finished if total is not None and finished else None, t)
+    # sum(rate(hits)) / sum(rate(queries)): no lookup in the window is 0 / 0, NaN, i.e. no answer.
+    out["prefix_hit_rate"] = _vector(hits / queries if hits is not None and queries else None, t)
     out["kv_usage"] = _vector(sum(kv_avgs) / len(kv_avgs) if kv_avgs else None, t)
     out["kv_capacity"] = [
         {
@@ -230,6 +242,8 @@ class Prometheus:
                 prompt_sum=rep.finished_prompt_tokens,
                 output_sum=rep.finished_output_tokens,
                 finished=float(rep.finished),
+                prefix_queries=rep.prefix_queries,
+                prefix_hits=rep.prefix_hits,
             )
         )
 

@@ -1,12 +1,14 @@
 """The simulated router and clients: requests in (a trace or closed-loop clients), routed, and taken back.
 
 Requests are classified by the router's own code (`extract_facts`, `classify`, `ClientLoadTracker`,
-`resolve_pool`) and sent to the ready engine with the fewest outstanding requests, as the router does.
+`resolve_pool`) and sent to the ready engine with the fewest outstanding requests, as the router does
+(or by prefix affinity, `SimOptions.routing`).
 """
 
 from __future__ import annotations
 
 import itertools
+import zlib
 from typing import Any
 
 import numpy as np
@@ -15,9 +17,9 @@ from specfleet.api.constants import PoolName
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.router import routing_config
 from specfleet.sim.accounts import Accounts
-from specfleet.sim.engine import SimRequest
+from specfleet.sim.engine import Replica, SimRequest
 from specfleet.sim.events import ARRIVAL, TICK, Events
-from specfleet.sim.options import POOLS, SimOptions
+from specfleet.sim.options import POOLS, PREFIX_AFFINITY, PREFIX_AFFINITY_LOAD_BOUND, SimOptions
 from specfleet.sim.rollout import Rollouts
 from specfleet.sim.workload import ClosedLoop, Trace, TraceRequest
 from specfleet_runtime.router.classify import ClientLoadTracker, classify, extract_facts
@@ -93,7 +95,14 @@ class Traffic:
         for _ in range(req.n):
             self.accounts.submitted += 1
             sim = SimRequest(
-                index, now, req.prompt_tokens, tokens, acceptance, wanted, client_id if req.tenant else client
+                index,
+                now,
+                req.prompt_tokens,
+                tokens,
+                acceptance,
+                wanted,
+                client_id if req.tenant else client,
+                req.prefix,
             )
             if pool is None:
                 self.reject(sim, wanted)
@@ -105,6 +114,8 @@ class Traffic:
                 if cand.outstanding < best.outstanding:
                     best = cand
             self.turn += 1
+            if req.prefix and self.options.routing == PREFIX_AFFINITY:
+                best = affine(candidates, req.prefix[-1][0], best)
             if not best.fits(sim):
                 self.reject(sim, pool)
                 continue
@@ -196,3 +207,11 @@ class Traffic:
             self.clients_retiring += have - want
         if now + 1.0 < self.duration:
             self.events.push(now + 1.0, TICK)
+
+
+def affine(candidates: list[Replica], key: str, least: Replica) -> Replica:
+    """The engine `key` hashes to among `candidates` (rendezvous hashing: stable as engines come and
+    go), unless it is loaded past the bound; then `least`, the least outstanding."""
+    home = max(candidates, key=lambda r: zlib.crc32(f"{key}@{r.serial}".encode()))
+    mean = sum(r.outstanding for r in candidates) / len(candidates)
+    return home if home.outstanding <= PREFIX_AFFINITY_LOAD_BOUND * mean + 1 else least

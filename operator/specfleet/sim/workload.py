@@ -3,13 +3,18 @@
 Trace format: CSV with the columns of the Azure LLM inference trace, `TIMESTAMP,ContextTokens,
 GeneratedTokens`, plus optional columns `tenant` (the tenant header, which tenant rules read only
 where the resource sets `tenantHeaderTrust: Trusted`), `pool` (the client's pool header), `max_tokens`,
-`n`, `stream` (true/false) and `acceptance` (a profile name, or per-position values separated by `;`).
+`n`, `stream` (true/false), `acceptance` (a profile name, or per-position values separated by `;`)
+and `prefix` (the prompt's shared leading context, `key:end` segments separated by `;`; see
+`TraceRequest.prefix`).
 TIMESTAMP is either a date-time (`2023-11-16 18:17:03.9799600`) or seconds; arrivals are taken
 relative to the first row and divided by `time_scale` (2 compresses the trace to half its length).
 A file whose name ends in `.gz` is read through gzip (the traces in `examples/traces/` are).
 
 A row without `stream` counts as streaming (interactive clients stream); a row without `tenant` is
 its own client (so auto-segmentation, which counts in-flight requests per client, never groups it).
+
+`shared_prefix_conversations` makes a trace whose prompts share prefixes (tenants' system prompts,
+conversations whose context grows each turn), for the engines' prefix caches and prefix-aware routing.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+import numpy as np
 
 from specfleet_runtime.cost_profile import (
     PUBLISHED_ACCEPTANCE,
@@ -41,6 +48,11 @@ ACCEPTANCE_PROFILES: dict[str, tuple[float, ...]] = {
 }
 
 REQUIRED_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+# One segment of a prompt's shared leading context: (key, end), the prompt tokens from the previous
+# segment's end (0 for the first) up to `end`, named by `key`.
+PrefixSegment = tuple[str, int]
 
 
 class WorkloadError(ValueError):
@@ -82,6 +94,11 @@ class TraceRequest:
     n: int = 1
     stream: bool = True
     acceptance: tuple[float, ...] | None = None
+    # The prompt's shared leading context, as (key, end) segments with increasing ends. A key names
+    # the same tokens at the same offset wherever it appears (a tenant's system prompt; a conversation's
+    # history, which a later turn may extend but never change), so two prompts share the leading
+    # segments whose keys match. Tokens past the last end are the request's own. Empty: nothing shared.
+    prefix: tuple[PrefixSegment, ...] = ()
 
     @property
     def requested_tokens(self) -> int:
@@ -132,6 +149,26 @@ def _int(text: str | None, column: str, row: int, *, minimum: int) -> int | None
     if value < minimum:
         raise WorkloadError(f"row {row}: {column} must be >= {minimum}, got {value}")
     return value
+
+
+def _prefix(text: str | None, row: int) -> tuple[PrefixSegment, ...]:
+    """`key:end;key:end` (ends increasing) as segments; empty: no shared context."""
+    if text is None or not text.strip():
+        return ()
+    segments: list[PrefixSegment] = []
+    for part in text.split(";"):
+        key, sep, end = part.strip().rpartition(":")
+        if not sep or not key:
+            raise WorkloadError(f"row {row}: prefix segment {part.strip()!r} is not key:end")
+        value = _int(end, "prefix end", row, minimum=1)
+        if value is None:
+            raise WorkloadError(f"row {row}: prefix segment {part.strip()!r} has no end")
+        if segments and value <= segments[-1][1]:
+            raise WorkloadError(
+                f"row {row}: prefix segment {part.strip()!r} does not end after the one before"
+            )
+        segments.append((key, value))
+    return tuple(segments)
 
 
 def _bool(text: str | None, row: int) -> bool | None:
@@ -190,6 +227,7 @@ def parse_trace(lines: Iterable[str], *, time_scale: float = 1.0, name: str = "t
                     n=_int(row.get("n"), "n", row_number, minimum=1) or 1,
                     stream=True if stream is None else stream,
                     acceptance=acceptance,
+                    prefix=_prefix(row.get("prefix"), row_number),
                 ),
             )
         )
@@ -208,6 +246,7 @@ def parse_trace(lines: Iterable[str], *, time_scale: float = 1.0, name: str = "t
             n=r.n,
             stream=r.stream,
             acceptance=r.acceptance,
+            prefix=r.prefix,
         )
         for at, r in raw
     )
@@ -270,3 +309,50 @@ def ramp(
 ) -> ClosedLoop:
     """A closed loop whose client count is `replicas` x the per-replica running requests given."""
     return ClosedLoop(points=tuple((t, c * replicas) for t, c in per_replica), sizes=tuple(sizes), name=name)
+
+
+def shared_prefix_conversations(
+    *,
+    tenants: int = 32,
+    conversations: int = 1200,
+    duration: float = 3600.0,
+    seed: int = 0,
+    system_tokens: tuple[int, int] = (1024, 4096),
+    turns: tuple[int, int] = (1, 8),
+    user_tokens: tuple[int, int] = (32, 512),
+    output_tokens: tuple[int, int] = (64, 512),
+    think_seconds: float = 20.0,
+    seconds_per_output_token: float = 0.02,
+    name: str = "shared-prefix",
+) -> Trace:
+    """Multi-turn conversations of `tenants` tenants that each have a system prompt (open loop).
+
+    The rule (every draw from one generator seeded by `seed`; integer ranges inclusive, uniform):
+    tenant i's system prompt has S_i ~ `system_tokens` tokens. Each of `conversations` conversations
+    belongs to a tenant drawn uniformly, starts at a time uniform in [0, duration) and has T ~ `turns`
+    turns. Turn j's prompt is the system prompt, the conversation so far (every earlier turn's user
+    message and answer) and a new user message of U ~ `user_tokens` tokens; it asks for O ~
+    `output_tokens` tokens. The next turn arrives when this one's answer would have streamed
+    (O x `seconds_per_output_token`) plus a think time, exponential with mean `think_seconds`; turns
+    past `duration` are dropped. Each request's prefix is (`t<i>`, S_i) then (`t<i>/c<n>`, its prompt
+    length): the system prompt is shared by the tenant's conversations, and the whole prompt is the
+    start of the conversation's next turn. Requests carry no tenant header (no tenant rule applies).
+    """
+    rng = np.random.default_rng([seed, 29])
+    system = rng.integers(system_tokens[0], system_tokens[1] + 1, size=tenants)
+    rows: list[TraceRequest] = []
+    for conv in range(conversations):
+        tenant = int(rng.integers(tenants))
+        at = float(rng.uniform(0.0, duration))
+        history = int(system[tenant])
+        for _ in range(int(rng.integers(turns[0], turns[1] + 1))):
+            prompt = history + int(rng.integers(user_tokens[0], user_tokens[1] + 1))
+            output = int(rng.integers(output_tokens[0], output_tokens[1] + 1))
+            if at >= duration:
+                break
+            prefix = ((f"t{tenant}", int(system[tenant])), (f"t{tenant}/c{conv}", prompt))
+            rows.append(TraceRequest(arrival=at, prompt_tokens=prompt, output_tokens=output, prefix=prefix))
+            history = prompt + output
+            at += output * seconds_per_output_token + float(rng.exponential(think_seconds))
+    rows.sort(key=lambda r: r.arrival)
+    return Trace(requests=tuple(rows), name=name)
