@@ -213,7 +213,8 @@ def test_surge_flip_without_a_spare_gpu_ends_unschedulable_and_is_reverted(env, 
     assert "--speculative-config" in engine_args(env, name)
     assert _rolled_out(env, name) is not None
     assert env.conditions(name)["Progressing"]["status"] == "False"
-    assert stats.ok > 10
+    # Served before the stuck rollout and after it (above); how many depends on the machine's speed.
+    assert served_while_stuck > 0
     assert stats.failed == 0, stats.errors
 
 
@@ -259,5 +260,6 @@ def test_replace_flip_without_a_spare_gpu_completes_without_failed_requests(env,
         rs["spec"]["replicas"] == 0 for rs in _replica_sets(env, name) if rs["metadata"]["name"] in old_sets
     )
     assert env.conditions(name)["Ready"]["status"] == "True"
-    assert stats.ok > 10
+    # Served before the flip and during the dip (above); how many depends on the machine's speed.
+    assert served_at_flip > 0
     assert stats.failed == 0, stats.errors
