@@ -7,6 +7,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import yaml
 
 from specfleet.api import reasons
 from specfleet.api.constants import LABEL_SPECULATION, LABEL_TRACK
@@ -343,3 +344,51 @@ def test_router_mode_never_lists_gateway_kinds():
     reconcile(doc2 | {"status": first.status}, cluster, NOW + timedelta(seconds=30))
     assert "Deployment" in cluster.listed
     assert not set(cluster.listed) & GATEWAY_KIND_NAMES
+
+
+# --- The chart's RBAC for gateway mode -----------------------------------------------------------
+
+CHART_RBAC = ROOT / "charts" / "specfleet" / "templates" / "rbac.yaml"
+GATEWAY_BLOCK = "{{- if .Values.gatewayMode.enabled }}"
+
+
+def _cluster_role_rules(gateway_mode: bool):
+    """The operator ClusterRole's rules with the gateway block kept or dropped (template lines removed)."""
+    first = CHART_RBAC.read_text().split("\n---")[0]
+    before, _, rest = first.partition(GATEWAY_BLOCK)
+    block, _, after = rest.partition("{{- end }}")
+    text = before + (block if gateway_mode else "") + after
+    plain = "\n".join(line for line in text.splitlines() if "{{" not in line)
+    return yaml.safe_load(plain)["rules"]
+
+
+def _allowed(rules, group, resource):
+    return {v for r in rules if group in r["apiGroups"] and resource in r["resources"] for v in r["verbs"]}
+
+
+@pytest.mark.parametrize(("api_version", "kind"), GATEWAY_KINDS, ids=[k for _, k in GATEWAY_KINDS])
+def test_the_chart_grants_the_gateway_kinds_only_with_gateway_mode(api_version, kind):
+    group, plural = api_version.rpartition("/")[0], kind.lower() + "s"
+    assert {"get", "list", "create", "patch", "delete"} <= _allowed(_cluster_role_rules(True), group, plural)
+    assert not _allowed(_cluster_role_rules(False), group, plural)
+
+
+def test_the_operator_holds_everything_it_grants_a_picker():
+    """RBAC forbids granting what one does not hold: every picker rule is within the gateway-mode
+    ClusterRole (resourceNames only narrow it), and without gateway mode it would not be."""
+    role = render_children(_sd(), plan_of({"latency": "On", "batch": "On"}))
+    picker_rules = next(c for c in role if c["kind"] == "Role" and c["metadata"]["name"].endswith("-epp"))[
+        "rules"
+    ]
+    wanted = {
+        (g, res, v)
+        for r in picker_rules
+        for g in r["apiGroups"]
+        for res in r["resources"]
+        for v in r["verbs"]
+    }
+    held = {(g, res, v) for g, res, v in wanted if v in _allowed(_cluster_role_rules(True), g, res)}
+    assert held == wanted
+    assert {
+        (g, res, v) for g, res, v in wanted if v in _allowed(_cluster_role_rules(False), g, res)
+    } != wanted
