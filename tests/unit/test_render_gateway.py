@@ -392,3 +392,16 @@ def test_the_operator_holds_everything_it_grants_a_picker():
     assert {
         (g, res, v) for g, res, v in wanted if v in _allowed(_cluster_role_rules(False), g, res)
     } != wanted
+
+
+def test_the_crd_scripts_fetch_the_versions_the_renderer_targets():
+    from specfleet.api.gateway import DEFAULT_PICKER_IMAGE, GATEWAY_API_VERSION, INFERENCE_EXTENSION_VERSION
+
+    gateway = (ROOT / "scripts" / "setup-gateway-api-crds.sh").read_text()
+    inference = (ROOT / "scripts" / "setup-inference-extension-crds.sh").read_text()
+    assert f"sigs.k8s.io/gateway-api {GATEWAY_API_VERSION} " in gateway
+    assert f"sigs.k8s.io/gateway-api-inference-extension {INFERENCE_EXTENSION_VERSION} " in inference
+    assert DEFAULT_PICKER_IMAGE.endswith(f":{INFERENCE_EXTENSION_VERSION}")
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"Gateway API Inference Extension {INFERENCE_EXTENSION_VERSION}" in readme
+    assert f"Gateway API {GATEWAY_API_VERSION}" in readme
