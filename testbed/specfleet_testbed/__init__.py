@@ -24,6 +24,8 @@ from .stages import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
 from .tools import (
     PrometheusTools,
     ToolError,
+    ensure_gateway_api_crds,
+    ensure_inference_extension_crds,
     ensure_keda_crds,
     ensure_prometheus,
     ensure_prometheus_operator_crds,
@@ -41,6 +43,8 @@ __all__ = [
     "PrometheusTools",
     "ToolError",
     "ensure_binaries",
+    "ensure_gateway_api_crds",
+    "ensure_inference_extension_crds",
     "ensure_keda_crds",
     "ensure_prometheus",
     "ensure_prometheus_operator_crds",

@@ -17,6 +17,8 @@ from pathlib import Path
 __all__ = [
     "PrometheusTools",
     "ToolError",
+    "ensure_gateway_api_crds",
+    "ensure_inference_extension_crds",
     "ensure_keda_crds",
     "ensure_prometheus",
     "ensure_prometheus_operator_crds",
@@ -27,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 SETUP_PROMETHEUS = REPO / "scripts" / "setup-prometheus.sh"
 SETUP_PROMETHEUS_OPERATOR_CRDS = REPO / "scripts" / "setup-prometheus-operator-crds.sh"
 SETUP_KEDA_CRDS = REPO / "scripts" / "setup-keda-crds.sh"
+SETUP_GATEWAY_API_CRDS = REPO / "scripts" / "setup-gateway-api-crds.sh"
+SETUP_INFERENCE_EXTENSION_CRDS = REPO / "scripts" / "setup-inference-extension-crds.sh"
 
 
 class ToolError(RuntimeError):
@@ -85,4 +89,23 @@ def ensure_keda_crds() -> Path:
     crd_dir = _run_setup(SETUP_KEDA_CRDS)
     if not (crd_dir / "keda.sh_scaledobjects.yaml").is_file():
         raise ToolError(f"no KEDA CRDs in {crd_dir}")
+    return crd_dir
+
+
+@functools.cache
+def ensure_gateway_api_crds() -> Path:
+    """The directory of the Gateway API's standard-channel CRDs (HTTPRoute, ...), fetched first if missing."""
+    crd_dir = _run_setup(SETUP_GATEWAY_API_CRDS)
+    if not (crd_dir / "gateway.networking.k8s.io_httproutes.yaml").is_file():
+        raise ToolError(f"no Gateway API CRDs in {crd_dir}")
+    return crd_dir
+
+
+@functools.cache
+def ensure_inference_extension_crds() -> Path:
+    """The directory of the Gateway API Inference Extension's CRDs (InferencePool, InferenceObjective),
+    fetched first if missing."""
+    crd_dir = _run_setup(SETUP_INFERENCE_EXTENSION_CRDS)
+    if not (crd_dir / "inference.networking.k8s.io_inferencepools.yaml").is_file():
+        raise ToolError(f"no Inference Extension CRDs in {crd_dir}")
     return crd_dir

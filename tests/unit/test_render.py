@@ -211,7 +211,7 @@ def test_every_routing_field_reaches_the_router():
         },
     }
     sd = _sd(patch={"spec": {"routing": routing}})
-    spec = sd.spec.routing.model_dump(by_alias=True, exclude={"router"})
+    spec = sd.spec.routing.model_dump(by_alias=True, exclude={"router", "gateway"})
     defaults = type(sd.spec.routing)().model_dump(by_alias=True)
     rendered = json.loads(routing_config(sd).to_json())
     assert set(spec) == set(routing)
@@ -239,7 +239,7 @@ def test_the_routing_spec_declares_the_routing_contract_fields_with_its_defaults
     from specfleet_runtime import routing_config as contract
 
     pairs = [
-        (routing.RoutingSpec, contract.RoutingConfig, {"router"}, {"served_model_name", "pools"}),
+        (routing.RoutingSpec, contract.RoutingConfig, {"router", "gateway"}, {"served_model_name", "pools"}),
         (routing.TenantRule, contract.TenantRule, set(), set()),
         (routing.ShapeRules, contract.ShapeRules, set(), set()),
         (routing.AutoSegmentation, contract.AutoSegmentation, set(), set()),

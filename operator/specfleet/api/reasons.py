@@ -107,6 +107,13 @@ AUTOSCALERS_ACTIVE: Final = "AutoscalersActive"
 AUTOSCALER_PENDING: Final = "AutoscalerPending"
 AUTOSCALER_INACTIVE: Final = "AutoscalerInactive"
 
+# Condition type present only in gateway mode (spec.routing.gateway): whether the Gateways accepted the
+# HTTPRoute and the InferencePools (their Accepted and ResolvedRefs), and its reasons.
+GATEWAY_ACCEPTED: Final = "GatewayAccepted"
+ROUTES_ACCEPTED: Final = "RoutesAccepted"
+ROUTES_PENDING: Final = "RoutesPending"
+ROUTES_NOT_ACCEPTED: Final = "RoutesNotAccepted"
+
 
 def troubleshooting_url(reason: str) -> str:
     """The troubleshooting page's entry for a reason (the page's heading ids are the lowercased names)."""
@@ -129,6 +136,9 @@ CONDITION_DOCS: Final[dict[str, str]] = {
     ACCEPTANCE_DRIFT: "A pool's measured acceptance length is below its own baseline (policy.acceptanceDrift).",
     COST_PROFILE_LOADED: "The cost profile named in policy.goodput.costProfileConfigMap was read and is valid.",
     AUTOSCALING_ACTIVE: "Present while a pool is autoscaled: whether its autoscalers can read their metric.",
+    GATEWAY_ACCEPTED: "Present in gateway mode: whether every Gateway accepted the HTTPRoute and the "
+    "InferencePools and resolved their references; the message also names the routing rules a route "
+    "cannot express.",
 }
 
 
@@ -495,5 +505,29 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "FailedGetPodsMetric, that reason is shown instead).",
         "For a HorizontalPodAutoscaler, a metrics adapter must serve the vLLM metric (see "
         "[Autoscaling](tasks/autoscaling.md)); `kubectl describe hpa` says more.",
+    ),
+    ROUTES_ACCEPTED: ReasonDoc(
+        "GatewayAccepted",
+        "Every parent Gateway reports Accepted and ResolvedRefs True on the HTTPRoute and on both "
+        "InferencePools. Routing rules a route cannot express (shape, auto-segmentation, API-key rules, "
+        "the OtherPool fallback) are named in the message: they do not apply in gateway mode.",
+        "Nothing, unless the message names rules you rely on: those need the router (remove "
+        "`routing.gateway`) or settings that say what the gateway does (see [Gateway API](gateway.md)).",
+    ),
+    ROUTES_PENDING: ReasonDoc(
+        "GatewayAccepted",
+        "No Gateway has reported on the HTTPRoute or an InferencePool yet (Unknown): no gateway "
+        "implementation watches them, the `parentRefs` name a Gateway that does not exist, or it has not "
+        "caught up with the last change.",
+        "Check that the Gateway named in `routing.gateway.parentRefs` exists and that its implementation "
+        "supports InferencePool backends; `kubectl describe httproute <name>` shows its parents' status.",
+    ),
+    ROUTES_NOT_ACCEPTED: ReasonDoc(
+        "GatewayAccepted",
+        "A Gateway reports Accepted or ResolvedRefs False for the HTTPRoute or an InferencePool; the "
+        "message gives the Gateway's own reason (e.g. NotAllowedByListeners, NoMatchingParent, "
+        "InvalidExtensionRef).",
+        "Follow the Gateway's reason: allow routes from this namespace on its listener (`allowedRoutes`), "
+        "fix the `sectionName`, or make the endpoint picker Service exist.",
     ),
 }

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 
 from specfleet.api.base import ApiModel, Rule
 from specfleet.api.constants import PoolName
+from specfleet.api.gateway import MAX_GATEWAY_TENANTS, GatewaySpec
 from specfleet_runtime import routing_config as contract
 
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -151,6 +152,15 @@ class RoutingSpec(ApiModel):
             "read only where an authenticating gateway sets it)",
             check=lambda r: r.tenant_header_trust == "Trusted" or not any(t.tenants for t in r.tenant_rules),
         ),
+        Rule(
+            cel="!has(self.gateway) || !has(self.tenantRules) "
+            f"|| self.tenantRules.map(r, has(r.tenants) ? size(r.tenants) : 0).sum() <= {MAX_GATEWAY_TENANTS}",
+            message=f"gateway mode routes at most {MAX_GATEWAY_TENANTS} tenants (an HTTPRoute holds at most 128 "
+            "header matches)",
+            check=lambda r: (
+                r.gateway is None or sum(len(t.tenants) for t in r.tenant_rules) <= MAX_GATEWAY_TENANTS
+            ),
+        ),
     )
 
     default_pool: PoolName = Field(
@@ -213,6 +223,13 @@ class RoutingSpec(ApiModel):
         "prefix affinity (consistent hashing with bounded loads).",
     )
     router: RouterSpec = Field(default_factory=RouterSpec, description="Router deployment settings.")
+    gateway: GatewaySpec | None = Field(
+        default=None,
+        description="Gateway mode: serve the pools through Gateway API inference gateways (an "
+        "InferencePool and endpoint picker per pool, one HTTPRoute) instead of the router, which is then "
+        "not run. Rules a route cannot express (shape, auto-segmentation, API keys) do not apply; the "
+        "GatewayAccepted condition names them.",
+    )
 
     @field_validator("fallback", mode="before")
     @classmethod

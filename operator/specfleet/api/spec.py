@@ -51,6 +51,12 @@ class SpeculativeDeploymentSpec(ApiModel):
                 or not (s.monitoring.pod_monitor or s.monitoring.scrape_annotations)
             ),
         ),
+        Rule(
+            cel="!has(self.routing.gateway) || !self.networkPolicy.enabled",
+            message="networkPolicy.enabled is not supported with routing.gateway: the policy admits the "
+            "router only, and the gateway's proxies and the endpoint pickers must reach the engines",
+            check=lambda s: s.routing.gateway is None or not s.network_policy.enabled,
+        ),
     )
 
     model: ModelSpec = Field(description="The target model every pool serves; its output is the answer.")

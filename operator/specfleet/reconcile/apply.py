@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from specfleet.api import reasons
 from specfleet.api.constants import LABEL_POOL
 from specfleet.reconcile.children import (
     deployment_settled,
@@ -20,7 +21,7 @@ from specfleet.reconcile.desired import DesiredState
 from specfleet.reconcile.pod_failures import PoolFailure, pool_failure
 from specfleet.reconcile.pod_startup import pool_startup_seconds
 from specfleet.reconcile.result import ApplyRejectedError, Cluster
-from specfleet.render import MANAGED_KINDS, POOLS, Manifest, owner_labels
+from specfleet.render import GATEWAY_KINDS, MANAGED_KINDS, POOLS, Manifest, owner_labels
 from specfleet.render.common import with_render_hash
 
 
@@ -170,7 +171,12 @@ def prune_children(desired: DesiredState, cluster: Cluster) -> tuple[list[str], 
     sd = desired.sd
     pruned: list[str] = []
     errors: list[str] = []
-    for api_version, kind in MANAGED_KINDS:
+    kinds = MANAGED_KINDS
+    if sd.spec.routing.gateway is not None or any(
+        c.type == reasons.GATEWAY_ACCEPTED for c in desired.previous.conditions
+    ):  # in gateway mode, or leaving it (its condition is still there)
+        kinds += GATEWAY_KINDS
+    for api_version, kind in kinds:
         try:
             listed = cluster.list_children(api_version, kind, sd.namespace, owner_labels(sd))
         except ApplyRejectedError as err:

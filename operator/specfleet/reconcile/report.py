@@ -21,6 +21,7 @@ from specfleet.reconcile.children import (
     wanted_replicas,
 )
 from specfleet.reconcile.desired import DesiredState, was_degraded
+from specfleet.reconcile.gateway_status import gateway_condition
 from specfleet.reconcile.result import Event, ReconcileResult
 from specfleet.render import POOLS, Manifest
 
@@ -61,7 +62,8 @@ def _pool_statuses(desired: DesiredState, applied: AppliedChildren) -> PoolStatu
 def _conditions(
     desired: DesiredState, applied: AppliedChildren, pools: PoolStatuses, now: datetime
 ) -> list[Condition]:
-    """Degraded, Progressing, SpeculationSettled and Ready from what was applied and what is live."""
+    """Degraded, Progressing, SpeculationSettled, Ready, AutoscalingActive and GatewayAccepted from
+    what was applied and what is live."""
     sd, previous, generation = desired.sd, desired.previous, desired.generation
     assert sd is not None
 
@@ -132,7 +134,8 @@ def _conditions(
     else:
         reason, message = reasons.POOLS_NOT_READY, "ready replicas: " + ", ".join(not_ready)
     conditions = set_(conditions, reasons.READY, ready, reason, message)
-    return _autoscaling_condition(conditions, desired, applied, generation, now)
+    conditions = _autoscaling_condition(conditions, desired, applied, generation, now)
+    return gateway_condition(conditions, sd, desired.children, applied.live, generation, now)
 
 
 # What each autoscaler kind reports when it can scale: the HPA's ScalingActive (False when it cannot

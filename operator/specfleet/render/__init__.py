@@ -21,6 +21,7 @@ from specfleet.render.engine import (
     render_pool_pdb,
     render_pool_service,
 )
+from specfleet.render.gateway import render_gateway_children
 from specfleet.render.monitoring import render_pod_monitor, render_prometheus_rule
 from specfleet.render.network_policy import render_engine_network_policy
 from specfleet.render.router import (
@@ -34,6 +35,7 @@ from specfleet.render.router import (
 )
 
 __all__ = [
+    "GATEWAY_KINDS",
     "MANAGED_KINDS",
     "POOLS",
     "Manifest",
@@ -61,6 +63,13 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("keda.sh/v1alpha1", "ScaledObject"),
     # Drafter retrain Jobs (render.retrain): created by the policy when drift lasts, not on every render.
     ("batch/v1", "Job"),
+)
+# The kinds only gateway mode renders: pruned only by a resource in (or leaving) gateway mode, since a
+# cluster without their CRDs, or an operator installed without gateway RBAC, cannot list them.
+GATEWAY_KINDS: tuple[tuple[str, str], ...] = (
+    ("inference.networking.k8s.io/v1", "InferencePool"),
+    ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"),
 )
 
 
@@ -96,12 +105,15 @@ def render_children(
 ) -> list[Manifest]:
     """Every child object of `sd`, in apply order (config and RBAC before the pods that use them)."""
     options = options or RenderOptions()
-    children: list[Manifest] = [
-        render_routing_config_map(sd),
-        render_router_service_account(sd),
-        render_router_role(sd),
-        render_router_role_binding(sd),
-    ]
+    gateway = sd.spec.routing.gateway is not None
+    children: list[Manifest] = []
+    if not gateway:  # in gateway mode the Gateway and the endpoint pickers replace the router
+        children += [
+            render_routing_config_map(sd),
+            render_router_service_account(sd),
+            render_router_role(sd),
+            render_router_role_binding(sd),
+        ]
     # Before the engine pods, so none of them is ever reachable around the router.
     if sd.spec.network_policy.enabled:
         children.append(render_engine_network_policy(sd))
@@ -134,10 +146,13 @@ def render_children(
         autoscaler = render_pool_autoscaler(sd, pool)
         if autoscaler is not None:
             children.append(autoscaler)
-    children += [render_router_service(sd, options), render_router_deployment(sd, options)]
-    router_pdb = render_router_pdb(sd)
-    if router_pdb is not None:
-        children.append(router_pdb)
+    if gateway:
+        children += render_gateway_children(sd)
+    else:
+        children += [render_router_service(sd, options), render_router_deployment(sd, options)]
+        router_pdb = render_router_pdb(sd)
+        if router_pdb is not None:
+            children.append(router_pdb)
     if sd.spec.monitoring.pod_monitor:
         children.append(render_pod_monitor(sd, options))
     if sd.spec.monitoring.prometheus_rule:

@@ -34,7 +34,7 @@ def routing_config(sd: SpeculativeDeployment) -> RoutingConfig:
 
     The API's routing fields are the contract's own (a unit test holds them equal), so they pass as they are.
     """
-    routing = sd.spec.routing.model_dump(exclude={"router"})
+    routing = sd.spec.routing.model_dump(exclude={"router", "gateway"})
     pools = {p: {"service": pool_name(sd, p), "port": ENGINE_PORT} for p in POOLS}
     routing["fallback"] = ROUTER_FALLBACK[sd.spec.routing.fallback]
     return RoutingConfig.from_dict({**routing, "served_model_name": sd.served_model_name, "pools": pools})
