@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint docs docs-reference docs-figures crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy
+.PHONY: help venv deps lint docs docs-reference docs-figures crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy bench-prefix
 
 help:
 	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
@@ -24,6 +24,7 @@ help:
 	@echo "make docs-reference  regenerate the guide's field reference, troubleshooting and chart values pages"
 	@echo "make docs-figures  regenerate the command outputs the README and the guide show (plan, simulate)"
 	@echo "make bench-policy  simulate the policy against static settings and oracles (docs/benchmarks/policy.md)"
+	@echo "make bench-prefix  five routers on a shared-prefix workload over four emulators (docs/benchmarks/prefix-routing.md)"
 	@echo "make dashboard     regenerate the chart's Grafana dashboard JSON"
 	@echo "make image         build the image with docker, podman or buildah (IMAGE=repo:tag names it)"
 
@@ -107,6 +108,11 @@ bench-scale:
 # The fleet simulator's policy benchmark: writes docs/benchmarks/policy.md and its PNG timelines.
 bench-policy:
 	$(PY) benchmarks/policy.py
+
+# Prefix-aware endpoint choice: five routers over four emulators on a shared-prefix workload, and the
+# simulator on the same traces (~11 minutes; vllm-router from PyPI into its own venv on first use).
+bench-prefix:
+	$(PY) benchmarks/prefix_routing.py --out docs/benchmarks/prefix-routing.md
 
 demo:
 	bash scripts/demo.sh

@@ -1,0 +1,134 @@
+"""The prefix-routing benchmark's pure parts (`benchmarks/prefix_routing.py`): the simulator's workload
+rule turned into chat turns whose shared prefixes are identical text and whose token counts are the
+trace's, the tables and the targets it prints, and the simulator's prefix counters it reads. The
+processes (emulators, routers) are not started here."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY
+from specfleet_runtime.emulator.text import Prompt
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load_bench() -> ModuleType:
+    sys.path.insert(0, str(BENCHMARKS))  # it imports router_bench, its neighbour
+    try:
+        spec = importlib.util.spec_from_file_location("prefix_routing", BENCHMARKS / "prefix_routing.py")
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["prefix_routing"] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+pr = load_bench()
+
+
+def test_the_workload_fits_the_rate_asked_for_and_is_seeded() -> None:
+    trace = pr.workload(4.0, 20.0, 5.0)
+    assert trace == pr.workload(4.0, 20.0, 5.0)
+    measured = sum(1 for r in trace.requests if r.arrival >= 5.0)
+    assert measured == pytest.approx(80, rel=0.1)
+
+
+def test_turns_repeat_the_conversation_so_far_word_for_word_and_count_the_traces_tokens() -> None:
+    trace = pr.workload(4.0, 20.0, 5.0)
+    live = pr.live_requests(trace)
+    assert len(live) == len(trace.requests)
+    turns: dict[str, list[object]] = {}
+    for row, req in zip(trace.requests, live, strict=True):
+        _, (conversation, prompt) = row.prefix
+        assert req.conversation == conversation
+        assert req.max_tokens == row.output_tokens
+        # The rule's prompt tokens, plus the chat template's few per message.
+        counted = Prompt.from_chat(req.messages).num_tokens
+        assert prompt <= counted <= prompt + 6 * len(req.messages) + 6
+        seen = turns.setdefault(conversation, [])
+        if seen:
+            earlier = seen[-1]
+            assert isinstance(earlier, pr.LiveRequest)
+            # The previous turn's messages, then its answer and a new user message.
+            assert req.messages[: len(earlier.messages)] == earlier.messages
+            assert [r for r, _ in req.messages[len(earlier.messages) :]] == ["assistant", "user"]
+            assert len(req.messages[-2][1].split()) == earlier.max_tokens
+        seen.append(req)
+    # Every conversation of a tenant starts with the same system prompt text.
+    systems: dict[str, set[str]] = {}
+    for row, req in zip(trace.requests, live, strict=True):
+        systems.setdefault(row.prefix[0][0], set()).add(req.messages[0][1])
+    assert all(len(texts) == 1 for texts in systems.values())
+    assert len(systems) > 1
+
+
+def test_a_phase_salt_changes_the_first_block_and_nothing_else() -> None:
+    req = pr.live_requests(pr.workload(2.0, 10.0, 2.0))[0]
+    a, b = req.body("run0x0"), req.body("run1x0")
+    assert a != b
+    assert a.replace(b"run0x0", b"run1x0") == b
+    assert b'"stream":true' in a
+    assert b'"ignore_eos":true' in a
+
+
+def phase(router: str, rate: float, ttft: list[float], tokens: float, hit: float, cpu: float) -> object:
+    return pr.Phase(
+        router, rate, offered=rate, ttft=ttft, tokens_per_s=tokens, hit_rate=hit, imbalance=1.2, cpu_ms=cpu
+    )
+
+
+def test_the_table_puts_each_router_beside_least_outstanding_and_the_targets_say_met_or_not() -> None:
+    lo, pa, ca, ch, rr = (name for name, _, _ in pr.ROUTERS)
+    phases = [
+        phase(lo, 2, [0.4] * 10, 100, 0.4, 5.0),
+        phase(pa, 2, [0.1] * 10, 110, 0.8, 5.2),
+        phase(ca, 2, [0.2] * 10, 105, 0.7, 3.0),
+        phase(lo, 4, [0.4] * 10, 200, 0.4, 5.0),
+        phase(pa, 4, [0.1] * 9 + [2.0], 190, 0.8, 5.2),
+        phase(ca, 4, [0.2] * 10, 205, 0.7, 3.0),
+        pr.Phase(ch, 2, skipped="pip install vllm-router failed"),
+    ]
+    table = pr.render_table(phases).splitlines()
+    assert table[0].startswith("| rate req/s (offered) | router | TTFT p50 ms | p50 / LO |")
+    assert (
+        "| 2 (2.0) | specfleet PrefixAffinity | 100 | 0.25x | 100 | 0.25x | 110 | 1.10x | 0.80 |" in table[3]
+    )
+    assert any(
+        "| 2 | vllm-router consistent_hash | not run: pip install vllm-router failed |" in t for t in table
+    )
+    assert rr not in "\n".join(table)
+    met = {target.split(" (")[0].split(" at ")[0]: ok for target, ok, _ in pr.targets(phases)}
+    assert met == {
+        "TTFT p50 <= 0.5x least-outstanding's": True,
+        "tokens/s >= least-outstanding's": False,  # 190 < 200 at 4 req/s
+        "hit rate >= vllm-router cache_aware's": True,
+        "TTFT p99 <= vllm-router cache_aware's": False,  # 2000 ms > 200 ms at 4 req/s
+        "max/mean outstanding <= 1.5": True,
+        "router CPU per request": True,  # 5.2 <= 1.1 x 5.0
+    }
+    assert "| not met |" in pr.render_targets(pr.targets(phases))
+
+
+def test_the_imbalance_ignores_near_idle_samples() -> None:
+    assert pr.imbalance([[1, 0, 0, 0], [2, 2, 2, 2], [4, 2, 1, 1]]) == pytest.approx((1.0 + 2.0) / 2)
+    assert pr.imbalance([[0, 0, 0, 1]]) is None
+
+
+def test_the_simulator_reads_a_hit_rate_after_the_warm_up_for_both_routings() -> None:
+    trace = pr.workload(2.0, 10.0, 4.0)
+    rows = [pr.simulate_routing(trace, 2.0, r, 4.0, 4.0) for r in (LEAST_OUTSTANDING, PREFIX_AFFINITY)]
+    for row in rows:
+        assert row.hit_rate is not None
+        assert 0.0 < row.hit_rate < 1.0
+        assert row.tokens_per_request_second > 0
+    text = pr.render_sim_table(rows)
+    assert text.splitlines()[2].startswith("| 2 | leastOutstanding |")
