@@ -241,8 +241,9 @@ def test_replace_flip_without_a_spare_gpu_completes_without_failed_requests(env,
         # Two engines, one at a time, each waiting for its predecessor's GPU: well inside the deadline.
         wait_settled(env, name, timeout=DEADLINE_SECONDS - 10)
         deploy = wait_for("the new ReplicaSet fully ready", lambda: _rolled_out(env, name), timeout=30)
-        # The pool kept answering while it ran one engine short.
-        assert load.snapshot().ok > served_at_flip
+        # The pool answers after the flip too (during it, whether a request ends inside a rollout of a
+        # few seconds is the machine's timing; that none failed is asserted below).
+        wait_for("requests completed after the flip", lambda: load.snapshot().ok > served_at_flip, timeout=60)
     finally:
         stats = load.stop()
     assert latency(env, name)["speculation"] == "Off"
