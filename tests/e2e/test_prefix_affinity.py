@@ -62,7 +62,12 @@ def _scraped(env: Env, metric: str, name: str) -> float:
 def _hit_rate(env: Env, name: str, strategy: str) -> float:
     """Runs the conversations through resource `name`'s router with `strategy` on the latency pool and
     returns the share of prompt tokens its engines found in their prefix caches."""
-    selection = {"latency": {"strategy": strategy}}
+    # PrefixAffinity's bound at its widest: which early turn a tighter one spills while 8 conversations
+    # start at once is the machine's timing (the bound is unit-tested); it also checks that the field
+    # reaches the router through the operator's rendered config.
+    selection: dict[str, dict[str, Any]] = {"latency": {"strategy": strategy}}
+    if strategy == "PrefixAffinity":
+        selection["latency"]["loadBoundPercent"] = 1000
     fleet(
         env,
         name,

@@ -68,10 +68,12 @@ async def hit_rate(tmp_path: Path, selection: dict[str, Any]) -> float:
 
 async def test_prefix_affinity_keeps_conversations_on_their_cached_engine(tmp_path: Path) -> None:
     least = await hit_rate(tmp_path, {"strategy": "LeastOutstanding"})
-    affine = await hit_rate(tmp_path, {"strategy": "PrefixAffinity", "loadBoundPercent": 200})
+    # The bound at its widest (10x the mean): which early turn it spills while 8 conversations start at
+    # once depends on the machine's timing (0.535 instead of ~0.6 on a loaded CI machine at 200%); the
+    # bound itself is tested in test_router_affinity.py.
+    affine = await hit_rate(tmp_path, {"strategy": "PrefixAffinity", "loadBoundPercent": 1000})
     # With affinity every turn after the first finds the history before it cached (~0.6 of the prompt
-    # tokens here, less partial last blocks and the first turns the bound spilled while 8 conversations
-    # started at once). Least outstanding sends a conversation's turns round the engines, so most turns
-    # miss what the previous one cached (~0.3 here).
+    # tokens here, less partial last blocks). Least outstanding sends a conversation's turns round the
+    # engines, so most turns miss what the previous one cached (~0.3 here).
     assert affine > 0.55, (least, affine)
     assert affine > least + 0.15, (least, affine)
