@@ -320,9 +320,10 @@ def test_operator_restart_mid_rollout_does_not_flip_twice(env):
         env.operator.start()
         _wait_settled(env, name, timeout=90)
         env.wait_sweeps(3)  # several evaluations after the restart
+        # Read while the load runs: once it stops, the pool may rightly turn back on.
+        history = env.sd(name)["status"]["history"]
     finally:
         stats = load.stop()
-    history = env.sd(name)["status"]["history"]
     assert [(h["from"], h["to"]) for h in history] == [("On", "Off")]
     assert "--speculative-config" not in _engine_args(env, name)
     assert settled_at_restart == "False", "the restart came after the rollout ended; the test proved less"
@@ -497,12 +498,13 @@ def test_goodput_turns_a_pool_off_when_the_drafter_s_kv_cache_runs_out_without_f
         preempted = env.prometheus.query(f"sum(max_over_time(vllm:num_preemptions_total{{{sel}}}[5m]))")
         assert preempted, "no vllm:num_preemptions_total of the speculating engines in Prometheus"
         assert float(preempted[0]["value"][1]) > 0, preempted
-        # The engines without the drafter hold the whole load: later sweeps keep the pool off.
+        # The engines without the drafter hold the whole load: later sweeps keep the pool off. Read
+        # while the load still runs: once it stops, the pool rightly turns back on (below 1 per replica).
         env.wait_sweeps(3)
-    finally:
-        stats = load.stop()
         history = env.sd(name)["status"].get("history", [])
         pool = _latency(env, name)
+    finally:
+        stats = load.stop()
         env.kubectl("delete", "sd", name, "-n", env.namespace, "--wait=false")
         env.kubectl("delete", "configmap", "memory-profile", "-n", env.namespace, "--wait=false")
     # As the demand measured climbs, K 3's lookahead slots cost a request of the cache before K 1's do:
