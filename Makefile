@@ -37,6 +37,7 @@ deps:
 	bash scripts/setup-prometheus.sh
 	bash scripts/setup-vllm.sh
 	bash scripts/setup-actionlint.sh
+	bash scripts/build-epp.sh
 
 lint:
 	$(VENV)/bin/ruff check .

@@ -24,6 +24,7 @@ from .stages import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
 from .tools import (
     PrometheusTools,
     ToolError,
+    ensure_epp,
     ensure_gateway_api_crds,
     ensure_inference_extension_crds,
     ensure_keda_crds,
@@ -43,6 +44,7 @@ __all__ = [
     "PrometheusTools",
     "ToolError",
     "ensure_binaries",
+    "ensure_epp",
     "ensure_gateway_api_crds",
     "ensure_inference_extension_crds",
     "ensure_keda_crds",

@@ -17,6 +17,7 @@ from pathlib import Path
 __all__ = [
     "PrometheusTools",
     "ToolError",
+    "ensure_epp",
     "ensure_gateway_api_crds",
     "ensure_inference_extension_crds",
     "ensure_keda_crds",
@@ -31,6 +32,7 @@ SETUP_PROMETHEUS_OPERATOR_CRDS = REPO / "scripts" / "setup-prometheus-operator-c
 SETUP_KEDA_CRDS = REPO / "scripts" / "setup-keda-crds.sh"
 SETUP_GATEWAY_API_CRDS = REPO / "scripts" / "setup-gateway-api-crds.sh"
 SETUP_INFERENCE_EXTENSION_CRDS = REPO / "scripts" / "setup-inference-extension-crds.sh"
+BUILD_EPP = REPO / "scripts" / "build-epp.sh"
 
 
 class ToolError(RuntimeError):
@@ -109,3 +111,17 @@ def ensure_inference_extension_crds() -> Path:
     if not (crd_dir / "inference.networking.k8s.io_inferencepools.yaml").is_file():
         raise ToolError(f"no Inference Extension CRDs in {crd_dir}")
     return crd_dir
+
+
+@functools.cache
+def ensure_epp() -> Path:
+    """The Gateway API Inference Extension's endpoint picker binary, built first (Go) if missing.
+
+    ``SPECFLEET_EPP`` may name an existing binary (another build of the same version); it is checked,
+    not built.
+    """
+    override = os.environ.get("SPECFLEET_EPP")
+    epp = Path(override) if override else _run_setup(BUILD_EPP)
+    if not os.access(epp, os.X_OK):
+        raise ToolError(f"not executable: {epp}")
+    return epp

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -16,18 +15,11 @@ import yaml
 from specfleet.api.validation import parse_resource
 from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
-from specfleet_testbed import ensure_gateway_api_crds, ensure_inference_extension_crds
-from support.manifests import ROOT, apply_crds, load_yaml, merge
+from support.manifests import ROOT, load_yaml, merge
 from support.strict_apply import strict_dry_run
 
 pytestmark = pytest.mark.cluster
 EXAMPLE = ROOT / "examples" / "09-gateway.yaml"
-GATEWAY_CRDS = ("gatewayclasses", "gateways", "httproutes")
-INFERENCE_CRDS = (
-    ("inference.networking.k8s.io", "inferencepools"),
-    ("inference.networking.x-k8s.io", "inferenceobjectives"),
-    ("inference.networking.x-k8s.io", "inferencemodelrewrites"),
-)
 # Variants that reach the other branches of the renderer: an existing picker, the pool header first,
 # enough tenants to split a rule, no pool header at all.
 VARIANTS = {
@@ -49,19 +41,6 @@ VARIANTS = {
         }
     },
 }
-
-
-@pytest.fixture(scope="module")
-def gateway_crds(cluster) -> Iterator[object]:
-    gateway_dir, inference_dir = ensure_gateway_api_crds(), ensure_inference_extension_crds()
-    paths = [gateway_dir / f"gateway.networking.k8s.io_{kind}.yaml" for kind in GATEWAY_CRDS]
-    paths += [inference_dir / f"{group}_{kind}.yaml" for group, kind in INFERENCE_CRDS]
-    apply_crds(cluster, *paths)
-    yield cluster
-    names = [f"{kind}.gateway.networking.k8s.io" for kind in GATEWAY_CRDS]
-    names += [f"{kind}.{group}" for group, kind in INFERENCE_CRDS]
-    # Other cluster tests run without the Gateway API.
-    cluster.kubectl("delete", "crd", *names, "--wait=false", check=False)
 
 
 def _contains(stored: object, rendered: object) -> bool:

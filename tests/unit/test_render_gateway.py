@@ -401,6 +401,8 @@ def test_the_crd_scripts_fetch_the_versions_the_renderer_targets():
     inference = (ROOT / "scripts" / "setup-inference-extension-crds.sh").read_text()
     assert f"sigs.k8s.io/gateway-api {GATEWAY_API_VERSION} " in gateway
     assert f"sigs.k8s.io/gateway-api-inference-extension {INFERENCE_EXTENSION_VERSION} " in inference
+    # The endpoint picker the cluster tier runs is the one the default image carries.
+    assert f"\nversion={INFERENCE_EXTENSION_VERSION}\n" in (ROOT / "scripts" / "build-epp.sh").read_text()
     assert DEFAULT_PICKER_IMAGE.endswith(f":{INFERENCE_EXTENSION_VERSION}")
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"Gateway API Inference Extension {INFERENCE_EXTENSION_VERSION}" in readme
