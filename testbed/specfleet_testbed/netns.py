@@ -30,7 +30,7 @@ from specfleet_testbed.cluster import _die_with_parent
 
 __all__ = ["Bridge", "NetnsError", "NetworkNamespace", "Spawned"]
 
-IP = shutil.which("ip") or "/usr/sbin/ip"
+IP = shutil.which("ip") or "ip"  # iproute2, as util-linux's unshare and setpriv: part of the base system
 # testbed/specfleet_testbed/netns.py -> testbed/ (on the forwarder's PYTHONPATH)
 TESTBED_DIR = Path(__file__).resolve().parents[1]
 
