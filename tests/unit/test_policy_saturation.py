@@ -4,13 +4,14 @@ the engine without the drafter serves more; below its capacity, the closed-loop 
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.policy import PoolObservation, PoolState, decide
-from specfleet.policy.saturation import Arrivals, arrivals, overloaded
+from specfleet.policy.saturation import Arrivals, arrivals, in_system, overloaded, waiting
 from specfleet.policy.throughput import OFF, pool_model
 from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, MemoryProfile, default_profile
 
@@ -100,3 +101,52 @@ def test_an_off_pool_does_not_turn_on_into_a_load_the_drafter_cannot_serve():
     assert d.message.startswith("stays off")
     # Serving half of it, the same pool turns on.
     assert _decide("Off", obs(2.0, 3 * cap * 0.5)).target == "On"
+
+
+def test_requests_for_is_the_batch_that_serves_a_rate_and_none_beyond_capacity():
+    rate = MODEL.tokens_per_second("K3", ACC, 2.0)
+    assert math.isclose(MODEL.requests_for("K3", ACC, rate), 2.0, rel_tol=1e-6)
+    assert MODEL.requests_for("K3", ACC, 0.0) == 0.0
+    assert MODEL.requests_for("K3", ACC, MODEL.capacity("K3", ACC) * 1.01) == math.inf
+    # Off runs up to 11 here: the rate K3 cannot serve, it can.
+    assert MODEL.requests_for(OFF, ACC, MODEL.capacity("K3", ACC) * 1.01) < 11
+
+
+def test_waiting_is_erlang_c():
+    # M/M/1: utilisation^2 / (1 - utilisation); M/M/2 at 0.5: 1/3 (textbook values).
+    assert math.isclose(waiting(1, 0.5), 0.5)
+    assert math.isclose(waiting(2, 0.5), 1 / 3)
+    assert waiting(4, 1.0) == math.inf
+    assert waiting(4, 0.0) == 0.0
+    # More slots at the same utilisation: less waiting; more utilisation: more.
+    assert waiting(14, 0.85) < waiting(3, 0.85) < waiting(3, 0.95)
+
+
+# Memory binds at a larger batch (an 8B-class step on a 70B-class cache over two GPUs): the drafter's
+# cache holds 14 requests of 1k-token prompts, off's 29.
+TWO = replace(
+    default_profile(), memory=MemoryProfile(kv_cache_tokens=25800, kv_cache_tokens_with_drafter=12500)
+)
+
+
+def test_a_queue_a_speculating_pool_serves_with_fewer_requests_is_not_a_reason_to_turn_off():
+    model = pool_model(TWO, obs(14.0, 300.0), [1, 2, 3], mode="On", current_k=3)
+    assert (model.settings[OFF].fits, model.settings["K3"].fits) == (29.0, 14.0)
+    rate = 0.85 * model.capacity("K3", ACC)
+    assert in_system(model, "K3", ACC, rate) < in_system(model, OFF, ACC, rate) / 1.05
+
+    def decided(ob: PoolObservation):
+        state = PoolState(mode="On", last_transition=NOW - timedelta(days=1), recent_load=(), k=3)
+        return decide(POLICY, 3, {"latency": state}, {"latency": ob}, NOW, TWO)[0]
+
+    # 14 running and 20 waiting per replica: at a demand of 34 off would run 29 at once and win (a
+    # closed loop); the rate arriving is 0.85 of what the drafter serves, with fewer in the engines.
+    queued = obs(14.0, 3 * rate, waiting=60.0)
+    d = decided(queued)
+    assert (d.target, d.reason) == ("On", r.GOODPUT_WITHIN_MARGIN)
+    assert d.message.startswith("stays on"), d.message
+    # Without the rate measured the closed-loop prediction alone decides: off, memory-bound.
+    unknown = decided(replace(queued, generation_tokens_per_second=None))
+    assert (unknown.target, unknown.reason) == ("Off", r.GOODPUT_MEMORY_BOUND)
+    # At the drafter's capacity the queue is its own: off.
+    assert decided(obs(14.0, 3 * model.capacity("K3", ACC), waiting=60.0)).target == "Off"

@@ -11,6 +11,7 @@ import yaml
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.sim.bound import (
     NAME,
+    REACTIVE,
     best_schedule,
     held_through,
     rollout_mix,
@@ -59,6 +60,23 @@ def test_a_change_is_made_only_where_it_pays_for_its_rollout() -> None:
     assert first_b <= 10
     assert out[first_b + len(mix) : 25 - len(mix)] == ["b"] * (25 - len(mix) - first_b - len(mix))
     assert out[-1] == "a"
+
+
+def test_the_reactive_schedule_holds_its_start_until_the_hold_window() -> None:
+    mix = [0.0, 0.0, 0.5]
+    n = 30
+    a = np.ones(n)
+    b = np.full(n, 0.9)
+    b[10:25] = 1.2
+    free = best_schedule({"a": a, "b": b}, mix)
+    assert free.index("b") < 10  # hindsight: the rollout starts before b pays
+    held = best_schedule({"a": a, "b": b}, mix, start="a", hold=12)
+    assert held[:12] == ["a"] * 12
+    assert held.index("b") == 12  # at once when allowed: b still pays for its rollout
+    # Forced to start in b, it leaves b only from the hold window on, however little b serves.
+    worse = best_schedule({"a": a, "b": np.full(n, 0.5)}, mix, start="b", hold=5)
+    assert worse[:5] == ["b"] * 5
+    assert worse[5:] == ["a"] * (n - 5)
 
 
 def test_gated_flips_start_no_sooner_than_the_gap_after_the_last_one() -> None:
@@ -206,6 +224,25 @@ def test_the_lagged_schedule_makes_the_same_changes_later() -> None:
     assert [(c.time + 90, c.to_mode, c.to_k) for c in bound.changes if c.time + 90 < 1500] == [
         (c.time, c.to_mode, c.to_k) for c in lagged.changes
     ]
+
+
+def test_the_reactive_bound_changes_nothing_before_the_load_moves() -> None:
+    load = ClosedLoop(
+        points=((0, 12), (300, 12), (600, 900), (900, 900), (960, 12), (1500, 12)), sizes=((300, 200),)
+    )
+    statics = {
+        name: simulate(example(), load, Strategy(name, "static", mode, k), SimOptions(seed=0))
+        for name, mode, k in (("alwaysOff", "Off", None), ("alwaysOnK1", "On", 1), ("alwaysOnK3", "On", 3))
+    }
+    bound = rollout_paying_oracle(example(), load, statics, SimOptions(seed=0), default_profile())
+    reactive = rollout_paying_oracle(
+        example(), load, statics, SimOptions(seed=0), default_profile(), hold_seconds=300
+    )
+    assert reactive.strategy.name == REACTIVE
+    assert reactive.changes and min(c.time for c in reactive.changes) >= 300
+    # Knowing the trace, the bound starts before the load moves; held, the reactive one serves less.
+    assert min(c.time for c in bound.changes) < 300
+    assert reactive.tokens_per_second <= bound.tokens_per_second * 1.01
 
 
 def test_held_through_takes_the_best_setting_or_mix_on_both_sides_of_a_change() -> None:

@@ -17,7 +17,7 @@ from specfleet.policy.goodput import GoodputPrediction, candidate_ks, goodput_pr
 from specfleet.policy.load import commit_path, demand_trend, expected_load, measured_load
 from specfleet.policy.memory import DEFAULT_MAX_NUM_SEQS
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
-from specfleet.policy.saturation import arrivals, overloaded, queued
+from specfleet.policy.saturation import arrivals, overloaded, queued, serves_with_fewer
 from specfleet.policy.schedule import Schedule
 from specfleet.policy.startup import RolloutTime, pool_rollout
 from specfleet.policy.threshold import threshold_wanted
@@ -154,6 +154,7 @@ def assess(
             shown = {**wanted.numbers, **model.numbers(g_commit.per_position)}
             reason = r.GOODPUT_MEMORY_BOUND if why else wanted.reason
             wanted = replace(wanted, reason=reason, message=why + wanted.message, numbers=shown)
+        wanted = _transient_queue(policy, state, observed, now, model, g_commit, wanted)
         wanted = _saturation(policy, state, observed, now, model, g_commit, wanted)
     else:
         wanted = threshold_wanted(policy, k, state, obs, est, profile)
@@ -180,6 +181,35 @@ def assess(
     return Assessment(
         pool, state, obs, current_k, est, wanted, loads, gains, numbers, schedules, model, demand, rollout
     )
+
+
+def _transient_queue(
+    policy: PolicySpec,
+    state: PoolState,
+    observed: PoolObservation,
+    now: datetime,
+    model: PoolModel,
+    g: GoodputPrediction,
+    wanted: Wanted,
+) -> Wanted:
+    """`wanted`, or On where a speculating pool whose KV cache holds fewer requests than it is asked
+    for (memory-bound), and so queues, would turn off although it serves the arrivals with fewer
+    requests in its engines than the engine without the drafter would need
+    (`policy.saturation.serves_with_fewer`). Only there: a queue of another cause (prompts waiting for
+    their prefill as a crowd arrives) says nothing of the rate that arrives."""
+    if not (state.mode == "On" and wanted.mode == "Off" and queued(observed) and model.current):
+        return wanted
+    if not (model.memory_known and model.bound()):
+        return wanted
+    trend = demand_trend(policy, state, observed, now)
+    arriving = arrivals(observed, trend[0] if trend else None)
+    if arriving is None:
+        return wanted
+    why = serves_with_fewer(model, model.current, g.per_position, arriving, goodput_margin(policy))
+    if why is None:
+        return wanted
+    numbers = {**wanted.numbers, "arrivingTokensPerSecond": f"{arriving.tokens_per_second:.4g}"}
+    return Wanted("On", r.GOODPUT_WITHIN_MARGIN, f"stays on: {why}", numbers)
 
 
 def _saturation(

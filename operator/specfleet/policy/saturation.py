@@ -19,6 +19,7 @@ setting with less capacity stays ruled out until the queue is gone and what is s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,4 +77,56 @@ def overloaded(
         f"{arriving.tokens_per_second:.0f} tokens/s per replica arrive ({arriving.served:.0f} served{growth}); "
         f"with the drafter ({name}) the engines serve at most {capacity:.0f} at the {model.batch(name, model.max_num_seqs):.0f} "
         f"requests they run, without it {off:.0f}: a queue would grow for as long as the load lasts"
+    )
+
+
+def waiting(servers: int, utilisation: float) -> float:
+    """Mean requests waiting at an engine of `servers` batch slots busy `utilisation` of the time, with
+    requests arriving at random (Poisson; Erlang C: the chance of waiting times the queue a waiting
+    request finds, utilisation / (1 - utilisation)); inf from full utilisation on."""
+    if utilisation >= 1:
+        return math.inf
+    if utilisation <= 0:
+        return 0.0
+    offered = utilisation * servers
+    blocked = 1.0  # Erlang B, by its recurrence over the slots
+    for k in range(1, servers + 1):
+        blocked = offered * blocked / (k + offered * blocked)
+    wait_chance = blocked / (1 - utilisation * (1 - blocked))
+    return wait_chance * utilisation / (1 - utilisation)
+
+
+def in_system(model: PoolModel, name: str, per_position: Sequence[float], rate: float) -> float:
+    """Requests per replica in setting `name`'s engines when `rate` generated tokens per second per
+    replica arrive at random: the batch that serves them (`PoolModel.requests_for`) and the queue its
+    fluctuations build (`waiting`, with the setting's batch slots and its `capacity`)."""
+    running = model.requests_for(name, per_position, rate)
+    if math.isinf(running):
+        return math.inf
+    slots = max(1, int(min(model.max_num_seqs, model.settings[name].fits)))
+    return running + waiting(slots, rate / model.capacity(name, per_position))
+
+
+def serves_with_fewer(
+    model: PoolModel, name: str, per_position: Sequence[float], arriving: Arrivals, margin: float
+) -> str | None:
+    """Why speculating setting `name` serves the arrivals with fewer requests in the engines than the
+    engine without the drafter would need, by more than `margin` (None: it does not). While the pool
+    queues, its demand counts the waiting requests; comparing settings at that demand asks who
+    serves more if that many were always there (a closed loop). Requests that arrive on their own
+    schedule are served at their rate by any setting with the capacity: the one that needs fewer of
+    them in the engine to keep up serves each sooner (Little's law), and the queue is the arrivals'
+    fluctuation, not a demand the setting must hold."""
+    if name == OFF:
+        return None
+    rate = arriving.tokens_per_second
+    spec = in_system(model, name, per_position, rate)
+    off = in_system(model, OFF, per_position, rate)
+    if not spec < off / (1 + margin):
+        return None
+    without = "more than it runs" if math.isinf(off) else f"{off:.1f}"
+    return (
+        f"{rate:.0f} tokens/s per replica arrive; with the drafter ({name}) the engines serve them with "
+        f"{spec:.1f} requests per replica in the engines, without it they would need {without}: the queue "
+        "is the arrivals' fluctuation, not a load the drafter cannot serve"
     )

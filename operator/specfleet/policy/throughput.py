@@ -155,6 +155,25 @@ class PoolModel:
         (min(max_num_seqs, fits)), whatever the demand."""
         return self.tokens_per_second(name, per_position, min(self.max_num_seqs, self.settings[name].fits))
 
+    def requests_for(self, name: str, per_position: Sequence[float], tokens_per_second: float) -> float:
+        """Requests per replica setting `name` runs to serve `tokens_per_second` (generated) per replica:
+        the smallest batch whose `tokens_per_second` reaches it (inf: beyond its `capacity`). By
+        Little's law, of two settings serving the same arrivals the one that needs fewer requests in
+        the engine serves each sooner."""
+        top = min(self.max_num_seqs, self.settings[name].fits)
+        if tokens_per_second <= 0:
+            return 0.0
+        if self.tokens_per_second(name, per_position, top) < tokens_per_second:
+            return math.inf
+        low, high = 0.0, top
+        for _ in range(40):
+            mid = (low + high) / 2
+            if self.tokens_per_second(name, per_position, mid) < tokens_per_second:
+                low = mid
+            else:
+                high = mid
+        return high
+
     def gain(self, name: str, per_position: Sequence[float], demand: float | None = None) -> float:
         """Throughput of `name` over the engine without the drafter, at the same demand."""
         off = self.tokens_per_second(OFF, per_position, demand)

@@ -42,6 +42,7 @@ from specfleet.sim.workload import ClosedLoop, Trace
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 NAME = "rolloutPayingOracle"
+REACTIVE = "reactiveBound"
 
 
 def rollout_mix(replicas: int, max_surge: int, startup_seconds: float, bin_seconds: float) -> list[float]:
@@ -71,6 +72,8 @@ def best_schedule(
     flip_gap: int = 0,
     objective: str = "total",
     skip: int = 0,
+    start: str | None = None,
+    hold: int = 0,
 ) -> list[str]:
     """The per-window setting sequence with the highest score, when a change from a to b in window w
     scores windows w..w+len(mix)-1 as (1 - f) x a + f x b (f from `mix`) and allows no other change
@@ -83,7 +86,10 @@ def best_schedule(
     K between speculating settings is not a flip (the policy's retunes do not spend them either).
     `objective` "total" maximises the sum of the windows' scores; "worst" the lowest window score
     from window `skip` on (ties: the sum), a max-min program whose sum is only a tie-break, so not
-    the best sum under that minimum in every case."""
+    the best sum under that minimum in every case.
+
+    `start` fixes the setting serving at window 0 (None: the best one), and no change starts before
+    window `hold`."""
     names = list(values)
     if not names:
         return []
@@ -115,7 +121,7 @@ def best_schedule(
                 here = (min(floor[a][w], rest[0]) if worst else v[a][w] + rest[0], v[a][w] + rest[1])
                 choice, score = -1, here
                 for j, b in enumerate(names):
-                    if j == i:
+                    if j == i or w < hold:
                         continue
                     flip = off[i] != off[j]
                     if flip and g < gap:
@@ -141,7 +147,9 @@ def best_schedule(
                 move[w][i][g] = choice
     # Start with the setting that does best from window 0 (no rollout at the start: the static runs
     # start that way too), free to flip at once (a new pool has no last flip).
-    current = max(range(len(names)), key=lambda i: best[0][i][gap])
+    current = (
+        names.index(start) if start is not None else max(range(len(names)), key=lambda i: best[0][i][gap])
+    )
     out: list[str] = []
     w, g = 0, gap
     while w < n:
@@ -155,6 +163,15 @@ def best_schedule(
         g = min(gap, end - w) if off[current] != off[j] else min(gap, g + end - w)
         current, w = j, end
     return out
+
+
+def first_best(values: Mapping[str, np.ndarray]) -> str:
+    """The setting best in the first window with traffic."""
+    names = list(values)
+    for w in range(len(values[names[0]])):
+        if any(not math.isnan(values[s][w]) for s in names):
+            return max(names, key=lambda s: float(np.nan_to_num(values[s][w], nan=-1.0)))
+    return names[0]
 
 
 def scores(runs: Mapping[str, RunResult], pool: str, smooth: int) -> dict[str, np.ndarray]:
@@ -205,6 +222,7 @@ def rollout_paying_oracle(
     objective: str = "total",
     gated: bool = False,
     name: str = NAME,
+    hold_seconds: float | None = None,
 ) -> RunResult:
     """The best hindsight schedule of static settings that pays each change's surge rollout, simulated
     (see the module docstring). `statics` are the static runs on the same workload and seed.
@@ -218,7 +236,14 @@ def rollout_paying_oracle(
     on (one window plus one evaluation; see `best_schedule`) instead of for the sum. `gated` starts a
     flip no sooner than max(minDwellSeconds, cooldownSeconds) after the pool's previous one, as the
     resource's gates allow a policy (the hourly flip budget and the retune interval are not modelled:
-    the bound stays above what the gates allow)."""
+    the bound stays above what the gates allow).
+
+    `hold_seconds` (not None) gives the reactive bound (`REACTIVE`): the schedule starts in the
+    setting best in the first window and starts no change before `hold_seconds` (when the workload
+    first moves: nothing measured before it tells the trace from one that stays as it began), then
+    follows the best schedule knowing the rest. A policy that serves the first stretch in its best
+    setting has no reason to leave it sooner, so on this trace it scores at most this (within the mix
+    model); one that leaves it anyway pays on every trace whose first stretch lasts."""
     options = options.resolved(sd.spec)
     any_run = next(iter(statics.values()))
     policy = sd.spec.policy
@@ -229,7 +254,13 @@ def rollout_paying_oracle(
     for pool in auto_pools(sd.spec):
         spec = getattr(sd.spec.pools, pool)
         mix = rollout_mix(spec.replicas, spec.max_surge, options.startup, step)
-        choices[pool] = best_schedule(scores(statics, pool, smooth), mix, gap, objective, skip)
+        values = scores(statics, pool, smooth)
+        start, hold = None, 0
+        if hold_seconds is not None:
+            start = first_best(values)
+            hold = math.floor(hold_seconds / step + 1e-9)
+            name = REACTIVE
+        choices[pool] = best_schedule(values, mix, gap, objective, skip, start, hold)
     schedule = schedule_of(choices, any_run.bin_seconds)
     if lag_seconds > 0:
         lag = round(lag_seconds / any_run.bin_seconds) * any_run.bin_seconds
