@@ -726,8 +726,9 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
   0.04 ms per uncached prompt token, and every step slowed by the time scale so that the engines
   saturate at a request rate two shared CPUs can drive.
 - **Routers**, one at a time over the same four engines: the specfleet router (source build, uvloop, one
-  worker) with `endpointSelection` LeastOutstanding and PrefixAffinity (default load bound 125%; it
-  hashes the first 2 KiB of the messages, here the tenant's system prompt); vllm-router from PyPI (as
+  worker) with `endpointSelection` LeastOutstanding and PrefixAffinity (default load bound 125%: a turn
+  goes to the engine that last served the longest of its conversation's message-boundary keys, else by
+  the first 2 KiB of its messages, here the tenant's system prompt, on the ring); vllm-router from PyPI (as
   `benchmarks/router_bench.py` installs it) with `--policy cache_aware`, `consistent_hash` and
   `round_robin`, its defaults otherwise. Every request carries `X-Session-ID: <conversation>`, the key
   vllm-router's consistent_hash reads first (without it, it hashes the whole body, which changes every
@@ -745,8 +746,8 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
 - **Simulator**: the same traces through `specfleet.sim.simulate` with `SimOptions(routing=...)`
   leastOutstanding and prefixAffinity, on four engines of the same KV cache and the published profile
   slowed by the same time scale: hit rate after the warm-up, generated tokens per request-second in the
-  system, TTFT. Its affinity keys on the conversation (`prefix[-1]`, rendezvous hashing), the router's
-  on the leading text (the tenant's system prompt here): the two can differ.
+  system, TTFT. Its affinity keys on the conversation (`prefix[-1]`, rendezvous hashing), without the
+  router's conversation table or its ring on the tenant's system prompt: the two can differ.
 
 ## Result
 

@@ -1,4 +1,5 @@
-"""Prefix affinity: the leading text a body gives, the ring it maps to, and the pool config that turns it on."""
+"""Prefix affinity: the leading text and turns a body gives, the conversation table and the ring they map to,
+and the pool config that turns it on."""
 
 from __future__ import annotations
 
@@ -9,9 +10,16 @@ from typing import Any
 
 import pytest
 
-from specfleet_runtime.router.affinity import VIRTUAL_NODES, Ring, prefix_key
+from specfleet_runtime.router.affinity import (
+    VIRTUAL_NODES,
+    PrefixKeys,
+    RecentEngines,
+    Ring,
+    prefix_key,
+    prefix_keys,
+)
 from specfleet_runtime.router.backends import Backends
-from specfleet_runtime.router.body import read_body_fields
+from specfleet_runtime.router.body import MAX_TURNS, BodyFields, read_body_fields
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.routing_config import PREFIX_CHARS, PREFIX_TOKENS, RoutingConfig
 
@@ -19,13 +27,28 @@ URLS = tuple(f"http://10.0.0.{i}:8000" for i in range(1, 5))
 KEYS = [prefix_key(f"conversation {i}") for i in range(4000)]
 
 
-def prefix(doc: dict[str, Any] | bytes) -> str:
-    """The leading text read whole and scanned; both ways must agree."""
+def read(doc: dict[str, Any] | bytes) -> BodyFields:
+    """The body read whole and scanned; both ways must agree on its leading text and turns."""
     body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
-    whole = read_body_fields(body, whole_parse_max=len(body), prefix=True).prefix
-    scanned = read_body_fields(body, whole_parse_max=0, prefix=True).prefix
-    assert whole == scanned
+    whole = read_body_fields(body, whole_parse_max=len(body), prefix=True)
+    scanned = read_body_fields(body, whole_parse_max=0, prefix=True)
+    assert (whole.prefix, whole.turns, whole.first_user) == (
+        scanned.prefix,
+        scanned.turns,
+        scanned.first_user,
+    )
     return whole
+
+
+def prefix(doc: dict[str, Any] | bytes) -> str:
+    return read(doc).prefix
+
+
+def keys(doc: dict[str, Any]) -> PrefixKeys:
+    fields = read(doc)
+    found = prefix_keys(fields.prefix, fields.turns, fields.first_user)
+    assert found is not None
+    return found
 
 
 # ---- the leading text ----------------------------------------------------------------------------
@@ -99,6 +122,66 @@ def test_reading_the_text_of_a_huge_body_is_bounded() -> None:
         read = read_body_fields(body, prefix=True)
         assert time.perf_counter() - started < 5.0
         assert 0 < len(read.prefix) <= PREFIX_CHARS + 1 + 7 * PREFIX_TOKENS
+
+
+def test_a_chat_keys_every_message_boundary_from_its_first_user_message_on() -> None:
+    system = {"role": "system", "content": "S" * 9000}  # longer than the leading text holds
+    turn1 = {"messages": [system, {"role": "user", "content": "first question"}]}
+    turn2 = {
+        "messages": [
+            *turn1["messages"],
+            {"role": "assistant", "content": "answer"},
+            {"role": "user", "content": "more"},
+        ]
+    }
+    one, two = keys(turn1), keys(turn2)
+    assert one.leading == two.leading  # the ring sees the system prompt: the tenant's place
+    assert len(one.conversation) == 1
+    assert len(two.conversation) == 3
+    # Turn 2 repeats turn 1, so turn 1's key is a prefix of turn 2's: the engine that served it is found.
+    assert two.conversation[0] == one.conversation[0]
+    # Another conversation of the same tenant shares the leading key but none of the conversation keys.
+    other = keys({"messages": [system, {"role": "user", "content": "other question"}]})
+    assert other.leading == one.leading
+    assert not set(other.conversation) & set(two.conversation)
+    # A completion, or a chat with no user message, has the leading key only.
+    assert keys({"prompt": "hello"}).conversation == ()
+    assert keys({"messages": [system]}).conversation == ()
+    # A long conversation is read only to MAX_TURNS messages, whole or scanned alike.
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(3 * MAX_TURNS)]
+    assert len(read({"messages": many}).turns) == MAX_TURNS
+    assert len(keys({"messages": many}).conversation) == MAX_TURNS
+    # Turns joined alike but split differently are different conversations.
+    a = keys({"messages": [{"role": "user", "content": "ab"}, {"role": "user", "content": "c"}]})
+    b = keys({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "bc"}]})
+    assert a.conversation[-1] != b.conversation[-1]
+
+
+# ---- the conversation table ----------------------------------------------------------------------
+
+
+def test_the_table_gives_the_endpoint_of_the_longest_usable_key() -> None:
+    recent = RecentEngines()
+    recent.record((1, 2), URLS[0])
+    recent.record((1, 2, 3), URLS[1])  # the next turn went elsewhere: its keys follow it
+    assert recent.longest((1, 2, 3, 4), URLS, {}, (), 10) == URLS[1]
+    assert recent.longest((1, 2), URLS, {}, (), 10) == URLS[1]
+    assert recent.longest((9,), URLS, {}, (), 10) is None
+    # An endpoint loaded to the limit, excluded or gone is passed over for the next shorter key.
+    recent.record((1,), URLS[2])
+    assert recent.longest((1, 2, 3), URLS, {URLS[1]: 10}, (), 10) == URLS[2]
+    assert recent.longest((1, 2, 3), URLS, {}, {URLS[1]}, 10) == URLS[2]
+    assert recent.longest((1, 2, 3), URLS[2:], {}, (), 10) == URLS[2]
+    assert recent.longest((1, 2, 3), URLS[3:], {}, (), 10) is None
+
+
+def test_the_table_forgets_the_least_recently_used_keys_first() -> None:
+    recent = RecentEngines(capacity=3)
+    recent.record((1, 2), URLS[0])
+    recent.record((3,), URLS[1])
+    recent.record((1,), URLS[2])  # used again: now the newest
+    recent.record((4,), URLS[3])
+    assert list(recent.served) == [3, 1, 4]
 
 
 # ---- the ring ------------------------------------------------------------------------------------
@@ -231,16 +314,18 @@ def test_pick_follows_the_prefix_only_where_the_pool_asks_for_it() -> None:
     assert key is not None
     affine = backends(latency={"strategy": "PrefixAffinity"})
     home = Ring(URLS).owner(key)
-    assert {affine.pick("latency", set(), key) for _ in range(8)} == {home}
+    assert {affine.pick("latency", set(), PrefixKeys(key)) for _ in range(8)} == {home}
     # No key: least outstanding, which rotates over idle endpoints.
     assert len({affine.pick("latency", set(), None) for _ in range(8)}) == len(URLS)
     plain = backends()
-    assert len({plain.pick("latency", set(), key) for _ in range(8)}) == len(URLS)
+    assert len({plain.pick("latency", set(), PrefixKeys(key, (5,))) for _ in range(8)}) == len(URLS)
+    assert not plain.recent.served  # only a pool with affinity learns conversations
 
 
 def test_pick_by_prefix_skips_tried_and_ejected_endpoints() -> None:
-    key = KEYS[3]
-    assert key is not None
+    found = KEYS[3]
+    assert found is not None
+    key = PrefixKeys(found)
     b = backends(latency={"strategy": "PrefixAffinity"})
     home = b.pick("latency", set(), key)
     assert home is not None
@@ -258,3 +343,75 @@ def test_pick_by_prefix_skips_tried_and_ejected_endpoints() -> None:
     for _ in range(3):
         b.acquire(home)
     assert b.pick("latency", set(), key) != home
+
+
+def repool(b: Backends, urls: list[str]) -> None:
+    """The latency pool's endpoints become `urls` (a flip, a scale-up or -down)."""
+    doc = config_doc(latency={"strategy": "PrefixAffinity"})
+    doc["pools"]["latency"]["staticUrls"] = urls
+    b.apply_config(RoutingConfig.from_json(json.dumps(doc)))
+
+
+def conversation(number: int, turns: int) -> list[PrefixKeys]:
+    """The keys of each turn of one conversation of a tenant whose system prompt fills the leading text."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": "tenant rules " * 400}]
+    out = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"conversation {number} question {turn}"})
+        out.append(keys({"messages": messages}))
+        messages.append({"role": "assistant", "content": f"answer {turn}"})
+    return out
+
+
+def test_a_conversation_sticks_to_its_engine_across_turns_even_off_its_ring_place() -> None:
+    b = backends(latency={"strategy": "PrefixAffinity"})
+    turns = conversation(1, 4)
+    home = b.pick("latency", set(), turns[0])
+    assert home == Ring(URLS).owner(turns[0].leading)
+    # The tenant's ring place is loaded past the bound: turn 2 spills, and sticks to where it went.
+    for _ in range(3):
+        b.acquire(home)
+    moved = b.pick("latency", set(), turns[1])
+    assert moved not in (None, home)
+    assert moved is not None
+    for _ in range(3):
+        b.release(home)
+    # With room at home again the conversation stays where its history now is; a new conversation of the
+    # same tenant starts at the tenant's ring place.
+    assert b.pick("latency", set(), turns[2]) == moved
+    assert b.pick("latency", set(), turns[3]) == moved
+    assert b.pick("latency", set(), conversation(2, 1)[0]) == home
+
+
+def test_a_conversation_spills_at_the_load_bound_and_comes_back_to_the_ring_when_its_engine_leaves() -> None:
+    b = backends(latency={"strategy": "PrefixAffinity", "loadBoundPercent": 150})
+    first, second = conversation(3, 2)
+    engine = b.pick("latency", set(), first)
+    assert engine is not None
+    # 4 outstanding on its engine, 4 in all: the limit is ceil(1.5 * 5 / 4) = 2, so the next turn spills.
+    for _ in range(4):
+        b.acquire(engine)
+    spilled = b.pick("latency", set(), second)
+    assert spilled not in (None, engine)
+    for _ in range(4):
+        b.release(engine)
+    # Its engine leaves the pool: the conversation goes where it was last served; a conversation whose
+    # only engine left falls back to the ring without it.
+    assert spilled is not None
+    remaining = [u for u in URLS if u != spilled]
+    repool(b, remaining)
+    assert b.pick("latency", set(), second) == Ring(tuple(remaining)).owner(second.leading)
+
+
+def test_an_endpoint_joining_moves_no_conversation_and_a_share_of_new_ones() -> None:
+    # Nothing is acquired here, so nothing is over the load bound.
+    b = backends(latency={"strategy": "PrefixAffinity"})
+    started = [conversation(n, 2) for n in range(200)]
+    before = [b.pick("latency", set(), turns[0]) for turns in started]
+    grown = [*URLS, "http://10.0.0.5:8000"]
+    repool(b, grown)
+    # Every conversation under way keeps its engine: its history is cached there.
+    assert [b.pick("latency", set(), turns[1]) for turns in started] == before
+    # New ones (other system prompts: other tenants) start on the grown ring, some on the new endpoint.
+    fresh = [PrefixKeys(k) for k in KEYS[:400] if k is not None]
+    assert grown[-1] in {b.pick("latency", set(), k) for k in fresh}

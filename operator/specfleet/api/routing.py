@@ -101,11 +101,13 @@ class EndpointSelection(ApiModel):
     strategy: contract.EndpointStrategy = Field(
         default=_SELECTION.strategy,
         description="LeastOutstanding (default): the engine with the fewest requests in flight from this "
-        "router worker. PrefixAffinity: consistent hashing with bounded loads on the request's leading "
-        "text (a completion's prompt, or the chat messages up to the first user turn, at most "
-        f"{contract.PREFIX_CHARS} characters), so requests sharing it, such as the turns of one conversation, "
-        "reach the engine whose prefix cache holds it while that engine is under the load bound; "
-        "requests without such text are sent by least outstanding.",
+        "router worker. PrefixAffinity: a chat turn goes to the engine that last served its conversation "
+        "(the longest of its message-boundary prefixes this router worker remembers); other requests, and "
+        "turns of conversations the worker has not seen, by consistent hashing with bounded loads on "
+        "their leading text (a completion's prompt, or the chat messages up to the first user turn, at "
+        f"most {contract.PREFIX_CHARS} characters, such as a tenant's system prompt). Either way only to an "
+        "engine under the load bound, so requests sharing a prefix reach the engine whose prefix cache "
+        "holds it while it has room; requests without such text are sent by least outstanding.",
     )
     load_bound_percent: int | None = Field(
         default=_SELECTION.load_bound_percent,
@@ -113,7 +115,7 @@ class EndpointSelection(ApiModel):
         le=contract.LOAD_BOUND_PERCENT_RANGE[1],
         description="PrefixAffinity only: an engine takes a prefix's requests while it has fewer than this "
         "percentage of the mean requests in flight across the pool's engines (counting the arriving "
-        "one, rounded up); past it the request goes to the next engine on the ring. An integer percent "
+        "one, rounded up); past it the request goes to the next engine on the ring (and the conversation stays there). An integer percent "
         f"rather than a fraction; default {contract.DEFAULT_LOAD_BOUND_PERCENT}. Lower spreads a hot "
         "prefix sooner, higher keeps more requests on their prefix's engine.",
     )

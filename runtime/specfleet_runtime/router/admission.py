@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from specfleet_runtime.router.affinity import prefix_key
+from specfleet_runtime.router.affinity import prefix_keys
 from specfleet_runtime.router.body import BodyFields, read_body_fields
 from specfleet_runtime.router.classify import (
     Classification,
@@ -84,7 +84,7 @@ class Admission:
                 remote,
                 prompts=read.prompts,
                 endpoint=endpoint,
-                prefix=prefix_key(read.prefix) if affinity else None,
+                prefix=prefix_keys(read.prefix, read.turns, read.first_user) if affinity else None,
             )
         except InvalidRequest as err:
             raise Refusal(400, err.message, "invalid_request", err.param) from None

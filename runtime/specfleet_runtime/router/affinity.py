@@ -1,27 +1,48 @@
-"""Prefix affinity: consistent hashing with bounded loads over a pool's endpoints (pure: no I/O).
+"""Prefix affinity: which engine of a pool holds a request's prefix in its KV cache (pure: no I/O).
 
-A request's leading text (`body.prefix_text`) hashes to a point on a ring where every endpoint holds
-`VIRTUAL_NODES` points; the request goes to the first endpoint clockwise that is not excluded (tried,
-ejected) and has fewer outstanding requests than the bound: `ceil(c * (m + 1) / n)` with `m` requests
-outstanding on the `n` candidates and `c` the load bound (Mirrokni, Thorup and Zadimoghaddam, "Consistent
-Hashing with Bounded Loads", 2018). So the turns of one conversation reach the engine that holds its KV
-prefix while that engine has room, a hot prefix spills onto the next endpoints of the ring instead of
-overloading one, and an endpoint joining or leaving moves only the keys next to its own points (~1/n).
+Two maps, tried in order:
 
-The hash is blake2b, not Python's `hash` (salted per process): every router worker and replica builds the
-same ring from the same endpoints, so they agree where a prefix goes without sharing any state; only the
-load bound uses each worker's own outstanding counts.
+- A conversation goes back to the engine that last served it. A chat has a key at each message
+  boundary from its first user message on (messages 1..j hashed, for every j); `RecentEngines`, a
+  bounded LRU table, remembers which endpoint last served each key, and a request goes to the endpoint
+  of its longest remembered key that is usable (not excluded, under the load bound). Turn n+1 repeats
+  turn n's messages, so its longest key is turn n's last one: the engine that cached its history, even
+  where the load bound had sent turn n off its ring position. A conversation moves only when its
+  engine is loaded past the bound or gone, and then sticks to where it moved.
+- Everything else (a conversation's first turn, a completion, a conversation this worker has not
+  seen) hashes its leading text (`body.prefix_text`: the system prompt, through the first user
+  message) to a ring where every endpoint holds `VIRTUAL_NODES` points, and goes to the first endpoint
+  clockwise that is usable: consistent hashing with bounded loads (Mirrokni, Thorup and Zadimoghaddam,
+  2018), a limit of `ceil(c * (m + 1) / n)` with `m` requests outstanding on the `n` candidates and `c`
+  the load bound. So a tenant's new conversations start where its system prompt is cached, a hot
+  prefix spills onto the next endpoints of the ring instead of overloading one, and an endpoint joining
+  or leaving moves only the keys next to its own points (~1/n); the table moves nothing but the
+  conversations of an endpoint that left.
+
+Why both (measured in docs/benchmarks/prefix-routing.md): keyed on the leading text alone, every
+conversation of a tenant shares one key, so under the bound a spilled conversation's later turns land
+wherever the ring has room that moment and prefill their whole history again.
+
+The hashes are blake2b, not Python's `hash` (salted per process): every router worker and replica
+builds the same ring from the same endpoints. The table is each worker's own (a worker learns the
+conversations whose requests it forwarded); a turn that reaches a worker which has not seen its
+conversation falls back to the ring, which every worker agrees on.
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+from collections import OrderedDict
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Final
 
 # Points per endpoint: with 100 the keys an endpoint owns stay within ~10% of an even share.
 VIRTUAL_NODES: Final = 100
+# Conversation keys a worker remembers (~100 bytes each): a conversation has one per message, so this
+# holds the recent turns of thousands of conversations, more than a pool's KV caches hold.
+RECENT_KEYS: Final = 1 << 16
 
 
 def _point(data: bytes) -> int:
@@ -34,6 +55,90 @@ def prefix_key(text: str) -> int | None:
         return None
     # surrogatepass: a string cut inside an escaped surrogate pair still hashes.
     return _point(text.encode("utf-8", "surrogatepass"))
+
+
+@dataclass(frozen=True)
+class PrefixKeys:
+    """What prefix affinity knows of a request: its leading text's ring position and, for a chat, the
+    key of each message boundary from its first user message on, shortest first."""
+
+    leading: int
+    conversation: tuple[int, ...] = ()
+
+
+def prefix_keys(text: str, turns: tuple[str, ...] = (), first_user: int = 0) -> PrefixKeys | None:
+    """The keys of a request with leading `text` and chat `turns` (see `body.BodyFields`); None where it
+    has no leading text (least outstanding then). One incremental hash over the turns: bounded work."""
+    leading = prefix_key(text)
+    if leading is None:
+        return None
+    digest = hashlib.blake2b(digest_size=8)
+    conversation: list[int] = []
+    for i, turn in enumerate(turns):
+        data = turn.encode("utf-8", "surrogatepass")
+        # Each turn's length first, so turns that concatenate alike still hash apart.
+        digest.update(len(data).to_bytes(4, "big"))
+        digest.update(data)
+        if i >= first_user:
+            conversation.append(int.from_bytes(digest.copy().digest(), "big"))
+    return PrefixKeys(leading, tuple(conversation))
+
+
+def load_limit(
+    endpoints: tuple[str, ...], outstanding: Mapping[str, int], excluded: Collection[str], bound_percent: int
+) -> int:
+    """The most requests an endpoint may have outstanding and still take one more: `ceil(c * (m + 1) /
+    n)`; 0 where every endpoint is excluded. `bound_percent` is c in percent (at least 100, so one
+    candidate is always under)."""
+    candidates = 0
+    total = 0
+    for url in endpoints:
+        if url not in excluded:
+            candidates += 1
+            total += outstanding.get(url, 0)
+    if not candidates:
+        return 0
+    # In integers; the arriving request counts.
+    return -(-(bound_percent * (total + 1)) // (100 * candidates))
+
+
+class RecentEngines:
+    """Which endpoint last served each conversation key; the least recently used key is forgotten first."""
+
+    def __init__(self, capacity: int = RECENT_KEYS) -> None:
+        self.capacity = capacity
+        self.served: OrderedDict[int, str] = OrderedDict()
+
+    def longest(
+        self,
+        keys: tuple[int, ...],
+        endpoints: Collection[str],
+        outstanding: Mapping[str, int],
+        excluded: Collection[str],
+        limit: int,
+    ) -> str | None:
+        """The endpoint of the longest key remembered whose endpoint is still in `endpoints`, not
+        `excluded` and has fewer than `limit` outstanding; None where no key has one."""
+        served = self.served
+        for key in reversed(keys):
+            url = served.get(key)
+            if (
+                url is not None
+                and url in endpoints
+                and url not in excluded
+                and outstanding.get(url, 0) < limit
+            ):
+                return url
+        return None
+
+    def record(self, keys: tuple[int, ...], url: str) -> None:
+        """Remember that `url` serves every key of `keys` (its cache now holds them all)."""
+        served = self.served
+        for key in keys:
+            served[key] = url
+            served.move_to_end(key)
+        while len(served) > self.capacity:
+            served.popitem(last=False)
 
 
 class Ring:
@@ -61,17 +166,15 @@ class Ring:
         bound_percent: int,
     ) -> str | None:
         """The first endpoint clockwise from `key` not in `excluded` and under the load bound; None if
-        every endpoint is excluded. `bound_percent` is c in percent (at least 100, so one is always under)."""
-        candidates = 0
-        total = 0
-        for url in self.endpoints:
-            if url not in excluded:
-                candidates += 1
-                total += outstanding.get(url, 0)
-        if not candidates:
-            return None
-        # ceil(c * (total + 1) / candidates) in integers: the arriving request counts.
-        limit = -(-(bound_percent * (total + 1)) // (100 * candidates))
+        every endpoint is excluded."""
+        return self.choose_under(
+            key, outstanding, excluded, load_limit(self.endpoints, outstanding, excluded, bound_percent)
+        )
+
+    def choose_under(
+        self, key: int, outstanding: Mapping[str, int], excluded: Collection[str], limit: int
+    ) -> str | None:
+        """The first endpoint clockwise from `key` not in `excluded` with fewer than `limit` outstanding."""
         points = len(self.points)
         start = bisect.bisect_left(self.points, key)
         passed: set[str] = set()

@@ -6,8 +6,9 @@ for `eject_seconds`: skipped while another endpoint is available. An EndpointSli
 the kubelet found ready; a static URL has nobody vouching for it, so it counts towards readiness only
 once it answered its last health check (`check_static`, run when /readyz asks).
 
-Each pool picks by its `endpointSelection`: least outstanding, or prefix affinity over a ring of its
-endpoints (router/affinity.py), rebuilt when they change; ejected and tried endpoints are skipped alike.
+Each pool picks by its `endpointSelection`: least outstanding, or prefix affinity (router/affinity.py):
+the endpoint that last served the request's conversation, else its leading text's place on a ring of the
+pool's endpoints (rebuilt when they change); ejected and tried endpoints are skipped alike.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from specfleet_runtime.names import POOLS, PoolName
-from specfleet_runtime.router.affinity import Ring
+from specfleet_runtime.router.affinity import PrefixKeys, RecentEngines, Ring, load_limit
 from specfleet_runtime.router.endpoints import (
     AddressMap,
     choose_endpoint,
@@ -61,6 +62,9 @@ class Backends:
         self.pool_endpoints: dict[str, tuple[str, ...]] = dict.fromkeys(POOLS, ())
         # Each pool's prefix-affinity ring, built on first use after its endpoints changed.
         self._rings: dict[str, Ring] = {}
+        # Which endpoint last served each conversation key (all pools: a key's endpoint outside the
+        # pool asked for is passed over).
+        self.recent = RecentEngines()
         self.outstanding: dict[str, int] = {}
         self.ejected_until: dict[str, float] = {}
         self._turn = 0
@@ -208,10 +212,10 @@ class Backends:
             wanted, self.pool_endpoints, config.fallback
         )
 
-    def pick(self, pool: PoolName, tried: set[str], prefix: int | None = None) -> str | None:
+    def pick(self, pool: PoolName, tried: set[str], prefix: PrefixKeys | None = None) -> str | None:
         """The endpoint of `pool` for a request not yet tried there, avoiding ejected ones while possible:
-        by the pool's strategy, the least loaded one or, for a request with a `prefix` key, its prefix's
-        endpoint under the load bound."""
+        by the pool's strategy, the least loaded one or, for a request with `prefix` keys, its
+        conversation's or its prefix's endpoint under the load bound."""
         endpoints = self.pool_endpoints.get(pool, ())
         config = self.config
         if prefix is not None and config is not None:
@@ -229,19 +233,33 @@ class Backends:
         return choose_endpoint(endpoints, self.outstanding, tried, self._turn)
 
     def _pick_by_prefix(
-        self, pool: str, endpoints: tuple[str, ...], tried: set[str], prefix: int, bound_percent: int
+        self, pool: str, endpoints: tuple[str, ...], tried: set[str], prefix: PrefixKeys, bound_percent: int
     ) -> str | None:
         ring = self._rings.get(pool)
         if ring is None or ring.endpoints != endpoints:
             ring = Ring(endpoints)
             self._rings[pool] = ring
+        url = None
         if self.ejected_until:
             now = self.clock()
             ejected = {u for u in endpoints if self.ejected_until.get(u, 0.0) > now}
-            url = ring.choose(prefix, self.outstanding, tried | ejected, bound_percent)
-            if url is not None:
-                return url
-        return ring.choose(prefix, self.outstanding, tried, bound_percent)
+            url = self._choose_by_prefix(ring, prefix, tried | ejected, bound_percent)
+        if url is None:
+            url = self._choose_by_prefix(ring, prefix, tried, bound_percent)
+        if url is not None and prefix.conversation:
+            self.recent.record(prefix.conversation, url)
+        return url
+
+    def _choose_by_prefix(
+        self, ring: Ring, prefix: PrefixKeys, excluded: set[str], bound_percent: int
+    ) -> str | None:
+        limit = load_limit(ring.endpoints, self.outstanding, excluded, bound_percent)
+        if not limit:
+            return None
+        url = self.recent.longest(prefix.conversation, ring.endpoints, self.outstanding, excluded, limit)
+        if url is not None:
+            return url
+        return ring.choose_under(prefix.leading, self.outstanding, excluded, limit)
 
     def acquire(self, url: str) -> None:
         self.outstanding[url] = self.outstanding.get(url, 0) + 1

@@ -10,8 +10,9 @@ and `MAX_VALUES`, refuses what Python's json accepts but no engine should see (`
 numbers beyond a double, lone surrogate escapes, UTF-16/32), and keeps only those fields. A scan holds
 one Latin-1 copy of the body (a byte a character) and 1 MiB windows while checking its bytes.
 
-Asked for it (`prefix=True`), it also reads the request's leading text for prefix affinity: the same
-`PREFIX_CHARS` of it whichever way the body was read, and never more than a bounded slice of it.
+Asked for it (`prefix=True`), it also reads the request's leading text for prefix affinity and, for a
+chat, each message's leading text (the conversation keys of `affinity.prefix_keys`): the same
+`PREFIX_CHARS` of each whichever way the body was read, and never more than a bounded slice of it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ _BYTES_PER_CHAR: Final = 12
 # Between a message's role and content, and after each message, in the prefix text.
 _ROLE_END: Final = "\x1f"
 _MESSAGE_END: Final = "\x1e"
+# Chat messages whose leading text is read for the conversation keys: a longer conversation keys on its
+# first MAX_TURNS messages (which still tell it from others), so a request decodes at most MAX_TURNS
+# slices of 2 * PREFIX_CHARS characters.
+MAX_TURNS: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,10 @@ class BodyFields:
     # The request's leading text for prefix affinity (see `prefix_text`); "" where it has none or
     # it was not asked for.
     prefix: str = ""
+    # A chat's messages for the conversation keys, each as `_turn` writes it (at most MAX_TURNS), and the
+    # index of the first user message among them (len(turns) where none); empty where not asked for.
+    turns: tuple[str, ...] = ()
+    first_user: int = 0
 
 
 def _invalid(message: str, pos: int | None = None) -> NoReturn:
@@ -111,6 +120,49 @@ def read_body_fields(body: bytes, whole_parse_max: int = WHOLE_PARSE_MAX, prefix
 # ---- the leading text, for prefix affinity --------------------------------------------------------
 
 
+def _turn(role: str, content: str) -> str:
+    """A message's part of the leading text: its role and content (each already cut to PREFIX_CHARS)."""
+    return role + _ROLE_END + content + _MESSAGE_END
+
+
+def _chat_prefix(messages: list[tuple[str, str]]) -> BodyFields:
+    """The leading text and turns of a chat's messages (role and content pairs, each cut to PREFIX_CHARS,
+    at most MAX_TURNS): the text is the turns up to and including the first user message, at most
+    PREFIX_CHARS characters."""
+    turns = tuple(_turn(role, content) for role, content in messages)
+    first_user = len(turns)
+    for i, (role, _) in enumerate(messages):
+        if role == "user":
+            first_user = i
+            break
+    parts: list[str] = []
+    size = 0
+    for i, part in enumerate(turns):
+        parts.append(part)
+        size += len(part)
+        if i == first_user or size >= PREFIX_CHARS:
+            break
+    return BodyFields({}, prefix="".join(parts)[:PREFIX_CHARS], turns=turns, first_user=first_user)
+
+
+def _chat_messages(messages: list[Any]) -> list[tuple[str, str]]:
+    """The role and content of a parsed chat's leading messages, each cut to PREFIX_CHARS: up to the first
+    that is not an object, at most MAX_TURNS; a role or content that is not a string counts as empty."""
+    pairs: list[tuple[str, str]] = []
+    for message in messages[:MAX_TURNS]:
+        if not isinstance(message, dict):
+            break
+        role = message.get("role")
+        content = message.get("content")
+        pairs.append(
+            (
+                role[:PREFIX_CHARS] if isinstance(role, str) else "",
+                content[:PREFIX_CHARS] if isinstance(content, str) else "",
+            )
+        )
+    return pairs
+
+
 def prefix_text(doc: dict[str, Any]) -> str:
     """The leading text of a request for prefix affinity, from its parsed body; "" if it has none.
 
@@ -120,36 +172,27 @@ def prefix_text(doc: dict[str, Any]) -> str:
     (after a NUL, so ids never collide with text). A list of token-id lists has none. At most
     `PREFIX_CHARS` characters.
     """
+    return _prefix_fields(doc).prefix
+
+
+def _prefix_fields(doc: dict[str, Any]) -> BodyFields:
+    """`prefix_text` and, for a chat, its turns (see `BodyFields`)."""
     messages = doc.get("messages")
     if isinstance(messages, list):
-        parts: list[str] = []
-        size = 0
-        for message in messages:
-            if not isinstance(message, dict):
-                break
-            role = message.get("role")
-            content = message.get("content")
-            role_text = role[:PREFIX_CHARS] if isinstance(role, str) else ""
-            content_text = content[:PREFIX_CHARS] if isinstance(content, str) else ""
-            part = role_text + _ROLE_END + content_text + _MESSAGE_END
-            parts.append(part)
-            size += len(part)
-            if role_text == "user" or size >= PREFIX_CHARS:
-                break
-        return "".join(parts)[:PREFIX_CHARS]
+        return _chat_prefix(_chat_messages(messages))
     prompt = doc.get("prompt")
     if isinstance(prompt, list) and prompt:
         prompt = prompt[0] if isinstance(prompt[0], str) else prompt
     if isinstance(prompt, str):
-        return prompt[:PREFIX_CHARS]
+        return BodyFields({}, prefix=prompt[:PREFIX_CHARS])
     if isinstance(prompt, list):
         ids: list[str] = []
         for item in prompt[:PREFIX_TOKENS]:
             if not _is_id(item):
                 break
             ids.append(str(item))
-        return _ids_text(ids) if ids else ""
-    return ""
+        return BodyFields({}, prefix=_ids_text(ids) if ids else "")
+    return BodyFields({})
 
 
 def _is_id(value: Any) -> bool:
@@ -193,7 +236,11 @@ def _parse_whole(body: bytes, prefix: bool) -> BodyFields:
         if name in FIELDS:
             long = isinstance(value, str) and len(value) > MAX_FIELD_BYTES
             fields[name] = value[:MAX_FIELD_BYTES] + "…" if long else value
-    return BodyFields(fields, _prompt_count(doc.get("prompt", "")), prefix_text(doc) if prefix else "")
+    prompts = _prompt_count(doc.get("prompt", ""))
+    if not prefix:
+        return BodyFields(fields, prompts)
+    read = _prefix_fields(doc)
+    return BodyFields(fields, prompts, read.prefix, read.turns, read.first_user)
 
 
 def _check_depth(doc: dict[str, Any]) -> None:
@@ -276,7 +323,7 @@ class _Scanner:
         fields: dict[str, Any] = {}
         prompts = 1
         prompt_prefix = ""
-        messages_prefix: str | None = None
+        chat: BodyFields | None = None
         pos = self.ws(pos + 1)
         if self.at(pos, "a property name or '}'") == "}":
             pos += 1
@@ -288,7 +335,7 @@ class _Scanner:
                 elif name == "prompt":
                     prompts, prompt_prefix, pos = self.prompt(pos)
                 elif name == "messages" and self.want_prefix:
-                    messages_prefix, pos = self.messages_prefix(pos)
+                    chat, pos = self.messages_prefix(pos)
                 else:
                     pos = self.skip(pos, 1)
                 pos = self.ws(pos)
@@ -302,7 +349,9 @@ class _Scanner:
         end = self.ws(pos)
         if end != self.size:
             _invalid("extra data", end)
-        return BodyFields(fields, prompts, prompt_prefix if messages_prefix is None else messages_prefix)
+        if chat is None:
+            return BodyFields(fields, prompts, prompt_prefix)
+        return BodyFields(fields, prompts, chat.prefix, chat.turns, chat.first_user)
 
     def ws(self, pos: int) -> int:
         if pos >= self.size or self.text[pos] not in _WHITESPACE:
@@ -496,31 +545,29 @@ class _Scanner:
                 _invalid("expecting ',' or ']'", pos)
             pos = self.ws(pos + 1)
 
-    def messages_prefix(self, pos: int) -> tuple[str | None, int]:
-        """The prefix text of a `messages` value (None if it is not a list; see `prefix_text`), its end."""
+    def messages_prefix(self, pos: int) -> tuple[BodyFields | None, int]:
+        """The leading text and turns of a `messages` value (None if it is not a list; see
+        `_chat_prefix`), and its end."""
         if self.at(pos, "a value") != "[":
             return None, self.skip(pos, 1)
         self.count()
         pos = self.ws(pos + 1)
         if self.at(pos, "a value or ']'") == "]":
-            return "", pos + 1
-        parts: list[str] = []
-        size = 0
+            return _chat_prefix([]), pos + 1
+        pairs: list[tuple[str, str]] = []
         done = False
         while True:
             if not done and self.at(pos, "a value") == "{":
                 role, content, pos = self.message(pos)
-                part = role + _ROLE_END + content + _MESSAGE_END
-                parts.append(part)
-                size += len(part)
-                done = role == "user" or size >= PREFIX_CHARS
+                pairs.append((role, content))
+                done = len(pairs) >= MAX_TURNS
             else:
                 done = True  # the rest is only checked
                 pos = self.skip(pos, 2)
             pos = self.ws(pos)
             c = self.at(pos, "',' or ']'")
             if c == "]":
-                return "".join(parts)[:PREFIX_CHARS], pos + 1
+                return _chat_prefix(pairs), pos + 1
             if c != ",":
                 _invalid("expecting ',' or ']'", pos)
             pos = self.ws(pos + 1)

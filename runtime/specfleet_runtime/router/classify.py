@@ -29,6 +29,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from specfleet_runtime.names import POOLS, PoolName
+from specfleet_runtime.router.affinity import PrefixKeys
 from specfleet_runtime.routing_config import AutoSegmentation, IdentityHeaderTrust, RoutingConfig
 
 
@@ -84,8 +85,8 @@ class RequestFacts:
     unbounded: bool = False
     # Choices the request asks for: its prompts times n.
     choices: int = 1
-    # Not for classification: the ring position of its leading text, for a pool with prefix affinity.
-    prefix: int | None = None
+    # Not for classification: its prefix and conversation keys, for a pool with prefix affinity.
+    prefix: PrefixKeys | None = None
 
 
 # vLLM's default `max_tokens` for /v1/completions (a chat request's default is the rest of the context).
@@ -179,7 +180,7 @@ def extract_facts(
     *,
     prompts: int = 1,
     endpoint: Endpoint | None = None,
-    prefix: int | None = None,
+    prefix: PrefixKeys | None = None,
 ) -> RequestFacts:
     """Turn headers (case-insensitive mapping) and the body's top-level fields into `RequestFacts`.
 

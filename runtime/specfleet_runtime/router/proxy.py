@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from specfleet_runtime.names import PoolName
+from specfleet_runtime.router.affinity import PrefixKeys
 from specfleet_runtime.router.backends import Backends
 from specfleet_runtime.router.classify import Classification
 from specfleet_runtime.router.errors import error_response, sse_error_event
@@ -294,14 +295,14 @@ class Proxy:
         classification: Classification,
         pools: list[PoolName],
         started: float | None,
-        prefix: int | None = None,
+        prefix: PrefixKeys | None = None,
     ) -> tuple[Reply | None, Outcome]:
         """Send to an endpoint until one answers; retries happen only before any byte is relayed.
 
         Endpoints of `pools[0]` first; the next pool only once every endpoint of the first failed.
         `target` is the canonical path (and query) sent to the engine, never the client's spelling.
         `started` (the request's arrival) times its first byte; None for a request that is not
-        inference (tokenizer routes), whose time is not observed. `prefix`: the request's prefix key,
+        inference (tokenizer routes), whose time is not observed. `prefix`: the request's prefix keys,
         for pools that pick endpoints by prefix affinity.
         """
         headers = forward_headers(request.headers, request.remote)
