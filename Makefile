@@ -38,6 +38,7 @@ deps:
 	bash scripts/setup-vllm.sh
 	bash scripts/setup-actionlint.sh
 	bash scripts/build-epp.sh
+	bash scripts/build-extproc-client.sh
 
 lint:
 	$(VENV)/bin/ruff check .

@@ -30,7 +30,6 @@ from specfleet_testbed.cluster import _die_with_parent
 
 __all__ = ["Bridge", "NetnsError", "NetworkNamespace", "Spawned"]
 
-IP = shutil.which("ip") or "ip"  # iproute2, as util-linux's unshare and setpriv: part of the base system
 # testbed/specfleet_testbed/netns.py -> testbed/ (on the forwarder's PYTHONPATH)
 TESTBED_DIR = Path(__file__).resolve().parents[1]
 
@@ -39,8 +38,16 @@ class NetnsError(RuntimeError):
     """The namespace or a process in it could not be set up."""
 
 
+def _ip_program() -> str:
+    """iproute2's `ip`, from PATH (a system package the test bed does not install: it needs root anyway)."""
+    program = shutil.which("ip")
+    if program is None:
+        raise NetnsError("network namespaces need iproute2's `ip` on PATH")
+    return program
+
+
 def _ip(*args: str) -> None:
-    result = subprocess.run([IP, *args], capture_output=True, text=True, timeout=30, check=False)
+    result = subprocess.run([_ip_program(), *args], capture_output=True, text=True, timeout=30, check=False)
     if result.returncode != 0:
         raise NetnsError(f"ip {' '.join(args)}: {result.stderr.strip()}")
 
@@ -94,7 +101,7 @@ class NetworkNamespace:
 
     def command(self, argv: list[str]) -> list[str]:
         """`argv` run inside the namespace (``ip netns exec`` enters it, then execs: same PID)."""
-        return [IP, "netns", "exec", self.name, *argv]
+        return [_ip_program(), "netns", "exec", self.name, *argv]
 
     def spawn(
         self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None, inside: bool = True

@@ -18,6 +18,7 @@ __all__ = [
     "PrometheusTools",
     "ToolError",
     "ensure_epp",
+    "ensure_extproc_client",
     "ensure_gateway_api_crds",
     "ensure_inference_extension_crds",
     "ensure_keda_crds",
@@ -33,6 +34,7 @@ SETUP_KEDA_CRDS = REPO / "scripts" / "setup-keda-crds.sh"
 SETUP_GATEWAY_API_CRDS = REPO / "scripts" / "setup-gateway-api-crds.sh"
 SETUP_INFERENCE_EXTENSION_CRDS = REPO / "scripts" / "setup-inference-extension-crds.sh"
 BUILD_EPP = REPO / "scripts" / "build-epp.sh"
+BUILD_EXTPROC_CLIENT = REPO / "scripts" / "build-extproc-client.sh"
 
 
 class ToolError(RuntimeError):
@@ -125,3 +127,13 @@ def ensure_epp() -> Path:
     if not os.access(epp, os.X_OK):
         raise ToolError(f"not executable: {epp}")
     return epp
+
+
+@functools.cache
+def ensure_extproc_client() -> Path:
+    """The test bed's ext_proc client (testbed/extproc-client: plays a gateway's data plane against the
+    endpoint picker), built first (Go, with the picker's module pins) if this source version is missing."""
+    client = _run_setup(BUILD_EXTPROC_CLIENT)
+    if not os.access(client, os.X_OK):
+        raise ToolError(f"not executable: {client}")
+    return client

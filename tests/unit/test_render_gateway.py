@@ -403,6 +403,11 @@ def test_the_crd_scripts_fetch_the_versions_the_renderer_targets():
     assert f"sigs.k8s.io/gateway-api-inference-extension {INFERENCE_EXTENSION_VERSION} " in inference
     # The endpoint picker the cluster tier runs is the one the default image carries.
     assert f"\nversion={INFERENCE_EXTENSION_VERSION}\n" in (ROOT / "scripts" / "build-epp.sh").read_text()
+    # The ext_proc client that plays the gateway against it is built against the same picker's pins.
+    client_script = (ROOT / "scripts" / "build-extproc-client.sh").read_text()
+    assert f"\nepp_version={INFERENCE_EXTENSION_VERSION}\n" in client_script
+    client_mod = (ROOT / "testbed" / "extproc-client" / "go.mod").read_text()
+    assert f"\tsigs.k8s.io/gateway-api-inference-extension {INFERENCE_EXTENSION_VERSION}\n" in client_mod
     assert DEFAULT_PICKER_IMAGE.endswith(f":{INFERENCE_EXTENSION_VERSION}")
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"Gateway API Inference Extension {INFERENCE_EXTENSION_VERSION}" in readme
