@@ -150,3 +150,29 @@ def test_a_queue_a_speculating_pool_serves_with_fewer_requests_is_not_a_reason_t
     assert (unknown.target, unknown.reason) == ("Off", r.GOODPUT_MEMORY_BOUND)
     # At the drafter's capacity the queue is its own: off.
     assert decided(obs(14.0, 3 * model.capacity("K3", ACC), waiting=60.0)).target == "Off"
+
+
+def test_a_rising_demand_turns_a_pool_off_before_its_engines_overflow():
+    cap = MODEL.capacity("K3", ACC)
+    # 1.5 requests per replica (the drafter's cache holds 3) rising by 1.5 a window, no queue yet:
+    # on the trend, more than the drafter runs arrive before a rollout to off could finish.
+    rising = tuple((NOW - timedelta(seconds=s), 1.5 - s / 80) for s in range(120, 0, -15))
+    serving = obs(1.5, 3 * cap * 0.6)
+    d = _decide("On", serving, rising)
+    assert (d.target, d.reason) == ("Off", r.GOODPUT_OVERLOADED)
+    assert "by the time a rollout" in d.message, d.message
+    # Level, the same load stays on: the drafter serves it, fewer requests at a time.
+    level = tuple((NOW - timedelta(seconds=s), 1.5) for s in range(120, 0, -15))
+    assert _decide("On", serving, level).target == "On"
+    # Rising where the engine without the drafter could not serve more (8 requests at most, a cache
+    # that holds them either way): nothing to gain by leaving, the pool stays on.
+    roomy = replace(
+        default_profile(), memory=MemoryProfile(kv_cache_tokens=400000, kv_cache_tokens_with_drafter=390000)
+    )
+    small = pool_model(roomy, serving, [1, 2, 3], mode="On", current_k=3, max_num_seqs=8)
+    assert small.capacity(OFF, ACC) < small.capacity("K3", ACC)
+    state = PoolState(
+        mode="On", last_transition=NOW - timedelta(days=1), recent_load=rising, k=3, max_num_seqs=8
+    )
+    fast = obs(1.5, 3 * small.capacity("K3", ACC) * 0.6)
+    assert decide(POLICY, 3, {"latency": state}, {"latency": fast}, NOW, roomy)[0].target == "On"

@@ -5,6 +5,7 @@ window's is moving), the expected load, Goodput's predictions (one model of the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -14,14 +15,20 @@ from specfleet.policy.acceptance import Estimate, acceptance_moving, estimate_fo
 from specfleet.policy.canaries import active_canaries, settling
 from specfleet.policy.decision import PoolDecision, Wanted, goodput_margin, pool_k
 from specfleet.policy.goodput import GoodputPrediction, candidate_ks, goodput_prediction, goodput_wanted
-from specfleet.policy.load import commit_path, demand_trend, expected_load, measured_load
+from specfleet.policy.load import (
+    commit_path,
+    demand_fit,
+    demand_trend,
+    expected_load,
+    measured_load,
+)
 from specfleet.policy.memory import DEFAULT_MAX_NUM_SEQS
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
 from specfleet.policy.saturation import arrivals, overloaded, queued, serves_with_fewer
 from specfleet.policy.schedule import Schedule
 from specfleet.policy.startup import RolloutTime, pool_rollout
 from specfleet.policy.threshold import threshold_wanted
-from specfleet.policy.throughput import PoolModel, pool_model, setting_name
+from specfleet.policy.throughput import OFF, PoolModel, pool_model, setting_name
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 
@@ -156,6 +163,7 @@ def assess(
             wanted = replace(wanted, reason=reason, message=why + wanted.message, numbers=shown)
         wanted = _transient_queue(policy, state, observed, now, model, g_commit, wanted)
         wanted = _saturation(policy, state, observed, now, model, g_commit, wanted)
+        wanted = _overload_ahead(policy, state, observed, now, model, g_commit, wanted, rollout)
     else:
         wanted = threshold_wanted(policy, k, state, obs, est, profile)
     numbers = {**observed.as_text(), **wanted.numbers}
@@ -210,6 +218,49 @@ def _transient_queue(
         return wanted
     numbers = {**wanted.numbers, "arrivingTokensPerSecond": f"{arriving.tokens_per_second:.4g}"}
     return Wanted("On", r.GOODPUT_WITHIN_MARGIN, f"stays on: {why}", numbers)
+
+
+def _overload_ahead(
+    policy: PolicySpec,
+    state: PoolState,
+    observed: PoolObservation,
+    now: datetime,
+    model: PoolModel,
+    g: GoodputPrediction,
+    wanted: Wanted,
+    rollout: RolloutTime,
+) -> Wanted:
+    """`wanted`, or Off where a speculating pool's demand, rising along its trend, would pass the batch
+    its setting can run (min(maxNumSeqs, what its KV cache holds)) before a rollout to the engine
+    without the drafter, which runs more and serves more by the margin, could finish: the queue
+    would build during the rollout that relieves it."""
+    if not (state.mode == "On" and wanted.mode == "On" and model.current):
+        return wanted
+    fit = demand_fit(policy, state, observed, now)
+    # Projected over a whole rollout, a slope not told apart from noise would turn pools off on every
+    # fluctuation.
+    if fit is None or not fit.significant(policy):
+        return wanted
+    slope, fitted = fit.slope, fit.fitted
+    margin = goodput_margin(policy)
+    name = model.current
+    top = min(model.max_num_seqs, model.settings[name].fits)
+    top_off = min(model.max_num_seqs, model.settings[OFF].fits)
+    cap, off = model.capacity(name, g.per_position), model.capacity(OFF, g.per_position)
+    if top_off <= top * (1 + margin) or off <= cap * (1 + margin):
+        return wanted
+    band = math.sqrt(max(fitted, 1.0) / max(1, observed.replicas_reporting))
+    rise = max(0.0, slope * (policy.window_seconds / 2 + rollout.seconds) - band)
+    ahead = (observed.demand_per_replica or 0.0) + rise
+    if ahead <= top:
+        return wanted
+    why = (
+        f"at the demand's trend {ahead:.1f} requests per replica arrive by the time a rollout "
+        f"({rollout.seconds:.0f} s) serves; with the drafter ({name}) the engines run {top:.0f} at once "
+        f"and serve at most {cap:.0f} tokens/s, without it {top_off:.0f} and {off:.0f}"
+    )
+    numbers = {**wanted.numbers, "projectedDemandPerReplica": f"{ahead:.3g}"}
+    return Wanted("Off", r.GOODPUT_OVERLOADED, why, numbers, k=g.best)
 
 
 def _saturation(

@@ -6,6 +6,7 @@ flip commits the pool to over its rollout and dwell (`commit_path`). Why, in doc
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from specfleet.api.policy import PolicySpec
@@ -14,6 +15,8 @@ from specfleet.policy.startup import RolloutTime
 
 # The load's trend is fitted over this many windows of past evaluations.
 TREND_SPAN_WINDOWS = 1.0
+# A fitted slope within this many standard errors of zero is not told apart from noise.
+TREND_SIGNIFICANCE = 2.0
 
 
 def measured_load(obs: PoolObservation) -> float:
@@ -61,6 +64,29 @@ def demand_trend(
 ) -> tuple[float, float] | None:
     """The demand's trend (requests per replica per second) and its fitted value now: least squares
     over the last window of evaluations (None: fewer than three points)."""
+    fit = demand_fit(policy, state, obs, now)
+    return None if fit is None else (fit.slope, fit.fitted)
+
+
+@dataclass(frozen=True)
+class DemandFit:
+    """The demand's least-squares line over the last window of evaluations."""
+
+    slope: float  # requests per replica per second
+    fitted: float  # the line's value now
+    stderr: float  # the slope's standard error, from the residuals
+    span: float  # seconds from the oldest point to now
+
+    def significant(self, policy: PolicySpec) -> bool:
+        """A rise told apart from noise: fitted over (nearly) a whole window, so not over a pool's
+        first, filling window, and more than `TREND_SIGNIFICANCE` standard errors above zero."""
+        whole = self.span >= policy.window_seconds - policy.evaluation_interval_seconds
+        return whole and self.slope > TREND_SIGNIFICANCE * self.stderr
+
+
+def demand_fit(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> DemandFit | None:
+    """`demand_trend` with the slope's standard error and the span of the points (None: fewer than
+    three points)."""
     load = measured_demand(obs)
     span = timedelta(seconds=TREND_SPAN_WINDOWS * policy.window_seconds + 1)
     points = [(t, v) for t, v in state.recent_load if timedelta(0) < now - t <= span]
@@ -72,7 +98,9 @@ def demand_trend(
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    return slope, my - slope * mx
+    fitted = my - slope * mx
+    residuals = sum((y - fitted - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    return DemandFit(slope, fitted, math.sqrt(residuals / (len(xs) - 2) / sxx), -min(xs))
 
 
 def rollout_horizon(policy: PolicySpec, rollout: RolloutTime) -> float:
