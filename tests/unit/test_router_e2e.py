@@ -504,6 +504,37 @@ async def test_an_engine_that_drops_every_connection_is_left_for_another(tmp_pat
     assert rr.counter("specfleet_router_upstream_errors_total", pool="latency", kind="disconnect") == 1
 
 
+async def test_a_request_whose_engines_all_went_away_waits_for_a_new_one(tmp_path: Path) -> None:
+    """Mid-flip, the only engine drops a request and is gone (it closes the connection, then refuses):
+    with no endpoint left the request waits for the pool's endpoints to change and is served by the new
+    engine, not failed with a 502."""
+    accepted = [0]
+    server: asyncio.Server | None = None
+
+    async def drop_then_go(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted[0] += 1
+        await reader.readuntil(b"\r\n\r\n")
+        assert server is not None
+        server.close()  # from now on connections are refused
+        writer.close()
+
+    server = await asyncio.start_server(drop_then_go, "127.0.0.1", 0)
+    gone = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with (
+        serve_emulator(emulator_config()) as new,
+        running_router(tmp_path, routing([gone], [])) as rr,
+    ):
+        client = rr.client()
+        request = asyncio.ensure_future(client.completions.create(model=MODEL, prompt="x", max_tokens=2))
+        await wait_until(lambda: accepted[0] == 1)
+        await asyncio.sleep(0.5)  # the request has nowhere left to go
+        assert not request.done()
+        rr.write_config(routing([new.url], []))  # the new engine is ready
+        answer = await asyncio.wait_for(request, timeout=10)
+    assert answer.choices
+    assert rr.counter("specfleet_router_upstream_errors_total", pool="latency", kind="disconnect") == 1
+
+
 async def test_non_streaming_answer_cut_is_an_error_not_a_short_success(tmp_path: Path) -> None:
     # The emulator sends a JSON answer in one piece; this backend dies 12 bytes into its answer.
     async def truncated(request: web.Request) -> web.StreamResponse:

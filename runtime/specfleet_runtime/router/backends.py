@@ -73,6 +73,8 @@ class Backends:
         self.static_answering: frozenset[str] = frozenset()
         self._static_checked: tuple[frozenset[str], float] | None = None
         self._static_check: asyncio.Task[None] | None = None
+        # Requests waiting for a pool's endpoints to change (`endpoints_change`).
+        self._waiters: list[asyncio.Future[None]] = []
 
     # ---- where the endpoints are -------------------------------------------------------------------
 
@@ -134,6 +136,7 @@ class Backends:
     def _recompute(self) -> None:
         config = self.config
         static: set[str] = set()
+        changed = False
         for pool in POOLS:
             urls: set[str] = set()
             backend = config.pools.get(pool) if config else None
@@ -149,11 +152,28 @@ class Backends:
             endpoints = tuple(sorted(urls))
             if endpoints != self.pool_endpoints[pool]:
                 self._rings.pop(pool, None)
+                changed = True
             self.pool_endpoints[pool] = endpoints
             self.metrics.endpoints.labels(pool).set(len(urls))
         for found in self._discovered.values():
             static.difference_update(found)
         self._static = frozenset(static)
+        if changed:
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def endpoints_change(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for any pool's endpoints to change; whether they did."""
+        if timeout <= 0:
+            return False
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        done, _ = await asyncio.wait({waiter}, timeout=timeout)
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
+        return bool(done)
 
     # ---- whether an endpoint serves -----------------------------------------------------------------
 

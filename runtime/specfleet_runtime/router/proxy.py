@@ -80,6 +80,9 @@ WHOLE_BODY_LIMIT = 1024 * 1024
 ENGINE_ERROR_QUOTE = 4096
 # Status recorded for a request whose client went away before the answer was complete (nginx's 499).
 CLIENT_CLOSED = 499
+# How long a request dropped by engines that went away (a kill, a drain ending mid-request) waits, in
+# all, for its pool's endpoints to change (a new engine ready) when no endpoint is left.
+ENDPOINT_WAIT_SECONDS = 10.0
 HEALTH_PATH = "/health"
 OWN_HEADERS = frozenset({SERVED_POOL_HEADER, CLASS_HEADER, REASON_HEADER})
 _NOT_COPIED = DROPPED_RESPONSE_HEADERS | OWN_HEADERS
@@ -310,18 +313,20 @@ class Proxy:
         dropped: set[str] = set()
         backends = self.backends
         pool = pools[0]
+        waited_until = asyncio.get_running_loop().time() + ENDPOINT_WAIT_SECONDS
         for _ in range(self.settings.max_attempts):
-            url = None
-            for candidate in pools:
-                # An engine that dropped this request is tried again only when no other is left.
-                url = backends.pick(candidate, tried | dropped, prefix)
-                if url is None:
-                    url = backends.pick(candidate, tried, prefix)
-                if url is not None:
-                    pool = candidate
+            choice = self._pick(pools, tried, dropped, prefix)
+            # No endpoint left after engines dropped this request (they went away, as a killed one or
+            # a drain that ended mid-request during a flip's rollout): wait, bounded, for the pool's
+            # endpoints to change, a new engine to be ready, rather than fail the request.
+            while choice is None and dropped:
+                remaining = waited_until - asyncio.get_running_loop().time()
+                if not await backends.endpoints_change(remaining):
                     break
-            if url is None:
+                choice = self._pick(pools, tried, dropped, prefix)
+            if choice is None:
                 break
+            pool, url = choice
             backends.acquire(url)
             try:
                 return await self._attempt(request, url, target, body, headers, classification, pool, started)
@@ -362,6 +367,19 @@ class Proxy:
         return error_response(502, message, "upstream_unavailable"), Outcome(
             502, pool, "upstream_unavailable"
         )
+
+    def _pick(
+        self, pools: list[PoolName], tried: set[str], dropped: set[str], prefix: PrefixKeys | None
+    ) -> tuple[PoolName, str] | None:
+        """The first of `pools` with an endpoint not `tried`, and that endpoint: one that has not
+        dropped this request while the pool has one, else one that did."""
+        for candidate in pools:
+            url = self.backends.pick(candidate, tried | dropped, prefix)
+            if url is None:
+                url = self.backends.pick(candidate, tried, prefix)
+            if url is not None:
+                return candidate, url
+        return None
 
     async def _attempt(
         self,
