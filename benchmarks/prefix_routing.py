@@ -58,6 +58,7 @@ from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY, Strategy
 from specfleet.sim.workload import Trace, shared_prefix_conversations
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
+from specfleet_runtime.routing_config import DEFAULT_LOAD_BOUND_PERCENT, LOAD_BOUND_SLACK
 
 MODEL = "bench"
 ENGINES = 4
@@ -699,6 +700,8 @@ class Report:
             kv=kv_cache_tokens(),
             utilization=round(KV_UTILIZATION * 100),
             drain=f"{DRAIN_SECONDS:g}",
+            bound=DEFAULT_LOAD_BOUND_PERCENT,
+            slack=LOAD_BOUND_SLACK,
         )
 
 
@@ -726,11 +729,14 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
   0.04 ms per uncached prompt token, and every step slowed by the time scale so that the engines
   saturate at a request rate two shared CPUs can drive.
 - **Routers**, one at a time over the same four engines: the specfleet router (source build, uvloop, one
-  worker) with `endpointSelection` LeastOutstanding and PrefixAffinity (default load bound 125%: a turn
-  goes to the engine that last served the longest of its conversation's message-boundary keys, else by
-  the first 2 KiB of its messages, here the tenant's system prompt, on the ring); vllm-router from PyPI (as
-  `benchmarks/router_bench.py` installs it) with `--policy cache_aware`, `consistent_hash` and
-  `round_robin`, its defaults otherwise. Every request carries `X-Session-ID: <conversation>`, the key
+  worker) with `endpointSelection` LeastOutstanding and PrefixAffinity (default load bound {bound}%: a
+  turn goes to the engine that last served the longest of its conversation's message-boundary keys while
+  that engine holds fewer than {bound}% of the mean or the mean plus {slack} requests, else by the first
+  2 KiB of its messages, here the tenant's system prompt, on the ring under {bound}% of the mean);
+  vllm-router from PyPI (as `benchmarks/router_bench.py` installs it) with `--policy cache_aware`,
+  `consistent_hash` and `round_robin`, its defaults otherwise (cache_aware turns to the least loaded
+  engine only past an absolute and a relative imbalance, `--balance-abs-threshold` 64 and
+  `--balance-rel-threshold` 1.5 by default in vllm-router 0.1.17, so at these loads it never does). Every request carries `X-Session-ID: <conversation>`, the key
   vllm-router's consistent_hash reads first (without it, it hashes the whole body, which changes every
   turn); the specfleet router ignores it.
 - **Load**: open loop at the trace's arrival times, every request streamed; the first warm-up seconds of
@@ -752,6 +758,11 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
 ## Result
 
 {header}
+
+The load average is the machine's, printed before and after the run: on a machine shared with other
+work (a load above its CPU count) every router's phases compete for CPU with it, unevenly over the run,
+so TTFT p99 and the comparisons with vllm-router's cache_aware at one rate are noisy: a phase that met
+a burst of other work can lose by a wide margin in one run and win in the next.
 
 {table}
 

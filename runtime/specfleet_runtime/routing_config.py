@@ -34,6 +34,10 @@ ENDPOINT_STRATEGY_VALUES: Final = ("LeastOutstanding", "PrefixAffinity")
 # than 1.25 times the mean outstanding requests (plus the arriving one).
 DEFAULT_LOAD_BOUND_PERCENT: Final = 125
 LOAD_BOUND_PERCENT_RANGE: Final = (100, 1000)
+# ... and in any case while it has fewer than the mean plus this many: at a few requests per engine a
+# percentage of the mean is less than one request, and a conversation would leave the engine holding its
+# cache for a difference of one or two (benchmarks/prefix_spills.py counts those moves).
+LOAD_BOUND_SLACK: Final = 4
 # The leading text PrefixAffinity hashes: characters of a prompt, or of the chat messages up to and
 # including the first user turn (2 KiB of text is ~500 tokens: past a system prompt and into the turn
 # that tells one conversation from another); token ids of a prompt given as ids (router/body.py).

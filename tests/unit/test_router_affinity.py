@@ -15,13 +15,16 @@ from specfleet_runtime.router.affinity import (
     PrefixKeys,
     RecentEngines,
     Ring,
+    choose,
+    load_limit,
+    load_limits,
     prefix_key,
     prefix_keys,
 )
 from specfleet_runtime.router.backends import Backends
 from specfleet_runtime.router.body import MAX_TURNS, BodyFields, read_body_fields
 from specfleet_runtime.router.metrics import RouterMetrics
-from specfleet_runtime.routing_config import PREFIX_CHARS, PREFIX_TOKENS, RoutingConfig
+from specfleet_runtime.routing_config import LOAD_BOUND_SLACK, PREFIX_CHARS, PREFIX_TOKENS, RoutingConfig
 
 URLS = tuple(f"http://10.0.0.{i}:8000" for i in range(1, 5))
 KEYS = [prefix_key(f"conversation {i}") for i in range(4000)]
@@ -240,6 +243,47 @@ def test_a_hot_key_spills_at_the_load_bound() -> None:
     assert ring.choose(key, {home: 39, URLS[0] if home != URLS[0] else URLS[1]: 0}, (), 400) == home
 
 
+def test_the_conversation_limit_has_a_slack_at_small_counts_and_the_percentage_at_large() -> None:
+    assert LOAD_BOUND_SLACK == 4  # the figures below
+    # An empty pool: the ring takes one per endpoint before moving on, a conversation up to 5.
+    assert load_limits(URLS, {}, (), 125) == (1, 5)
+    # 2 in flight, both on one engine: 125% of the mean is one request, the slack keeps 5.
+    assert load_limits(URLS, {URLS[0]: 2}, (), 125) == (1, 5)
+    # 20 per engine: 125% of the mean (ceil(1.25 * 81 / 4) = 26) is past the mean plus the slack (25).
+    busy = dict.fromkeys(URLS, 20)
+    assert load_limits(URLS, busy, (), 125) == (26, 26)
+    # At 16 per engine the two meet: the percentage binds from there on.
+    assert load_limits(URLS, dict.fromkeys(URLS, 16), (), 125) == (21, 21)
+    # Excluded endpoints count neither their requests nor themselves; none left: nothing.
+    assert load_limits(URLS, busy, {URLS[0], URLS[1]}, 125) == (26, 26)
+    assert load_limits(URLS, {URLS[0]: 9}, URLS[1:], 100) == (10, 14)
+    assert load_limits(URLS, busy, URLS, 125) == (0, 0)
+    assert load_limit(URLS, busy, (), 125) == 26
+
+
+def test_conversations_all_remembered_on_one_engine_spread_past_its_limit() -> None:
+    # 200 conversations whose earlier turns all went to one engine, none finishing: each turn goes home
+    # while home is under the conversation limit, so home never holds more than the limit allows.
+    ring = Ring(URLS)
+    recent = RecentEngines()
+    turns = [PrefixKeys(k or 0, (k or 0,)) for k in KEYS[:200]]
+    for t in turns:
+        recent.record(t.conversation, URLS[0])
+    outstanding: dict[str, int] = {}
+    for t in turns:
+        before = dict(outstanding)
+        url = choose(ring, recent, t, outstanding, (), 125)
+        assert url is not None
+        if url != URLS[0]:
+            # Sent elsewhere only at the limit (the mean plus the slack below 16 an engine, 125% above).
+            assert before.get(URLS[0], 0) >= load_limits(URLS, before, (), 125)[1]
+        outstanding[url] = outstanding.get(url, 0) + 1
+    total = sum(outstanding.values())
+    assert outstanding[URLS[0]] <= max(-(-125 * total // 400), -(-total // 4) + LOAD_BOUND_SLACK)
+    # At 200 in flight the percentage binds: home holds 125% of the mean (62 or 63), not everything.
+    assert 60 <= outstanding[URLS[0]] <= 63
+
+
 def test_excluded_endpoints_are_skipped_and_nothing_left_is_none() -> None:
     ring = Ring(URLS)
     key = KEYS[1]
@@ -368,13 +412,18 @@ def test_a_conversation_sticks_to_its_engine_across_turns_even_off_its_ring_plac
     turns = conversation(1, 4)
     home = b.pick("latency", set(), turns[0])
     assert home == Ring(URLS).owner(turns[0].leading)
-    # The tenant's ring place is loaded past the bound: turn 2 spills, and sticks to where it went.
-    for _ in range(3):
+    # Its engine holds the pool's only 5 requests: past 125% of the mean, but within the slack above it
+    # (ceil(6 / 4) + 4 = 6), so turn 2 stays with its cache.
+    for _ in range(5):
         b.acquire(home)
+    assert b.pick("latency", set(), turns[1]) == home
+    # One more and the conversation limit (ceil(7 / 4) + 4 = 6) is reached: turn 2 spills, and sticks
+    # to where it went.
+    b.acquire(home)
     moved = b.pick("latency", set(), turns[1])
     assert moved not in (None, home)
     assert moved is not None
-    for _ in range(3):
+    for _ in range(6):
         b.release(home)
     # With room at home again the conversation stays where its history now is; a new conversation of the
     # same tenant starts at the tenant's ring place.
@@ -388,13 +437,16 @@ def test_a_conversation_spills_at_the_load_bound_and_comes_back_to_the_ring_when
     first, second = conversation(3, 2)
     engine = b.pick("latency", set(), first)
     assert engine is not None
-    # 4 outstanding on its engine, 4 in all: the limit is ceil(1.5 * 5 / 4) = 2, so the next turn spills.
-    for _ in range(4):
-        b.acquire(engine)
+    # 24 outstanding on its engine and 12 on each other, 60 in all: the percentage binds (ceil(1.5 * 61
+    # / 4) = 23 over the slack's ceil(61 / 4) + 4 = 20), so the next turn spills.
+    for url in URLS:
+        for _ in range(24 if url == engine else 12):
+            b.acquire(url)
     spilled = b.pick("latency", set(), second)
     assert spilled not in (None, engine)
-    for _ in range(4):
-        b.release(engine)
+    for url in URLS:
+        for _ in range(24 if url == engine else 12):
+            b.release(url)
     # Its engine leaves the pool: the conversation goes where it was last served; a conversation whose
     # only engine left falls back to the ring without it.
     assert spilled is not None

@@ -115,9 +115,12 @@ class EndpointSelection(ApiModel):
         le=contract.LOAD_BOUND_PERCENT_RANGE[1],
         description="PrefixAffinity only: an engine takes a prefix's requests while it has fewer than this "
         "percentage of the mean requests in flight across the pool's engines (counting the arriving "
-        "one, rounded up); past it the request goes to the next engine on the ring (and the conversation stays there). An integer percent "
-        f"rather than a fraction; default {contract.DEFAULT_LOAD_BOUND_PERCENT}. Lower spreads a hot "
-        "prefix sooner, higher keeps more requests on their prefix's engine.",
+        "one, rounded up); past it the request goes to the next engine on the ring (and the conversation "
+        "stays there). A conversation's turn also stays with the engine that last served it while that "
+        f"engine has fewer than the mean plus {contract.LOAD_BOUND_SLACK}, so at a few requests per "
+        "engine a difference of one or two does not move it off its cache. An integer percent rather "
+        f"than a fraction; default {contract.DEFAULT_LOAD_BOUND_PERCENT}. Lower spreads a hot prefix "
+        "sooner, higher keeps more requests on their prefix's engine.",
     )
 
 

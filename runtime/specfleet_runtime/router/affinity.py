@@ -23,6 +23,12 @@ Why both (measured in docs/benchmarks/prefix-routing.md): keyed on the leading t
 conversation of a tenant shares one key, so under the bound a spilled conversation's later turns land
 wherever the ring has room that moment and prefill their whole history again.
 
+Why a conversation's limit has a slack (`load_limits`): at a few requests per engine 125% of the mean
+is less than one request above it, and a turn left its cached history for a difference of one or two:
+20% of the turns with a remembered engine at 4 req/s in `benchmarks/prefix_spills.py`. It may run up to
+`LOAD_BOUND_SLACK` requests past the mean; from 16 per engine on the percentage binds again, and the
+ring (first turns, a hot system prompt) keeps the percentage alone, so a hot prefix still spreads.
+
 The hashes are blake2b, not Python's `hash` (salted per process): every router worker and replica
 builds the same ring from the same endpoints. The table is each worker's own (a worker learns the
 conversations whose requests it forwarded); a turn that reaches a worker which has not seen its
@@ -37,6 +43,8 @@ from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
+
+from specfleet_runtime.routing_config import LOAD_BOUND_SLACK
 
 # Points per endpoint: with 100 the keys an endpoint owns stay within ~10% of an even share.
 VIRTUAL_NODES: Final = 100
@@ -84,12 +92,20 @@ def prefix_keys(text: str, turns: tuple[str, ...] = (), first_user: int = 0) -> 
     return PrefixKeys(leading, tuple(conversation))
 
 
-def load_limit(
-    endpoints: tuple[str, ...], outstanding: Mapping[str, int], excluded: Collection[str], bound_percent: int
-) -> int:
-    """The most requests an endpoint may have outstanding and still take one more: `ceil(c * (m + 1) /
-    n)`; 0 where every endpoint is excluded. `bound_percent` is c in percent (at least 100, so one
-    candidate is always under)."""
+def load_limits(
+    endpoints: tuple[str, ...],
+    outstanding: Mapping[str, int],
+    excluded: Collection[str],
+    bound_percent: int,
+    slack: int = LOAD_BOUND_SLACK,
+) -> tuple[int, int]:
+    """An endpoint takes one more request while it has fewer outstanding than these: (for a request
+    placed on the ring, for a conversation going back to its engine). With `m` requests outstanding on
+    the `n` candidates and c = `bound_percent` / 100 (at least 1, so one candidate is always under): the
+    ring's is `ceil(c * (m + 1) / n)`; a conversation's is the larger of that and `ceil((m + 1) / n) +
+    slack`, so below `slack / (c - 1)` requests per engine (16 at the defaults) a conversation stays
+    with its cache up to `slack` requests past the mean, and above it the percentage binds for both.
+    (0, 0) where every endpoint is excluded."""
     candidates = 0
     total = 0
     for url in endpoints:
@@ -97,9 +113,39 @@ def load_limit(
             candidates += 1
             total += outstanding.get(url, 0)
     if not candidates:
-        return 0
+        return 0, 0
     # In integers; the arriving request counts.
-    return -(-(bound_percent * (total + 1)) // (100 * candidates))
+    ring = -(-(bound_percent * (total + 1)) // (100 * candidates))
+    return ring, max(ring, -(-(total + 1) // candidates) + slack)
+
+
+def load_limit(
+    endpoints: tuple[str, ...], outstanding: Mapping[str, int], excluded: Collection[str], bound_percent: int
+) -> int:
+    """The ring's limit of `load_limits`: `ceil(c * (m + 1) / n)`."""
+    return load_limits(endpoints, outstanding, excluded, bound_percent)[0]
+
+
+def choose(
+    ring: Ring,
+    recent: RecentEngines,
+    prefix: PrefixKeys,
+    outstanding: Mapping[str, int],
+    excluded: Collection[str],
+    bound_percent: int,
+    slack: int = LOAD_BOUND_SLACK,
+) -> str | None:
+    """The endpoint of `ring` for a request with `prefix` keys: its conversation's under the
+    conversation limit, else the first clockwise from its leading text under the ring's; None if every
+    endpoint is excluded. Records nothing (the caller records where the request went)."""
+    ring_limit, conversation_limit = load_limits(ring.endpoints, outstanding, excluded, bound_percent, slack)
+    if not ring_limit:
+        return None
+    if prefix.conversation:
+        url = recent.longest(prefix.conversation, ring.endpoints, outstanding, excluded, conversation_limit)
+        if url is not None:
+            return url
+    return ring.choose_under(prefix.leading, outstanding, excluded, ring_limit)
 
 
 class RecentEngines:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from specfleet_runtime.names import POOLS, PoolName
-from specfleet_runtime.router.affinity import PrefixKeys, RecentEngines, Ring, load_limit
+from specfleet_runtime.router.affinity import PrefixKeys, RecentEngines, Ring, choose
 from specfleet_runtime.router.endpoints import (
     AddressMap,
     choose_endpoint,
@@ -273,13 +273,7 @@ class Backends:
     def _choose_by_prefix(
         self, ring: Ring, prefix: PrefixKeys, excluded: set[str], bound_percent: int
     ) -> str | None:
-        limit = load_limit(ring.endpoints, self.outstanding, excluded, bound_percent)
-        if not limit:
-            return None
-        url = self.recent.longest(prefix.conversation, ring.endpoints, self.outstanding, excluded, limit)
-        if url is not None:
-            return url
-        return ring.choose_under(prefix.leading, self.outstanding, excluded, limit)
+        return choose(ring, self.recent, prefix, self.outstanding, excluded, bound_percent)
 
     def acquire(self, url: str) -> None:
         self.outstanding[url] = self.outstanding.get(url, 0) + 1
