@@ -101,7 +101,9 @@ def test_prefix_affinity_sends_each_conversation_back_to_the_engine_that_cached_
     least = _hit_rate(env, "least", "LeastOutstanding")
     affinity = _hit_rate(env, "affinity", "PrefixAffinity")
     # Every turn after a conversation's first finds its history cached where affinity sent it before:
-    # (TURNS - 1) / TURNS of the turns, less the uncached tail of each prompt. Least outstanding spreads
-    # the turns over the engines and finds it about one time in ENGINES.
+    # (TURNS - 1) / TURNS of the turns, less the uncached tail of each prompt (0.625 in every run seen).
+    # Least outstanding spreads the turns over the engines; how often it lands on the engine of a
+    # conversation's last turn is the machine's timing (0.34-0.54 in runs seen), so it is only shown
+    # beside affinity, never held to a margin.
     assert affinity > 0.55, (least, affinity)
-    assert affinity > least + 0.15, (least, affinity)
+    assert affinity >= least, (least, affinity)
