@@ -159,8 +159,11 @@ def test_a_rising_demand_turns_a_pool_off_before_its_engines_overflow():
     rising = tuple((NOW - timedelta(seconds=s), 1.5 - s / 80) for s in range(120, 0, -15))
     serving = obs(1.5, 3 * cap * 0.6)
     d = _decide("On", serving, rising)
-    assert (d.target, d.reason) == ("Off", r.GOODPUT_OVERLOADED)
+    # The drafter's KV cache is the limit (3 < maxNumSeqs): said as memory-bound, with its numbers.
+    assert (d.target, d.reason) == ("Off", r.GOODPUT_MEMORY_BOUND)
+    assert d.message.startswith("memory-bound ahead"), d.message
     assert "by the time a rollout" in d.message, d.message
+    assert d.observations["memoryBound"] == "true"
     # Level, the same load stays on: the drafter serves it, fewer requests at a time.
     level = tuple((NOW - timedelta(seconds=s), 1.5) for s in range(120, 0, -15))
     assert _decide("On", serving, level).target == "On"

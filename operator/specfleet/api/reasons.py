@@ -474,7 +474,8 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "Decision (Goodput mode)",
         "The pool's demand (running + waiting requests per replica) does not fit the KV cache of an "
         "engine with the drafter (its weights, its KV and K lookahead slots per request take part of "
-        "it), while it fits better without: the engine without the drafter runs more requests at once "
+        'it), or, rising along its trend, would not fit it before a rollout could finish ("memory-bound '
+        'ahead"), while it fits better without: the engine without the drafter runs more requests at once '
         "and serves more tokens per second, so speculation is off (or stays off). The numbers give the "
         "demand, each setting's KV cache (measured from `vllm:cache_config_info`, else the cost "
         "profile's `memory`), the batch it holds and its predicted tokens per second. The pool turns "

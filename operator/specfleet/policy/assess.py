@@ -233,7 +233,8 @@ def _overload_ahead(
     """`wanted`, or Off where a speculating pool's demand, rising along its trend, would pass the batch
     its setting can run (min(maxNumSeqs, what its KV cache holds)) before a rollout to the engine
     without the drafter, which runs more and serves more by the margin, could finish: the queue
-    would build during the rollout that relieves it."""
+    would build during the rollout that relieves it. Reason GoodputMemoryBound where the KV cache
+    is the limit, GoodputOverloaded where maxNumSeqs is."""
     if not (state.mode == "On" and wanted.mode == "On" and model.current):
         return wanted
     fit = demand_fit(policy, state, observed, now)
@@ -260,6 +261,10 @@ def _overload_ahead(
         f"and serve at most {cap:.0f} tokens/s, without it {top_off:.0f} and {off:.0f}"
     )
     numbers = {**wanted.numbers, "projectedDemandPerReplica": f"{ahead:.3g}"}
+    if model.memory_known and model.settings[name].fits < model.max_num_seqs:
+        # The KV cache, not maxNumSeqs, is what the demand would overflow: said as memory-bound.
+        numbers = {**numbers, **model.numbers(g.per_position, ahead)}
+        return Wanted("Off", r.GOODPUT_MEMORY_BOUND, f"memory-bound ahead: {why}", numbers, k=g.best)
     return Wanted("Off", r.GOODPUT_OVERLOADED, why, numbers, k=g.best)
 
 
