@@ -30,6 +30,14 @@ def example() -> SpeculativeDeployment:
     return parse_resource(yaml.safe_load(EXAMPLE.read_text()))
 
 
+def static_runs(load: ClosedLoop, seed: int) -> dict[str, RunResult]:
+    """Example 02's static settings (off, K 1, K 3) run on `load`: what the bound chooses from."""
+    return {
+        name: simulate(example(), load, Strategy(name, "static", mode, k), SimOptions(seed=seed))
+        for name, mode, k in (("alwaysOff", "Off", None), ("alwaysOnK1", "On", 1), ("alwaysOnK3", "On", 3))
+    }
+
+
 def test_rollout_mix_follows_a_one_by_one_surge() -> None:
     # 3 replicas, maxSurge 1, 60 s start-up, 30 s windows: a third new from 60 s, two thirds from
     # 120 s, all from 180 s; six windows until the last old pod is replaced.
@@ -198,10 +206,7 @@ def test_the_bound_sits_between_the_best_static_setting_and_the_per_level_oracle
 
 def test_the_bound_is_deterministic() -> None:
     load = ClosedLoop(points=((0, 12), (300, 600), (600, 12)), sizes=((300, 200),))
-    statics = {
-        name: simulate(example(), load, Strategy(name, "static", mode, k), SimOptions(seed=2))
-        for name, mode, k in (("alwaysOff", "Off", None), ("alwaysOnK1", "On", 1), ("alwaysOnK3", "On", 3))
-    }
+    statics = static_runs(load, seed=2)
     a = rollout_paying_oracle(example(), load, statics, SimOptions(seed=2), default_profile())
     b = rollout_paying_oracle(example(), load, statics, SimOptions(seed=2), default_profile())
     assert [(c.time, c.to_mode, c.to_k) for c in a.changes] == [
@@ -212,10 +217,7 @@ def test_the_bound_is_deterministic() -> None:
 
 def test_the_lagged_schedule_makes_the_same_changes_later() -> None:
     load = ClosedLoop(points=((0, 12), (300, 900), (900, 900), (960, 12), (1500, 12)), sizes=((300, 200),))
-    statics = {
-        name: simulate(example(), load, Strategy(name, "static", mode, k), SimOptions(seed=0))
-        for name, mode, k in (("alwaysOff", "Off", None), ("alwaysOnK1", "On", 1), ("alwaysOnK3", "On", 3))
-    }
+    statics = static_runs(load, seed=0)
     bound = rollout_paying_oracle(example(), load, statics, SimOptions(seed=0), default_profile())
     lagged = rollout_paying_oracle(
         example(), load, statics, SimOptions(seed=0), default_profile(), lag_seconds=90
@@ -230,10 +232,7 @@ def test_the_reactive_bound_changes_nothing_before_the_load_moves() -> None:
     load = ClosedLoop(
         points=((0, 12), (300, 12), (600, 900), (900, 900), (960, 12), (1500, 12)), sizes=((300, 200),)
     )
-    statics = {
-        name: simulate(example(), load, Strategy(name, "static", mode, k), SimOptions(seed=0))
-        for name, mode, k in (("alwaysOff", "Off", None), ("alwaysOnK1", "On", 1), ("alwaysOnK3", "On", 3))
-    }
+    statics = static_runs(load, seed=0)
     bound = rollout_paying_oracle(example(), load, statics, SimOptions(seed=0), default_profile())
     reactive = rollout_paying_oracle(
         example(), load, statics, SimOptions(seed=0), default_profile(), hold_seconds=300

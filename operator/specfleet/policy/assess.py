@@ -24,7 +24,7 @@ from specfleet.policy.load import (
 )
 from specfleet.policy.memory import DEFAULT_MAX_NUM_SEQS
 from specfleet.policy.observations import MeasuredAcceptance, PoolObservation, PoolState
-from specfleet.policy.saturation import arrivals, overloaded, queued, serves_with_fewer
+from specfleet.policy.saturation import Arrivals, arrivals, overloaded, queued, serves_with_fewer
 from specfleet.policy.schedule import Schedule
 from specfleet.policy.startup import RolloutTime, pool_rollout
 from specfleet.policy.threshold import threshold_wanted
@@ -191,6 +191,14 @@ def assess(
     )
 
 
+def _arrivals(
+    policy: PolicySpec, state: PoolState, observed: PoolObservation, now: datetime
+) -> Arrivals | None:
+    """The arrivals per replica (`policy.saturation.arrivals`) with the demand's trend measured."""
+    trend = demand_trend(policy, state, observed, now)
+    return arrivals(observed, trend[0] if trend else None)
+
+
 def _transient_queue(
     policy: PolicySpec,
     state: PoolState,
@@ -209,8 +217,7 @@ def _transient_queue(
         return wanted
     if not (model.memory_known and model.bound()):
         return wanted
-    trend = demand_trend(policy, state, observed, now)
-    arriving = arrivals(observed, trend[0] if trend else None)
+    arriving = _arrivals(policy, state, observed, now)
     if arriving is None:
         return wanted
     why = serves_with_fewer(model, model.current, g.per_position, arriving, goodput_margin(policy))
@@ -281,8 +288,7 @@ def _saturation(
     (`policy.saturation`)."""
     if wanted.mode != "On" or (state.mode == "On" and not queued(observed)):
         return wanted
-    trend = demand_trend(policy, state, observed, now)
-    arriving = arrivals(observed, trend[0] if trend else None)
+    arriving = _arrivals(policy, state, observed, now)
     if arriving is None:
         return wanted
     name = model.current if state.mode == "On" else setting_name(wanted.k or g.best)
