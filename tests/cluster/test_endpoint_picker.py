@@ -26,7 +26,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from specfleet.api.constants import LABEL_TRACK
 from specfleet.api.validation import parse_resource
 from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
@@ -59,14 +60,16 @@ class Fleet:
     pool_ips: dict[str, list[str]]  # engine pod IPs per pool, as the apiserver lists them Ready
     logs: Path
     engines: dict[str, Spawned]  # the emulator playing the pod at each IP, stopped with the namespace
+    addresses: set[str] = field(default_factory=set)  # on the namespace's loopback (they stay there)
 
     def serve(self, ip: str, args: list[str]) -> None:
         """Play the pod at `ip`: the namespace's loopback holds it, an engine emulator answers on it. An IP
         the apiserver gave a new pod (kwok reuses freed IPs) gets a new emulator with the new pod's args."""
         if ip in self.engines:
             self.engines.pop(ip).stop()
-        else:
+        if ip not in self.addresses:
             self.netns.add_address(ip)
+            self.addresses.add(ip)
         argv = [sys.executable, "-m", "specfleet_runtime.emulator", *args, "--host", ip]
         self.engines[ip] = self.netns.spawn(f"engine {ip}", argv, self.logs / f"engine-{ip}.log")
 
@@ -88,9 +91,12 @@ class Fleet:
         return {f"{ip}:{port}" for ip in self.pool_ips[pool]}
 
 
-def _rendered(namespace: str, modes: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """What the operator renders for the example; `modes` overrides pools' speculation (a flip)."""
-    sd = parse_resource(merge(load_yaml(EXAMPLE), {"metadata": {"namespace": namespace}}))
+def _rendered(
+    namespace: str, modes: dict[str, str] | None = None, spec: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """What the operator renders for the example; `modes` overrides pools' speculation (a flip), `spec`
+    is merged into the resource's spec."""
+    sd = parse_resource(merge(load_yaml(EXAMPLE), {"metadata": {"namespace": namespace}, "spec": spec or {}}))
     plan = decided_plan(sd)
     for pool, mode in (modes or {}).items():
         plan[pool] = replace(plan[pool], mode=mode)
@@ -246,6 +252,24 @@ def _assert_every_pick_in(results: list[dict[str, Any]], allowed: set[str]) -> N
     )
 
 
+def _play_new_pods(
+    fleet: Fleet,
+    cluster: Any,
+    selector: dict[str, str],
+    playing: dict[str, str],
+    args: dict[str, list[str]],
+) -> list[dict[str, Any]]:
+    """Serve every pod of `selector` not yet played (a fresh IP, or an IP kwok gave a new pod: `playing`
+    maps IP to the UID served there) with the engine args of its track; the pods listed."""
+    pods = _pods(cluster, fleet.namespace, selector)
+    for pod in pods:
+        ip, uid = pod["status"]["podIP"], pod["metadata"]["uid"]
+        if playing.get(ip) != uid:
+            fleet.serve(ip, args[pod["metadata"]["labels"][LABEL_TRACK]])
+            playing[ip] = uid
+    return pods
+
+
 def _stop(picker: Spawned, request: pytest.FixtureRequest) -> None:
     picker.stop()
     report = getattr(request.node, "rep_call", None)
@@ -379,7 +403,7 @@ def test_a_speculation_flip_moves_the_picks_to_the_new_engines_and_never_back(
     new args, a new speculation label outside the InferencePool's selector), the rollout surges new pods
     and removes the old ones. Picks during the rollout go only to the pool's pods, old or new; once the
     old pods have left the apiserver and the picker has seen it, every pick is a new pod, and stays so.
-    Last in the module: it replaces the latency pool's pods (the fixture's IPs follow)."""
+    It replaces the latency pool's pods (the fixture's IPs follow): only the canary test runs after it."""
     picker = _start_picker(fleet, gateway_crds, tmp_path / "epp.log")
     try:
         old = fleet.endpoints(POOL)
@@ -400,12 +424,7 @@ def test_a_speculation_flip_moves_the_picks_to_the_new_engines_and_never_back(
         during: list[dict[str, Any]] = []
         deadline = time.monotonic() + 120
         while True:
-            pods = _pods(gateway_crds, fleet.namespace, selector)
-            for pod in pods:  # a surge pod (at a fresh or a reused IP): play it with its own args
-                ip, uid = pod["status"]["podIP"], pod["metadata"]["uid"]
-                if playing.get(ip) != uid:
-                    fleet.serve(ip, args)
-                    playing[ip] = uid
+            pods = _play_new_pods(fleet, gateway_crds, selector, playing, {"stable": args})
             ready = _ready_ips(gateway_crds, fleet.namespace, selector)
             if len(ready) == len(old) and not old_pods & {p["metadata"]["uid"] for p in pods}:
                 break
@@ -440,5 +459,77 @@ def test_a_speculation_flip_moves_the_picks_to_the_new_engines_and_never_back(
             f"{len(during)} picks during the rollout, {len(after)} after; removed {sorted(removed)}, "
             f"picked after: {sorted({str(r.get('endpoint')) for r in after})}"
         )
+    finally:
+        _stop(picker, request)
+
+
+def test_a_canary_is_picked_in_its_share_of_the_pools_ready_engines(
+    fleet: Fleet, gateway_crds: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The off pool with `policy.reentry.canaryReplicas: 1`, as the operator renders it: the stable
+    Deployment (no drafter) scaled to two, and a canary Deployment of one speculating pod whose labels
+    keep it inside the InferencePool's selector. The picker counts the canary among its three Ready pods
+    and, the engines idle and alike to its scorers, picks it for about a third of the requests, as the
+    specfleet router's least-outstanding choice would: 90 picks, the canary's count within 4 standard
+    deviations of 30 (12-48; a canary left out, or picked always, fails). After the flip test (the pool
+    is off)."""
+    rendered = _rendered(fleet.namespace, {POOL: "Off"}, {"policy": {"reentry": {"canaryReplicas": 1}}})
+    stable = _one(rendered, "Deployment", POOL)
+    canary = next(
+        c
+        for c in rendered
+        if c["kind"] == "Deployment"
+        and c["metadata"]["labels"].get(LABEL_TRACK) == "canary"
+        and c["metadata"]["labels"].get("specfleet.io/pool") == POOL
+    )
+    args = {
+        d["metadata"]["labels"][LABEL_TRACK]: d["spec"]["template"]["spec"]["containers"][0]["args"]
+        for d in (stable, canary)
+    }
+    assert "--speculative-config" in args["canary"]
+    assert "--speculative-config" not in args["stable"]
+    assert (stable["spec"]["replicas"], canary["spec"]["replicas"]) == (2, 1)
+    selector = _one(fleet.rendered, "InferencePool", POOL)["spec"]["selector"]["matchLabels"]
+    playing = {
+        p["status"]["podIP"]: p["metadata"]["uid"] for p in _pods(gateway_crds, fleet.namespace, selector)
+    }
+    _apply(gateway_crds, fleet.namespace, [stable, canary])
+
+    def settled() -> list[dict[str, Any]] | None:
+        pods = _play_new_pods(fleet, gateway_crds, selector, playing, args)
+        ready = set(_ready_ips(gateway_crds, fleet.namespace, selector))
+        tracks = sorted(p["metadata"]["labels"][LABEL_TRACK] for p in pods)
+        return (
+            pods
+            if tracks == ["canary", "stable", "stable"] and ready == {p["status"]["podIP"] for p in pods}
+            else None
+        )
+
+    pods = wait_for("two stable pods and one canary, Ready", settled, timeout=120)
+    for ip in set(playing) - {p["status"]["podIP"] for p in pods}:
+        fleet.unserve(ip)  # the stable pod scaled away
+    port = next(iter(fleet.endpoints(POOL))).rsplit(":", 1)[1]
+    endpoints = {f"{p['status']['podIP']}:{port}" for p in pods}
+    (canary_endpoint,) = (
+        f"{p['status']['podIP']}:{port}" for p in pods if p["metadata"]["labels"][LABEL_TRACK] == "canary"
+    )
+    picker = _start_picker(fleet, gateway_crds, tmp_path / "epp.log")
+    try:
+        wait_for("3 ready pods", lambda: _ready_pods(fleet) == 3 or None, timeout=120)
+        wait_for("the picker serving ext_proc", lambda: _picker_serves(fleet) or None, timeout=60)
+        picks = _play_gateway(fleet, 90, forward=False)
+        _assert_every_pick_in(picks, endpoints)
+        shares = {e: sum(r.get("endpoint") == e for r in picks) for e in sorted(endpoints)}
+        print(f"picks per engine (canary {canary_endpoint}): {shares}")
+        assert 12 <= shares[canary_endpoint] <= 48, shares
+        # ...and it serves what it is picked for, with its drafter.
+        wait_for(
+            f"the canary answering at {canary_endpoint}",
+            lambda: fleet.answers(canary_endpoint) or None,
+            timeout=60,
+        )
+        served = [r for r in _play_gateway(fleet, 30) if r.get("endpoint") == canary_endpoint]
+        assert served, "no pick of the canary in 30"
+        assert all(r.get("upstreamStatus") == 200 for r in served), served
     finally:
         _stop(picker, request)
