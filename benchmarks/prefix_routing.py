@@ -752,8 +752,9 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
 - **Simulator**: the same traces through `specfleet.sim.simulate` with `SimOptions(routing=...)`
   leastOutstanding and prefixAffinity, on four engines of the same KV cache and the published profile
   slowed by the same time scale: hit rate after the warm-up, generated tokens per request-second in the
-  system, TTFT. Its affinity keys on the conversation (`prefix[-1]`, rendezvous hashing), without the
-  router's conversation table or its ring on the tenant's system prompt: the two can differ.
+  system, TTFT. Its affinity is the router's own choice (`affinity.choose`, the pool's load bound: a
+  conversation's last engine from the table, else the ring on the tenant's system prompt), on the
+  simulator's clock: where it differs from the live router, it is in the outstanding counts it sees.
 
 ## Result
 

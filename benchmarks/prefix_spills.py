@@ -1,9 +1,10 @@
 """How often the load bound moves a conversation off the engine that holds its cache, per request rate.
 
 The router's own choice (`specfleet_runtime.router.affinity.choose`: the conversation's engine under
-the conversation limit, else the ring on the tenant's system prompt under the ring's limit) replayed on
-`benchmarks/prefix_routing.py`'s traces through the fleet simulator's engines (its 4 engines, KV cache
-and profile slowed by the same time scale), in place of the simulator's own affinity rule. Per rate:
+the conversation limit, else the ring on the tenant's system prompt under the ring's limit), which the
+fleet simulator's prefix routing runs (`specfleet.sim.traffic.PrefixRouting`), replayed on
+`benchmarks/prefix_routing.py`'s traces through the simulator's engines (its 4 engines, KV cache and
+profile slowed by the same time scale), with the bound and slack given. Per rate:
 the turns whose conversation has a remembered engine, those sent elsewhere because that engine was
 at its limit (spilled), how many requests the pool held when they spilled, and the hit rate after
 the warm-up.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import prefix_routing as pr
@@ -26,10 +27,7 @@ import prefix_routing as pr
 from specfleet.sim import traffic
 from specfleet.sim.engine import Replica
 from specfleet.sim.options import PREFIX_AFFINITY
-from specfleet_runtime.router.affinity import PrefixKeys, RecentEngines, Ring, choose, prefix_key
 from specfleet_runtime.routing_config import DEFAULT_LOAD_BOUND_PERCENT, LOAD_BOUND_SLACK
-
-Affine = Callable[[list[Replica], str, Replica], Replica]
 
 
 @dataclass
@@ -42,41 +40,41 @@ class Spills:
     spilled_at: collections.Counter[int] = field(default_factory=collections.Counter)
 
 
-def router_choice(bound_percent: int, slack: int, spills: Spills) -> Affine:
-    """The router's prefix-affinity pick in the simulator's `affine` signature, counting into `spills`.
-    The simulator's prefix names a request's tenant and conversation (`t<i>/c<n>`); the router's keys
-    are hashes of their text, so these names hashed stand in for them."""
-    recent = RecentEngines()
-    rings: dict[tuple[str, ...], Ring] = {}
+class CountedRouting(traffic.PrefixRouting):
+    """The simulator's prefix routing (the router's own choice), counting the turns it moved off the
+    engine their conversation last used."""
 
-    def pick(candidates: list[Replica], key: str, least: Replica) -> Replica:
-        by_url = {str(r.serial): r for r in candidates}
-        endpoints = tuple(sorted(by_url))
-        ring = rings.setdefault(endpoints, Ring(endpoints))
-        outstanding = {url: r.outstanding for url, r in by_url.items()}
-        keys = PrefixKeys(prefix_key(key.split("/", 1)[0]) or 0, (prefix_key(key) or 0,))
-        home = recent.longest(keys.conversation, endpoints, outstanding, (), 1 << 30)
-        url = choose(ring, recent, keys, outstanding, (), bound_percent, slack) or str(least.serial)
+    def __init__(self, spills: Spills, slack: int, bound_percent: int) -> None:
+        super().__init__(slack)
+        self.spills = spills
+        self.bound_percent = bound_percent
+
+    def pick(
+        self, candidates: list[Replica], prefix: Sequence[tuple[str, int]], least: Replica, bound_percent: int
+    ) -> Replica:
+        keys = self.keys(prefix)
+        names = {str(r.serial) for r in candidates}
+        home = None
+        if keys is not None:
+            home = self.recent.longest(keys.conversation, names, {}, (), 1 << 30)
+        chosen = super().pick(candidates, prefix, least, self.bound_percent)
         if home is not None:
-            spills.remembered += 1
-            if url != home:
-                spills.spilled += 1
-                spills.spilled_at[sum(outstanding.values())] += 1
-        recent.record(keys.conversation, url)
-        return by_url[url]
-
-    return pick
+            self.spills.remembered += 1
+            if str(chosen.serial) != home:
+                self.spills.spilled += 1
+                self.spills.spilled_at[sum(r.outstanding for r in candidates)] += 1
+        return chosen
 
 
 def measure(rate: float, args: argparse.Namespace) -> str:
     spills = Spills()
-    original = traffic.affine
-    traffic.affine = router_choice(args.bound_percent, args.slack, spills)
+    original = traffic.PrefixRouting
+    traffic.PrefixRouting = lambda: CountedRouting(spills, args.slack, args.bound_percent)  # type: ignore[assignment,misc]
     try:
         trace = pr.workload(rate, args.seconds, args.warmup, args.seed)
         row = pr.simulate_routing(trace, rate, PREFIX_AFFINITY, args.warmup, args.time_scale)
     finally:
-        traffic.affine = original
+        traffic.PrefixRouting = original  # type: ignore[misc]
     share = spills.spilled / spills.remembered if spills.remembered else 0.0
     at = ", ".join(f"{n}: {c}" for n, c in sorted(spills.spilled_at.items()))
     return (

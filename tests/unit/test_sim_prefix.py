@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from specfleet.api.validation import parse_resource
-from specfleet.sim import prom
+from specfleet.sim import prom, traffic
 from specfleet.sim.engine import EngineConfig, Replica, SimRequest
 from specfleet.sim.fleet import SimOptions, simulate
 from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY
@@ -23,6 +23,7 @@ from specfleet.sim.workload import (
     shared_prefix_conversations,
 )
 from specfleet_runtime.cost_profile import default_profile
+from specfleet_runtime.router.affinity import Ring, prefix_key
 
 PROFILE = default_profile()
 NEVER = (0.0, 0.0, 0.0)
@@ -216,3 +217,27 @@ def test_prefix_affinity_routing_raises_the_hit_rate_over_least_outstanding() ->
 
     # Each conversation's later turns find their history on the engine that served the earlier ones.
     assert hit_rate(PREFIX_AFFINITY) > hit_rate(LEAST_OUTSTANDING) + 0.05
+
+
+def test_the_simulators_prefix_routing_is_the_routers_choice() -> None:
+    """`traffic.PrefixRouting` runs the router's own `affinity.choose`: a tenant's first turns go to
+    the ring's owner of its system prompt (the router's Ring over the same names), and a returning turn
+    goes back to the engine that served its conversation, even past the ring's limit, up to the
+    conversation's (the slack)."""
+    engines = [Replica(i, "latency", "stable", "t", replica().config, PROFILE, PREFILL_S, 1, 0.0, 0.0)
+               for i in range(4)]  # fmt: skip
+    routing = traffic.PrefixRouting()
+    names = tuple(sorted(str(r.serial) for r in engines))
+    owner = Ring(names).owner(prefix_key("tenant-a") or 0)
+    first = routing.pick(engines, [("tenant-a", 1000), ("conv-1", 1200)], engines[0], 125)
+    assert str(first.serial) == owner
+    # The conversation's engine is now loaded past the ring's limit (ceil(1.25 * 4 / 4) = 2 with 3
+    # outstanding there), within the conversation's (ceil(4 / 4) + 4 = 5): the next turn stays.
+    for i in range(3):
+        first.submit(request(i, 100, ()), 0.0)
+    assert first.outstanding == 3
+    again = routing.pick(engines, [("tenant-a", 1000), ("conv-1", 1600)], engines[1], 125)
+    assert again is first
+    # A new conversation of the tenant is placed on the ring under its limit: elsewhere.
+    other = routing.pick(engines, [("tenant-a", 1000), ("conv-2", 1100)], engines[1], 125)
+    assert other is not first

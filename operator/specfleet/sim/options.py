@@ -21,12 +21,10 @@ from specfleet_runtime.cost_profile import (
 
 POOLS: tuple[str, ...] = names.POOLS
 # How the simulated router picks an engine of a pool (`SimOptions.routing`): the fewest outstanding
-# requests, as the router does; or, for a request with a prefix, the engine its longest prefix key
-# hashes to (rendezvous hashing) unless that engine holds more than PREFIX_AFFINITY_LOAD_BOUND x the
-# pool's mean outstanding requests (plus one), so the simulator can show prefix-aware routing.
+# requests; or, for a request with a prefix, the router's own PrefixAffinity choice with the pool's
+# load bound (`traffic.PrefixRouting`), so the simulator can show prefix-aware routing.
 LEAST_OUTSTANDING = "leastOutstanding"
 PREFIX_AFFINITY = "prefixAffinity"
-PREFIX_AFFINITY_LOAD_BOUND = 1.25
 # The wall-clock time of a run's t=0, for the policy's timestamps.
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 # Prefill cost when the profile has none: the published profile's (2 x 8.03e9 FLOPs per prompt token on

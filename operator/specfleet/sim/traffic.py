@@ -1,14 +1,14 @@
 """The simulated router and clients: requests in (a trace or closed-loop clients), routed, and taken back.
 
 Requests are classified by the router's own code (`extract_facts`, `classify`, `ClientLoadTracker`,
-`resolve_pool`) and sent to the ready engine with the fewest outstanding requests, as the router does
-(or by prefix affinity, `SimOptions.routing`).
+`resolve_pool`) and sent to the ready engine with the fewest outstanding requests, as the router does,
+or (`SimOptions.routing`) by the router's own prefix-affinity choice (`PrefixRouting`).
 """
 
 from __future__ import annotations
 
 import itertools
-import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,11 +19,13 @@ from specfleet.render.router import routing_config
 from specfleet.sim.accounts import Accounts
 from specfleet.sim.engine import Replica, SimRequest
 from specfleet.sim.events import ARRIVAL, TICK, Events
-from specfleet.sim.options import POOLS, PREFIX_AFFINITY, PREFIX_AFFINITY_LOAD_BOUND, SimOptions
+from specfleet.sim.options import POOLS, PREFIX_AFFINITY, SimOptions
 from specfleet.sim.rollout import Rollouts
 from specfleet.sim.workload import ClosedLoop, Trace, TraceRequest
+from specfleet_runtime.router.affinity import PrefixKeys, RecentEngines, Ring, choose, prefix_key
 from specfleet_runtime.router.classify import ClientLoadTracker, classify, extract_facts
 from specfleet_runtime.router.endpoints import resolve_pool
+from specfleet_runtime.routing_config import LOAD_BOUND_SLACK
 
 
 class Traffic:
@@ -47,6 +49,7 @@ class Traffic:
         self.rollouts = rollouts
         self.done = done
         self.routing = routing_config(sd)
+        self.prefix_routing = PrefixRouting()
         self.tracker = ClientLoadTracker()
         self.facts_memo: dict[tuple[Any, ...], Any] = {}
         self.turn = 0
@@ -115,7 +118,8 @@ class Traffic:
                     best = cand
             self.turn += 1
             if req.prefix and self.options.routing == PREFIX_AFFINITY:
-                best = affine(candidates, req.prefix[-1][0], best)
+                bound = self.routing.endpoint_selection.of(pool).bound_percent
+                best = self.prefix_routing.pick(candidates, req.prefix, best, bound)
             if not best.fits(sim):
                 self.reject(sim, pool)
                 continue
@@ -209,9 +213,49 @@ class Traffic:
             self.events.push(now + 1.0, TICK)
 
 
-def affine(candidates: list[Replica], key: str, least: Replica) -> Replica:
-    """The engine `key` hashes to among `candidates` (rendezvous hashing: stable as engines come and
-    go), unless it is loaded past the bound; then `least`, the least outstanding."""
-    home = max(candidates, key=lambda r: zlib.crc32(f"{key}@{r.serial}".encode()))
-    mean = sum(r.outstanding for r in candidates) / len(candidates)
-    return home if home.outstanding <= PREFIX_AFFINITY_LOAD_BOUND * mean + 1 else least
+class PrefixRouting:
+    """The router's prefix-affinity choice (`specfleet_runtime.router.affinity.choose`: the
+    conversation's last engine under the conversation limit, else the ring on the leading text under
+    the ring's) over simulated engines, each named by its serial as the router names endpoints by URL.
+
+    A request's prefix segments stand for the router's keys: the first (a tenant's system prompt) is
+    its leading text, each later one (a conversation) a message-boundary key, which the table maps to
+    the engine that last served it, as a router worker's does."""
+
+    def __init__(self, slack: int = LOAD_BOUND_SLACK) -> None:
+        self.slack = slack
+        self.recent = RecentEngines()
+        self.rings: dict[tuple[str, ...], Ring] = {}
+
+    def pick(
+        self, candidates: list[Replica], prefix: Sequence[tuple[str, int]], least: Replica, bound_percent: int
+    ) -> Replica:
+        """The engine for a request with `prefix` among `candidates`; `least` (the least outstanding)
+        where the router would pick by least outstanding."""
+        keys = self.keys(prefix)
+        if keys is None:
+            return least
+        by_name = {str(r.serial): r for r in candidates}
+        ring = self.ring(tuple(sorted(by_name)))
+        outstanding = {name: r.outstanding for name, r in by_name.items()}
+        name = choose(ring, self.recent, keys, outstanding, (), bound_percent, self.slack)
+        if name is None:
+            return least
+        if keys.conversation:
+            self.recent.record(keys.conversation, name)
+        return by_name[name]
+
+    @staticmethod
+    def keys(prefix: Sequence[tuple[str, int]]) -> PrefixKeys | None:
+        leading = prefix_key(prefix[0][0])
+        if leading is None:
+            return None
+        return PrefixKeys(leading, tuple(prefix_key(key) or 0 for key, _ in prefix[1:]))
+
+    def ring(self, endpoints: tuple[str, ...]) -> Ring:
+        ring = self.rings.get(endpoints)
+        if ring is None:
+            if len(self.rings) > 64:  # rollouts come and go: keep the recent rings only
+                self.rings.clear()
+            ring = self.rings[endpoints] = Ring(endpoints)
+        return ring
