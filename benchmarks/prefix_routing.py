@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,6 +58,9 @@ from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY, Strategy
 from specfleet.sim.workload import Trace, shared_prefix_conversations
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
+from specfleet_runtime.router.affinity import RecentEngines, Ring, choose, prefix_keys
+from specfleet_runtime.router.body import read_body_fields
+from specfleet_runtime.router.endpoints import choose_endpoint
 from specfleet_runtime.routing_config import DEFAULT_LOAD_BOUND_PERCENT, LOAD_BOUND_SLACK
 
 MODEL = "bench"
@@ -336,6 +339,41 @@ async def run_phase(
     return phase
 
 
+def choice_cost(requests: Sequence[LiveRequest], repeats: int = 5) -> tuple[float, float]:
+    """CPU microseconds per request of what each strategy does before forwarding, in this process on
+    the same bodies (no I/O, so the same work for both): least outstanding reads the body's fields and
+    takes the least loaded endpoint; prefix affinity also reads the leading text and message keys,
+    looks them up in the table, walks the ring and records the choice. The best of `repeats` passes."""
+    bodies = [r.body("cost") for r in requests]
+    endpoints = tuple(f"http://127.0.0.1:{9000 + i}" for i in range(ENGINES))
+    outstanding = {url: 3 + i for i, url in enumerate(endpoints)}  # a loaded pool, unequal
+
+    def least() -> None:
+        for body in bodies:
+            read_body_fields(body)
+            choose_endpoint(endpoints, outstanding)
+
+    def affinity() -> None:
+        ring, recent = Ring(endpoints), RecentEngines()
+        for body in bodies:
+            read = read_body_fields(body, prefix=True)
+            keys = prefix_keys(read.prefix, read.turns, read.first_user)
+            assert keys is not None
+            url = choose(ring, recent, keys, outstanding, (), DEFAULT_LOAD_BOUND_PERCENT)
+            assert url is not None
+            recent.record(keys.conversation, url)
+
+    def best(run: Callable[[], None]) -> float:
+        times = []
+        for _ in range(repeats):
+            start = time.process_time()
+            run()
+            times.append(time.process_time() - start)
+        return min(times) * 1e6 / len(bodies)
+
+    return best(least), best(affinity)
+
+
 def syscalls(pid: int) -> int | None:
     """Read and write system calls of a process and its children so far (/proc/PID/io: syscr, syscw);
     None where /proc does not let this user read them."""
@@ -560,8 +598,11 @@ def render_sim_table(rows: Sequence[SimRow]) -> str:
     return "\n".join(lines)
 
 
-def targets(phases: Sequence[Phase]) -> list[tuple[str, bool | None, str]]:
-    """The issue's targets for PrefixAffinity: (target, met (None: not measurable), the numbers)."""
+def targets(
+    phases: Sequence[Phase], choice: tuple[float, float] | None = None
+) -> list[tuple[str, bool | None, str]]:
+    """The issue's targets for PrefixAffinity: (target, met (None: not measurable), the numbers);
+    `choice` is `choice_cost`'s (least outstanding, prefix affinity) microseconds per request."""
     by = {(p.router, p.rate): p for p in phases if p.ttft}
     rates = sorted({p.rate for p in phases})
     lo, pa, ca = (ROUTERS[0][0], ROUTERS[1][0], ROUTERS[2][0])
@@ -615,6 +656,8 @@ def targets(phases: Sequence[Phase]) -> list[tuple[str, bool | None, str]]:
         calls = ""
         if a.syscalls and b.syscalls:
             calls = f"; system calls {a.syscalls:.0f} vs {b.syscalls:.0f} per request"
+        if choice:
+            calls += f"; the choice itself {choice[1]:.0f} vs {choice[0]:.0f} µs per request"
         out.append(
             (f"router CPU per request at max load within 10% of least-outstanding's ({top:g} req/s)",
              a.cpu_ms <= 1.1 * b.cpu_ms,
@@ -674,6 +717,7 @@ async def run(args: argparse.Namespace) -> Report:
     finally:
         procs.stop_all()
     live_s = time.monotonic() - started
+    choice = choice_cost(requests[rates[-1]])
     sims = [
         simulate_routing(traces[rate], rate, routing, args.warmup, args.time_scale)
         for rate in rates
@@ -687,7 +731,11 @@ async def run(args: argparse.Namespace) -> Report:
         f"{args.warmup:g} s warm-up + {args.seconds:g} s measured; live part {live_s:.0f} s"
     )
     return Report(
-        header, render_table(phases), render_sim_table(sims), render_targets(targets(phases)), log_dir
+        header,
+        render_table(phases),
+        render_sim_table(sims),
+        render_targets(targets(phases, choice)),
+        log_dir,
     )
 
 
@@ -771,7 +819,9 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
   (user + system time of the process and its children from /proc over the phase, per request sent)
   and its read and write system calls per request (`syscr` + `syscw` of /proc/PID/io): the same
   answers relayed in more, smaller reads cost more CPU for the same requests, whatever chose the
-  engine. Ratios are against specfleet LeastOutstanding at the same rate.
+  engine. Ratios are against specfleet LeastOutstanding at the same rate. Beside it, the CPU of the
+  choice itself, in the benchmark's own process on the top rate's bodies (`choice_cost`: reading the
+  body and picking the endpoint, the same work for both strategies, best of five passes).
 - **Simulator**: the same traces through `specfleet.sim.simulate` with `SimOptions(routing=...)`
   leastOutstanding and prefixAffinity, on four engines of the same KV cache and the published profile
   slowed by the same time scale: hit rate after the warm-up, generated tokens per request-second in the

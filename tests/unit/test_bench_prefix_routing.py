@@ -132,3 +132,18 @@ def test_the_simulator_reads_a_hit_rate_after_the_warm_up_for_both_routings() ->
         assert row.tokens_per_request_second > 0
     text = pr.render_sim_table(rows)
     assert text.splitlines()[2].startswith("| 2 | leastOutstanding |")
+
+
+def test_the_choice_cost_runs_both_strategies_on_the_same_bodies_and_the_cpu_target_cites_it() -> None:
+    requests = pr.live_requests(pr.workload(4.0, 5.0, 2.0))[:40]
+    least, affinity = pr.choice_cost(requests, repeats=1)
+    assert least > 0
+    assert affinity > 0
+    lo, pa = pr.ROUTERS[0][0], pr.ROUTERS[1][0]
+    phases = [phase(lo, 2, [0.4] * 10, 100, 0.4, 5.0), phase(pa, 2, [0.1] * 10, 110, 0.8, 6.0)]
+    phases[0].syscalls, phases[1].syscalls = 200.0, 260.0
+    (cpu,) = [row for row in pr.targets(phases, (80.0, 104.0)) if row[0].startswith("router CPU")]
+    assert cpu[1] is False  # 6.0 > 1.1 x 5.0
+    assert cpu[2] == (
+        "6.00 vs 5.00 ms (1.20x); system calls 260 vs 200 per request; the choice itself 104 vs 80 µs per request"
+    )
