@@ -107,6 +107,17 @@ def metadata(sd: SpeculativeDeployment, name: str, component: str, pool: str | N
     return meta
 
 
+def hardened_container() -> dict[str, Any]:
+    """The securityContext of the containers the operator runs itself (router, endpoint picker): no
+    privilege escalation, a read-only root filesystem, not root, no capabilities."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
 def content_hash(manifest: Manifest) -> str:
     """sha256 of a manifest's canonical JSON, ignoring the hash annotation itself."""
     doc = json.loads(json.dumps(manifest))

@@ -13,7 +13,7 @@ from typing import Any, Final
 from specfleet.api.constants import POOLS, PoolName
 from specfleet.api.gateway import GatewaySpec, PickerService
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.render.common import Manifest, metadata, pool_name, selector_labels
+from specfleet.render.common import Manifest, hardened_container, metadata, pool_name, selector_labels
 from specfleet.render.engine import ENGINE_COMPONENT
 from specfleet_runtime.names import ENGINE_PORT
 
@@ -185,12 +185,7 @@ def render_picker_deployment(sd: SpeculativeDeployment, pool: PoolName) -> Manif
         "readinessProbe": {**health, "periodSeconds": 2},
         "livenessProbe": {**health, "initialDelaySeconds": 5, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": hardened_container(),
     }
     return {
         "apiVersion": "apps/v1",

@@ -10,6 +10,7 @@ from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import (
     Manifest,
     RenderOptions,
+    hardened_container,
     metadata,
     pool_name,
     router_name,
@@ -125,12 +126,7 @@ def render_router_deployment(sd: SpeculativeDeployment, options: RenderOptions) 
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": hardened_container(),
     }
     return {
         "apiVersion": "apps/v1",
