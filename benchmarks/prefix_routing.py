@@ -58,8 +58,9 @@ from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY, Strategy
 from specfleet.sim.workload import Trace, shared_prefix_conversations
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
-from specfleet_runtime.router.affinity import RecentEngines, Ring, choose, prefix_keys
+from specfleet_runtime.router.affinity import Ring, choose, prefix_keys
 from specfleet_runtime.router.body import read_body_fields
+from specfleet_runtime.router.conversations import ConversationTable
 from specfleet_runtime.router.endpoints import choose_endpoint
 from specfleet_runtime.routing_config import DEFAULT_LOAD_BOUND_PERCENT, LOAD_BOUND_SLACK
 
@@ -354,7 +355,7 @@ def choice_cost(requests: Sequence[LiveRequest], repeats: int = 5) -> tuple[floa
             choose_endpoint(endpoints, outstanding)
 
     def affinity() -> None:
-        ring, recent = Ring(endpoints), RecentEngines()
+        ring, recent = Ring(endpoints), ConversationTable()
         for body in bodies:
             read = read_body_fields(body, prefix=True)
             keys = prefix_keys(read.prefix, read.turns, read.first_user)

@@ -58,3 +58,7 @@ MIN_DRAFTS_IN_WINDOW: Final = 100
 ROUTER_REQUESTS: Final = "specfleet_router_requests_total"
 FLIPS: Final = "specfleet_speculation_flips_total"
 DECISIONS: Final = "specfleet_policy_decisions_total"
+
+# The router workers' shared directory (on /dev/shm): prometheus_client's multiprocess metric files and
+# prefix affinity's conversation table; set by the router's supervisor for its workers.
+MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"

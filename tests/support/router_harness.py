@@ -207,7 +207,7 @@ class RecordingEngine:
             return web.Response(text="engine_secret_metric 1\n")
         if request.path == "/health":
             return web.Response()
-        if request.path != "/v1/completions":
+        if request.path not in ("/v1/completions", "/v1/chat/completions"):
             return web.json_response({"detail": "Not Found"}, status=404)  # FastAPI's shape
         fail = request.query.get("fail")
         if fail == "405":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,6 @@ import pytest
 from specfleet_runtime.router.affinity import (
     VIRTUAL_NODES,
     PrefixKeys,
-    RecentEngines,
     Ring,
     choose,
     load_limit,
@@ -23,7 +23,9 @@ from specfleet_runtime.router.affinity import (
 )
 from specfleet_runtime.router.backends import Backends
 from specfleet_runtime.router.body import MAX_TURNS, BodyFields, read_body_fields
+from specfleet_runtime.router.conversations import SIZE, TABLE_FILE, ConversationTable, shared_table
 from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.router.workers import MULTIPROC_ENV
 from specfleet_runtime.routing_config import LOAD_BOUND_SLACK, PREFIX_CHARS, PREFIX_TOKENS, RoutingConfig
 
 URLS = tuple(f"http://10.0.0.{i}:8000" for i in range(1, 5))
@@ -164,7 +166,7 @@ def test_a_chat_keys_every_message_boundary_from_its_first_user_message_on() -> 
 
 
 def test_the_table_gives_the_endpoint_of_the_longest_usable_key() -> None:
-    recent = RecentEngines()
+    recent = ConversationTable()
     recent.record((1, 2), URLS[0])
     recent.record((1, 2, 3), URLS[1])  # the next turn went elsewhere: its keys follow it
     assert recent.longest((1, 2, 3, 4), URLS, {}, (), 10) == URLS[1]
@@ -178,13 +180,35 @@ def test_the_table_gives_the_endpoint_of_the_longest_usable_key() -> None:
     assert recent.longest((1, 2, 3), URLS[3:], {}, (), 10) is None
 
 
-def test_the_table_forgets_the_least_recently_used_keys_first() -> None:
-    recent = RecentEngines(capacity=3)
+def test_the_table_forgets_the_least_recently_written_key_of_a_full_set_first() -> None:
+    recent = ConversationTable(sets=1)  # one set of WAYS (4) entries: every key lands in it
     recent.record((1, 2), URLS[0])
     recent.record((3,), URLS[1])
-    recent.record((1,), URLS[2])  # used again: now the newest
+    recent.record((1,), URLS[2])  # written again: now the newest
     recent.record((4,), URLS[3])
-    assert list(recent.served) == [3, 1, 4]
+    recent.record((5,), URLS[0])  # the set is full: 2, the oldest, goes
+    assert [recent.endpoint(k, URLS) for k in (1, 2, 3, 4, 5)] == [URLS[2], None, URLS[1], URLS[3], URLS[0]]
+
+
+def test_the_workers_of_a_router_share_one_table(tmp_path: Path) -> None:
+    """Two processes' tables on the same file (the workers' shared directory): what one records the
+    other finds, and the next turn's record by the other moves the conversation for both."""
+    path = str(tmp_path / TABLE_FILE)
+    first, second = ConversationTable(path), ConversationTable(path)
+    first.record((11, 12), URLS[1])
+    assert second.longest((11, 12, 13), URLS, {}, (), 10) == URLS[1]
+    second.record((11, 12, 13), URLS[2])
+    assert first.longest((11, 12, 13, 14), URLS, {}, (), 10) == URLS[2]
+    # A worker started later maps the same entries; an endpoint it does not know is not an answer.
+    assert ConversationTable(path).endpoint(13, URLS) == URLS[2]
+    assert ConversationTable(path).endpoint(13, URLS[:2]) is None
+
+
+def test_a_router_process_maps_the_table_in_its_workers_directory(tmp_path: Path) -> None:
+    shared_table({MULTIPROC_ENV: str(tmp_path)}).record((7,), URLS[0])
+    assert (tmp_path / TABLE_FILE).stat().st_size == SIZE
+    assert shared_table({MULTIPROC_ENV: str(tmp_path)}).endpoint(7, URLS) == URLS[0]
+    assert shared_table({}).endpoint(7, URLS) is None  # one process: a table of its own
 
 
 # ---- the ring ------------------------------------------------------------------------------------
@@ -265,7 +289,7 @@ def test_conversations_all_remembered_on_one_engine_spread_past_its_limit() -> N
     # 200 conversations whose earlier turns all went to one engine, none finishing: each turn goes home
     # while home is under the conversation limit, so home never holds more than the limit allows.
     ring = Ring(URLS)
-    recent = RecentEngines()
+    recent = ConversationTable()
     turns = [PrefixKeys(k or 0, (k or 0,)) for k in KEYS[:200]]
     for t in turns:
         recent.record(t.conversation, URLS[0])
@@ -363,7 +387,7 @@ def test_pick_follows_the_prefix_only_where_the_pool_asks_for_it() -> None:
     assert len({affine.pick("latency", set(), None) for _ in range(8)}) == len(URLS)
     plain = backends()
     assert len({plain.pick("latency", set(), PrefixKeys(key, (5,))) for _ in range(8)}) == len(URLS)
-    assert not plain.recent.served  # only a pool with affinity learns conversations
+    assert plain.recent.endpoint(5, URLS) is None  # only a pool with affinity learns conversations
 
 
 def test_pick_by_prefix_skips_tried_and_ejected_endpoints() -> None:
@@ -467,3 +491,30 @@ def test_an_endpoint_joining_moves_no_conversation_and_a_share_of_new_ones() -> 
     # New ones (other system prompts: other tenants) start on the grown ring, some on the new endpoint.
     fresh = [PrefixKeys(k) for k in KEYS[:400] if k is not None]
     assert grown[-1] in {b.pick("latency", set(), k) for k in fresh}
+
+
+def test_a_turn_reaching_another_worker_goes_where_the_first_worker_sent_its_conversation(
+    tmp_path: Path,
+) -> None:
+    """Two workers (two Backends on one shared table), each seeing only its own requests in flight:
+    worker A, its ring owner loaded, sends a conversation's first turn elsewhere; the next turn
+    reaches worker B, which sees nothing loaded and whose ring points at the owner, and follows the
+    table to where the history is cached."""
+    path = str(tmp_path / TABLE_FILE)
+    config = RoutingConfig.from_json(json.dumps(config_doc(latency={"strategy": "PrefixAffinity"})))
+    a, b = (
+        Backends("ns", 10.0, (), RouterMetrics(), lambda: 100.0, None, ConversationTable(path)) for _ in "ab"
+    )
+    for worker in (a, b):
+        worker.apply_config(config)
+    leading = KEYS[1]
+    assert leading is not None
+    owner = Ring(URLS).owner(leading)
+    assert owner is not None
+    a.outstanding[owner] = 5  # past the ring's limit with 5 of 5 in flight on 4 endpoints: 2
+    first = a.pick("latency", set(), PrefixKeys(leading, (21,)))
+    assert first not in (None, owner)
+    assert b.pick("latency", set(), PrefixKeys(leading, (21, 22, 23))) == first
+    # With a table of its own, B would have sent it to the owner.
+    alone = backends(latency={"strategy": "PrefixAffinity"})
+    assert alone.pick("latency", set(), PrefixKeys(leading, (21, 22, 23))) == owner

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -16,6 +18,9 @@ import aiohttp
 import pytest
 
 from specfleet_runtime.router.__main__ import process_count
+from specfleet_runtime.router.affinity import prefix_keys
+from specfleet_runtime.router.body import read_body_fields
+from specfleet_runtime.router.conversations import TABLE_FILE, ConversationTable
 from specfleet_runtime.router.workers import MULTIPROC_ENV, auto_workers, cpu_count, metrics_dir, worker_argv
 from support.ports import free_port, refused
 from support.router_harness import GOOD, MODEL, recording_engine, routing, wait_http
@@ -106,6 +111,56 @@ async def test_two_workers_share_the_port_and_report_pod_totals(tmp_path: Path) 
         assert log.count("router stopped") == 2
         assert engine.seen.count("/v1/completions") == 60
         assert MODEL != "renamed"
+
+
+async def test_the_workers_record_conversations_in_one_shared_table(tmp_path: Path) -> None:
+    """Prefix affinity's conversation table is shared by the workers (a file in their shared
+    directory): 16 conversations' first turns, each on a new connection (the kernel spreads them over
+    both workers), are all found in the one table, each under the engine that served it. A table of
+    each worker's own leaves the file empty or missing and fails this."""
+    async with contextlib.AsyncExitStack() as stack:
+        engines = [await stack.enter_async_context(recording_engine()) for _ in range(4)]
+        urls = [e.url for e in engines]
+        config = tmp_path / "routing.json"
+        selection = {"latency": {"strategy": "PrefixAffinity"}}
+        config.write_text(json.dumps(routing(urls, [], endpointSelection=selection)))
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        log_path = tmp_path / "router.log"
+        cmd = [
+            sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--shutdown-delay-seconds", "0",
+        ]  # fmt: skip
+        env = {**os.environ, MULTIPROC_ENV: str(shared)}
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        try:
+            await wait_http(f"{url}/readyz")
+            await wait_until(
+                lambda: _logged(log_path, "router listening on") == 2, 20, "both workers listening"
+            )
+            served: dict[tuple[int, ...], str] = {}
+            for n in range(16):
+                messages = [
+                    {"role": "system", "content": f"tenant {n % 3} system prompt"},
+                    {"role": "user", "content": f"conversation {n}: hello"},
+                ]
+                body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 2}).encode()
+                before = [len(e.seen) for e in engines]
+                assert await fresh_post(f"{url}/v1/chat/completions", body) == 200
+                (engine,) = [e.url for e, b in zip(engines, before, strict=True) if len(e.seen) > b]
+                read = read_body_fields(body, prefix=True)
+                keys = prefix_keys(read.prefix, read.turns, read.first_user)
+                assert keys is not None
+                served[keys.conversation] = engine
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(proc.wait, 30)
+        table = ConversationTable(str(shared / TABLE_FILE))
+        found = {keys: table.endpoint(keys[-1], urls) for keys in served}
+        assert found == served
 
 
 def test_worker_command_divides_the_caps_and_reads_the_cgroup_limit(tmp_path: Path) -> None:

@@ -22,8 +22,9 @@ from specfleet.sim.events import ARRIVAL, TICK, Events
 from specfleet.sim.options import POOLS, PREFIX_AFFINITY, SimOptions
 from specfleet.sim.rollout import Rollouts
 from specfleet.sim.workload import ClosedLoop, Trace, TraceRequest
-from specfleet_runtime.router.affinity import PrefixKeys, RecentEngines, Ring, choose, prefix_key
+from specfleet_runtime.router.affinity import PrefixKeys, Ring, choose, prefix_key
 from specfleet_runtime.router.classify import ClientLoadTracker, classify, extract_facts
+from specfleet_runtime.router.conversations import ConversationTable
 from specfleet_runtime.router.endpoints import resolve_pool
 from specfleet_runtime.routing_config import LOAD_BOUND_SLACK
 
@@ -224,7 +225,7 @@ class PrefixRouting:
 
     def __init__(self, slack: int = LOAD_BOUND_SLACK) -> None:
         self.slack = slack
-        self.recent = RecentEngines()
+        self.recent = ConversationTable()
         self.rings: dict[tuple[str, ...], Ring] = {}
 
     def pick(

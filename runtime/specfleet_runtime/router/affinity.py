@@ -3,8 +3,9 @@
 Two maps, tried in order:
 
 - A conversation goes back to the engine that last served it. A chat has a key at each message
-  boundary from its first user message on (messages 1..j hashed, for every j); `RecentEngines`, a
-  bounded LRU table, remembers which endpoint last served each key, and a request goes to the endpoint
+  boundary from its first user message on (messages 1..j hashed, for every j); the conversation table
+  (`conversations.ConversationTable`, bounded, shared by the router's workers) remembers which
+  endpoint last served each key, and a request goes to the endpoint
   of its longest remembered key that is usable (not excluded, under the load bound). Turn n+1 repeats
   turn n's messages, so its longest key is turn n's last one: the engine that cached its history, even
   where the load bound had sent turn n off its ring position. A conversation moves only when its
@@ -30,27 +31,36 @@ is less than one request above it, and a turn left its cached history for a diff
 ring (first turns, a hot system prompt) keeps the percentage alone, so a hot prefix still spreads.
 
 The hashes are blake2b, not Python's `hash` (salted per process): every router worker and replica
-builds the same ring from the same endpoints. The table is each worker's own (a worker learns the
-conversations whose requests it forwarded); a turn that reaches a worker which has not seen its
-conversation falls back to the ring, which every worker agrees on.
+builds the same ring from the same endpoints, and the workers of a replica share one table. A turn that
+reaches another replica (which has not seen its conversation) falls back to the ring, which every
+replica agrees on.
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
-from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from specfleet_runtime.routing_config import LOAD_BOUND_SLACK
 
 # Points per endpoint: with 100 the keys an endpoint owns stay within ~10% of an even share.
 VIRTUAL_NODES: Final = 100
-# Conversation keys a worker remembers (~100 bytes each): a conversation has one per message, so this
-# holds the recent turns of thousands of conversations, more than a pool's KV caches hold.
-RECENT_KEYS: Final = 1 << 16
+
+
+class Remembered(Protocol):
+    """Where conversations were served (`conversations.ConversationTable`)."""
+
+    def longest(
+        self,
+        keys: tuple[int, ...],
+        endpoints: Collection[str],
+        outstanding: Mapping[str, int],
+        excluded: Collection[str],
+        limit: int,
+    ) -> str | None: ...
 
 
 def _point(data: bytes) -> int:
@@ -128,7 +138,7 @@ def load_limit(
 
 def choose(
     ring: Ring,
-    recent: RecentEngines,
+    recent: Remembered,
     prefix: PrefixKeys,
     outstanding: Mapping[str, int],
     excluded: Collection[str],
@@ -146,45 +156,6 @@ def choose(
         if url is not None:
             return url
     return ring.choose_under(prefix.leading, outstanding, excluded, ring_limit)
-
-
-class RecentEngines:
-    """Which endpoint last served each conversation key; the least recently used key is forgotten first."""
-
-    def __init__(self, capacity: int = RECENT_KEYS) -> None:
-        self.capacity = capacity
-        self.served: OrderedDict[int, str] = OrderedDict()
-
-    def longest(
-        self,
-        keys: tuple[int, ...],
-        endpoints: Collection[str],
-        outstanding: Mapping[str, int],
-        excluded: Collection[str],
-        limit: int,
-    ) -> str | None:
-        """The endpoint of the longest key remembered whose endpoint is still in `endpoints`, not
-        `excluded` and has fewer than `limit` outstanding; None where no key has one."""
-        served = self.served
-        for key in reversed(keys):
-            url = served.get(key)
-            if (
-                url is not None
-                and url in endpoints
-                and url not in excluded
-                and outstanding.get(url, 0) < limit
-            ):
-                return url
-        return None
-
-    def record(self, keys: tuple[int, ...], url: str) -> None:
-        """Remember that `url` serves every key of `keys` (its cache now holds them all)."""
-        served = self.served
-        for key in keys:
-            served[key] = url
-            served.move_to_end(key)
-        while len(served) > self.capacity:
-            served.popitem(last=False)
 
 
 class Ring:

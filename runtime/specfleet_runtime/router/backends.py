@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from specfleet_runtime.names import POOLS, PoolName
-from specfleet_runtime.router.affinity import PrefixKeys, RecentEngines, Ring, choose
+from specfleet_runtime.router.affinity import PrefixKeys, Ring, choose
+from specfleet_runtime.router.conversations import ConversationTable
 from specfleet_runtime.router.endpoints import (
     AddressMap,
     choose_endpoint,
@@ -49,6 +50,7 @@ class Backends:
         metrics: RouterMetrics,
         clock: Callable[[], float],
         slice_watch_factory: SliceWatchFactory | None = None,
+        conversations: ConversationTable | None = None,
     ) -> None:
         self.namespace = namespace
         self.eject_seconds = eject_seconds
@@ -63,8 +65,8 @@ class Backends:
         # Each pool's prefix-affinity ring, built on first use after its endpoints changed.
         self._rings: dict[str, Ring] = {}
         # Which endpoint last served each conversation key (all pools: a key's endpoint outside the
-        # pool asked for is passed over).
-        self.recent = RecentEngines()
+        # pool asked for is passed over); shared with the other workers where the caller says so.
+        self.recent = conversations if conversations is not None else ConversationTable()
         self.outstanding: dict[str, int] = {}
         self.ejected_until: dict[str, float] = {}
         self._turn = 0

@@ -3,7 +3,8 @@
 One asyncio process uses one core; the kernel spreads new connections over the workers' listening
 sockets. What each worker keeps is its own: its engine connections, its outstanding-request counts
 (least-outstanding, and prefix affinity's load bound, are per worker; affinity's ring is the same in
-every worker, a pure function of the endpoints), its auto-segmentation view and its config source
+every worker, a pure function of the endpoints, and its conversation table is one file of the shared
+directory below, mapped by every worker: router/conversations.py), its auto-segmentation view and its config source
 (every worker watches the ConfigMap or polls the file, so a reload reaches each). Process-wide caps (connections,
 requests and body bytes in flight) are divided among the workers, so the pod's total stays as set.
 
@@ -30,9 +31,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from specfleet_runtime.names import MULTIPROC_ENV
+
 log = logging.getLogger("specfleet_runtime.router")
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # More workers than this gain little for a proxy and each one costs its own memory.
 MAX_AUTO_WORKERS = 4
 
