@@ -142,9 +142,10 @@ def live_requests(trace: Trace) -> list[LiveRequest]:
     return out
 
 
-def workload(rate: float, seconds: float, warmup: float, seed: int = SEED) -> Trace:
+def workload(rate: float, seconds: float, warmup: float, seed: int = SEED, hot_share: float = 0.0) -> Trace:
     """The rule's trace over warmup + seconds with about `rate` x `seconds` requests arriving after the
-    warm-up: the conversation count is scaled until the count fits (deterministic for the arguments)."""
+    warm-up: the conversation count is scaled until the count fits (deterministic for the arguments).
+    `hot_share`: the share of conversations that belong to one hot tenant (0: none)."""
     duration = warmup + seconds
     want = rate * seconds
 
@@ -156,6 +157,7 @@ def workload(rate: float, seconds: float, warmup: float, seed: int = SEED) -> Tr
             seed=seed,
             output_tokens=OUTPUT_TOKENS,
             think_seconds=THINK_SECONDS,
+            hot_share=hot_share,
         )
 
     conversations = max(1, round(want / 3))
@@ -184,6 +186,7 @@ class Phase:
     cpu_ms: float | None = None  # router CPU per request
     syscalls: float | None = None  # the router's read and write system calls per request
     behind_s: float = 0.0  # how far the emulators fell behind their own clock (CPU-starved)
+    hot: bool = False  # the one-hot-tenant workload rather than the uniform one
     skipped: str = ""
 
     def ttft_ms(self, q: int) -> float | None:
@@ -436,12 +439,21 @@ ROUTERS = (
 
 
 async def start_router(
-    procs: rb.Processes, kind: str, policy: str, engines: list[str], log_dir: Path, binary: Path | None
+    procs: rb.Processes,
+    kind: str,
+    policy: str,
+    engines: list[str],
+    log_dir: Path,
+    binary: Path | None,
+    bound_percent: int | None = None,
 ) -> tuple[str, int]:
     port = rb.free_port()
     url = f"http://127.0.0.1:{port}"
     if kind == "specfleet":
         config = log_dir / f"routing-{policy}.json"
+        selection: dict[str, Any] = {"strategy": policy}
+        if bound_percent is not None and policy == "PrefixAffinity":
+            selection["loadBoundPercent"] = bound_percent
         config.write_text(
             json.dumps(
                 {
@@ -449,7 +461,7 @@ async def start_router(
                     "pools": {"latency": {"staticUrls": engines}},
                     # One client sends everything here: no auto-segmentation into a batch pool.
                     "autoSegmentation": {"enabled": False},
-                    "endpointSelection": {"latency": {"strategy": policy}},
+                    "endpointSelection": {"latency": selection},
                 }
             )
         )
@@ -685,6 +697,8 @@ async def run(args: argparse.Namespace) -> Report:
     procs = rb.Processes(log_dir)
     traces = {rate: workload(rate, args.seconds, args.warmup) for rate in rates}
     requests = {rate: live_requests(trace) for rate, trace in traces.items()}
+    hot_rate = rates[-1]
+    hot = live_requests(workload(hot_rate, args.seconds, args.warmup, hot_share=args.hot_share))
     phases: list[Phase] = []
     binary, why = rb.vllm_router_binary(not args.no_install)
     try:
@@ -696,16 +710,20 @@ async def run(args: argparse.Namespace) -> Report:
                 phases += [Phase(name, rate, skipped=why) for rate in rates]
                 continue
             try:
-                url, pid = await start_router(procs, kind, policy, engines, log_dir, binary)
+                url, pid = await start_router(
+                    procs, kind, policy, engines, log_dir, binary, args.bound_percent
+                )
             except RuntimeError as err:
                 phases += [Phase(name, rate, skipped=f"did not start: {err}") for rate in rates]
                 continue
-            for m, rate in enumerate(rates):
-                phase = await run_phase(
-                    name, url, pid, engines, requests[rate], rate, args.seconds, args.warmup, f"run{n}x{m}"
-                )
+            runs = [(rate, requests[rate], f"run{n}x{m}") for m, rate in enumerate(rates)]
+            if args.hot_share > 0:
+                runs.append((hot_rate, hot, f"run{n}hot"))
+            for m, (rate, sent, salt) in enumerate(runs):
+                phase = await run_phase(name, url, pid, engines, sent, rate, args.seconds, args.warmup, salt)
+                phase.hot = m == len(rates)
                 print(
-                    f"{name} @ {rate:g} req/s: TTFT p50 {fmt(phase.ttft_ms(50))} ms, p99 "
+                    f"{name} @ {rate:g} req/s{' (hot tenant)' if phase.hot else ''}: TTFT p50 {fmt(phase.ttft_ms(50))} ms, p99 "
                     f"{fmt(phase.ttft_ms(99))} ms, {phase.tokens_per_s:.0f} tokens/s, hit rate "
                     f"{fmt(phase.hit_rate, '.2f')}, max/mean {fmt(phase.imbalance, '.2f')}, CPU "
                     f"{fmt(phase.cpu_ms, '.2f')} ms/req, cut off {phase.cut_off}, errors {phase.errors}, "
@@ -731,12 +749,16 @@ async def run(args: argparse.Namespace) -> Report:
         f"--time-scale {args.time_scale:g}, KV cache {kv_cache_tokens()} tokens each; phases of "
         f"{args.warmup:g} s warm-up + {args.seconds:g} s measured; live part {live_s:.0f} s"
     )
+    uniform = [p for p in phases if not p.hot]
     return Report(
         header,
-        render_table(phases),
+        render_table(uniform),
         render_sim_table(sims),
-        render_targets(targets(phases, choice)),
+        render_targets(targets(uniform, choice)),
         log_dir,
+        render_table([p for p in phases if p.hot]),
+        hot_rate,
+        args.hot_share,
     )
 
 
@@ -747,10 +769,14 @@ class Report:
     sim_table: str
     targets: str
     log_dir: Path
+    hot_table: str = ""
+    hot_rate: float = 0.0
+    hot_share: float = 0.0
 
     def text(self) -> str:
         return "\n\n".join(
-            [self.header, self.table, "Fleet simulator, same traces:", self.sim_table, self.targets,
+            [self.header, self.table, f"One hot tenant ({self.hot_share:.0%} of conversations):",
+             self.hot_table, "Fleet simulator, same traces:", self.sim_table, self.targets,
              f"logs: {self.log_dir}"]
         )  # fmt: skip
 
@@ -772,6 +798,10 @@ class Report:
             drain=f"{DRAIN_SECONDS:g}",
             bound=DEFAULT_LOAD_BOUND_PERCENT,
             slack=LOAD_BOUND_SLACK,
+            hot_table=self.hot_table or "(not run: --hot-share 0)",
+            hot_rate=self.hot_rate,
+            hot_pct=f"{self.hot_share:.0%}",
+            hot_share=self.hot_share,
         )
 
 
@@ -798,8 +828,8 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
   tenant's system prompt and the running requests on every engine), the published profile's prefill of
   0.04 ms per uncached prompt token, and every step slowed by the time scale so that the engines
   saturate at a request rate two shared CPUs can drive.
-- **Routers**, one at a time over the same four engines: the specfleet router (source build, uvloop, one
-  worker) with `endpointSelection` LeastOutstanding and PrefixAffinity (default load bound {bound}%: a
+- **Routers**, one at a time over the same four engines: the specfleet router (source build, uvloop, its
+  default workers: one per CPU, their conversation table shared) with `endpointSelection` LeastOutstanding and PrefixAffinity (default load bound {bound}%: a
   turn goes to the engine that last served the longest of its conversation's message-boundary keys while
   that engine holds fewer than {bound}% of the mean or the mean plus {slack} requests, else by the first
   2 KiB of its messages, here the tenant's system prompt, on the ring under {bound}% of the mean);
@@ -841,7 +871,16 @@ a burst of other work can lose by a wide margin in one run and win in the next.
 
 {table}
 
-Fleet simulator, same traces:
+### One hot tenant
+
+What the load bound is for: the same rule at {hot_rate:g} req/s with {hot_pct} of the conversations
+belonging to one tenant (`shared_prefix_conversations(hot_share={hot_share:g})`; the others' spread
+uniformly over all tenants), so one system prompt carries about half the traffic, more than one engine
+of four serves. A router that keeps a prefix on one engine whatever its load puts that half there.
+
+{hot_table}
+
+Fleet simulator, same traces (uniform tenants):
 
 {sim_table}
 
@@ -861,6 +900,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--time-scale", type=float, default=4.0, help="the emulators' --time-scale")
     parser.add_argument(
         "--routers", default="", help="only the routers whose names contain one of these (comma-separated)"
+    )
+    parser.add_argument(
+        "--hot-share", type=float, default=0.5,
+        help="one more phase at the top rate with this share of conversations on one tenant (0: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--bound-percent", type=int, help="PrefixAffinity's loadBoundPercent (default: the router's)"
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: one rate, short phases")
     parser.add_argument("--no-install", action="store_true", help="do not pip install vllm-router")

@@ -241,3 +241,13 @@ def test_the_simulators_prefix_routing_is_the_routers_choice() -> None:
     # A new conversation of the tenant is placed on the ring under its limit: elsewhere.
     other = routing.pick(engines, [("tenant-a", 1000), ("conv-2", 1100)], engines[1], 125)
     assert other is not first
+
+
+def test_a_hot_tenant_takes_its_share_of_the_conversations() -> None:
+    def share(hot: float) -> float:
+        trace = shared_prefix_conversations(tenants=24, conversations=400, duration=600.0, hot_share=hot)
+        firsts = {r.prefix[1][0]: r.prefix[0][0] for r in trace.requests}  # conversation -> tenant
+        return sum(t == "t0" for t in firsts.values()) / len(firsts)
+
+    assert share(0.0) < 0.1  # uniform: about 1/24
+    assert 0.45 < share(0.5) < 0.60  # half, plus t0's uniform share of the rest

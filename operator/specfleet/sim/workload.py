@@ -323,13 +323,15 @@ def shared_prefix_conversations(
     output_tokens: tuple[int, int] = (64, 512),
     think_seconds: float = 20.0,
     seconds_per_output_token: float = 0.02,
+    hot_share: float = 0.0,
     name: str = "shared-prefix",
 ) -> Trace:
     """Multi-turn conversations of `tenants` tenants that each have a system prompt (open loop).
 
     The rule (every draw from one generator seeded by `seed`; integer ranges inclusive, uniform):
     tenant i's system prompt has S_i ~ `system_tokens` tokens. Each of `conversations` conversations
-    belongs to a tenant drawn uniformly, starts at a time uniform in [0, duration) and has T ~ `turns`
+    belongs to a tenant drawn uniformly (with `hot_share` > 0, tenant 0 instead with that probability:
+    one hot tenant), starts at a time uniform in [0, duration) and has T ~ `turns`
     turns. Turn j's prompt is the system prompt, the conversation so far (every earlier turn's user
     message and answer) and a new user message of U ~ `user_tokens` tokens; it asks for O ~
     `output_tokens` tokens. The next turn arrives when this one's answer would have streamed
@@ -343,6 +345,8 @@ def shared_prefix_conversations(
     rows: list[TraceRequest] = []
     for conv in range(conversations):
         tenant = int(rng.integers(tenants))
+        if hot_share > 0.0 and rng.random() < hot_share:
+            tenant = 0
         at = float(rng.uniform(0.0, duration))
         history = int(system[tenant])
         for _ in range(int(rng.integers(turns[0], turns[1] + 1))):
