@@ -859,6 +859,9 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
   system, TTFT. Its affinity is the router's own choice (`affinity.choose`, the pool's load bound: a
   conversation's last engine from the table, else the ring on the tenant's system prompt), on the
   simulator's clock: where it differs from the live router, it is in the outstanding counts it sees.
+  At saturation the simulator is more pessimistic than the emulators: it counts each running request's
+  KV cache whole (docs/architecture.md), where vLLM and the emulator share a common prefix's blocks
+  among the running requests, so concentrating a tenant on one engine costs it memory it would not.
 
 ## Result
 
@@ -876,7 +879,9 @@ a burst of other work can lose by a wide margin in one run and win in the next.
 What the load bound is for: the same rule at {hot_rate:g} req/s with {hot_pct} of the conversations
 belonging to one tenant (`shared_prefix_conversations(hot_share={hot_share:g})`; the others' spread
 uniformly over all tenants), so one system prompt carries about half the traffic, more than one engine
-of four serves. A router that keeps a prefix on one engine whatever its load puts that half there.
+of four serves. A router that keeps a prefix on one engine whatever its load puts that half there
+(max/mean outstanding shows it); what that costs in TTFT depends on how far past its capacity that
+engine runs, which prefix cache hits on the hot tenant's own requests lower.
 
 {hot_table}
 
