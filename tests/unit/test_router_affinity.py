@@ -518,3 +518,27 @@ def test_a_turn_reaching_another_worker_goes_where_the_first_worker_sent_its_con
     # With a table of its own, B would have sent it to the owner.
     alone = backends(latency={"strategy": "PrefixAffinity"})
     assert alone.pick("latency", set(), PrefixKeys(leading, (21, 22, 23))) == owner
+
+
+def test_the_router_counts_where_each_affine_request_went() -> None:
+    """specfleet_router_prefix_affinity_choices: the ring's owner, a spill past it at the bound, a
+    conversation's engine, and a move off it."""
+    leading = KEYS[1]
+    assert leading is not None
+    b = backends(latency={"strategy": "PrefixAffinity"})
+    owner = Ring(URLS).owner(leading)
+    assert owner is not None
+
+    def count(choice: str) -> float:
+        value = b.metrics.registry.get_sample_value(
+            "specfleet_router_prefix_affinity_choices_total", {"pool": "latency", "choice": choice}
+        )
+        return value or 0.0
+
+    assert b.pick("latency", set(), PrefixKeys(leading, (31,))) == owner
+    assert b.pick("latency", set(), PrefixKeys(leading, (31, 32))) == owner
+    b.outstanding[owner] = 9  # past both limits (ring: 3; conversation: ceil(10 / 4) + 4 = 7)
+    elsewhere = b.pick("latency", set(), PrefixKeys(leading, (31, 32, 33)))
+    assert elsewhere != owner
+    assert b.pick("latency", set(), PrefixKeys(leading, (41,))) != owner
+    assert [count(c) for c in ("ring", "conversation", "moved", "spilled")] == [1, 1, 1, 1]

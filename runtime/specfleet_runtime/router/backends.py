@@ -268,9 +268,19 @@ class Backends:
             url = self._choose_by_prefix(ring, prefix, tried | ejected, bound_percent)
         if url is None:
             url = self._choose_by_prefix(ring, prefix, tried, bound_percent)
-        if url is not None and prefix.conversation:
-            self.recent.record(prefix.conversation, url)
+        if url is not None:
+            self.metrics.prefix_choices.labels(pool, self._prefix_choice(ring, prefix, url)).inc()
+            if prefix.conversation:
+                self.recent.record(prefix.conversation, url)
         return url
+
+    def _prefix_choice(self, ring: Ring, prefix: PrefixKeys, url: str) -> str:
+        """What sent a request to `url` (the metric's `choice`): its conversation's engine, a move off
+        it, the ring's owner of its leading text, or a spill past that owner."""
+        home = self.recent.longest(prefix.conversation, ring.endpoints, {}, (), 1 << 30)
+        if home is not None:
+            return "conversation" if url == home else "moved"
+        return "ring" if url == ring.owner(prefix.leading) else "spilled"
 
     def _choose_by_prefix(
         self, ring: Ring, prefix: PrefixKeys, excluded: set[str], bound_percent: int

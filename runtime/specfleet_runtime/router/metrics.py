@@ -144,6 +144,14 @@ class RouterMetrics:
             ["pool"],
             registry=r,
         )
+        self.prefix_choices = Counter(
+            "specfleet_router_prefix_affinity_choices",
+            "Requests of PrefixAffinity pools by where they went: conversation (back to the engine that "
+            "last served their conversation), moved (that engine was at the load bound or gone), ring (the "
+            "ring's owner of their leading text), spilled (past the owner, at the bound).",
+            ["pool", "choice"],
+            registry=r,
+        )
         self.endpoints = Gauge(
             "specfleet_router_endpoints",
             "Ready endpoints known per pool.",
