@@ -43,6 +43,14 @@ def _logged(log_path: Path, text: str) -> int:
     return sum(text in line for line in log_path.read_text(errors="replace").splitlines())
 
 
+def router_command(config: Path, port: int, *extra: str) -> list[str]:
+    """The router on 127.0.0.1:`port` (0: the kernel picks) reading `config`, with `extra` arguments."""
+    return [
+        sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
+        "--host", "127.0.0.1", "--port", str(port), *extra,
+    ]  # fmt: skip
+
+
 async def fresh_post(url: str, body: bytes = GOOD) -> int:
     # A new connection each time, so the kernel spreads them over the workers.
     async with (
@@ -68,11 +76,9 @@ async def test_two_workers_share_the_port_and_report_pod_totals(tmp_path: Path) 
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log_path = tmp_path / "router.log"
-        cmd = [
-            sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--poll-seconds", "0.1",
-            "--shutdown-delay-seconds", "0",
-        ]  # fmt: skip
+        cmd = router_command(
+            config, port, "--workers", "2", "--poll-seconds", "0.1", "--shutdown-delay-seconds", "0"
+        )
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
         try:
@@ -129,10 +135,7 @@ async def test_the_workers_record_conversations_in_one_shared_table(tmp_path: Pa
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log_path = tmp_path / "router.log"
-        cmd = [
-            sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--shutdown-delay-seconds", "0",
-        ]  # fmt: skip
+        cmd = router_command(config, port, "--workers", "2", "--shutdown-delay-seconds", "0")
         env = {**os.environ, MULTIPROC_ENV: str(shared)}
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
@@ -183,10 +186,7 @@ async def test_workers_leave_with_a_killed_supervisor(tmp_path: Path) -> None:
         config.write_text(json.dumps(routing([engine.url], [])))
         port = free_port()
         log_path = tmp_path / "router.log"
-        cmd = [
-            sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
-        ]  # fmt: skip
+        cmd = router_command(config, port, "--workers", "2")
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
         try:
@@ -239,11 +239,7 @@ async def test_a_kernel_picked_port_serves_from_one_process(tmp_path: Path) -> N
         config = tmp_path / "routing.json"
         config.write_text(json.dumps(routing([engine.url], [])))
         log_path = tmp_path / "router.log"
-        cmd = [
-            sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
-            "--host", "127.0.0.1", "--port", "0", "--log-level", "info",
-            "--shutdown-delay-seconds", "0",
-        ]  # fmt: skip
+        cmd = router_command(config, 0, "--log-level", "info", "--shutdown-delay-seconds", "0")
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
         try:

@@ -42,25 +42,15 @@ import bisect
 import hashlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 from specfleet_runtime.routing_config import LOAD_BOUND_SLACK
 
+if TYPE_CHECKING:
+    from specfleet_runtime.router.conversations import ConversationTable
+
 # Points per endpoint: with 100 the keys an endpoint owns stay within ~10% of an even share.
 VIRTUAL_NODES: Final = 100
-
-
-class Remembered(Protocol):
-    """Where conversations were served (`conversations.ConversationTable`)."""
-
-    def longest(
-        self,
-        keys: tuple[int, ...],
-        endpoints: Collection[str],
-        outstanding: Mapping[str, int],
-        excluded: Collection[str],
-        limit: int,
-    ) -> str | None: ...
 
 
 def _point(data: bytes) -> int:
@@ -138,7 +128,7 @@ def load_limit(
 
 def choose(
     ring: Ring,
-    recent: Remembered,
+    recent: ConversationTable,
     prefix: PrefixKeys,
     outstanding: Mapping[str, int],
     excluded: Collection[str],
