@@ -15,6 +15,7 @@ from specfleet.sim import prom, traffic
 from specfleet.sim.engine import EngineConfig, Replica, SimRequest
 from specfleet.sim.fleet import SimOptions, simulate
 from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY
+from specfleet.sim.prefix_cache import PrefixCache
 from specfleet.sim.workload import (
     Trace,
     TraceRequest,
@@ -110,6 +111,92 @@ def test_blocks_a_running_request_holds_stay_cached_and_serve_others() -> None:
     rep.submit(request(2, 900, (("a", 800),), at=101.0), 101.0)
     rep.advance_to(102.0, [])
     assert rep.prefix_hits == 800
+
+
+def test_running_requests_hold_their_shared_prefix_blocks_once() -> None:
+    # 400 blocks: a 4096-token system prompt (256 blocks) once and 8 conversations of 96 prompt tokens
+    # (6 blocks) and 32 output (2) fit; two whole prompts and outputs (264 blocks each) do not.
+    rep = replica(kv_tokens=6400)
+    reqs = [request(i, 4096 + 96, (("system", 4096), (f"conv{i}", 4192)), tokens=32) for i in range(8)]
+    for req in reqs:
+        rep.submit(req, 0.0)
+    rep.advance_to(1e-9, [])  # the first step: every request joins it
+    assert rep.running == 8
+    assert rep.prefix_cache.held == 256 + 8 * 6
+    # Each holds its first token, in a block on average half empty ((16 - 1) / 32).
+    assert rep.kv_usage == pytest.approx((256 + 8 * 6 + 8 * (1 / 16 + 15 / 32)) / 400)
+    done: list[SimRequest] = []
+    rep.advance_to(100.0, done)
+    assert len(done) == 8
+    assert rep.preemptions == 0
+    assert {r.first_token for r in reqs} == {reqs[0].first_token}
+    assert (rep.prefix_cache.held, rep.kv_tokens) == (0, pytest.approx(0.0))
+
+
+def test_shared_blocks_are_freed_when_their_last_holder_stops() -> None:
+    rep = replica()
+    short = request(0, 1000, (("system", 800),), tokens=5)
+    long = request(1, 1000, (("system", 800),), tokens=500)
+    rep.submit(short, 0.0)
+    rep.submit(long, 0.0)
+    done: list[SimRequest] = []
+    rep.advance_to(2.0, done)  # a prefill of 1.2 s, then 5 vs 500 steps of 6.5 ms
+    assert done == [short]
+    # The long request still holds the 50 shared blocks: nothing to evict.
+    assert (rep.prefix_cache.held, rep.prefix_cache.free_blocks_cached) == (50, 0)
+    rep.prefix_cache.evict(0.0)
+    assert dict(rep.prefix_cache.blocks) == {"system": 50}
+    rep.advance_to(100.0, done)
+    assert done == [short, long]
+    assert (rep.prefix_cache.held, rep.prefix_cache.free_blocks_cached) == (0, 50)
+    assert rep.kv_tokens == pytest.approx(0.0)
+    rep.prefix_cache.evict(0.0)
+    assert not rep.prefix_cache.blocks
+
+
+def test_a_longer_turn_holds_only_the_blocks_it_adds_to_a_held_segment() -> None:
+    cache = PrefixCache(16)
+    first = cache.take((("t", 800), ("t/c", 1600)), 1600)  # 50 + 50 blocks
+    assert cache.to_hold((("t", 800), ("t/c", 2400)), 2400) == (150, 50)
+    later = cache.take((("t", 800), ("t/c", 2400)), 2400)
+    assert (cache.cached, cache.held) == (150, 150)
+    # The longer turn stops first: the first still holds its 100, the segment's tail is free.
+    cache.release(later)
+    assert (cache.cached, cache.held) == (150, 100)
+    cache.evict(0.0)
+    assert dict(cache.blocks) == {"t": 50, "t/c": 50}
+    cache.release(first)
+    assert (cache.cached, cache.held, cache.holders) == (100, 0, {})
+
+
+def test_the_kv_count_stays_the_running_requests_own_tokens_plus_their_prefix_blocks_once() -> None:
+    """A shared-prefix workload on one engine short of KV, with preemptions: after every span, the
+    engine's count is what the running requests hold, recomputed from scratch."""
+    rep = replica(kv_tokens=24_000)
+    trace = shared_prefix_conversations(tenants=3, conversations=40, duration=120.0, seed=5)
+    reqs = [
+        request(i, r.prompt_tokens, r.prefix, r.output_tokens, r.arrival)
+        for i, r in enumerate(trace.requests)
+    ]
+    done: list[SimRequest] = []
+    for req in reqs:
+        rep.advance_to(req.arrival, done)
+        rep.submit(req, req.arrival)
+        own = 0.0
+        most: dict[str, int] = {}
+        for r in rep._order.values():
+            g = rep.groups[r.acceptance]
+            own += r.prompt + r.generated + g.level - r.entry_level - r.shared
+            for key, blocks in r.pinned:
+                most[key] = max(most.get(key, 0), blocks)
+            assert r.shared == 16 * sum(blocks for _, blocks in r.pinned)
+        assert rep.kv_tokens == pytest.approx(own, abs=1e-6)
+        assert rep.prefix_cache.held == sum(most.values())
+    rep.advance_to(1e6, done)
+    assert len(done) == len(reqs)
+    assert rep.preemptions > 0
+    assert (rep.prefix_cache.held, rep.prefix_cache.holders) == (0, {})
+    assert rep.kv_tokens == pytest.approx(0.0, abs=1e-6)
 
 
 def test_without_prefix_caching_nothing_is_cached_or_counted() -> None:

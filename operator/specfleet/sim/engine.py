@@ -19,12 +19,16 @@ drafter also runs over every prompt token (`drafter_prefill_fraction` of the tar
 
 KV cache, as vLLM V1's scheduler takes it (the emulator's `kv_cache.py` has it block by block): a
 running request holds slots for its prompt and the tokens it generated, plus, while speculating, the
-K drafts it verifies and the proposer's lookahead slots. Each step, when they no longer fit, the newest
-running request is preempted (its KV freed, back to the front of the waiting queue; it recomputes its
-prompt and output later in one prefill, and hands out no token twice); only in a step without a
-preemption do waiting requests join, first come first served, while their prompt (and earlier output)
-fits. Aggregated: each request's rounding up to whole blocks is counted as its mean ((B - 1) / 2B of a
-block of B tokens), and a span ends at the step whose allocation would not fit.
+K drafts it verifies and the proposer's lookahead slots. The full blocks of its shared prefix are the
+prefix cache's, counted once however many running requests share them (`kv_tokens` has each
+request's own tokens, `PrefixCache.held` the shared blocks): a joining request needs room for the
+prefix blocks no running request holds yet, and one preempted or finished frees those nobody else
+holds. Each step, when they no longer fit, the newest running request is preempted (its KV freed,
+back to the front of the waiting queue; it recomputes its prompt and output later in one prefill,
+and hands out no token twice); only in a step without a preemption do waiting requests join, first
+come first served, while their prompt (and earlier output) fits. Aggregated: each request's rounding
+up to whole blocks is counted as its mean ((B - 1) / 2B of a block of B tokens), and a span ends at
+the step whose allocation would not fit.
 
 Prefix cache (`prefix_cache.py`): a request joining the batch takes the blocks of its shared prefix the
 engine has cached, is prefilled (and charged against max_batched_tokens) for the rest only, and
@@ -100,6 +104,7 @@ class SimRequest:
         "prompt",
         "replica",
         "seq",
+        "shared",
         "tokens",
     )
 
@@ -131,10 +136,12 @@ class SimRequest:
         self.generated = 0.0  # tokens generated before its current run (after a preemption)
         self.preemptions = 0
         # Its shared leading context ((key, end) segments; see the module docstring), the prompt tokens
-        # the prefix cache held at its last admission, and the keys whose blocks it holds while running.
+        # the prefix cache held at its last admission, and while running the (key, blocks) it holds
+        # there and their tokens (the engine counts those blocks once, in the prefix cache).
         self.prefix = prefix
         self.hit = 0
-        self.pinned: tuple[str, ...] = ()
+        self.pinned: tuple[tuple[str, int], ...] = ()
+        self.shared = 0
 
 
 class _Group:
@@ -207,7 +214,8 @@ class Replica:
         self.waiting: deque[SimRequest] = deque()
         self.running = 0
         self.outstanding = 0
-        # KV held by the running requests: their tokens (prompt + generated), and blocks of capacity.
+        # KV held by the running requests: their tokens (prompt + generated) less the prefix blocks they
+        # hold in the prefix cache (counted there, once however many share them), and blocks of capacity.
         self.kv_tokens = 0.0
         self.kv_blocks = config.kv_capacity_tokens // config.block_size
         self._order: dict[int, SimRequest] = {}  # running requests by id(), oldest first
@@ -259,12 +267,22 @@ class Replica:
             return 0.0
         slots = k + self.config.lookahead_tokens if self.config.speculative else 0
         size = self.config.block_size
-        # Each request's last block is on average (size - 1) / (2 size) empty.
-        return (self.kv_tokens + self.running * slots) / size + self.running * (size - 1) / (2 * size)
+        # Each request's last block is on average (size - 1) / (2 size) empty; shared prefix blocks are full.
+        return (
+            (self.kv_tokens + self.running * slots) / size
+            + self.running * (size - 1) / (2 * size)
+            + self.prefix_cache.held
+        )
 
     def _blocks_for_admission(self, req: SimRequest) -> float:
-        """Blocks a waiting request needs to join: its prompt and what it had generated (no lookahead)."""
-        return math.ceil((req.prompt + req.generated) / self.config.block_size)
+        """Blocks a waiting request needs to join: its prompt and what it had generated (no lookahead),
+        less the prefix blocks running requests already hold (it shares them)."""
+        size = self.config.block_size
+        tokens = req.prompt + req.generated
+        if req.prefix and self.config.enable_prefix_caching:
+            shared, unheld = self.prefix_cache.to_hold(req.prefix, req.prompt)
+            return math.ceil((tokens - shared * size) / size) + unheld
+        return math.ceil(tokens / size)
 
     def submit(self, req: SimRequest, now: float) -> None:
         """Queue a request that arrives at `now` (the replica must have been advanced to `now`)."""
@@ -331,7 +349,7 @@ class Replica:
         g = self.groups[req.acceptance]
         done = min(float(req.tokens), req.generated + (g.level - req.entry_level))
         req.generated = done
-        self.kv_tokens -= req.prompt + done
+        self.kv_tokens -= req.prompt + done - req.shared
         req.seq = -1
         g.size -= 1
         heap = g.heap
@@ -342,6 +360,7 @@ class Replica:
         self.preemptions += 1
         self.prefix_cache.release(req.pinned)
         req.pinned = ()
+        req.shared = 0
         self.waiting.appendleft(req)
 
     def advance_to(self, until: float, done: list[SimRequest]) -> None:
@@ -384,7 +403,6 @@ class Replica:
                     prompts += recompute - head.hit
                     need += blocks
                     self.waiting.popleft()
-                    self.kv_tokens += recompute
                     self.running += 1
                     admitted.append(head)
                     if caching and head.generated == 0:
@@ -393,6 +411,8 @@ class Replica:
                         self.prefix_hits += head.hit
                     if caching and head.prefix:
                         head.pinned = self.prefix_cache.take(head.prefix, head.prompt)
+                        head.shared = sum(blocks for _, blocks in head.pinned) * self.config.block_size
+                    self.kv_tokens += recompute - head.shared
             if self.running == 0:
                 continue  # everything was preempted: the next iteration admits from the front again
             batch = self.running
@@ -494,11 +514,12 @@ class Replica:
         req.seq = -1
         self.running -= 1
         self.outstanding -= 1
-        self.kv_tokens -= held
+        self.kv_tokens -= held - req.shared
         self._order.pop(id(req), None)
         if req.pinned:
             self.prefix_cache.release(req.pinned)
             req.pinned = ()
+            req.shared = 0
         self.finished += 1
         self.finished_prompt_tokens += req.prompt
         self.finished_output_tokens += req.tokens
@@ -519,6 +540,7 @@ class Replica:
             if req.pinned:
                 self.prefix_cache.release(req.pinned)
                 req.pinned = ()
+                req.shared = 0
         self._order.clear()
         for g in self.groups.values():
             g.heap.clear()

@@ -5,13 +5,15 @@ instead: its `prefix` is (key, end) segments, the prompt tokens [previous end, e
 a full block belongs to the segment its last token is in. The cache remembers, per key, how many of
 the segment's leading blocks it holds, least recently used first. A request takes the cached blocks of
 the longest run of its leading segments (at most prompt - 1 tokens, as vLLM looks up); once prefilled,
-its full prompt blocks are cached and held while it runs. Blocks a running request holds stay; the
-others are the free blocks' content, so the engine evicts them, least recently used first (a
-segment's tail first), when its free blocks no longer hold them (at each lookup, before a span's
-growth and before a preemption).
+its full prompt blocks are cached and held while it runs. A key's held blocks are counted once
+(`held`: per key, the most any running request holds), as vLLM's block pool shares a cached block
+among the requests using it; the engine counts each request's own KV apart. Blocks a running request
+holds stay; the others (a held segment's tail past its longest holder's too) are the free blocks'
+content, so the engine evicts them, least recently used first (a segment's tail first), when its free
+blocks no longer hold them (at each lookup, before a span's growth and before a preemption).
 
-Approximation: the engine counts a running request's KV whole (blocks shared between running
-requests are not deduplicated), so memory with shared prefixes is overstated, never understated.
+Approximation: blocks are shared by key, not by content: every request naming a key is taken to have
+the same tokens in that segment's leading blocks, and requests of different keys share none.
 """
 
 from __future__ import annotations
@@ -23,16 +25,18 @@ EPS = 1e-9
 
 
 class PrefixCache:
-    """Cached blocks per prefix key, the running requests holding each key, and the block counts."""
+    """Cached blocks per prefix key, the blocks running requests hold of each key, and the block counts."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         # key -> its segment's leading blocks cached, least recently used first
         self.blocks: OrderedDict[str, int] = OrderedDict()
-        # key -> running requests holding its blocks
-        self.holders: dict[str, int] = {}
+        # key -> {leading blocks a running request holds: how many running requests hold that many}
+        self.holders: dict[str, dict[int, int]] = {}
+        # key -> its leading blocks some running request holds (the most any holder holds)
+        self.held_blocks: dict[str, int] = {}
         self.cached = 0  # blocks cached
-        self.held = 0  # of them, those of keys a running request holds
+        self.held = 0  # of them, those a running request holds, each once
 
     @property
     def free_blocks_cached(self) -> int:
@@ -60,13 +64,29 @@ class PrefixCache:
             start = stop
         return blocks * size
 
-    def take(self, prefix: tuple[tuple[str, int], ...], prompt: int) -> tuple[str, ...]:
-        """Cache a just prefilled prompt's full blocks under its segments' keys and hold them; the keys
-        held, for `release`."""
+    def to_hold(self, prefix: tuple[tuple[str, int], ...], prompt: int) -> tuple[int, int]:
+        """What `take` would hold for this prompt: its full prefix blocks, and of them those no running
+        request holds yet (which the engine must find room for)."""
         size = self.block_size
-        cache, holders = self.blocks, self.holders
+        held_blocks = self.held_blocks
+        start = total = new = 0
+        for key, end in prefix:
+            stop = min(end, prompt) // size
+            blocks = stop - start
+            if blocks <= 0:
+                break
+            start = stop
+            total += blocks
+            new += max(0, blocks - held_blocks.get(key, 0))
+        return total, new
+
+    def take(self, prefix: tuple[tuple[str, int], ...], prompt: int) -> tuple[tuple[str, int], ...]:
+        """Cache a just prefilled prompt's full blocks under its segments' keys and hold them; the
+        (key, blocks) held, for `release`."""
+        size = self.block_size
+        cache, holders, held_blocks = self.blocks, self.holders, self.held_blocks
         start = 0
-        taken: list[str] = []
+        taken: list[tuple[str, int]] = []
         for key, end in prefix:
             stop = min(end, prompt) // size
             blocks = stop - start
@@ -74,28 +94,40 @@ class PrefixCache:
                 break
             start = stop
             have = cache.get(key, 0)
-            held = key in holders
             if blocks > have:
                 cache[key] = blocks
                 self.cached += blocks - have
-                if held:
-                    self.held += blocks - have
             cache.move_to_end(key)
-            if not held:
-                holders[key] = 0
-                self.held += cache[key]
-            holders[key] += 1
-            taken.append(key)
+            counts = holders.get(key)
+            if counts is None:
+                counts = holders[key] = {}
+            counts[blocks] = counts.get(blocks, 0) + 1
+            most = held_blocks.get(key, 0)
+            if blocks > most:
+                held_blocks[key] = blocks
+                self.held += blocks - most
+            taken.append((key, blocks))
         return tuple(taken)
 
-    def release(self, keys: tuple[str, ...]) -> None:
-        """A request holding `keys` stopped running: their blocks are free (evictable) once nobody holds them."""
-        holders = self.holders
-        for key in keys:
-            holders[key] -= 1
-            if holders[key] == 0:
-                del holders[key]
-                self.held -= self.blocks.get(key, 0)
+    def release(self, taken: tuple[tuple[str, int], ...]) -> None:
+        """A request holding `taken` stopped running: blocks nobody else holds are free (evictable)."""
+        holders, held_blocks = self.holders, self.held_blocks
+        for key, blocks in taken:
+            counts = holders[key]
+            counts[blocks] -= 1
+            if counts[blocks]:
+                continue
+            del counts[blocks]
+            most = held_blocks[key]
+            if blocks < most:
+                continue
+            # The longest holder left: what the others hold stays held.
+            rest = max(counts) if counts else 0
+            self.held -= most - rest
+            if counts:
+                held_blocks[key] = rest
+            else:
+                del holders[key], held_blocks[key]
 
     def evict(self, free_blocks: float) -> None:
         """Evict cached blocks no running request holds, least recently used first (a segment's tail
@@ -103,12 +135,13 @@ class PrefixCache:
         excess = math.ceil(self.cached - self.held - max(0.0, free_blocks) - EPS)
         if excess <= 0:
             return
-        cache, holders = self.blocks, self.holders
+        cache, held_blocks = self.blocks, self.held_blocks
         emptied: list[str] = []
         for key, blocks in cache.items():
-            if key in holders:
+            floor = held_blocks.get(key, 0)
+            if blocks <= floor:
                 continue
-            take = min(blocks, excess)
+            take = min(blocks - floor, excess)
             excess -= take
             self.cached -= take
             if take == blocks:
