@@ -58,7 +58,7 @@ from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY, Strategy
 from specfleet.sim.workload import Trace, shared_prefix_conversations
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
-from specfleet_runtime.router.affinity import Ring, choose, prefix_keys
+from specfleet_runtime.router.affinity import Affinity, Ring, prefix_keys
 from specfleet_runtime.router.body import read_body_fields
 from specfleet_runtime.router.conversations import ConversationTable
 from specfleet_runtime.router.endpoints import choose_endpoint
@@ -187,6 +187,8 @@ class Phase:
     syscalls: float | None = None  # the router's read and write system calls per request
     behind_s: float = 0.0  # how far the emulators fell behind their own clock (CPU-starved)
     hot: bool = False  # the one-hot-tenant workload rather than the uniform one
+    # specfleet PrefixAffinity: requests of the phase by what chose their engine (the router's counter)
+    choices: dict[str, float] = field(default_factory=dict)
     skipped: str = ""
 
     def ttft_ms(self, q: int) -> float | None:
@@ -211,6 +213,23 @@ async def engine_counters(http: aiohttp.ClientSession, engines: Sequence[str]) -
                 elif sample.name == vm.PREFIX_CACHE_HITS:
                     hit += sample.value
     return queried, hit
+
+
+async def prefix_choices(http: aiohttp.ClientSession, router: str) -> dict[str, float]:
+    """The specfleet router's `specfleet_router_prefix_affinity_choices_total` by choice (empty for a
+    router that has none): where prefix affinity sent each request."""
+    counts: dict[str, float] = {}
+    async with http.get(f"{router}/metrics") as resp:
+        if resp.status != 200 or not resp.content_type.startswith("text/plain"):
+            return counts  # vllm-router serves its metrics on another port
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        if family.name == "specfleet_router_prefix_affinity_choices":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    choice = sample.labels["choice"]
+                    counts[choice] = counts.get(choice, 0.0) + sample.value
+    return counts
 
 
 async def engine_states(http: aiohttp.ClientSession, engines: Sequence[str]) -> list[dict[str, Any]]:
@@ -307,6 +326,7 @@ async def run_phase(
             in_window = False
 
         marks: dict[str, Any] = {}
+        choices_before = await prefix_choices(admin, url)
         cpu_before, calls_before = rb.cpu_seconds(pid), syscalls(pid)
         sampler = asyncio.create_task(sample())
         marker = asyncio.create_task(window_marks())
@@ -324,6 +344,12 @@ async def run_phase(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         cpu_after, calls_after = rb.cpu_seconds(pid), syscalls(pid)
+        choices_after = await prefix_choices(admin, url)
+        phase.choices = {
+            c: n - choices_before.get(c, 0.0)
+            for c, n in choices_after.items()
+            if n > choices_before.get(c, 0.0)
+        }
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
         if not await wait_idle(admin, engines):
@@ -358,14 +384,12 @@ def choice_cost(requests: Sequence[LiveRequest], repeats: int = 5) -> tuple[floa
             choose_endpoint(endpoints, outstanding)
 
     def affinity() -> None:
-        ring, recent = Ring(endpoints), ConversationTable()
+        ring, chooser = Ring(endpoints), Affinity(ConversationTable())
         for body in bodies:
             read = read_body_fields(body, prefix=True)
             keys = prefix_keys(read.prefix, read.turns, read.first_user)
             assert keys is not None
-            url = choose(ring, recent, keys, outstanding, (), DEFAULT_LOAD_BOUND_PERCENT)
-            assert url is not None
-            recent.record(keys.conversation, url)
+            assert chooser.pick(ring, keys, outstanding, (), DEFAULT_LOAD_BOUND_PERCENT) is not None
 
     def best(run: Callable[[], None]) -> float:
         times = []
@@ -598,6 +622,21 @@ def render_table(phases: Sequence[Phase]) -> str:
     return "\n".join(lines)
 
 
+CHOICES = ("conversation", "home", "placed", "spilled", "moved")
+
+
+def render_choices(phases: Sequence[Phase]) -> str:
+    """One row per phase that counted its prefix-affinity choices: the requests of each choice."""
+    lines = [
+        "| rate req/s | workload | " + " | ".join(CHOICES) + " |",
+        "|---|---|" + "---:|" * len(CHOICES),
+    ]
+    for p in sorted(phases, key=lambda p: (p.hot, p.rate)):
+        counts = " | ".join(f"{p.choices.get(c, 0.0):.0f}" for c in CHOICES)
+        lines.append(f"| {p.rate:g} | {'one hot tenant' if p.hot else 'uniform'} | {counts} |")
+    return "\n".join(lines)
+
+
 def render_sim_table(rows: Sequence[SimRow]) -> str:
     lines = [
         "| rate req/s | routing | prefix hit rate | tokens per request-second | TTFT p50 ms | TTFT p99 ms |",
@@ -727,7 +766,8 @@ async def run(args: argparse.Namespace) -> Report:
                     f"{fmt(phase.ttft_ms(99))} ms, {phase.tokens_per_s:.0f} tokens/s, hit rate "
                     f"{fmt(phase.hit_rate, '.2f')}, max/mean {fmt(phase.imbalance, '.2f')}, CPU "
                     f"{fmt(phase.cpu_ms, '.2f')} ms/req, cut off {phase.cut_off}, errors {phase.errors}, "
-                    f"emulators behind {phase.behind_s:.1f} s",
+                    f"emulators behind {phase.behind_s:.1f} s"
+                    + "".join(f", {c} {n:.0f}" for c, n in sorted(phase.choices.items())),
                     file=sys.stderr,
                     flush=True,
                 )
@@ -753,6 +793,7 @@ async def run(args: argparse.Namespace) -> Report:
     return Report(
         header,
         render_table(uniform),
+        render_choices([p for p in phases if p.choices]),
         render_sim_table(sims),
         render_targets(targets(uniform, choice)),
         log_dir,
@@ -766,6 +807,7 @@ async def run(args: argparse.Namespace) -> Report:
 class Report:
     header: str
     table: str
+    choices_table: str
     sim_table: str
     targets: str
     log_dir: Path
@@ -775,7 +817,7 @@ class Report:
 
     def text(self) -> str:
         return "\n\n".join(
-            [self.header, self.table, f"One hot tenant ({self.hot_share:.0%} of conversations):",
+            [self.header, self.table, self.choices_table, f"One hot tenant ({self.hot_share:.0%} of conversations):",
              self.hot_table, "Fleet simulator, same traces:", self.sim_table, self.targets,
              f"logs: {self.log_dir}"]
         )  # fmt: skip
@@ -786,6 +828,7 @@ class Report:
             command=command,
             header=self.header,
             table=self.table,
+            choices_table=self.choices_table,
             sim_table=self.sim_table,
             targets=self.targets,
             tenants=TENANTS,
@@ -831,8 +874,11 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
 - **Routers**, one at a time over the same four engines: the specfleet router (source build, uvloop, its
   default workers: one per CPU, their conversation table shared) with `endpointSelection` LeastOutstanding and PrefixAffinity (default load bound {bound}%: a
   turn goes to the engine that last served the longest of its conversation's message-boundary keys while
-  that engine holds fewer than {bound}% of the mean or the mean plus {slack} requests, else by the first
-  2 KiB of its messages, here the tenant's system prompt, on the ring under {bound}% of the mean);
+  that engine holds fewer than twice {bound}% of the mean or the mean plus {slack} requests; else to the
+  engine its leading text (the first 2 KiB of its messages, here the tenant's system prompt) was placed
+  on while that one holds fewer than {bound}% of the mean or the mean plus {slack}; else the next on the
+  ring from the leading text under {bound}% of the mean; a new leading text is placed on the engine
+  holding the fewest);
   vllm-router from PyPI (as `benchmarks/router_bench.py` installs it) with `--policy cache_aware`,
   `consistent_hash` and `round_robin`, its defaults otherwise (cache_aware turns to the least loaded
   engine only past an absolute and a relative imbalance, `--balance-abs-threshold` 64 and
@@ -856,12 +902,10 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
 - **Simulator**: the same traces through `specfleet.sim.simulate` with `SimOptions(routing=...)`
   leastOutstanding and prefixAffinity, on four engines of the same KV cache and the published profile
   slowed by the same time scale: hit rate after the warm-up, generated tokens per request-second in the
-  system, TTFT. Its affinity is the router's own choice (`affinity.choose`, the pool's load bound: a
-  conversation's last engine from the table, else the ring on the tenant's system prompt), on the
-  simulator's clock: where it differs from the live router, it is in the outstanding counts it sees.
-  At saturation the simulator is more pessimistic than the emulators: it counts each running request's
-  KV cache whole (docs/architecture.md), where vLLM and the emulator share a common prefix's blocks
-  among the running requests, so concentrating a tenant on one engine costs it memory it would not.
+  system, TTFT. Its affinity is the router's own choice (`affinity.Affinity`, the pool's load bound),
+  on the simulator's clock: where it differs from the live router, it is in the outstanding counts it
+  sees (one router process rather than one per CPU). Its engines share a common prefix's KV blocks
+  among the running requests, as vLLM and the emulator do (by prefix segment rather than by content).
 
 ## Result
 
@@ -873,6 +917,13 @@ so TTFT p99 and the comparisons with vllm-router's cache_aware at one rate are n
 a burst of other work can lose by a wide margin in one run and win in the next.
 
 {table}
+
+Where specfleet PrefixAffinity sent the requests of each phase (warm-up included; the router's
+`specfleet_router_prefix_affinity_choices_total`): back to the conversation's engine, to the engine its
+leading text was placed on (home), a new leading text placed, spilled past its engine at the bound to
+the ring's next, or a conversation moved off its engine:
+
+{choices_table}
 
 ### One hot tenant
 

@@ -1,7 +1,8 @@
 """How often the load bound moves a conversation off the engine that holds its cache, per request rate.
 
 The router's own choice (`specfleet_runtime.router.affinity.choose`: the conversation's engine under
-the conversation limit, else the ring on the tenant's system prompt under the ring's limit), which the
+the conversation limit, else the engine its tenant's system prompt was placed on under its limit, else
+the ring), which the
 fleet simulator's prefix routing runs (`specfleet.sim.traffic.PrefixRouting`), replayed on
 `benchmarks/prefix_routing.py`'s traces through the simulator's engines (its 4 engines, KV cache and
 profile slowed by the same time scale), with the bound and slack given. Per rate:

@@ -147,3 +147,13 @@ def test_the_choice_cost_runs_both_strategies_on_the_same_bodies_and_the_cpu_tar
     assert cpu[2] == (
         "6.00 vs 5.00 ms (1.20x); system calls 260 vs 200 per request; the choice itself 104 vs 80 µs per request"
     )
+
+
+def test_the_choices_table_has_a_row_per_counted_phase_and_a_zero_for_a_choice_not_made() -> None:
+    uniform = pr.Phase("specfleet PrefixAffinity", 14.0, choices={"conversation": 250.0, "placed": 23.0})
+    hot = pr.Phase("specfleet PrefixAffinity", 14.0, hot=True, choices={"spilled": 24.0})
+    rows = pr.render_choices([hot, uniform]).splitlines()[2:]
+    assert rows == [
+        "| 14 | uniform | 250 | 0 | 23 | 0 | 0 |",
+        "| 14 | one hot tenant | 0 | 0 | 0 | 24 | 0 |",
+    ]

@@ -13,6 +13,8 @@ import pytest
 
 from specfleet_runtime.router.affinity import (
     VIRTUAL_NODES,
+    Limits,
+    Placements,
     PrefixKeys,
     Ring,
     choose,
@@ -267,21 +269,23 @@ def test_a_hot_key_spills_at_the_load_bound() -> None:
     assert ring.choose(key, {home: 39, URLS[0] if home != URLS[0] else URLS[1]: 0}, (), 400) == home
 
 
-def test_the_conversation_limit_has_a_slack_at_small_counts_and_the_percentage_at_large() -> None:
+def test_the_limits_have_a_slack_at_small_counts_and_the_percentage_at_large() -> None:
     assert LOAD_BOUND_SLACK == 4  # the figures below
-    # An empty pool: the ring takes one per endpoint before moving on, a conversation up to 5.
-    assert load_limits(URLS, {}, (), 125) == (1, 5)
+    # An empty pool: the ring takes one per endpoint before moving on, a leading text's engine and a
+    # conversation's up to 5.
+    assert load_limits(URLS, {}, (), 125) == Limits(1, 5, 5)
     # 2 in flight, both on one engine: 125% of the mean is one request, the slack keeps 5.
-    assert load_limits(URLS, {URLS[0]: 2}, (), 125) == (1, 5)
-    # 20 per engine: 125% of the mean (ceil(1.25 * 81 / 4) = 26) is past the mean plus the slack (25).
+    assert load_limits(URLS, {URLS[0]: 2}, (), 125) == Limits(1, 5, 5)
+    # 20 per engine: 125% of the mean (ceil(1.25 * 81 / 4) = 26) is past the mean plus the slack (25);
+    # a conversation stays up to twice the percentage (ceil(2.5 * 81 / 4) = 51).
     busy = dict.fromkeys(URLS, 20)
-    assert load_limits(URLS, busy, (), 125) == (26, 26)
-    # At 16 per engine the two meet: the percentage binds from there on.
-    assert load_limits(URLS, dict.fromkeys(URLS, 16), (), 125) == (21, 21)
+    assert load_limits(URLS, busy, (), 125) == Limits(26, 26, 51)
+    # At 16 per engine the slack and the percentage meet: the percentage binds from there on.
+    assert load_limits(URLS, dict.fromkeys(URLS, 16), (), 125) == Limits(21, 21, 41)
     # Excluded endpoints count neither their requests nor themselves; none left: nothing.
-    assert load_limits(URLS, busy, {URLS[0], URLS[1]}, 125) == (26, 26)
-    assert load_limits(URLS, {URLS[0]: 9}, URLS[1:], 100) == (10, 14)
-    assert load_limits(URLS, busy, URLS, 125) == (0, 0)
+    assert load_limits(URLS, busy, {URLS[0], URLS[1]}, 125) == Limits(26, 26, 52)
+    assert load_limits(URLS, {URLS[0]: 9}, URLS[1:], 100) == Limits(10, 14, 20)
+    assert load_limits(URLS, busy, URLS, 125) == Limits(0, 0, 0)
     assert load_limit(URLS, busy, (), 125) == 26
 
 
@@ -290,22 +294,24 @@ def test_conversations_all_remembered_on_one_engine_spread_past_its_limit() -> N
     # while home is under the conversation limit, so home never holds more than the limit allows.
     ring = Ring(URLS)
     recent = ConversationTable()
+    placements = Placements()
     turns = [PrefixKeys(k or 0, (k or 0,)) for k in KEYS[:200]]
     for t in turns:
         recent.record(t.conversation, URLS[0])
     outstanding: dict[str, int] = {}
     for t in turns:
         before = dict(outstanding)
-        url = choose(ring, recent, t, outstanding, (), 125)
-        assert url is not None
-        if url != URLS[0]:
-            # Sent elsewhere only at the limit (the mean plus the slack below 16 an engine, 125% above).
-            assert before.get(URLS[0], 0) >= load_limits(URLS, before, (), 125)[1]
-        outstanding[url] = outstanding.get(url, 0) + 1
-    total = sum(outstanding.values())
-    assert outstanding[URLS[0]] <= max(-(-125 * total // 400), -(-total // 4) + LOAD_BOUND_SLACK)
-    # At 200 in flight the percentage binds: home holds 125% of the mean (62 or 63), not everything.
-    assert 60 <= outstanding[URLS[0]] <= 63
+        choice = choose(ring, recent, placements, t, outstanding, (), 125)
+        assert choice is not None
+        if choice.url != URLS[0]:
+            # Sent elsewhere only at the limit (the mean plus the slack at first, 250% of it later).
+            assert choice.how == "moved"
+            assert before.get(URLS[0], 0) >= load_limits(URLS, before, (), 125).conversation
+        else:
+            assert choice.how == "conversation"
+        outstanding[choice.url] = outstanding.get(choice.url, 0) + 1
+    # At 200 in flight the percentage binds: home holds 250% of the mean (124 or 125), not everything.
+    assert 120 <= outstanding[URLS[0]] <= 125
 
 
 def test_excluded_endpoints_are_skipped_and_nothing_left_is_none() -> None:
@@ -406,11 +412,14 @@ def test_pick_by_prefix_skips_tried_and_ejected_endpoints() -> None:
         b.ejected_until[url] = 200.0
     assert b.pick("latency", set(), key) == home
     assert b.pick("latency", set(URLS), key) is None
-    # The load bound counts what this worker has outstanding.
+    # The load bound counts what this worker has outstanding: its leading text's engine takes it up to
+    # the mean plus the slack (ceil(7 / 4) + 4 = 6 with 6 in flight).
     b.ejected_until.clear()
-    for _ in range(3):
+    for _ in range(5):
         b.acquire(home)
-    assert b.pick("latency", set(), key) != home
+    assert b.pick("latency", set(), key) == home
+    b.acquire(home)
+    assert b.pick("latency", set(), key) == retry
 
 
 def repool(b: Backends, urls: list[str]) -> None:
@@ -450,47 +459,68 @@ def test_a_conversation_sticks_to_its_engine_across_turns_even_off_its_ring_plac
     for _ in range(6):
         b.release(home)
     # With room at home again the conversation stays where its history now is; a new conversation of the
-    # same tenant starts at the tenant's ring place.
+    # same tenant starts where the tenant's system prompt is.
     assert b.pick("latency", set(), turns[2]) == moved
     assert b.pick("latency", set(), turns[3]) == moved
     assert b.pick("latency", set(), conversation(2, 1)[0]) == home
 
 
-def test_a_conversation_spills_at_the_load_bound_and_comes_back_to_the_ring_when_its_engine_leaves() -> None:
+def test_a_conversation_spills_at_the_load_bound_and_goes_back_to_its_tenant_when_its_engine_leaves() -> None:
     b = backends(latency={"strategy": "PrefixAffinity", "loadBoundPercent": 150})
     first, second = conversation(3, 2)
     engine = b.pick("latency", set(), first)
     assert engine is not None
-    # 24 outstanding on its engine and 12 on each other, 60 in all: the percentage binds (ceil(1.5 * 61
-    # / 4) = 23 over the slack's ceil(61 / 4) + 4 = 20), so the next turn spills.
+    # 40 outstanding on its engine and 4 on each other, 52 in all: a conversation's limit is twice the
+    # percentage, ceil(3 * 53 / 4) = 40, so the next turn spills; its system prompt's engine is past its
+    # own (ceil(1.5 * 53 / 4) = 20) too, so it goes to the next engine of the ring.
     for url in URLS:
-        for _ in range(24 if url == engine else 12):
+        for _ in range(40 if url == engine else 4):
             b.acquire(url)
     spilled = b.pick("latency", set(), second)
     assert spilled not in (None, engine)
+    assert spilled == Ring(URLS).choose_under(first.leading, b.outstanding, {engine}, 20)
     for url in URLS:
-        for _ in range(24 if url == engine else 12):
+        for _ in range(40 if url == engine else 4):
             b.release(url)
-    # Its engine leaves the pool: the conversation goes where it was last served; a conversation whose
-    # only engine left falls back to the ring without it.
+    # Its engine leaves the pool: the conversation, whose history was there only, goes where its
+    # system prompt is cached.
     assert spilled is not None
-    remaining = [u for u in URLS if u != spilled]
-    repool(b, remaining)
-    assert b.pick("latency", set(), second) == Ring(tuple(remaining)).owner(second.leading)
+    repool(b, [u for u in URLS if u != spilled])
+    assert b.pick("latency", set(), second) == engine
 
 
-def test_an_endpoint_joining_moves_no_conversation_and_a_share_of_new_ones() -> None:
+def test_an_endpoint_joining_moves_no_conversation_and_takes_new_leading_texts() -> None:
     # Nothing is acquired here, so nothing is over the load bound.
     b = backends(latency={"strategy": "PrefixAffinity"})
     started = [conversation(n, 2) for n in range(200)]
     before = [b.pick("latency", set(), turns[0]) for turns in started]
+    assert len(set(before)) == 1  # one tenant: its system prompt's engine
+    # Seven more tenants: two placed on each engine.
+    others = [PrefixKeys(k) for k in KEYS[400:407] if k is not None]
+    assert sorted(Counter([*before[:1], *(b.pick("latency", set(), k) for k in others)]).values()) == [2] * 4
     grown = [*URLS, "http://10.0.0.5:8000"]
     repool(b, grown)
     # Every conversation under way keeps its engine: its history is cached there.
     assert [b.pick("latency", set(), turns[1]) for turns in started] == before
-    # New ones (other system prompts: other tenants) start on the grown ring, some on the new endpoint.
+    # New leading texts (other tenants) are placed where the fewest are: the new endpoint holds none,
+    # so it takes the first two of them, and then every endpoint its share.
     fresh = [PrefixKeys(k) for k in KEYS[:400] if k is not None]
-    assert grown[-1] in {b.pick("latency", set(), k) for k in fresh}
+    placed = [b.pick("latency", set(), k) for k in fresh]
+    assert placed[:2] == [grown[-1]] * 2
+    held = Counter(placed)
+    held.update(dict.fromkeys(URLS, 2))
+    assert max(held.values()) - min(held.values()) <= 1
+
+
+def test_new_leading_texts_are_placed_evenly_and_then_stay() -> None:
+    """24 tenants hashed onto 4 engines are lumpy (one engine often holds 9 or 10); placed where the
+    fewest are, each engine holds 6, and a tenant's later requests go where it was placed."""
+    b = backends(latency={"strategy": "PrefixAffinity"})
+    tenants = [PrefixKeys(k) for k in KEYS[:24] if k is not None]
+    placed = {t.leading: b.pick("latency", set(), t) for t in tenants}
+    assert sorted(Counter(placed.values()).values()) == [6, 6, 6, 6]
+    assert max(Counter(Ring(URLS).owner(t.leading) for t in tenants).values()) > 6  # what hashing alone does
+    assert all(b.pick("latency", set(), t) == placed[t.leading] for t in tenants)
 
 
 def test_a_turn_reaching_another_worker_goes_where_the_first_worker_sent_its_conversation(
@@ -515,14 +545,16 @@ def test_a_turn_reaching_another_worker_goes_where_the_first_worker_sent_its_con
     first = a.pick("latency", set(), PrefixKeys(leading, (21,)))
     assert first not in (None, owner)
     assert b.pick("latency", set(), PrefixKeys(leading, (21, 22, 23))) == first
+    # A's placement of the leading text is B's too: a new conversation of it goes there.
+    assert b.pick("latency", set(), PrefixKeys(leading, (24,))) == first
     # With a table of its own, B would have sent it to the owner.
     alone = backends(latency={"strategy": "PrefixAffinity"})
     assert alone.pick("latency", set(), PrefixKeys(leading, (21, 22, 23))) == owner
 
 
 def test_the_router_counts_where_each_affine_request_went() -> None:
-    """specfleet_router_prefix_affinity_choices: the ring's owner, a spill past it at the bound, a
-    conversation's engine, and a move off it."""
+    """specfleet_router_prefix_affinity_choices: a new leading text placed, a conversation's engine, a
+    move off it, a spill past the leading text's engine at the bound, and that engine."""
     leading = KEYS[1]
     assert leading is not None
     b = backends(latency={"strategy": "PrefixAffinity"})
@@ -535,10 +567,12 @@ def test_the_router_counts_where_each_affine_request_went() -> None:
         )
         return value or 0.0
 
-    assert b.pick("latency", set(), PrefixKeys(leading, (31,))) == owner
+    assert b.pick("latency", set(), PrefixKeys(leading, (31,))) == owner  # nothing placed yet: the ring's
     assert b.pick("latency", set(), PrefixKeys(leading, (31, 32))) == owner
-    b.outstanding[owner] = 9  # past both limits (ring: 3; conversation: ceil(10 / 4) + 4 = 7)
+    b.outstanding[owner] = 9  # past every limit (ring 4; home and conversation ceil(10 / 4) + 4 = 7)
     elsewhere = b.pick("latency", set(), PrefixKeys(leading, (31, 32, 33)))
     assert elsewhere != owner
     assert b.pick("latency", set(), PrefixKeys(leading, (41,))) != owner
-    assert [count(c) for c in ("ring", "conversation", "moved", "spilled")] == [1, 1, 1, 1]
+    del b.outstanding[owner]
+    assert b.pick("latency", set(), PrefixKeys(leading, (51,))) == owner
+    assert [count(c) for c in ("placed", "conversation", "moved", "spilled", "home")] == [1, 1, 1, 1, 1]

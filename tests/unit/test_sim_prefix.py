@@ -307,10 +307,10 @@ def test_prefix_affinity_routing_raises_the_hit_rate_over_least_outstanding() ->
 
 
 def test_the_simulators_prefix_routing_is_the_routers_choice() -> None:
-    """`traffic.PrefixRouting` runs the router's own `affinity.choose`: a tenant's first turns go to
-    the ring's owner of its system prompt (the router's Ring over the same names), and a returning turn
-    goes back to the engine that served its conversation, even past the ring's limit, up to the
-    conversation's (the slack)."""
+    """`traffic.PrefixRouting` runs the router's own `affinity.choose`: a tenant's first turn is placed
+    (nothing placed yet: on the ring's owner of its system prompt, the router's Ring over the same
+    names), a returning turn goes back to the engine that served its conversation and a new one of the
+    tenant to where its system prompt is, past the ring's limit, up to their own (the slack)."""
     engines = [Replica(i, "latency", "stable", "t", replica().config, PROFILE, PREFILL_S, 1, 0.0, 0.0)
                for i in range(4)]  # fmt: skip
     routing = traffic.PrefixRouting()
@@ -319,15 +319,19 @@ def test_the_simulators_prefix_routing_is_the_routers_choice() -> None:
     first = routing.pick(engines, [("tenant-a", 1000), ("conv-1", 1200)], engines[0], 125)
     assert str(first.serial) == owner
     # The conversation's engine is now loaded past the ring's limit (ceil(1.25 * 4 / 4) = 2 with 3
-    # outstanding there), within the conversation's (ceil(4 / 4) + 4 = 5): the next turn stays.
+    # outstanding there), within the conversation's and the system prompt's (ceil(4 / 4) + 4 = 5): the
+    # next turn stays, and a new conversation of the tenant goes there too.
     for i in range(3):
         first.submit(request(i, 100, ()), 0.0)
     assert first.outstanding == 3
     again = routing.pick(engines, [("tenant-a", 1000), ("conv-1", 1600)], engines[1], 125)
     assert again is first
-    # A new conversation of the tenant is placed on the ring under its limit: elsewhere.
-    other = routing.pick(engines, [("tenant-a", 1000), ("conv-2", 1100)], engines[1], 125)
-    assert other is not first
+    assert routing.pick(engines, [("tenant-a", 1000), ("conv-2", 1100)], engines[1], 125) is first
+    # At the system prompt's limit (ceil(7 / 4) + 4 = 6 with 6 outstanding) a new conversation of the
+    # tenant spills along the ring.
+    for i in range(3, 6):
+        first.submit(request(i, 100, ()), 0.0)
+    assert routing.pick(engines, [("tenant-a", 1000), ("conv-3", 1100)], engines[1], 125) is not first
 
 
 def test_a_hot_tenant_takes_its_share_of_the_conversations() -> None:

@@ -102,23 +102,27 @@ class EndpointSelection(ApiModel):
         default=_SELECTION.strategy,
         description="LeastOutstanding (default): the engine with the fewest requests in flight from this "
         "router worker. PrefixAffinity: a chat turn goes to the engine that last served its conversation "
-        "(the longest of its message-boundary prefixes this router worker remembers); other requests, and "
-        "turns of conversations the worker has not seen, by consistent hashing with bounded loads on "
-        "their leading text (a completion's prompt, or the chat messages up to the first user turn, at "
-        f"most {contract.PREFIX_CHARS} characters, such as a tenant's system prompt). Either way only to an "
-        "engine under the load bound, so requests sharing a prefix reach the engine whose prefix cache "
-        "holds it while it has room; requests without such text are sent by least outstanding.",
+        "(the longest of its message-boundary prefixes the router pod remembers); other requests, and "
+        "turns of conversations it has not seen, to the engine their leading text (a completion's prompt, "
+        f"or the chat messages up to the first user turn, at most {contract.PREFIX_CHARS} characters, such "
+        "as a tenant's system prompt) was placed on, a new leading text on the engine holding the fewest. "
+        "Either way only to an engine under the load bound, past which the request goes to the next "
+        "engine of a consistent-hashing ring on its leading text, so requests sharing a prefix reach the "
+        "engine whose prefix cache holds it while it has room; requests without such text are sent by "
+        "least outstanding.",
     )
     load_bound_percent: int | None = Field(
         default=_SELECTION.load_bound_percent,
         ge=contract.LOAD_BOUND_PERCENT_RANGE[0],
         le=contract.LOAD_BOUND_PERCENT_RANGE[1],
-        description="PrefixAffinity only: an engine takes a prefix's requests while it has fewer than this "
-        "percentage of the mean requests in flight across the pool's engines (counting the arriving "
-        "one, rounded up); past it the request goes to the next engine on the ring (and the conversation "
-        "stays there). A conversation's turn also stays with the engine that last served it while that "
-        f"engine has fewer than the mean plus {contract.LOAD_BOUND_SLACK}, so at a few requests per "
-        "engine a difference of one or two does not move it off its cache. An integer percent rather "
+        description="PrefixAffinity only: an engine takes the requests of a leading text placed on it "
+        "while it has fewer than this percentage of the mean requests in flight across the pool's "
+        "engines (counting the arriving one, rounded up), and a conversation's turns while it has fewer "
+        "than twice the percentage (moving a conversation prefills its whole history again); past it the "
+        "request goes to the next engine on the ring (and the conversation stays there). Both also stay "
+        f"while their engine has fewer than the mean plus {contract.LOAD_BOUND_SLACK}, so at a few "
+        "requests per engine a difference of one or two does not move them off their cache. An integer "
+        "percent rather "
         f"than a fraction; default {contract.DEFAULT_LOAD_BOUND_PERCENT}. Lower spreads a hot prefix "
         "sooner, higher keeps more requests on their prefix's engine.",
     )

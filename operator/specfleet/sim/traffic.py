@@ -22,7 +22,7 @@ from specfleet.sim.events import ARRIVAL, TICK, Events
 from specfleet.sim.options import POOLS, PREFIX_AFFINITY, SimOptions
 from specfleet.sim.rollout import Rollouts
 from specfleet.sim.workload import ClosedLoop, Trace, TraceRequest
-from specfleet_runtime.router.affinity import PrefixKeys, Ring, choose, prefix_key
+from specfleet_runtime.router.affinity import Affinity, PrefixKeys, Ring, prefix_key
 from specfleet_runtime.router.classify import ClientLoadTracker, classify, extract_facts
 from specfleet_runtime.router.conversations import ConversationTable
 from specfleet_runtime.router.endpoints import resolve_pool
@@ -225,7 +225,8 @@ class PrefixRouting:
 
     def __init__(self, slack: int = LOAD_BOUND_SLACK) -> None:
         self.slack = slack
-        self.recent = ConversationTable()
+        self.affinity = Affinity(ConversationTable())
+        self.recent = self.affinity.recent
         self.rings: dict[tuple[str, ...], Ring] = {}
 
     def pick(
@@ -239,12 +240,8 @@ class PrefixRouting:
         by_name = {str(r.serial): r for r in candidates}
         ring = self.ring(tuple(sorted(by_name)))
         outstanding = {name: r.outstanding for name, r in by_name.items()}
-        name = choose(ring, self.recent, keys, outstanding, (), bound_percent, self.slack)
-        if name is None:
-            return least
-        if keys.conversation:
-            self.recent.record(keys.conversation, name)
-        return by_name[name]
+        choice = self.affinity.pick(ring, keys, outstanding, (), bound_percent, self.slack)
+        return least if choice is None else by_name[choice.url]
 
     @staticmethod
     def keys(prefix: Sequence[tuple[str, int]]) -> PrefixKeys | None:

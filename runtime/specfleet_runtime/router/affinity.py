@@ -1,45 +1,44 @@
 """Prefix affinity: which engine of a pool holds a request's prefix in its KV cache (pure: no I/O).
 
-Two maps, tried in order:
+A request has a leading text (`body.prefix_text`: the system prompt through the first user message, a
+completion's prompt) and, for a chat, a key at each message boundary from its first user message on
+(messages 1..j hashed, for every j). `choose` tries, in order:
 
-- A conversation goes back to the engine that last served it. A chat has a key at each message
-  boundary from its first user message on (messages 1..j hashed, for every j); the conversation table
-  (`conversations.ConversationTable`, bounded, shared by the router's workers) remembers which
-  endpoint last served each key, and a request goes to the endpoint
-  of its longest remembered key that is usable (not excluded, under the load bound). Turn n+1 repeats
-  turn n's messages, so its longest key is turn n's last one: the engine that cached its history, even
-  where the load bound had sent turn n off its ring position. A conversation moves only when its
-  engine is loaded past the bound or gone, and then sticks to where it moved.
-- Everything else (a conversation's first turn, a completion, a conversation this worker has not
-  seen) hashes its leading text (`body.prefix_text`: the system prompt, through the first user
-  message) to a ring where every endpoint holds `VIRTUAL_NODES` points, and goes to the first endpoint
-  clockwise that is usable: consistent hashing with bounded loads (Mirrokni, Thorup and Zadimoghaddam,
-  2018), a limit of `ceil(c * (m + 1) / n)` with `m` requests outstanding on the `n` candidates and `c`
-  the load bound. So a tenant's new conversations start where its system prompt is cached, a hot
-  prefix spills onto the next endpoints of the ring instead of overloading one, and an endpoint joining
-  or leaving moves only the keys next to its own points (~1/n); the table moves nothing but the
-  conversations of an endpoint that left.
+1. The conversation: the endpoint that last served its longest remembered key (the conversation table,
+   `conversations.ConversationTable`, bounded, shared by the router's workers), under the
+   conversation's limit. Turn n+1 repeats turn n's messages, so its longest key is turn n's last one:
+   the engine that cached its history, wherever the bound had sent turn n.
+2. Its leading text's engine (the same table: where the text was placed), under the home limit: a
+   tenant's new conversations start where its system prompt is cached.
+3. Past that, the first endpoint clockwise from the leading text's point on a ring where every endpoint
+   holds `VIRTUAL_NODES` points, under the ring's limit: consistent hashing with bounded loads
+   (Mirrokni, Thorup and Zadimoghaddam, 2018). A hot prefix spills onto the same next endpoints each
+   time, which then cache it too, instead of overloading one.
+4. A leading text seen for the first time is placed (`Ring.place`): under the ring's limit, on the
+   endpoint holding the fewest texts this worker placed (`Placements`), the first clockwise among
+   equals. Hashed alone, 24 tenants on 4 engines leave one with about 1.5x the mean share of the work
+   (the median over salts; `docs/architecture.md`), which the bound then spills; placed by count, each
+   holds 6, as a cache-aware router puts a new prefix where the least is cached.
 
-Why both (measured in docs/benchmarks/prefix-routing.md): keyed on the leading text alone, every
-conversation of a tenant shares one key, so under the bound a spilled conversation's later turns land
-wherever the ring has room that moment and prefill their whole history again.
-
-Why a conversation's limit has a slack (`load_limits`): at a few requests per engine 125% of the mean
-is less than one request above it, and a turn left its cached history for a difference of one or two:
-20% of the turns with a remembered engine at 4 req/s in `benchmarks/prefix_spills.py`. It may run up to
-`LOAD_BOUND_SLACK` requests past the mean; from 16 per engine on the percentage binds again, and the
-ring (first turns, a hot system prompt) keeps the percentage alone, so a hot prefix still spreads.
+The limits (`load_limits`), with `m` requests outstanding on the `n` candidates and c the load bound:
+the ring's `ceil(c * (m + 1) / n)`; the home's at least the mean plus `LOAD_BOUND_SLACK` (at a few
+requests per engine 125% of the mean is less than one request above it, and a first turn would leave
+its cached system prompt for a difference of one); the conversation's at least twice the percentage
+(moving a conversation prefills its whole history again on an engine that never held it, where a
+spilled leading text is prefilled once on the ring's next engine and cached there). Measured in
+docs/benchmarks/prefix-routing.md.
 
 The hashes are blake2b, not Python's `hash` (salted per process): every router worker and replica
 builds the same ring from the same endpoints, and the workers of a replica share one table. A turn that
-reaches another replica (which has not seen its conversation) falls back to the ring, which every
-replica agrees on.
+reaches another replica (which has not seen its conversation) goes by that replica's placement of its
+leading text.
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -92,20 +91,28 @@ def prefix_keys(text: str, turns: tuple[str, ...] = (), first_user: int = 0) -> 
     return PrefixKeys(leading, tuple(conversation))
 
 
+@dataclass(frozen=True)
+class Limits:
+    """An endpoint takes one more request while it has fewer outstanding than these."""
+
+    ring: int  # a leading text spilled or placed by the ring
+    home: int  # a leading text going to the engine that holds it
+    conversation: int  # a turn going back to its conversation's engine
+
+
 def load_limits(
     endpoints: tuple[str, ...],
     outstanding: Mapping[str, int],
     excluded: Collection[str],
     bound_percent: int,
     slack: int = LOAD_BOUND_SLACK,
-) -> tuple[int, int]:
-    """An endpoint takes one more request while it has fewer outstanding than these: (for a request
-    placed on the ring, for a conversation going back to its engine). With `m` requests outstanding on
-    the `n` candidates and c = `bound_percent` / 100 (at least 1, so one candidate is always under): the
-    ring's is `ceil(c * (m + 1) / n)`; a conversation's is the larger of that and `ceil((m + 1) / n) +
-    slack`, so below `slack / (c - 1)` requests per engine (16 at the defaults) a conversation stays
-    with its cache up to `slack` requests past the mean, and above it the percentage binds for both.
-    (0, 0) where every endpoint is excluded."""
+) -> Limits:
+    """The limits with `m` requests outstanding on the `n` candidates (those not `excluded`) and c =
+    `bound_percent` / 100 (at least 1, so one candidate is always under; the arriving request counts):
+    the ring's `ceil(c * (m + 1) / n)`; a leading text's home the larger of that and `ceil((m + 1) / n)
+    + slack` (below `slack / (c - 1)` requests per engine, 16 at the defaults, it stays with its cache
+    up to `slack` past the mean); a conversation's the larger of the home's and `ceil(2c * (m + 1) /
+    n)`. All 0 where every endpoint is excluded."""
     candidates = 0
     total = 0
     for url in endpoints:
@@ -113,39 +120,119 @@ def load_limits(
             candidates += 1
             total += outstanding.get(url, 0)
     if not candidates:
-        return 0, 0
-    # In integers; the arriving request counts.
+        return Limits(0, 0, 0)
+    # In integers.
     ring = -(-(bound_percent * (total + 1)) // (100 * candidates))
-    return ring, max(ring, -(-(total + 1) // candidates) + slack)
+    home = max(ring, -(-(total + 1) // candidates) + slack)
+    return Limits(ring, home, max(home, -(-(2 * bound_percent * (total + 1)) // (100 * candidates))))
 
 
 def load_limit(
     endpoints: tuple[str, ...], outstanding: Mapping[str, int], excluded: Collection[str], bound_percent: int
 ) -> int:
     """The ring's limit of `load_limits`: `ceil(c * (m + 1) / n)`."""
-    return load_limits(endpoints, outstanding, excluded, bound_percent)[0]
+    return load_limits(endpoints, outstanding, excluded, bound_percent).ring
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where prefix affinity sends a request, and why (the router's `choice` metric label):
+    `conversation` (the engine that last served its conversation), `home` (its leading text's engine),
+    `placed` (a leading text seen for the first time, on the endpoint with the fewest), `spilled` (its
+    leading text's engine was at the bound: the next one clockwise on the ring under it), `moved` (its
+    conversation's engine was at the bound or gone: any of the last three)."""
+
+    url: str
+    how: str
+    placed: bool = False  # its leading text was new: the caller records where it went
+
+
+class Placements:
+    """The leading texts this worker placed, the most recent `capacity` of them, and how many each
+    endpoint holds: a new leading text goes where the fewest are (`choose`). Per worker: each worker's
+    own placements are even, so their union is too (to within one per worker)."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._where: OrderedDict[int, str] = OrderedDict()
+        self.count: Counter[str] = Counter()
+
+    def add(self, key: int, url: str) -> None:
+        old = self._where.pop(key, None)
+        if old is not None:
+            self.count[old] -= 1
+        self._where[key] = url
+        self.count[url] += 1
+        if len(self._where) > self.capacity:
+            _, gone = self._where.popitem(last=False)
+            self.count[gone] -= 1
 
 
 def choose(
     ring: Ring,
     recent: ConversationTable,
+    placements: Placements,
     prefix: PrefixKeys,
     outstanding: Mapping[str, int],
     excluded: Collection[str],
     bound_percent: int,
     slack: int = LOAD_BOUND_SLACK,
-) -> str | None:
-    """The endpoint of `ring` for a request with `prefix` keys: its conversation's under the
-    conversation limit, else the first clockwise from its leading text under the ring's; None if every
-    endpoint is excluded. Records nothing (the caller records where the request went)."""
-    ring_limit, conversation_limit = load_limits(ring.endpoints, outstanding, excluded, bound_percent, slack)
-    if not ring_limit:
+) -> Choice | None:
+    """Where a request with `prefix` keys goes among `ring`'s endpoints (see the module's docstring);
+    None if every endpoint is excluded. Records nothing (`Affinity.pick` does)."""
+    limits = load_limits(ring.endpoints, outstanding, excluded, bound_percent, slack)
+    if not limits.ring:
         return None
+    remembered = False
     if prefix.conversation:
-        url = recent.longest(prefix.conversation, ring.endpoints, outstanding, excluded, conversation_limit)
+        url = recent.longest(prefix.conversation, ring.endpoints, outstanding, excluded, limits.conversation)
         if url is not None:
-            return url
-    return ring.choose_under(prefix.leading, outstanding, excluded, ring_limit)
+            return Choice(url, "conversation")
+        remembered = recent.longest(prefix.conversation, ring.endpoints, {}, (), 1 << 62) is not None
+    home = recent.endpoint(prefix.leading, ring.endpoints)
+    if home is None:
+        url = ring.place(prefix.leading, placements.count, outstanding, excluded, limits.ring)
+        how = "placed"
+    elif home not in excluded and outstanding.get(home, 0) < limits.home:
+        url, how = home, "home"
+    else:
+        url, how = ring.choose_under(prefix.leading, outstanding, excluded, limits.ring), "spilled"
+    if url is None:
+        return None
+    return Choice(url, "moved" if remembered else how, how == "placed")
+
+
+class Affinity:
+    """A router worker's prefix affinity: the conversation table it shares with the other workers and
+    its own placements; `pick` chooses and records."""
+
+    def __init__(self, recent: ConversationTable, placements: Placements | None = None) -> None:
+        self.recent = recent
+        self.placements = placements if placements is not None else Placements()
+
+    def pick(
+        self,
+        ring: Ring,
+        prefix: PrefixKeys,
+        outstanding: Mapping[str, int],
+        excluded: Collection[str],
+        bound_percent: int,
+        slack: int = LOAD_BOUND_SLACK,
+    ) -> Choice | None:
+        """`choose`, then remember where the request went: its conversation keys' engine, and a newly
+        placed leading text's (in the shared table, so every worker sends the text's next requests
+        there)."""
+        choice = choose(
+            ring, self.recent, self.placements, prefix, outstanding, excluded, bound_percent, slack
+        )
+        if choice is None:
+            return None
+        if choice.placed:
+            self.recent.record((prefix.leading,), choice.url)
+            self.placements.add(prefix.leading, choice.url)
+        if prefix.conversation:
+            self.recent.record(prefix.conversation, choice.url)
+        return choice
 
 
 class Ring:
@@ -177,6 +264,40 @@ class Ring:
         return self.choose_under(
             key, outstanding, excluded, load_limit(self.endpoints, outstanding, excluded, bound_percent)
         )
+
+    def place(
+        self,
+        key: int,
+        placed: Mapping[str, int],
+        outstanding: Mapping[str, int],
+        excluded: Collection[str],
+        limit: int,
+    ) -> str | None:
+        """A new leading text's endpoint: of those not in `excluded` with fewer than `limit`
+        outstanding, the one holding the fewest `placed` texts, the first clockwise from `key` among
+        equals (so replicas with equal counts agree)."""
+        best: str | None = None
+        fewest = 0
+        for url in self.clockwise(key):
+            if url in excluded or outstanding.get(url, 0) >= limit:
+                continue
+            count = placed.get(url, 0)
+            if best is None or count < fewest:
+                best, fewest = url, count
+        return best
+
+    def clockwise(self, key: int) -> list[str]:
+        """Every endpoint once, in the order the ring meets them clockwise from `key`."""
+        points = len(self.points)
+        start = bisect.bisect_left(self.points, key)
+        order: list[str] = []
+        for step in range(points):
+            url = self.owners[(start + step) % points]
+            if url not in order:
+                order.append(url)
+                if len(order) == len(self.endpoints):
+                    break
+        return order
 
     def choose_under(
         self, key: int, outstanding: Mapping[str, int], excluded: Collection[str], limit: int

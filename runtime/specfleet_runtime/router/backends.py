@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from specfleet_runtime.names import POOLS, PoolName
-from specfleet_runtime.router.affinity import PrefixKeys, Ring, choose
+from specfleet_runtime.router.affinity import Affinity, PrefixKeys, Ring
 from specfleet_runtime.router.conversations import ConversationTable
 from specfleet_runtime.router.endpoints import (
     AddressMap,
@@ -64,9 +64,11 @@ class Backends:
         self.pool_endpoints: dict[str, tuple[str, ...]] = dict.fromkeys(POOLS, ())
         # Each pool's prefix-affinity ring, built on first use after its endpoints changed.
         self._rings: dict[str, Ring] = {}
-        # Which endpoint last served each conversation key (all pools: a key's endpoint outside the
-        # pool asked for is passed over); shared with the other workers where the caller says so.
-        self.recent = conversations if conversations is not None else ConversationTable()
+        # Which endpoint last served each conversation key and holds each leading text (all pools: a
+        # key's endpoint outside the pool asked for is passed over); shared with the other workers where
+        # the caller says so; and the leading texts this worker placed.
+        self.affinity = Affinity(conversations if conversations is not None else ConversationTable())
+        self.recent = self.affinity.recent
         self.outstanding: dict[str, int] = {}
         self.ejected_until: dict[str, float] = {}
         self._turn = 0
@@ -261,31 +263,17 @@ class Backends:
         if ring is None or ring.endpoints != endpoints:
             ring = Ring(endpoints)
             self._rings[pool] = ring
-        url = None
+        choice = None
         if self.ejected_until:
             now = self.clock()
             ejected = {u for u in endpoints if self.ejected_until.get(u, 0.0) > now}
-            url = self._choose_by_prefix(ring, prefix, tried | ejected, bound_percent)
-        if url is None:
-            url = self._choose_by_prefix(ring, prefix, tried, bound_percent)
-        if url is not None:
-            self.metrics.prefix_choices.labels(pool, self._prefix_choice(ring, prefix, url)).inc()
-            if prefix.conversation:
-                self.recent.record(prefix.conversation, url)
-        return url
-
-    def _prefix_choice(self, ring: Ring, prefix: PrefixKeys, url: str) -> str:
-        """What sent a request to `url` (the metric's `choice`): its conversation's engine, a move off
-        it, the ring's owner of its leading text, or a spill past that owner."""
-        home = self.recent.longest(prefix.conversation, ring.endpoints, {}, (), 1 << 30)
-        if home is not None:
-            return "conversation" if url == home else "moved"
-        return "ring" if url == ring.owner(prefix.leading) else "spilled"
-
-    def _choose_by_prefix(
-        self, ring: Ring, prefix: PrefixKeys, excluded: set[str], bound_percent: int
-    ) -> str | None:
-        return choose(ring, self.recent, prefix, self.outstanding, excluded, bound_percent)
+            choice = self.affinity.pick(ring, prefix, self.outstanding, tried | ejected, bound_percent)
+        if choice is None:
+            choice = self.affinity.pick(ring, prefix, self.outstanding, tried, bound_percent)
+        if choice is None:
+            return None
+        self.metrics.prefix_choices.labels(pool, choice.how).inc()
+        return choice.url
 
     def acquire(self, url: str) -> None:
         self.outstanding[url] = self.outstanding.get(url, 0) + 1

@@ -1,6 +1,7 @@
 """Prefix affinity's conversation table, shared by the router's worker processes.
 
-Which endpoint last served each conversation key (`affinity.PrefixKeys.conversation`). The kernel
+Which endpoint last served each conversation key (`affinity.PrefixKeys.conversation`), and where each
+leading text was placed (`affinity.PrefixKeys.leading`). The kernel
 spreads a client's connections over the workers (SO_REUSEPORT), so a conversation's next turn reaches
 any of them: with a table of each worker's own, a returning turn of a client that opens new
 connections reaches the worker that served its conversation about 1/W of the time with W workers; the
@@ -17,8 +18,8 @@ LRU within the set). No locks: an entry is one 24-byte write, and a reader that 
 one sees a key or an endpoint that does not match and treats it as unknown, so the worst a race costs
 is one request sent by the ring rather than back to its conversation's engine.
 
-Across router replicas (pods) nothing is shared: a turn reaching another replica falls back to the
-ring, which every replica builds alike.
+Across router replicas (pods) nothing is shared: a turn reaching another replica goes by that
+replica's placement of its leading text.
 """
 
 from __future__ import annotations

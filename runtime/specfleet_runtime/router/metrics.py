@@ -147,8 +147,9 @@ class RouterMetrics:
         self.prefix_choices = Counter(
             "specfleet_router_prefix_affinity_choices",
             "Requests of PrefixAffinity pools by where they went: conversation (back to the engine that "
-            "last served their conversation), moved (that engine was at the load bound or gone), ring (the "
-            "ring's owner of their leading text), spilled (past the owner, at the bound).",
+            "last served their conversation), moved (that engine was at the load bound or gone), home (the "
+            "engine their leading text was placed on), placed (a leading text seen for the first time), "
+            "spilled (past the leading text's engine, at the bound: the next on the ring).",
             ["pool", "choice"],
             registry=r,
         )
