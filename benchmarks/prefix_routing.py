@@ -559,8 +559,21 @@ def scaled(profile: StepTimeProfile, time_scale: float) -> StepTimeProfile:
     )
 
 
-def simulate_routing(trace: Trace, rate: float, routing: str, warmup: float, time_scale: float) -> SimRow:
-    sd = parse_resource(yaml.safe_load(SIM_RESOURCE))
+def simulate_routing(
+    trace: Trace,
+    rate: float,
+    routing: str,
+    warmup: float,
+    time_scale: float,
+    bound_percent: int | None = None,
+) -> SimRow:
+    """`trace` through the simulator's four engines with `routing`; `bound_percent`: the pool's
+    loadBoundPercent (None: the default)."""
+    doc = yaml.safe_load(SIM_RESOURCE)
+    if bound_percent is not None:
+        selection = {"strategy": "PrefixAffinity", "loadBoundPercent": bound_percent}
+        doc["spec"]["routing"]["endpointSelection"] = {"latency": selection}
+    sd = parse_resource(doc)
     result = simulate(
         sd,
         trace,
@@ -878,7 +891,7 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
   engine its leading text (the first 2 KiB of its messages, here the tenant's system prompt) was placed
   on while that one holds fewer than {bound}% of the mean or the mean plus {slack}; else the next on the
   ring from the leading text under {bound}% of the mean; a new leading text is placed on the engine
-  holding the fewest);
+  holding the least of them, by size);
   vllm-router from PyPI (as `benchmarks/router_bench.py` installs it) with `--policy cache_aware`,
   `consistent_hash` and `round_robin`, its defaults otherwise (cache_aware turns to the least loaded
   engine only past an absolute and a relative imbalance, `--balance-abs-threshold` 64 and
@@ -939,6 +952,11 @@ engine runs, which prefix cache hits on the hot tenant's own requests lower.
 Fleet simulator, same traces (uniform tenants):
 
 {sim_table}
+
+The load bound on shared-prefix workloads this page does not run live (8 and 96 tenants, system
+prompts of 128-1024 tokens, one hot tenant; each bound from 100% to 200% beside least outstanding),
+and how evenly placing new leading texts spreads the tenants against hashing them: `python
+benchmarks/prefix_bounds.py` (the simulator, seconds).
 
 ## Targets
 

@@ -523,6 +523,21 @@ def test_new_leading_texts_are_placed_evenly_and_then_stay() -> None:
     assert all(b.pick("latency", set(), t) == placed[t.leading] for t in tenants)
 
 
+def test_a_placed_leading_text_weighs_the_size_of_the_request_that_brought_it() -> None:
+    """A 4,000-byte system prompt holds as much of its engine's cache as four of 1,000: the next twelve
+    small ones fill the three other engines first."""
+    assert prefix_keys("rules", size=4000) == PrefixKeys(prefix_key("rules") or 0, (), 4000)
+    keys = prefix_keys("rules")
+    assert keys is not None
+    assert keys.size == 1
+    b = backends(latency={"strategy": "PrefixAffinity"})
+    found = [k for k in KEYS if k is not None]
+    big = b.pick("latency", set(), PrefixKeys(found[0], size=4000))
+    small = [b.pick("latency", set(), PrefixKeys(k, size=1000)) for k in found[1:13]]
+    assert big not in small
+    assert sorted(Counter(small).values()) == [4, 4, 4]
+
+
 def test_a_turn_reaching_another_worker_goes_where_the_first_worker_sent_its_conversation(
     tmp_path: Path,
 ) -> None:

@@ -105,7 +105,7 @@ class EndpointSelection(ApiModel):
         "(the longest of its message-boundary prefixes the router pod remembers); other requests, and "
         "turns of conversations it has not seen, to the engine their leading text (a completion's prompt, "
         f"or the chat messages up to the first user turn, at most {contract.PREFIX_CHARS} characters, such "
-        "as a tenant's system prompt) was placed on, a new leading text on the engine holding the fewest. "
+        "as a tenant's system prompt) was placed on, a new leading text on the engine holding the least of them. "
         "Either way only to an engine under the load bound, past which the request goes to the next "
         "engine of a consistent-hashing ring on its leading text, so requests sharing a prefix reach the "
         "engine whose prefix cache holds it while it has room; requests without such text are sent by "

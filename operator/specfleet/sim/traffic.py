@@ -248,7 +248,8 @@ class PrefixRouting:
         leading = prefix_key(prefix[0][0])
         if leading is None:
             return None
-        return PrefixKeys(leading, tuple(prefix_key(key) or 0 for key, _ in prefix[1:]))
+        # Its size: the prompt's tokens (the router weighs a placed leading text by its request's bytes).
+        return PrefixKeys(leading, tuple(prefix_key(key) or 0 for key, _ in prefix[1:]), prefix[-1][1])
 
     def ring(self, endpoints: tuple[str, ...]) -> Ring:
         ring = self.rings.get(endpoints)

@@ -84,7 +84,7 @@ class Admission:
                 remote,
                 prompts=read.prompts,
                 endpoint=endpoint,
-                prefix=prefix_keys(read.prefix, read.turns, read.first_user) if affinity else None,
+                prefix=prefix_keys(read.prefix, read.turns, read.first_user, len(body)) if affinity else None,
             )
         except InvalidRequest as err:
             raise Refusal(400, err.message, "invalid_request", err.param) from None

@@ -15,10 +15,11 @@ completion's prompt) and, for a chat, a key at each message boundary from its fi
    (Mirrokni, Thorup and Zadimoghaddam, 2018). A hot prefix spills onto the same next endpoints each
    time, which then cache it too, instead of overloading one.
 4. A leading text seen for the first time is placed (`Ring.place`): under the ring's limit, on the
-   endpoint holding the fewest texts this worker placed (`Placements`), the first clockwise among
-   equals. Hashed alone, 24 tenants on 4 engines leave one with about 1.5x the mean share of the work
-   (the median over salts; `docs/architecture.md`), which the bound then spills; placed by count, each
-   holds 6, as a cache-aware router puts a new prefix where the least is cached.
+   endpoint holding the least of what this worker placed (`Placements`: the texts, each weighed by the
+   size of the request that brought it), the first clockwise among equals, as a cache-aware router
+   puts a new prefix where the least is cached. Hashed alone, the benchmark's tenants leave the busiest
+   of 4 engines about 1.5x the mean share of the prompt tokens, placed about 1.1x
+   (`benchmarks/prefix_bounds.py`), and the bound spills what is past it.
 
 The limits (`load_limits`), with `m` requests outstanding on the `n` candidates and c the load bound:
 the ring's `ceil(c * (m + 1) / n)`; the home's at least the mean plus `LOAD_BOUND_SLACK` (at a few
@@ -66,16 +67,21 @@ def prefix_key(text: str) -> int | None:
 
 @dataclass(frozen=True)
 class PrefixKeys:
-    """What prefix affinity knows of a request: its leading text's ring position and, for a chat, the
-    key of each message boundary from its first user message on, shortest first."""
+    """What prefix affinity knows of a request: its leading text's ring position, for a chat the key of
+    each message boundary from its first user message on (shortest first), and its size (the body's
+    bytes: what a newly placed leading text brings into its engine's cache, as `Placements` weighs it)."""
 
     leading: int
     conversation: tuple[int, ...] = ()
+    size: int = 1
 
 
-def prefix_keys(text: str, turns: tuple[str, ...] = (), first_user: int = 0) -> PrefixKeys | None:
-    """The keys of a request with leading `text` and chat `turns` (see `body.BodyFields`); None where it
-    has no leading text (least outstanding then). One incremental hash over the turns: bounded work."""
+def prefix_keys(
+    text: str, turns: tuple[str, ...] = (), first_user: int = 0, size: int = 1
+) -> PrefixKeys | None:
+    """The keys of a request of `size` bytes with leading `text` and chat `turns` (see
+    `body.BodyFields`); None where it has no leading text (least outstanding then). One incremental hash
+    over the turns: bounded work."""
     leading = prefix_key(text)
     if leading is None:
         return None
@@ -88,7 +94,7 @@ def prefix_keys(text: str, turns: tuple[str, ...] = (), first_user: int = 0) -> 
         digest.update(data)
         if i >= first_user:
             conversation.append(int.from_bytes(digest.copy().digest(), "big"))
-    return PrefixKeys(leading, tuple(conversation))
+    return PrefixKeys(leading, tuple(conversation), max(1, size))
 
 
 @dataclass(frozen=True)
@@ -138,7 +144,7 @@ def load_limit(
 class Choice:
     """Where prefix affinity sends a request, and why (the router's `choice` metric label):
     `conversation` (the engine that last served its conversation), `home` (its leading text's engine),
-    `placed` (a leading text seen for the first time, on the endpoint with the fewest), `spilled` (its
+    `placed` (a leading text seen for the first time, on the endpoint holding the least), `spilled` (its
     leading text's engine was at the bound: the next one clockwise on the ring under it), `moved` (its
     conversation's engine was at the bound or gone: any of the last three)."""
 
@@ -148,24 +154,26 @@ class Choice:
 
 
 class Placements:
-    """The leading texts this worker placed, the most recent `capacity` of them, and how many each
-    endpoint holds: a new leading text goes where the fewest are (`choose`). Per worker: each worker's
-    own placements are even, so their union is too (to within one per worker)."""
+    """The leading texts this worker placed, the most recent `capacity` of them, and how much each
+    endpoint holds, weighed by the size of the request that brought each (a tenant's 16 KB system
+    prompt weighs four of a 4 KB one): a new leading text goes where the least is (`choose`), as a
+    cache-aware router puts a new prefix on the engine with the least cached text. Per worker: each
+    worker's own placements are even, so their union is too (to within one request per worker)."""
 
     def __init__(self, capacity: int = 4096) -> None:
         self.capacity = capacity
-        self._where: OrderedDict[int, str] = OrderedDict()
-        self.count: Counter[str] = Counter()
+        self._where: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        self.held: Counter[str] = Counter()
 
-    def add(self, key: int, url: str) -> None:
+    def add(self, key: int, url: str, size: int = 1) -> None:
         old = self._where.pop(key, None)
         if old is not None:
-            self.count[old] -= 1
-        self._where[key] = url
-        self.count[url] += 1
+            self.held[old[0]] -= old[1]
+        self._where[key] = (url, size)
+        self.held[url] += size
         if len(self._where) > self.capacity:
-            _, gone = self._where.popitem(last=False)
-            self.count[gone] -= 1
+            _, (gone, weight) = self._where.popitem(last=False)
+            self.held[gone] -= weight
 
 
 def choose(
@@ -191,7 +199,7 @@ def choose(
         remembered = recent.longest(prefix.conversation, ring.endpoints, {}, (), 1 << 62) is not None
     home = recent.endpoint(prefix.leading, ring.endpoints)
     if home is None:
-        url = ring.place(prefix.leading, placements.count, outstanding, excluded, limits.ring)
+        url = ring.place(prefix.leading, placements.held, outstanding, excluded, limits.ring)
         how = "placed"
     elif home not in excluded and outstanding.get(home, 0) < limits.home:
         url, how = home, "home"
@@ -229,7 +237,7 @@ class Affinity:
             return None
         if choice.placed:
             self.recent.record((prefix.leading,), choice.url)
-            self.placements.add(prefix.leading, choice.url)
+            self.placements.add(prefix.leading, choice.url, prefix.size)
         if prefix.conversation:
             self.recent.record(prefix.conversation, choice.url)
         return choice
@@ -274,16 +282,16 @@ class Ring:
         limit: int,
     ) -> str | None:
         """A new leading text's endpoint: of those not in `excluded` with fewer than `limit`
-        outstanding, the one holding the fewest `placed` texts, the first clockwise from `key` among
-        equals (so replicas with equal counts agree)."""
+        outstanding, the one holding the least `placed`, the first clockwise from `key` among equals (so
+        replicas with equal counts agree)."""
         best: str | None = None
-        fewest = 0
+        least = 0
         for url in self.clockwise(key):
             if url in excluded or outstanding.get(url, 0) >= limit:
                 continue
-            count = placed.get(url, 0)
-            if best is None or count < fewest:
-                best, fewest = url, count
+            held = placed.get(url, 0)
+            if best is None or held < least:
+                best, least = url, held
         return best
 
     def clockwise(self, key: int) -> list[str]:

@@ -1,0 +1,144 @@
+"""PrefixAffinity's load bound on shared-prefix workloads the live benchmark does not run (simulator).
+
+`benchmarks/prefix_routing.py` measures one workload rule live (24 tenants, system prompts of 1-4k
+tokens). The bound's default must hold for others too, so this runs the same rule
+(`specfleet.sim.workload.shared_prefix_conversations`) with other tenant counts, shorter system
+prompts and one hot tenant, over a longer window, through the fleet simulator's four engines (the
+live benchmark's KV cache and profile, slowed by the same time scale; its prefix routing is the
+router's own `affinity.Affinity`), for each `loadBoundPercent` given, beside least outstanding. Per
+workload and rate: prefix hit rate and TTFT p50/p99 after the warm-up.
+
+First, why new leading texts are placed rather than hashed: the live benchmark's trace at its top rate,
+each tenant's prompt tokens summed, and the tenants put on four endpoints by the ring alone (the owner
+of each salted system prompt, over many salts: the median and 90th percentile of the busiest engine's
+share over the mean) and by `affinity.Placements` in order of first arrival.
+
+    python benchmarks/prefix_bounds.py [--bounds 100,125,150,200] [--rates 8,14] [--seed 7]
+
+The rates are the trace's conversation counts scaled as the live benchmark's are (requests per second
+over the window); a workload with more tenants or longer prompts saturates sooner, so its top rate can
+be past what four engines serve (TTFT in seconds): compare bounds within a row, not rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import prefix_routing as pr
+
+from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY
+from specfleet.sim.workload import Trace, shared_prefix_conversations
+from specfleet_runtime.router.affinity import Placements, PrefixKeys, Ring, prefix_key
+
+# name -> the rule's arguments besides the common ones
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "8 tenants": {"tenants": 8},
+    "24 tenants": {"tenants": 24},
+    "96 tenants": {"tenants": 96},
+    "24 tenants, system prompts 128-1024": {"tenants": 24, "system_tokens": (128, 1024)},
+    "24 tenants, one hot (half)": {"tenants": 24, "hot_share": 0.5},
+}
+
+
+def trace(rate: float, seconds: float, warmup: float, seed: int, rule: dict[str, Any]) -> Trace:
+    """The rule's trace with about `rate` x `seconds` requests arriving after the warm-up."""
+
+    def make(conversations: int) -> Trace:
+        return shared_prefix_conversations(
+            conversations=conversations,
+            duration=warmup + seconds,
+            seed=seed,
+            output_tokens=pr.OUTPUT_TOKENS,
+            think_seconds=pr.THINK_SECONDS,
+            **rule,
+        )
+
+    conversations = max(1, round(rate * seconds / 3))
+    for _ in range(4):
+        got = sum(1 for r in make(conversations).requests if r.arrival >= warmup)
+        conversations = max(1, round(conversations * rate * seconds / max(got, 1)))
+    return make(conversations)
+
+
+def placement_balance(rate: float, salts: int = 200) -> str:
+    """The busiest of four engines' share of the prompt tokens over the mean, tenants hashed vs placed."""
+    t = pr.workload(rate, 25.0, 8.0)
+    work: dict[str, int] = {}
+    first: dict[str, int] = {}  # the prompt tokens of each tenant's first request: what places it
+    for r in t.requests:  # in arrival order
+        work[r.prefix[0][0]] = work.get(r.prefix[0][0], 0) + r.prompt_tokens
+        first.setdefault(r.prefix[0][0], r.prompt_tokens)
+    endpoints = tuple(f"http://10.0.0.{i}:8000" for i in range(1, 5))
+    ring = Ring(endpoints)
+
+    def busiest(owner: dict[str, str]) -> float:
+        load = dict.fromkeys(endpoints, 0)
+        for tenant, tokens in work.items():
+            load[owner[tenant]] += tokens
+        return max(load.values()) / statistics.mean(load.values())
+
+    hashed = sorted(
+        busiest({tenant: ring.owner(prefix_key(f"{salt} {tenant}") or 0) or "" for tenant in work})
+        for salt in range(salts)
+    )
+    placed = []
+    for salt in range(salts):
+        placements, owner = Placements(), {}
+        for tenant in work:
+            key = PrefixKeys(prefix_key(f"{salt} {tenant}") or 0, size=first[tenant])
+            url = ring.place(key.leading, placements.held, {}, (), 1)
+            assert url is not None
+            placements.add(key.leading, url, key.size)
+            owner[tenant] = url
+        placed.append(busiest(owner))
+    placed.sort()
+    return (
+        f"{len(work)} tenants at {rate:g} req/s, busiest engine's prompt tokens / mean over {salts} salts: "
+        f"hashed median {hashed[salts // 2]:.2f}, p90 {hashed[salts * 9 // 10]:.2f}; "
+        f"placed median {placed[salts // 2]:.2f}, p90 {placed[salts * 9 // 10]:.2f}"
+    )
+
+
+def cell(row: pr.SimRow) -> str:
+    return f"{pr.fmt(row.hit_rate, '.2f')} / {pr.fmt(row.ttft_p50_ms)} / {pr.fmt(row.ttft_p99_ms)}"
+
+
+def table(args: argparse.Namespace) -> str:
+    bounds = [int(b) for b in args.bounds.split(",")]
+    lines = [
+        "| workload | rate req/s | leastOutstanding | "
+        + " | ".join(f"PrefixAffinity {b}%" for b in bounds)
+        + " |",
+        "|---|---:|" + "---:|" * (1 + len(bounds)),
+    ]
+    for name, rule in WORKLOADS.items():
+        for rate in (float(r) for r in args.rates.split(",")):
+            t = trace(rate, args.seconds, args.warmup, args.seed, rule)
+            run = [pr.simulate_routing(t, rate, LEAST_OUTSTANDING, args.warmup, args.time_scale)]
+            run += [
+                pr.simulate_routing(t, rate, PREFIX_AFFINITY, args.warmup, args.time_scale, bound)
+                for bound in bounds
+            ]
+            lines.append(f"| {name} | {rate:g} | " + " | ".join(cell(r) for r in run) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--bounds", default="100,125,150,200", help="loadBoundPercent values")
+    parser.add_argument("--rates", default="8,14")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=150.0, help="measured window")
+    parser.add_argument("--warmup", type=float, default=30.0)
+    parser.add_argument("--time-scale", type=float, default=4.0)
+    args = parser.parse_args(argv)
+    print(placement_balance(float(args.rates.split(",")[-1])), "\n")
+    print("cells: prefix hit rate / TTFT p50 ms / TTFT p99 ms (simulator)\n")
+    print(table(args))
+
+
+if __name__ == "__main__":
+    main()
