@@ -35,9 +35,12 @@ ENDPOINT_STRATEGY_VALUES: Final = ("LeastOutstanding", "PrefixAffinity")
 DEFAULT_LOAD_BOUND_PERCENT: Final = 125
 LOAD_BOUND_PERCENT_RANGE: Final = (100, 1000)
 # ... and in any case while it has fewer than the mean plus this many: at a few requests per engine a
-# percentage of the mean is less than one request, and a conversation would leave the engine holding its
-# cache for a difference of one or two (benchmarks/prefix_spills.py counts those moves).
-LOAD_BOUND_SLACK: Final = 4
+# percentage of the mean is less than one request, and a request would leave the engine holding its cache
+# for a difference of one or two. A few more running sequences cost a continuous-batching engine little
+# (the published Llama-3.1-8B profile's decode step: 6.52 ms at 1, 6.66 at 8, 6.82 at 16), while leaving
+# costs a prefill of the cached prompt (1-4k tokens: 41-164 ms, stalling the other engine's step too);
+# benchmarks/prefix_bounds.py and prefix_spills.py (--slack) measure it.
+LOAD_BOUND_SLACK: Final = 8
 # The leading text PrefixAffinity hashes: characters of a prompt, or of the chat messages up to and
 # including the first user turn (2 KiB of text is ~500 tokens: past a system prompt and into the turn
 # that tells one conversation from another); token ids of a prompt given as ids (router/body.py).

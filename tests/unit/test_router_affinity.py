@@ -270,21 +270,21 @@ def test_a_hot_key_spills_at_the_load_bound() -> None:
 
 
 def test_the_limits_have_a_slack_at_small_counts_and_the_percentage_at_large() -> None:
-    assert LOAD_BOUND_SLACK == 4  # the figures below
+    assert LOAD_BOUND_SLACK == 8  # the figures below
     # An empty pool: the ring takes one per endpoint before moving on, a leading text's engine and a
-    # conversation's up to 5.
-    assert load_limits(URLS, {}, (), 125) == Limits(1, 5, 5)
-    # 2 in flight, both on one engine: 125% of the mean is one request, the slack keeps 5.
-    assert load_limits(URLS, {URLS[0]: 2}, (), 125) == Limits(1, 5, 5)
-    # 20 per engine: 125% of the mean (ceil(1.25 * 81 / 4) = 26) is past the mean plus the slack (25);
-    # a conversation stays up to twice the percentage (ceil(2.5 * 81 / 4) = 51).
+    # conversation's up to 9.
+    assert load_limits(URLS, {}, (), 125) == Limits(1, 9, 9)
+    # 2 in flight, both on one engine: 125% of the mean is one request, the slack keeps 9.
+    assert load_limits(URLS, {URLS[0]: 2}, (), 125) == Limits(1, 9, 9)
+    # 20 per engine: the mean plus the slack (21 + 8 = 29) is past 125% of the mean (ceil(1.25 * 81 / 4)
+    # = 26); a conversation stays up to twice the percentage (ceil(2.5 * 81 / 4) = 51).
     busy = dict.fromkeys(URLS, 20)
-    assert load_limits(URLS, busy, (), 125) == Limits(26, 26, 51)
-    # At 16 per engine the slack and the percentage meet: the percentage binds from there on.
-    assert load_limits(URLS, dict.fromkeys(URLS, 16), (), 125) == Limits(21, 21, 41)
+    assert load_limits(URLS, busy, (), 125) == Limits(26, 29, 51)
+    # At 32 per engine the slack and the percentage meet: the percentage binds from there on.
+    assert load_limits(URLS, dict.fromkeys(URLS, 32), (), 125) == Limits(41, 41, 81)
     # Excluded endpoints count neither their requests nor themselves; none left: nothing.
-    assert load_limits(URLS, busy, {URLS[0], URLS[1]}, 125) == Limits(26, 26, 52)
-    assert load_limits(URLS, {URLS[0]: 9}, URLS[1:], 100) == Limits(10, 14, 20)
+    assert load_limits(URLS, busy, {URLS[0], URLS[1]}, 125) == Limits(26, 29, 52)
+    assert load_limits(URLS, {URLS[0]: 9}, URLS[1:], 100) == Limits(10, 18, 20)
     assert load_limits(URLS, busy, URLS, 125) == Limits(0, 0, 0)
     assert load_limit(URLS, busy, (), 125) == 26
 
@@ -413,9 +413,9 @@ def test_pick_by_prefix_skips_tried_and_ejected_endpoints() -> None:
     assert b.pick("latency", set(), key) == home
     assert b.pick("latency", set(URLS), key) is None
     # The load bound counts what this worker has outstanding: its leading text's engine takes it up to
-    # the mean plus the slack (ceil(7 / 4) + 4 = 6 with 6 in flight).
+    # the mean plus the slack (ceil(12 / 4) + 8 = 11 with 11 in flight).
     b.ejected_until.clear()
-    for _ in range(5):
+    for _ in range(10):
         b.acquire(home)
     assert b.pick("latency", set(), key) == home
     b.acquire(home)
@@ -445,18 +445,18 @@ def test_a_conversation_sticks_to_its_engine_across_turns_even_off_its_ring_plac
     turns = conversation(1, 4)
     home = b.pick("latency", set(), turns[0])
     assert home == Ring(URLS).owner(turns[0].leading)
-    # Its engine holds the pool's only 5 requests: past 125% of the mean, but within the slack above it
-    # (ceil(6 / 4) + 4 = 6), so turn 2 stays with its cache.
-    for _ in range(5):
+    # Its engine holds the pool's only 10 requests: past 125% of the mean, but within the slack above it
+    # (ceil(11 / 4) + 8 = 11), so turn 2 stays with its cache.
+    for _ in range(10):
         b.acquire(home)
     assert b.pick("latency", set(), turns[1]) == home
-    # One more and the conversation limit (ceil(7 / 4) + 4 = 6) is reached: turn 2 spills, and sticks
+    # One more and the conversation limit (ceil(12 / 4) + 8 = 11) is reached: turn 2 spills, and sticks
     # to where it went.
     b.acquire(home)
     moved = b.pick("latency", set(), turns[1])
     assert moved not in (None, home)
     assert moved is not None
-    for _ in range(6):
+    for _ in range(11):
         b.release(home)
     # With room at home again the conversation stays where its history now is; a new conversation of the
     # same tenant starts where the tenant's system prompt is.
@@ -472,7 +472,8 @@ def test_a_conversation_spills_at_the_load_bound_and_goes_back_to_its_tenant_whe
     assert engine is not None
     # 40 outstanding on its engine and 4 on each other, 52 in all: a conversation's limit is twice the
     # percentage, ceil(3 * 53 / 4) = 40, so the next turn spills; its system prompt's engine is past its
-    # own (ceil(1.5 * 53 / 4) = 20) too, so it goes to the next engine of the ring.
+    # own (ceil(53 / 4) + 8 = 22) too, so it goes to the next engine of the ring under the ring's
+    # (ceil(1.5 * 53 / 4) = 20).
     for url in URLS:
         for _ in range(40 if url == engine else 4):
             b.acquire(url)
@@ -584,7 +585,7 @@ def test_the_router_counts_where_each_affine_request_went() -> None:
 
     assert b.pick("latency", set(), PrefixKeys(leading, (31,))) == owner  # nothing placed yet: the ring's
     assert b.pick("latency", set(), PrefixKeys(leading, (31, 32))) == owner
-    b.outstanding[owner] = 9  # past every limit (ring 4; home and conversation ceil(10 / 4) + 4 = 7)
+    b.outstanding[owner] = 12  # past every limit (ring 5; home and conversation ceil(13 / 4) + 8 = 12)
     elsewhere = b.pick("latency", set(), PrefixKeys(leading, (31, 32, 33)))
     assert elsewhere != owner
     assert b.pick("latency", set(), PrefixKeys(leading, (41,))) != owner

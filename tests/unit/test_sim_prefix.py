@@ -319,7 +319,7 @@ def test_the_simulators_prefix_routing_is_the_routers_choice() -> None:
     first = routing.pick(engines, [("tenant-a", 1000), ("conv-1", 1200)], engines[0], 125)
     assert str(first.serial) == owner
     # The conversation's engine is now loaded past the ring's limit (ceil(1.25 * 4 / 4) = 2 with 3
-    # outstanding there), within the conversation's and the system prompt's (ceil(4 / 4) + 4 = 5): the
+    # outstanding there), within the conversation's and the system prompt's (ceil(4 / 4) + 8 = 9): the
     # next turn stays, and a new conversation of the tenant goes there too.
     for i in range(3):
         first.submit(request(i, 100, ()), 0.0)
@@ -327,9 +327,9 @@ def test_the_simulators_prefix_routing_is_the_routers_choice() -> None:
     again = routing.pick(engines, [("tenant-a", 1000), ("conv-1", 1600)], engines[1], 125)
     assert again is first
     assert routing.pick(engines, [("tenant-a", 1000), ("conv-2", 1100)], engines[1], 125) is first
-    # At the system prompt's limit (ceil(7 / 4) + 4 = 6 with 6 outstanding) a new conversation of the
+    # At the system prompt's limit (ceil(12 / 4) + 8 = 11 with 11 outstanding) a new conversation of the
     # tenant spills along the ring.
-    for i in range(3, 6):
+    for i in range(3, 11):
         first.submit(request(i, 100, ()), 0.0)
     assert routing.pick(engines, [("tenant-a", 1000), ("conv-3", 1100)], engines[1], 125) is not first
 

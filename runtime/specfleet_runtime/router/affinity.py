@@ -116,7 +116,7 @@ def load_limits(
     """The limits with `m` requests outstanding on the `n` candidates (those not `excluded`) and c =
     `bound_percent` / 100 (at least 1, so one candidate is always under; the arriving request counts):
     the ring's `ceil(c * (m + 1) / n)`; a leading text's home the larger of that and `ceil((m + 1) / n)
-    + slack` (below `slack / (c - 1)` requests per engine, 16 at the defaults, it stays with its cache
+    + slack` (below `slack / (c - 1)` requests per engine, 32 at the defaults, it stays with its cache
     up to `slack` past the mean); a conversation's the larger of the home's and `ceil(2c * (m + 1) /
     n)`. All 0 where every endpoint is excluded."""
     candidates = 0
