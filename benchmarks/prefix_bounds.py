@@ -13,7 +13,7 @@ each tenant's prompt tokens summed, and the tenants put on four endpoints by the
 of each salted system prompt, over many salts: the median and 90th percentile of the busiest engine's
 share over the mean) and by `affinity.Placements` in order of first arrival.
 
-    python benchmarks/prefix_bounds.py [--bounds 100,125,150,200] [--rates 8,14] [--seed 7]
+    python benchmarks/prefix_bounds.py [--bounds 100,125,150,200] [--rates 8,14] [--slack 8] [--seed 7]
 
 The rates are the trace's conversation counts scaled as the live benchmark's are (requests per second
 over the window); a workload with more tenants or longer prompts saturates sooner, so its top rate can
@@ -29,9 +29,11 @@ from typing import Any
 
 import prefix_routing as pr
 
+from specfleet.sim import traffic
 from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY
 from specfleet.sim.workload import Trace, shared_prefix_conversations
 from specfleet_runtime.router.affinity import Placements, PrefixKeys, Ring, prefix_key
+from specfleet_runtime.routing_config import LOAD_BOUND_SLACK
 
 # name -> the rule's arguments besides the common ones
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -130,14 +132,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--bounds", default="100,125,150,200", help="loadBoundPercent values")
     parser.add_argument("--rates", default="8,14")
+    parser.add_argument(
+        "--slack", type=int, default=LOAD_BOUND_SLACK, help="requests past the mean a cached request stays"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=150.0, help="measured window")
     parser.add_argument("--warmup", type=float, default=30.0)
     parser.add_argument("--time-scale", type=float, default=4.0)
     args = parser.parse_args(argv)
     print(placement_balance(float(args.rates.split(",")[-1])), "\n")
-    print("cells: prefix hit rate / TTFT p50 ms / TTFT p99 ms (simulator)\n")
-    print(table(args))
+    print(f"cells: prefix hit rate / TTFT p50 ms / TTFT p99 ms (simulator; slack {args.slack})\n")
+    original = traffic.PrefixRouting
+    traffic.PrefixRouting = lambda: original(args.slack)  # type: ignore[assignment,misc]
+    try:
+        print(table(args))
+    finally:
+        traffic.PrefixRouting = original  # type: ignore[misc]
 
 
 if __name__ == "__main__":
