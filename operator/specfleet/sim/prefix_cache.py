@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
 
 EPS = 1e-9
 
@@ -67,32 +68,31 @@ class PrefixCache:
     def to_hold(self, prefix: tuple[tuple[str, int], ...], prompt: int) -> tuple[int, int]:
         """What `take` would hold for this prompt: its full prefix blocks, and of them those no running
         request holds yet (which the engine must find room for)."""
-        size = self.block_size
         held_blocks = self.held_blocks
-        start = total = new = 0
-        for key, end in prefix:
-            stop = min(end, prompt) // size
-            blocks = stop - start
-            if blocks <= 0:
-                break
-            start = stop
+        total = new = 0
+        for key, blocks in self._segment_blocks(prefix, prompt):
             total += blocks
             new += max(0, blocks - held_blocks.get(key, 0))
         return total, new
 
+    def _segment_blocks(self, prefix: tuple[tuple[str, int], ...], prompt: int) -> Iterator[tuple[str, int]]:
+        """Each leading segment's full blocks within a prompt of `prompt` tokens, (key, blocks) in order,
+        up to the first with none."""
+        size = self.block_size
+        start = 0
+        for key, end in prefix:
+            stop = min(end, prompt) // size
+            if stop <= start:
+                return
+            yield key, stop - start
+            start = stop
+
     def take(self, prefix: tuple[tuple[str, int], ...], prompt: int) -> tuple[tuple[str, int], ...]:
         """Cache a just prefilled prompt's full blocks under its segments' keys and hold them; the
         (key, blocks) held, for `release`."""
-        size = self.block_size
         cache, holders, held_blocks = self.blocks, self.holders, self.held_blocks
-        start = 0
         taken: list[tuple[str, int]] = []
-        for key, end in prefix:
-            stop = min(end, prompt) // size
-            blocks = stop - start
-            if blocks <= 0:
-                break
-            start = stop
+        for key, blocks in self._segment_blocks(prefix, prompt):
             have = cache.get(key, 0)
             if blocks > have:
                 cache[key] = blocks
