@@ -14,9 +14,13 @@ def free_port() -> int:
 
 
 def refused(port: int) -> bool:
-    """Whether a connection to the loopback port is refused (nothing listens there now)."""
+    """Whether a connection to the loopback port is refused (nothing listens there now). A connection
+    reset while connecting means a listening socket closed with the connection in its backlog, or
+    one of several workers' sockets did while another still listens: not yet refused, ask again."""
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:
+        return False
     return False
