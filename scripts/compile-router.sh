@@ -27,8 +27,8 @@ done
 
 # The modules every request passes through. Not compiled: serving.py (an async generator, which mypyc does not
 # implement), __main__, and what runs only at start-up or on config changes (kube, sources, workers).
-modules=(app server message proxy classify upstream intake body admission backends endpoints affinity paths errors reply metrics
-  configuration)
+modules=(app server message proxy classify upstream intake body body_scan admission backends endpoints affinity paths errors
+  reply metrics configuration)
 
 if [ -z "$out" ]; then
   cache=${SPECFLEET_CACHE:-$HOME/.cache/specfleet}

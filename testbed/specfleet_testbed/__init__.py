@@ -18,8 +18,8 @@ from .cluster import (
     ClusterError,
     KubectlError,
     local_address,
-    process_start_time,
 )
+from .processes import process_start_time
 from .stages import PROBED_NAMESPACE_PREFIX, READY_ANNOTATION
 from .tools import (
     PrometheusTools,

@@ -21,13 +21,11 @@ Kubernetes refuses loopback addresses in EndpointSlices, so pod IPs cannot simpl
 from __future__ import annotations
 
 import base64
-import ctypes
 import ipaddress
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -42,6 +40,7 @@ from typing import Any
 
 from .binaries import ensure_binaries, kwok_stages_file
 from .pki import CertPair, Pki, make_pki
+from .processes import ProcessRecord, die_with_parent, free_port, is_zombie, process_start_time, tail
 from .stages import write_stages
 
 __all__ = [
@@ -51,7 +50,6 @@ __all__ = [
     "ClusterError",
     "KubectlError",
     "local_address",
-    "process_start_time",
 ]
 
 # Fake pod range. Same last three octets as its loopback twin 127.244.0.0/16 (see local_address).
@@ -60,8 +58,6 @@ DEFAULT_POD_CIDR = "10.244.0.0/16"
 DEFAULT_SERVICE_CIDR = "10.96.0.0/16"
 STATE_FILE = "state.json"
 CLUSTER_NAME = "specfleet-testbed"
-
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 class ClusterError(RuntimeError):
@@ -86,17 +82,6 @@ def local_address(pod_ip: str) -> str:
     return str(ipaddress.IPv4Address(bytes([127]) + octets[1:]))
 
 
-@dataclass
-class ProcessRecord:
-    """One process this cluster started: enough to find it again, and to never hit another one."""
-
-    name: str
-    pid: int
-    start_time: int  # field 22 of /proc/<pid>/stat: a reused PID has another start time
-    argv: list[str]
-    log: str
-
-
 @dataclass(frozen=True)
 class Ports:
     """Loopback ports, chosen free at start-up."""
@@ -113,64 +98,6 @@ class _Running:
     record: ProcessRecord
     popen: subprocess.Popen[bytes] | None = field(default=None)
     env: dict[str, str] | None = field(default=None)  # what it was started with (None: inherited)
-
-
-def _free_port() -> int:
-    """Ask the kernel for a free loopback port (a tiny race is acceptable for tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def process_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None if there is no such process.
-
-    With the PID it identifies a process for good: a reused PID has another start time.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after its last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])  # field 22 overall; fields[0] is field 3
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2 :].startswith("Z")
-
-
-def _load_libc() -> ctypes.CDLL | None:
-    """Load libc once in the parent, so the child (after fork) only has to call prctl."""
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _load_libc()
-
-
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: SIGKILL it if the Python process dies.
-
-    SIGKILL rather than SIGTERM: all components would get the signal at once, and an apiserver
-    shutting down gracefully while etcd is already gone can hang for minutes.
-    """
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def _kubeconfig_text(server: str, ca: Path, user: CertPair, user_name: str) -> str:
@@ -383,7 +310,7 @@ class Cluster:
     def _start_all(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
         service_net = ipaddress.IPv4Network(self.service_cidr)
-        self.ports = Ports(*(_free_port() for _ in range(5)))
+        self.ports = Ports(*(free_port() for _ in range(5)))
         self._pki = make_pki(self.work_dir / "pki", service_ip=str(service_net[1]))
         pki = self._pki
         kubeconfigs = {
@@ -448,7 +375,7 @@ class Cluster:
                 start_new_session=True,
                 # Attached clusters die with their Python process; detached ones outlive it.
                 # (preexec_fn only calls prctl, which is safe after fork even with threads.)
-                preexec_fn=None if self.detach else _die_with_parent,  # noqa: PLW1509
+                preexec_fn=None if self.detach else die_with_parent,  # noqa: PLW1509
             )
         start_time = process_start_time(popen.pid) or 0
         record = ProcessRecord(name, popen.pid, start_time, list(argv), str(log_path))
@@ -640,7 +567,7 @@ class Cluster:
                     log = Path(running.record.log)
                     raise ClusterError(
                         f"{running.record.name} exited with code {popen.returncode} while "
-                        f"waiting for {what}; last lines of {log}:\n{_tail(log)}"
+                        f"waiting for {what}; last lines of {log}:\n{tail(log)}"
                     )
             try:
                 if ready():
@@ -649,9 +576,7 @@ class Cluster:
                 pass  # not answering yet
             if time.monotonic() > deadline:
                 logs = "\n".join(
-                    f"--- {r.name} ({r.log}):\n{_tail(Path(r.log))}"
-                    for r in self.processes
-                    if r.name in watch
+                    f"--- {r.name} ({r.log}):\n{tail(Path(r.log))}" for r in self.processes if r.name in watch
                 )
                 raise ClusterError(f"timed out waiting for {what}\n{logs}")
             time.sleep(0.25)
@@ -806,7 +731,7 @@ class Cluster:
 
     @staticmethod
     def _is_ours(record: ProcessRecord) -> bool:
-        return process_start_time(record.pid) == record.start_time and not _is_zombie(record.pid)
+        return process_start_time(record.pid) == record.start_time and not is_zombie(record.pid)
 
     def stop(self, timeout: float = 15.0) -> None:
         """Terminate exactly the recorded processes, newest first, then remove the work dir.

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from specfleet_testbed.cluster import _die_with_parent
+from specfleet_testbed.processes import die_with_parent
 
 __all__ = ["Bridge", "NetnsError", "NetworkNamespace", "Spawned"]
 
@@ -113,7 +113,7 @@ class NetworkNamespace:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl, safe after fork)
+                preexec_fn=die_with_parent,  # noqa: PLW1509 (only prctl, safe after fork)
             )
         return Spawned(name, popen, log)
 
@@ -156,7 +156,7 @@ class Bridge:
             self.netns.command(argv) if inside else argv,
             stdout=subprocess.PIPE,
             env=env,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl, safe after fork)
+            preexec_fn=die_with_parent,  # noqa: PLW1509 (only prctl, safe after fork)
         )
         spawned = Spawned(f"forward {listen} -> {connect}", popen)
         self.forwarders.append(spawned)
