@@ -11,9 +11,12 @@ workload and rate: prefix hit rate and TTFT p50/p99 after the warm-up.
 First, why new leading texts are placed rather than hashed: the live benchmark's trace at its top rate,
 each tenant's prompt tokens summed, and the tenants put on four endpoints by the ring alone (the owner
 of each salted system prompt, over many salts: the median and 90th percentile of the busiest engine's
-share over the mean) and by `affinity.Placements` in order of first arrival.
+share over the mean) and by `affinity.Placements` in order of first arrival. Then why the router's
+workers share their placements: TTFT p99 over many traces with two workers placing on one board or
+each on its own.
 
     python benchmarks/prefix_bounds.py [--bounds 100,125,150,200] [--rates 8,14] [--slack 8] [--seed 7]
+        [--traces 20]
 
 The rates are the trace's conversation counts scaled as the live benchmark's are (requests per second
 over the window); a workload with more tenants or longer prompts saturates sooner, so its top rate can
@@ -23,6 +26,7 @@ be past what four engines serve (TTFT in seconds): compare bounds within a row, 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +36,7 @@ import prefix_routing as pr
 from specfleet.sim import traffic
 from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY
 from specfleet.sim.workload import Trace, shared_prefix_conversations
-from specfleet_runtime.router.affinity import Placements, PrefixKeys, Ring, prefix_key
+from specfleet_runtime.router.affinity import Affinity, Placements, PrefixKeys, Ring, prefix_key
 from specfleet_runtime.routing_config import LOAD_BOUND_SLACK
 
 # name -> the rule's arguments besides the common ones
@@ -104,6 +108,40 @@ def placement_balance(rate: float, salts: int = 200) -> str:
     )
 
 
+def worker_split(rate: float, seeds: int, workers: int = 2) -> str:
+    """TTFT p99 over `seeds` traces of the 24-tenant rule with `workers` router workers each taking a
+    random share of the requests: their placements on one board (`Placements` shared, as the router's
+    `conversations.PlacedBoard` shares them; one placer) or each worker's own."""
+
+    class Split(traffic.PrefixRouting):
+        def __init__(self, slack: int = LOAD_BOUND_SLACK) -> None:
+            super().__init__(slack)
+            self.workers = [Affinity(self.recent) for _ in range(workers)]
+            self.rng = random.Random(1)
+
+        def pick(self, *args: Any) -> Any:
+            self.affinity = self.rng.choice(self.workers)
+            return super().pick(*args)
+
+    shared: list[float] = []
+    own: list[float] = []
+    original = traffic.PrefixRouting
+    try:
+        for seed in range(1, seeds + 1):
+            t = trace(rate, 150.0, 30.0, seed, WORKLOADS["24 tenants"])
+            for routing, out in ((original, shared), (Split, own)):
+                traffic.PrefixRouting = routing  # type: ignore[misc]
+                p99 = pr.simulate_routing(t, rate, PREFIX_AFFINITY, 30.0, 4.0).ttft_p99_ms
+                out.append(p99 or 0.0)
+    finally:
+        traffic.PrefixRouting = original  # type: ignore[misc]
+    return (
+        f"{workers} workers at {rate:g} req/s, TTFT p99 over {seeds} traces (mean / median): placements "
+        f"shared {statistics.mean(shared):.0f} / {statistics.median(shared):.0f} ms, each worker's own "
+        f"{statistics.mean(own):.0f} / {statistics.median(own):.0f} ms"
+    )
+
+
 def cell(row: pr.SimRow) -> str:
     return f"{pr.fmt(row.hit_rate, '.2f')} / {pr.fmt(row.ttft_p50_ms)} / {pr.fmt(row.ttft_p99_ms)}"
 
@@ -136,11 +174,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--slack", type=int, default=LOAD_BOUND_SLACK, help="requests past the mean a cached request stays"
     )
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--traces", type=int, default=20, help="traces for the placements-by-worker line")
     parser.add_argument("--seconds", type=float, default=150.0, help="measured window")
     parser.add_argument("--warmup", type=float, default=30.0)
     parser.add_argument("--time-scale", type=float, default=4.0)
     args = parser.parse_args(argv)
-    print(placement_balance(float(args.rates.split(",")[-1])), "\n")
+    print(placement_balance(float(args.rates.split(",")[-1])))
+    for rate in args.rates.split(","):
+        print(worker_split(float(rate), args.traces))
+    print()
     print(f"cells: prefix hit rate / TTFT p50 ms / TTFT p99 ms (simulator; slack {args.slack})\n")
     original = traffic.PrefixRouting
     traffic.PrefixRouting = lambda: original(args.slack)  # type: ignore[assignment,misc]

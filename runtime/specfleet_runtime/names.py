@@ -60,5 +60,8 @@ FLIPS: Final = "specfleet_speculation_flips_total"
 DECISIONS: Final = "specfleet_policy_decisions_total"
 
 # The router workers' shared directory (on /dev/shm): prometheus_client's multiprocess metric files and
-# prefix affinity's conversation table; set by the router's supervisor for its workers.
+# prefix affinity's conversation table and placements; set by the router's supervisor for its workers.
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+# Which of the supervisor's workers a router process is (0, 1, ...): its row of prefix affinity's
+# shared placements (router/conversations.py `PlacedBoard`).
+WORKER_INDEX_ENV: Final = "SPECFLEET_ROUTER_WORKER"

@@ -13,6 +13,7 @@ import pytest
 
 from specfleet_runtime.router.affinity import (
     VIRTUAL_NODES,
+    Affinity,
     Limits,
     Placements,
     PrefixKeys,
@@ -25,9 +26,17 @@ from specfleet_runtime.router.affinity import (
 )
 from specfleet_runtime.router.backends import Backends
 from specfleet_runtime.router.body import MAX_TURNS, BodyFields, read_body_fields
-from specfleet_runtime.router.conversations import SIZE, TABLE_FILE, ConversationTable, shared_table
+from specfleet_runtime.router.conversations import (
+    PLACEMENTS_FILE,
+    SIZE,
+    TABLE_FILE,
+    ConversationTable,
+    PlacedBoard,
+    shared_board,
+    shared_table,
+)
 from specfleet_runtime.router.metrics import RouterMetrics
-from specfleet_runtime.router.workers import MULTIPROC_ENV
+from specfleet_runtime.router.workers import MULTIPROC_ENV, WORKER_INDEX_ENV
 from specfleet_runtime.routing_config import LOAD_BOUND_SLACK, PREFIX_CHARS, PREFIX_TOKENS, RoutingConfig
 
 URLS = tuple(f"http://10.0.0.{i}:8000" for i in range(1, 5))
@@ -211,6 +220,50 @@ def test_a_router_process_maps_the_table_in_its_workers_directory(tmp_path: Path
     assert (tmp_path / TABLE_FILE).stat().st_size == SIZE
     assert shared_table({MULTIPROC_ENV: str(tmp_path)}).endpoint(7, URLS) == URLS[0]
     assert shared_table({}).endpoint(7, URLS) is None  # one process: a table of its own
+
+
+def test_each_worker_publishes_its_placements_in_its_own_row(tmp_path: Path) -> None:
+    """The placements board: a worker's row holds what it placed (rewritten whole, not added to), and
+    each worker reads the others' rows, not its own; an endpoint it does not ask about is not counted."""
+    path = str(tmp_path / PLACEMENTS_FILE)
+    first, second, third = PlacedBoard(path, 0), PlacedBoard(path, 1), PlacedBoard(path, 2)
+    first.publish({URLS[0]: 500, URLS[1]: 0})
+    second.publish({URLS[0]: 7, URLS[2]: 40})
+    assert third.others(URLS) == {URLS[0]: 507, URLS[1]: 0, URLS[2]: 40, URLS[3]: 0}
+    assert first.others(URLS) == {URLS[0]: 7, URLS[1]: 0, URLS[2]: 40, URLS[3]: 0}
+    second.publish({URLS[3]: 1})
+    assert first.others(URLS[2:]) == {URLS[2]: 0, URLS[3]: 1}
+    # A worker of the same index started again (a new router run) clears what the old one left.
+    PlacedBoard(path, 0)
+    assert third.others(URLS) == {URLS[0]: 0, URLS[1]: 0, URLS[2]: 0, URLS[3]: 1}
+    assert shared_board({}) is None  # one process: its own placements are all there is
+    board = shared_board({MULTIPROC_ENV: str(tmp_path), WORKER_INDEX_ENV: "3"})
+    assert board is not None
+    assert board.row == 3
+
+
+def test_workers_sharing_a_board_place_new_leading_texts_evenly_for_the_pod(tmp_path: Path) -> None:
+    """Two workers taking new leading texts in turns: with their placements on one board, the pod's
+    engines are never more than one text apart; each worker evening out only its own (no board) can put
+    both workers' next texts on the same engine, two apart."""
+    path = str(tmp_path / PLACEMENTS_FILE)
+    ring = Ring(URLS)
+
+    def spread(workers: list[Placements]) -> int:
+        """The largest difference between the pod's most and least loaded engines, placement by placement."""
+        recent = ConversationTable()
+        widest = 0
+        for i, key in enumerate(KEYS[:40]):
+            affinity = Affinity(recent, workers[i % 2])
+            assert affinity.pick(ring, PrefixKeys(key or 0, size=100), {}, (), 125) is not None
+            pod: Counter[str] = Counter()
+            for worker in workers:
+                pod.update(worker.held)
+            widest = max(widest, max(pod[url] for url in URLS) - min(pod[url] for url in URLS))
+        return widest
+
+    assert spread([Placements(board=PlacedBoard(path, 0)), Placements(board=PlacedBoard(path, 1))]) <= 100
+    assert spread([Placements(), Placements()]) >= 200
 
 
 # ---- the ring ------------------------------------------------------------------------------------

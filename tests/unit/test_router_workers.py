@@ -20,7 +20,13 @@ import pytest
 from specfleet_runtime.router.__main__ import process_count
 from specfleet_runtime.router.affinity import prefix_keys
 from specfleet_runtime.router.body import read_body_fields
-from specfleet_runtime.router.conversations import TABLE_FILE, ConversationTable
+from specfleet_runtime.router.conversations import (
+    PLACEMENTS_FILE,
+    ROWS,
+    TABLE_FILE,
+    ConversationTable,
+    PlacedBoard,
+)
 from specfleet_runtime.router.workers import MULTIPROC_ENV, auto_workers, cpu_count, metrics_dir, worker_argv
 from support.ports import free_port, refused
 from support.router_harness import GOOD, MODEL, recording_engine, routing, wait_http
@@ -123,7 +129,9 @@ async def test_the_workers_record_conversations_in_one_shared_table(tmp_path: Pa
     """Prefix affinity's conversation table is shared by the workers (a file in their shared
     directory): 16 conversations' first turns, each on a new connection (the kernel spreads them over
     both workers), are all found in the one table, each under the engine that served it. A table of
-    each worker's own leaves the file empty or missing and fails this."""
+    each worker's own leaves the file empty or missing and fails this. The workers' placements of the
+    leading texts (here each conversation's own: the system prompt through the first user message) are
+    on their shared board, each by its request's size, whichever worker placed it."""
     async with contextlib.AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(recording_engine()) for _ in range(4)]
         urls = [e.url for e in engines]
@@ -145,12 +153,14 @@ async def test_the_workers_record_conversations_in_one_shared_table(tmp_path: Pa
                 lambda: _logged(log_path, "router listening on") == 2, 20, "both workers listening"
             )
             served: dict[tuple[int, ...], str] = {}
+            sizes: list[int] = []
             for n in range(16):
                 messages = [
                     {"role": "system", "content": f"tenant {n % 3} system prompt"},
                     {"role": "user", "content": f"conversation {n}: hello"},
                 ]
                 body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 2}).encode()
+                sizes.append(len(body))
                 before = [len(e.seen) for e in engines]
                 assert await fresh_post(f"{url}/v1/chat/completions", body) == 200
                 (engine,) = [e.url for e, b in zip(engines, before, strict=True) if len(e.seen) > b]
@@ -164,6 +174,8 @@ async def test_the_workers_record_conversations_in_one_shared_table(tmp_path: Pa
         table = ConversationTable(str(shared / TABLE_FILE))
         found = {keys: table.endpoint(keys[-1], urls) for keys in served}
         assert found == served
+        placed = PlacedBoard(str(shared / PLACEMENTS_FILE), ROWS - 1).others(urls)
+        assert sum(placed.values()) == sum(sizes)
 
 
 def test_worker_command_divides_the_caps_and_reads_the_cgroup_limit(tmp_path: Path) -> None:

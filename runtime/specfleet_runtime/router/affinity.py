@@ -15,8 +15,8 @@ completion's prompt) and, for a chat, a key at each message boundary from its fi
    (Mirrokni, Thorup and Zadimoghaddam, 2018). A hot prefix spills onto the same next endpoints each
    time, which then cache it too, instead of overloading one.
 4. A leading text seen for the first time is placed (`Ring.place`): under the ring's limit, on the
-   endpoint holding the least of what this worker placed (`Placements`: the texts, each weighed by the
-   size of the request that brought it), the first clockwise among equals, as a cache-aware router
+   endpoint holding the least of what the router's workers placed (`Placements`: the texts, each
+   weighed by the size of the request that brought it), the first clockwise among equals, as a cache-aware router
    puts a new prefix where the least is cached. Hashed alone, the benchmark's tenants leave the busiest
    of 4 engines about 1.5x the mean share of the prompt tokens, placed about 1.1x
    (`benchmarks/prefix_bounds.py`), and the bound spills what is past it.
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Final
 from specfleet_runtime.routing_config import LOAD_BOUND_SLACK
 
 if TYPE_CHECKING:
-    from specfleet_runtime.router.conversations import ConversationTable
+    from specfleet_runtime.router.conversations import ConversationTable, PlacedBoard
 
 # Points per endpoint: with 100 the keys an endpoint owns stay within ~10% of an even share.
 VIRTUAL_NODES: Final = 100
@@ -157,13 +157,28 @@ class Placements:
     """The leading texts this worker placed, the most recent `capacity` of them, and how much each
     endpoint holds, weighed by the size of the request that brought each (a tenant's 16 KB system
     prompt weighs four of a 4 KB one): a new leading text goes where the least is (`choose`), as a
-    cache-aware router puts a new prefix on the engine with the least cached text. Per worker: each
-    worker's own placements are even, so their union is too (to within one request per worker)."""
+    cache-aware router puts a new prefix on the engine with the least cached text. With a `board` (the
+    router's workers' shared `conversations.PlacedBoard`) this worker publishes its counts there and
+    places by the whole pod's: each worker evening out only its own share leaves their sum uneven by up
+    to a request per worker: with two workers on the simulator's 24-tenant traces, 24 ms of TTFT p99
+    at 8 req/s and 43 at 14, the mean over 20 traces (`benchmarks/prefix_bounds.py`; a tenant's first
+    request is a cold 1-4k-token prefill, and two of them on one engine queue)."""
 
-    def __init__(self, capacity: int = 4096) -> None:
+    def __init__(self, capacity: int = 4096, board: PlacedBoard | None = None) -> None:
         self.capacity = capacity
+        self.board = board
         self._where: OrderedDict[int, tuple[str, int]] = OrderedDict()
         self.held: Counter[str] = Counter()
+
+    def holding(self, endpoints: Collection[str]) -> Mapping[str, int]:
+        """How much each endpoint holds: this worker's placements, plus the other workers' where they
+        share a board."""
+        if self.board is None:
+            return self.held
+        totals = self.board.others(endpoints)
+        for url in totals:
+            totals[url] += self.held.get(url, 0)
+        return totals
 
     def add(self, key: int, url: str, size: int = 1) -> None:
         old = self._where.pop(key, None)
@@ -174,6 +189,8 @@ class Placements:
         if len(self._where) > self.capacity:
             _, (gone, weight) = self._where.popitem(last=False)
             self.held[gone] -= weight
+        if self.board is not None:
+            self.board.publish(self.held)
 
 
 def choose(
@@ -199,7 +216,9 @@ def choose(
         remembered = recent.longest(prefix.conversation, ring.endpoints, {}, (), 1 << 62) is not None
     home = recent.endpoint(prefix.leading, ring.endpoints)
     if home is None:
-        url = ring.place(prefix.leading, placements.held, outstanding, excluded, limits.ring)
+        url = ring.place(
+            prefix.leading, placements.holding(ring.endpoints), outstanding, excluded, limits.ring
+        )
         how = "placed"
     elif home not in excluded and outstanding.get(home, 0) < limits.home:
         url, how = home, "home"

@@ -27,7 +27,7 @@ from specfleet_runtime.router.admission import Admission
 from specfleet_runtime.router.backends import Backends, WatchKey
 from specfleet_runtime.router.classify import Classification, ClientLoadTracker, Endpoint, Reason
 from specfleet_runtime.router.configuration import ConfigStore
-from specfleet_runtime.router.conversations import shared_table
+from specfleet_runtime.router.conversations import shared_board, shared_table
 from specfleet_runtime.router.endpoints import AddressMap
 from specfleet_runtime.router.errors import clip, error_response
 from specfleet_runtime.router.intake import BodyLimits, ByteBudget, Refusal, read_body
@@ -138,6 +138,7 @@ class Router:
             clock,
             slice_watch_factory,
             shared_table(),
+            shared_board(),
         )
         self.configuration = ConfigStore(self.metrics, self.backends.apply_config)
         self.admission = Admission(self.metrics, clock)

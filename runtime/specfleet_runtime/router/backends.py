@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from specfleet_runtime.names import POOLS, PoolName
-from specfleet_runtime.router.affinity import Affinity, PrefixKeys, Ring
-from specfleet_runtime.router.conversations import ConversationTable
+from specfleet_runtime.router.affinity import Affinity, Placements, PrefixKeys, Ring
+from specfleet_runtime.router.conversations import ConversationTable, PlacedBoard
 from specfleet_runtime.router.endpoints import (
     AddressMap,
     choose_endpoint,
@@ -51,6 +51,7 @@ class Backends:
         clock: Callable[[], float],
         slice_watch_factory: SliceWatchFactory | None = None,
         conversations: ConversationTable | None = None,
+        board: PlacedBoard | None = None,
     ) -> None:
         self.namespace = namespace
         self.eject_seconds = eject_seconds
@@ -66,8 +67,11 @@ class Backends:
         self._rings: dict[str, Ring] = {}
         # Which endpoint last served each conversation key and holds each leading text (all pools: a
         # key's endpoint outside the pool asked for is passed over); shared with the other workers where
-        # the caller says so; and the leading texts this worker placed.
-        self.affinity = Affinity(conversations if conversations is not None else ConversationTable())
+        # the caller says so; and the leading texts this worker placed (published on the workers'
+        # shared board where the caller gives one).
+        self.affinity = Affinity(
+            conversations if conversations is not None else ConversationTable(), Placements(board=board)
+        )
         self.recent = self.affinity.recent
         self.outstanding: dict[str, int] = {}
         self.ejected_until: dict[str, float] = {}

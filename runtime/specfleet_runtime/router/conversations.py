@@ -18,6 +18,12 @@ LRU within the set). No locks: an entry is one 24-byte write, and a reader that 
 one sees a key or an endpoint that does not match and treats it as unknown, so the worst a race costs
 is one request sent by the ring rather than back to its conversation's engine.
 
+Beside it, in a second file, `PlacedBoard`: how much of the leading texts each worker placed each
+endpoint holds (`affinity.Placements`), one row per worker, so that a worker places a new leading text
+where the least is for the whole pod rather than for its own share. Each row has one writer (the
+worker whose index it is, `names.WORKER_INDEX_ENV`), which rewrites it whole after each placement, and
+the readers sum the rows; a row read mid-write is off by one placement for one choice.
+
 Across router replicas (pods) nothing is shared: a turn reaching another replica goes by that
 replica's placement of its leading text.
 """
@@ -32,7 +38,7 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Final
 
-from specfleet_runtime.names import MULTIPROC_ENV
+from specfleet_runtime.names import MULTIPROC_ENV, WORKER_INDEX_ENV
 
 # 2^14 sets of 4: 65,536 keys (a conversation has one per message: the recent turns of thousands of
 # conversations, more than a pool's KV caches hold), 1.5 MiB.
@@ -43,12 +49,43 @@ _SET: Final = struct.Struct("<" + "QQQ" * WAYS)
 SIZE: Final = SETS * _SET.size
 TABLE_FILE: Final = "prefix-affinity-conversations"
 
+# The placements board: a row per worker (more workers than rows share rows: the supervisor starts at
+# most `workers.MAX_AUTO_WORKERS` unless told otherwise), each a count then up to `SLOTS` (endpoint hash,
+# bytes held) pairs: 4 KiB a row, 256 KiB in all.
+ROWS: Final = 64
+SLOTS: Final = 255
+_ROW_SIZE: Final = 8 * (1 + 2 * SLOTS)
+PLACEMENTS_FILE: Final = "prefix-affinity-placements"
+
 
 def shared_table(environ: Mapping[str, str] = os.environ) -> ConversationTable:
     """The table of this router process: in the workers' shared directory where a supervisor started
     several (`names.MULTIPROC_ENV`, which their metrics use too), else its own."""
     directory = environ.get(MULTIPROC_ENV)
     return ConversationTable(os.path.join(directory, TABLE_FILE) if directory else None)
+
+
+def shared_board(environ: Mapping[str, str] = os.environ) -> PlacedBoard | None:
+    """This worker's row of the placements board in the workers' shared directory, or None for a
+    router process of its own (its placements are all there is)."""
+    directory = environ.get(MULTIPROC_ENV)
+    if not directory:
+        return None
+    return PlacedBoard(os.path.join(directory, PLACEMENTS_FILE), int(environ.get(WORKER_INDEX_ENV, "0")))
+
+
+def _mapped(path: str | None, size: int) -> mmap.mmap:
+    """`size` bytes of shared memory: the file at `path` (created, sized by the first process to map it;
+    zeros are empty entries), or an anonymous mapping of this process's own."""
+    if path is None:
+        return mmap.mmap(-1, size)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
 
 
 def endpoint_hash(url: str) -> int:
@@ -62,17 +99,7 @@ class ConversationTable:
 
     def __init__(self, path: str | None = None, sets: int = SETS) -> None:
         self.sets = sets
-        size = sets * _SET.size
-        if path is None:
-            self._map = mmap.mmap(-1, size)
-        else:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                if os.fstat(fd).st_size < size:  # the first worker sizes it; zeros are empty entries
-                    os.ftruncate(fd, size)
-                self._map = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
+        self._map = _mapped(path, sets * _SET.size)
         self._urls: tuple[Collection[str], dict[int, str]] = ((), {})
 
     def _slot(self, key: int) -> int:
@@ -122,6 +149,51 @@ class ConversationTable:
             if way is None:  # the set's oldest entry (an empty one is oldest of all)
                 way = min(range(WAYS), key=lambda w: values[3 * w + 2])
             _ENTRY.pack_into(self._map, offset + way * _ENTRY.size, key, served, now)
+
+    def close(self) -> None:
+        self._map.close()
+
+
+class PlacedBoard:
+    """How many bytes of placed leading texts each endpoint holds, by worker: one row per worker in
+    shared memory (`path`, None for an anonymous mapping), this worker's row `row`."""
+
+    def __init__(self, path: str | None, row: int) -> None:
+        self.row = row % ROWS
+        self._map = _mapped(path, ROWS * _ROW_SIZE)
+        self.publish({})  # what an earlier process of this index left is not this one's
+
+    def publish(self, held: Mapping[str, int]) -> None:
+        """This worker's row: what it placed on each endpoint (the first `SLOTS` endpoints it holds
+        something on; a router sending to more keeps the rest to itself)."""
+        values: list[int] = []
+        for url, size in held.items():
+            if size > 0:
+                values += (endpoint_hash(url), size)
+                if len(values) == 2 * SLOTS:
+                    break
+        offset = self.row * _ROW_SIZE
+        # The pairs first, then the count, so a reader meets at most the old count over the new pairs.
+        struct.pack_into(f"<{len(values)}Q", self._map, offset + 8, *values)
+        struct.pack_into("<Q", self._map, offset, len(values) // 2)
+
+    def others(self, endpoints: Collection[str]) -> dict[str, int]:
+        """What the other workers' rows say each of `endpoints` holds (0 for none)."""
+        by_hash = {endpoint_hash(url): url for url in endpoints}
+        totals = dict.fromkeys(endpoints, 0)
+        for row in range(ROWS):
+            if row == self.row:
+                continue
+            offset = row * _ROW_SIZE
+            (count,) = struct.unpack_from("<Q", self._map, offset)
+            if not count:
+                continue
+            values = struct.unpack_from(f"<{2 * min(count, SLOTS)}Q", self._map, offset + 8)
+            for i in range(0, len(values), 2):
+                url = by_hash.get(values[i])
+                if url is not None:
+                    totals[url] += values[i + 1]
+        return totals
 
     def close(self) -> None:
         self._map.close()

@@ -3,8 +3,8 @@
 One asyncio process uses one core; the kernel spreads new connections over the workers' listening
 sockets. What each worker keeps is its own: its engine connections, its outstanding-request counts
 (least-outstanding, and prefix affinity's load bound, are per worker; affinity's ring is the same in
-every worker, a pure function of the endpoints, and its conversation table is one file of the shared
-directory below, mapped by every worker: router/conversations.py), its auto-segmentation view and its config source
+every worker, a pure function of the endpoints, and its conversation table and placements board are
+files of the shared directory below, mapped by every worker: router/conversations.py), its auto-segmentation view and its config source
 (every worker watches the ConfigMap or polls the file, so a reload reaches each). Process-wide caps (connections,
 requests and body bytes in flight) are divided among the workers, so the pod's total stays as set.
 
@@ -18,6 +18,7 @@ workers with it (they get SIGTERM from the kernel: PR_SET_PDEATHSIG).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
@@ -31,7 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from specfleet_runtime.names import MULTIPROC_ENV
+from specfleet_runtime.names import MULTIPROC_ENV, WORKER_INDEX_ENV
+from specfleet_runtime.router.conversations import PLACEMENTS_FILE
 
 log = logging.getLogger("specfleet_runtime.router")
 
@@ -106,9 +108,14 @@ def supervise(argv: Sequence[str], workers: int, caps: dict[str, int], metrics_d
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    # Prefix affinity's placements board has one row per worker index: rows of an earlier supervisor's
+    # workers (a directory given from outside) are not this one's.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(metrics_dir, PLACEMENTS_FILE))
     try:
-        for _ in range(workers):
-            child = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509
+        for index in range(workers):
+            worker_env = {**env, WORKER_INDEX_ENV: str(index)}
+            child = subprocess.Popen(cmd, env=worker_env, preexec_fn=_die_with_parent)  # noqa: PLW1509
             children[child.pid] = child
         log.info("router supervisor: %d worker(s) (pids %s)", workers, ", ".join(map(str, children)))
         code = 0
