@@ -157,3 +157,51 @@ def test_the_choices_table_has_a_row_per_counted_phase_and_a_zero_for_a_choice_n
         "| 14 | uniform | 250 | 0 | 23 | 0 | 0 |",
         "| 14 | one hot tenant | 0 | 0 | 0 | 24 | 0 |",
     ]
+
+
+def test_the_ttft_floor_prefills_only_what_no_earlier_request_sent() -> None:
+    from specfleet.sim.workload import Trace, TraceRequest
+
+    def req(at: float, tenant: str, system: int, conversation: str, prompt: int, output: int) -> TraceRequest:
+        return TraceRequest(arrival=at, prompt_tokens=prompt, output_tokens=output,
+                            prefix=((tenant, system), (conversation, prompt)))  # fmt: skip
+
+    trace = Trace((
+        req(0.5, "t1", 1000, "t1/c1", 1100, 50),  # in the warm-up: not measured, but t1 is sent
+        req(2.0, "t1", 1000, "t1/c2", 1200, 50),  # t1's system prompt was sent: 200 new tokens
+        req(3.0, "t2", 3000, "t2/c1", 3100, 50),  # a new tenant: all 3100 cold
+        req(4.0, "t1", 1000, "t1/c1", 1300, 50),  # c1's next turn repeats 1100 + 50: 150 new
+    ))  # fmt: skip
+    floor = pr.ttft_floor(trace, warmup=1.0, seconds=10.0, time_scale=2.0)
+    step = pr.default_profile().step_ms[0][0]
+    per_token = pr.default_profile().prefill_ms_per_token
+    assert floor == pytest.approx([(n * per_token + step) * 2 / 1000 for n in (200, 3100, 150)])
+
+
+def test_the_p99_target_at_a_rate_with_more_traces_compares_them_pooled() -> None:
+    lo, pa, ca = (name for name, _, _ in pr.ROUTERS[:3])
+    phases = [
+        phase(lo, 4, [0.4] * 100, 200, 0.4, 5.0),
+        # The main trace: PrefixAffinity's two slowest requests are slower than cache_aware's ...
+        phase(pa, 4, [0.1] * 98 + [0.9, 0.9], 210, 0.8, 5.2),
+        phase(ca, 4, [0.1] * 98 + [0.8, 0.8], 205, 0.7, 3.0),
+    ]
+    # ... but over two more traces it is the other way round.
+    for k in (1, 2):
+        for router, slow in ((pa, 0.5), (ca, 0.7)):
+            extra = phase(router, 4, [0.1] * 98 + [slow, slow], 200, 0.8, 5.0)
+            extra.trace = k
+            phases.append(extra)
+    floors = {(4.0, k): [0.05] * 99 + [0.4] for k in (0, 1, 2)}
+    (p99,) = [row for row in pr.targets(phases, None, floors) if row[0].startswith("TTFT p99")]
+    assert p99[1] is True
+    assert p99[2] == "4: 500 vs 700 ms pooled over 3 traces, floor 50 (main trace 900 vs 800)"
+    # Only the main trace's phases go into the main table; the p99 table has one column per trace.
+    table = pr.render_p99(phases, floors, 4.0).splitlines()
+    assert (
+        table[0]
+        == "| TTFT p99 ms at 4 req/s | trace 1 (seed 29) | trace 2 (seed 30) | trace 3 (seed 31) | pooled |"
+    )
+    assert table[2] == f"| {pa} | 900 | 500 | 500 | 500 |"
+    assert table[4] == "| floor (no queue, every cache in place) | 50 | 50 | 50 | 50 |"
+    assert pr.render_p99(phases, {(4.0, 0): [0.1]}, 4.0) == ""
