@@ -188,6 +188,7 @@ class Phase:
     behind_s: float = 0.0  # how far the emulators fell behind their own clock (CPU-starved)
     hot: bool = False  # the one-hot-tenant workload rather than the uniform one
     trace: int = 0  # which trace of its rate: 0 the main one (seed SEED), n the seed SEED + n
+    by_request: dict[int, float] = field(default_factory=dict)  # measured request's index -> its TTFT
     # specfleet PrefixAffinity: requests of the phase by what chose their engine (the router's counter)
     choices: dict[str, float] = field(default_factory=dict)
     skipped: str = ""
@@ -201,26 +202,40 @@ def percentile(values: Sequence[float], q: int) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
-def ttft_floor(trace: Trace, warmup: float, seconds: float, time_scale: float) -> list[float]:
-    """Each measured request's TTFT with no queue and every cache in the right place, in seconds: its
-    prompt tokens that no earlier request of the phase sent (those past its conversation's previous
-    turn and answer, or for a conversation's first turn those past its tenant's system prompt if an
-    earlier request sent it, else all) at the engines' prefill cost, plus one decode step at batch 1,
-    both slowed by `time_scale`. No router does better: a tenant's first request is a cold prefill
-    wherever it goes. (A lower bound: the chat template's few tokens per message are not counted.)"""
+def request_floors(trace: Trace, time_scale: float) -> list[tuple[str, float]]:
+    """Each request's kind (a tenant's first request, a tenant's new conversation, or a later turn)
+    and its TTFT with no queue and every cache in the right place, in seconds: its prompt tokens that
+    no earlier request of the phase sent (those past its conversation's previous turn and answer, or
+    for a conversation's first turn those past its tenant's system prompt if an earlier request sent
+    it, else all) at the engines' prefill cost, plus one decode step at batch 1, both slowed by
+    `time_scale`. No router does better: a tenant's first request is a cold prefill wherever it goes.
+    (A lower bound: the chat template's few tokens per message are not counted.)"""
     profile = default_profile()
     seen: set[str] = set()
     context: dict[str, int] = {}  # conversation -> the tokens its next turn repeats
-    floor: list[float] = []
+    out: list[tuple[str, float]] = []
     for req in trace.requests:
         (tenant, system), (conversation, prompt) = req.prefix
-        cached = context.get(conversation, system if tenant in seen else 0)
+        if conversation in context:
+            kind, cached = "turn", context[conversation]
+        elif tenant in seen:
+            kind, cached = "new conversation", system
+        else:
+            kind, cached = "new tenant", 0
         seen.add(tenant)
         context[conversation] = prompt + req.output_tokens
-        if warmup <= req.arrival < warmup + seconds:
-            ms = (prompt - cached) * profile.prefill_ms_per_token + profile.step_ms[0][0]
-            floor.append(ms * time_scale / 1000)
-    return floor
+        ms = (prompt - cached) * profile.prefill_ms_per_token + profile.step_ms[0][0]
+        out.append((kind, ms * time_scale / 1000))
+    return out
+
+
+def ttft_floor(trace: Trace, warmup: float, seconds: float, time_scale: float) -> list[float]:
+    """`request_floors` of the requests arriving in the measured window [warmup, warmup + seconds)."""
+    return [
+        floor
+        for req, (_, floor) in zip(trace.requests, request_floors(trace, time_scale), strict=True)
+        if warmup <= req.arrival < warmup + seconds
+    ]
 
 
 async def engine_counters(http: aiohttp.ClientSession, engines: Sequence[str]) -> tuple[float, float]:
@@ -297,7 +312,7 @@ async def run_phase(
         start = time.monotonic()
         in_window = False
 
-        async def send(req: LiveRequest, body: bytes) -> None:
+        async def send(index: int, req: LiveRequest, body: bytes) -> None:
             nonlocal window_tokens
             measured = warmup <= req.arrival < warmup + seconds
             sent = time.monotonic()
@@ -323,12 +338,14 @@ async def run_phase(
                 if measured and first is None:
                     phase.cut_off += 1
                     phase.ttft.append(time.monotonic() - sent)
+                    phase.by_request[index] = phase.ttft[-1]
                 raise
             except aiohttp.ClientError:
                 phase.errors += measured
                 return
             if measured and first is not None:
                 phase.ttft.append(first)
+                phase.by_request[index] = first
             elif measured:
                 phase.errors += 1
 
@@ -354,11 +371,11 @@ async def run_phase(
         sampler = asyncio.create_task(sample())
         marker = asyncio.create_task(window_marks())
         tasks = []
-        for req, body in zip(requests, bodies, strict=True):
+        for index, (req, body) in enumerate(zip(requests, bodies, strict=True)):
             delay = start + req.arrival - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(send(req, body)))
+            tasks.append(asyncio.create_task(send(index, req, body)))
         await marker
         _, pending = await asyncio.wait(
             tasks, timeout=max(0.0, start + requests[-1].arrival + DRAIN_SECONDS - time.monotonic())
@@ -669,6 +686,15 @@ def pooled_p99(phases: Sequence[Phase], router: str, rate: float) -> tuple[float
     return (percentile(pooled, 99) * 1000 if pooled else None), len(runs)
 
 
+def slowest(phase: Phase, floors: Sequence[tuple[str, float]], count: int = 5) -> str:
+    """The phase's `count` slowest measured requests: TTFT, kind and floor (`request_floors`), to tell
+    a cold prefill (TTFT near its floor) from a request that queued behind one."""
+    top = sorted(phase.by_request.items(), key=lambda item: -item[1])[:count]
+    return ", ".join(
+        f"{ttft * 1000:.0f} ms ({floors[i][0]}, floor {floors[i][1] * 1000:.0f})" for i, ttft in top
+    )
+
+
 def render_p99(phases: Sequence[Phase], floors: dict[tuple[float, int], list[float]], rate: float) -> str:
     """TTFT p99 at `rate` per trace and pooled for the target's two routers, beside each trace's floor
     (`ttft_floor`). One trace's p99 is its 2nd or 3rd slowest request of ~200: which engine a handful
@@ -833,7 +859,8 @@ async def run(args: argparse.Namespace) -> Report:
     traces = {rate: workload(rate, args.seconds, args.warmup) for rate in rates}
     requests = {rate: live_requests(trace) for rate, trace in traces.items()}
     hot_rate = rates[-1]
-    hot = live_requests(workload(hot_rate, args.seconds, args.warmup, hot_share=args.hot_share))
+    hot_trace = workload(hot_rate, args.seconds, args.warmup, hot_share=args.hot_share)
+    hot = live_requests(hot_trace)
     # More traces of the middle rate for the TTFT p99 target's two routers (see `render_p99`).
     mid = rates[len(rates) // 2]
     more_traces = {
@@ -867,13 +894,15 @@ async def run(args: argparse.Namespace) -> Report:
             except RuntimeError as err:
                 phases += [Phase(name, rate, skipped=f"did not start: {err}") for rate in rates]
                 continue
-            # (rate, requests, salt, hot, trace)
-            runs = [(rate, requests[rate], f"run{n}x{m}", False, 0) for m, rate in enumerate(rates)]
+            # (rate, the trace, its requests, salt, hot, which trace of the rate)
+            runs = [
+                (rate, traces[rate], requests[rate], f"run{n}x{m}", False, 0) for m, rate in enumerate(rates)
+            ]
             if args.hot_share > 0:
-                runs.append((hot_rate, hot, f"run{n}hot", True, 0))
+                runs.append((hot_rate, hot_trace, hot, f"run{n}hot", True, 0))
             if name in P99_ROUTERS:
-                runs += [(mid, sent, f"run{n}t{k}", False, k) for k, sent in more.items()]
-            for rate, sent, salt, is_hot, k in runs:
+                runs += [(mid, more_traces[k], sent, f"run{n}t{k}", False, k) for k, sent in more.items()]
+            for rate, trace, sent, salt, is_hot, k in runs:
                 phase = await run_phase(name, url, pid, engines, sent, rate, args.seconds, args.warmup, salt)
                 phase.hot, phase.trace = is_hot, k
                 print(
@@ -882,7 +911,9 @@ async def run(args: argparse.Namespace) -> Report:
                     f"{fmt(phase.hit_rate, '.2f')}, max/mean {fmt(phase.imbalance, '.2f')}, CPU "
                     f"{fmt(phase.cpu_ms, '.2f')} ms/req, cut off {phase.cut_off}, errors {phase.errors}, "
                     f"emulators behind {phase.behind_s:.1f} s"
-                    + "".join(f", {c} {n:.0f}" for c, n in sorted(phase.choices.items())),
+                    + "".join(f", {c} {n:.0f}" for c, n in sorted(phase.choices.items()))
+                    + "; slowest: "
+                    + slowest(phase, request_floors(trace, args.time_scale)),
                     file=sys.stderr,
                     flush=True,
                 )

@@ -176,6 +176,13 @@ def test_the_ttft_floor_prefills_only_what_no_earlier_request_sent() -> None:
     step = pr.default_profile().step_ms[0][0]
     per_token = pr.default_profile().prefill_ms_per_token
     assert floor == pytest.approx([(n * per_token + step) * 2 / 1000 for n in (200, 3100, 150)])
+    kinds = pr.request_floors(trace, 2.0)
+    assert [kind for kind, _ in kinds] == ["new tenant", "new conversation", "new tenant", "turn"]
+    # The benchmark's log line names each slow request's kind and floor.
+    measured = pr.Phase("r", 1.0, by_request={1: 0.5, 2: 0.9, 3: 0.2})
+    assert pr.slowest(measured, kinds, count=2) == (
+        f"900 ms (new tenant, floor {kinds[2][1] * 1000:.0f}), 500 ms (new conversation, floor {kinds[1][1] * 1000:.0f})"
+    )
 
 
 def test_the_p99_target_at_a_rate_with_more_traces_compares_them_pooled() -> None:
