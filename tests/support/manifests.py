@@ -47,6 +47,29 @@ def merge(base: Any, patch: Any) -> Any:
     return out
 
 
+# The Threshold rules the in-memory tests and benchmarks script: the simplest rule to drive a flip with.
+CLASSIC_THRESHOLDS = {
+    "stopBelowAcceptanceLengthMilli": 1400,
+    "resumeAboveAcceptanceLengthMilli": 1700,
+    "stopAboveConcurrencyPerReplica": 48,
+    "resumeBelowConcurrencyPerReplica": 32,
+}
+
+
+def two_pool_example(policy: dict[str, Any]) -> dict[str, Any]:
+    """Example 01 as the in-memory controller runs it: 2 latency replicas, 1 batch replica Off, `policy`."""
+    return merge(
+        load_yaml(ROOT / "examples" / "01-minimal-eagle3.yaml"),
+        {
+            "metadata": {"uid": "u1", "generation": 1},
+            "spec": {
+                "pools": {"latency": {"replicas": 2}, "batch": {"replicas": 1, "speculation": "Off"}},
+                "policy": policy,
+            },
+        },
+    )
+
+
 @dataclass(frozen=True)
 class InvalidCase:
     name: str
