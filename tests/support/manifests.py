@@ -1,4 +1,4 @@
-"""Example resources and the table of invalid ones, shared by the unit and cluster tiers.
+"""Example resources, the table of invalid ones and the chart, shared by the unit and cluster tiers.
 
 The same table is checked against `specfleet render` (unit tier) and the real apiserver (cluster
 tier): each case must be rejected with its expected message by both.
@@ -7,6 +7,7 @@ tier): each case must be rejected with its expected message by both.
 from __future__ import annotations
 
 import copy
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 INVALID_TABLE = ROOT / "tests" / "data" / "invalid_manifests.yaml"
 CRD = ROOT / "crds" / "specfleet.io_speculativedeployments.yaml"
+CHART = ROOT / "charts" / "specfleet"
 # The field manager the tests apply CRDs under (server-side, as an installer would).
 TEST_FIELD_MANAGER = "specfleet-tests"
 
@@ -32,6 +34,17 @@ def apply_crds(cluster: Any, *paths: Path) -> None:
     for path in paths:
         cluster.kubectl("apply", "--server-side", f"--field-manager={TEST_FIELD_MANAGER}", "-f", str(path))
     cluster.wait_established(*(f"crd/{load_yaml(path)['metadata']['name']}" for path in paths))
+
+
+def chart_template(cluster: Any, *args: str) -> str:
+    """The chart rendered by the test bed's helm (`helm template specfleet CHART *args`), no cluster asked."""
+    return subprocess.run(
+        [str(cluster.bin_dir / "helm"), "template", "specfleet", str(CHART), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
 
 
 def merge(base: Any, patch: Any) -> Any:
