@@ -81,28 +81,11 @@ def flip_walk() -> Walk:
     from specfleet.render import RenderOptions
     from support.fake_cluster import FakeCluster
     from support.fake_prometheus import FakePrometheus
-    from support.manifests import load_yaml, merge
+    from support.manifests import CLASSIC_THRESHOLDS, two_pool_example
 
     cluster = FakeCluster()
     key = ("SpeculativeDeployment", "default", "llama")
-    cluster.objects[key] = merge(
-        load_yaml(ROOT / "examples" / "01-minimal-eagle3.yaml"),
-        {
-            "metadata": {"uid": "u1", "generation": 1},
-            "spec": {
-                "pools": {"latency": {"replicas": 2}, "batch": {"replicas": 1, "speculation": "Off"}},
-                "policy": {
-                    "mode": "Threshold",
-                    "thresholds": {
-                        "stopBelowAcceptanceLengthMilli": 1400,
-                        "resumeAboveAcceptanceLengthMilli": 1700,
-                        "stopAboveConcurrencyPerReplica": 48,
-                        "resumeBelowConcurrencyPerReplica": 32,
-                    },
-                },
-            },
-        },
-    )
+    cluster.objects[key] = two_pool_example({"mode": "Threshold", "thresholds": CLASSIC_THRESHOLDS})
     prom = FakePrometheus("default", "llama", 120)
     now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
     controller = Controller(cluster, RenderOptions(), lambda url, timeout: prom, clock=lambda: now)

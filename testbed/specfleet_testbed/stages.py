@@ -24,9 +24,28 @@ _IN_PROBED = (
 )
 _NOT_DELETING = "!has(self.metadata.deletionTimestamp)"
 
+
+def _running_containers(ready: bool) -> str:
+    """Both stages' containerStatuses, one text so they cannot drift: all running, `ready` as the pod."""
+    return (
+        "containerStatuses:\n"
+        "{{ range .spec.containers }}\n"
+        "- image: {{ .image | Quote }}\n"
+        "  name: {{ .name | Quote }}\n"
+        f"  ready: {'true' if ready else 'false'}\n"
+        "  started: true\n"
+        "  restartCount: 0\n"
+        "  state:\n"
+        "    running:\n"
+        "      startedAt: {{ $now | Quote }}\n"
+        "{{ end }}\n"
+    )
+
+
 # Running with IPs, Ready False: the statusTemplate uses kwok's template functions (Now, Quote,
 # NodeIPsWith, PodIPsWith).
-_RUNNING_UNREADY = """\
+_RUNNING_UNREADY = (
+    """\
 {{ $now := Now }}
 conditions:
 - lastTransitionTime: {{ $now | Quote }}
@@ -40,17 +59,9 @@ conditions:
   status: "False"
   reason: WaitingForProcess
   type: ContainersReady
-containerStatuses:
-{{ range .spec.containers }}
-- image: {{ .image | Quote }}
-  name: {{ .name | Quote }}
-  ready: false
-  started: true
-  restartCount: 0
-  state:
-    running:
-      startedAt: {{ $now | Quote }}
-{{ end }}
+"""
+    + _running_containers(ready=False)
+    + """\
 {{ with NodeIPsWith .spec.nodeName }}
 hostIP: {{ index . 0 | Quote }}
 {{ end }}
@@ -64,8 +75,10 @@ podIPs:
 phase: Running
 startTime: {{ $now | Quote }}
 """
+)
 
-_READY = """\
+_READY = (
+    """\
 {{ $now := Now }}
 conditions:
 - lastTransitionTime: {{ $now | Quote }}
@@ -77,19 +90,10 @@ conditions:
 - lastTransitionTime: {{ $now | Quote }}
   status: "True"
   type: ContainersReady
-containerStatuses:
-{{ range .spec.containers }}
-- image: {{ .image | Quote }}
-  name: {{ .name | Quote }}
-  ready: true
-  started: true
-  restartCount: 0
-  state:
-    running:
-      startedAt: {{ $now | Quote }}
-{{ end }}
-phase: Running
 """
+    + _running_containers(ready=True)
+    + "phase: Running\n"
+)
 
 
 def _cel(*expressions: str) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ policy selects, which is what a network plugin would enforce.
 from __future__ import annotations
 
 import json
-import subprocess
 from typing import Any
 
 import pytest
@@ -19,11 +18,10 @@ import yaml
 from specfleet.api.validation import parse_resource
 from specfleet.render import plan_of, render_children
 from specfleet_sandbox.processes import wait_for
-from support.manifests import ROOT, load_yaml, merge
+from support.manifests import ROOT, chart_template, load_yaml, merge
 from support.strict_apply import strict_dry_run
 
 pytestmark = pytest.mark.cluster
-CHART = ROOT / "charts" / "specfleet"
 
 
 def _children(namespace: str) -> list[dict[str, Any]]:
@@ -132,20 +130,7 @@ def test_enabling_without_a_metrics_namespace_is_refused(crd, namespace):
 
 
 def test_chart_lets_the_operator_manage_and_prune_both_kinds(cluster, namespace):
-    rendered = subprocess.run(
-        [
-            str(cluster.bin_dir / "helm"),
-            "template",
-            "specfleet",
-            str(CHART),
-            "--show-only",
-            "templates/rbac.yaml",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    rendered = chart_template(cluster, "--show-only", "templates/rbac.yaml")
     role = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ClusterRole")
     # A name of this test's own, bound in this namespace only, to an account of this namespace.
     role["metadata"] = {"name": f"{namespace}-operator"}

@@ -7,7 +7,6 @@ gatewayMode.enabled, against what the operator must create."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 import yaml
@@ -15,8 +14,8 @@ import yaml
 from specfleet.api.validation import parse_resource
 from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
-from support.manifests import ROOT, load_yaml, merge
-from support.strict_apply import strict_dry_run
+from support.manifests import ROOT, chart_template, load_yaml, merge
+from support.strict_apply import stored_as_rendered, strict_dry_run
 
 pytestmark = pytest.mark.cluster
 EXAMPLE = ROOT / "examples" / "09-gateway.yaml"
@@ -43,20 +42,6 @@ VARIANTS = {
 }
 
 
-def _contains(stored: object, rendered: object) -> bool:
-    if isinstance(rendered, dict):
-        return isinstance(stored, dict) and all(
-            k in stored and _contains(stored[k], v) for k, v in rendered.items()
-        )
-    if isinstance(rendered, list):
-        return (
-            isinstance(stored, list)
-            and len(stored) == len(rendered)
-            and all(map(_contains, stored, rendered))
-        )
-    return stored == rendered
-
-
 def _render(patch):
     sd = parse_resource(merge(load_yaml(EXAMPLE), patch) if patch else load_yaml(EXAMPLE))
     return render_children(sd, decided_plan(sd))
@@ -77,7 +62,7 @@ def test_every_gateway_mode_object_passes_strict_validation(gateway_crds, namesp
         stored = json.loads(result.stdout)
         for key in ("spec", "rules", "roleRef", "subjects"):
             if key in manifest:
-                assert _contains(stored[key], manifest[key]), f"{describe}: {key}"
+                assert stored_as_rendered(stored[key], manifest[key]), f"{describe}: {key}"
 
 
 def test_a_wrong_field_or_value_is_refused(gateway_crds, namespace):
@@ -96,22 +81,13 @@ def test_a_wrong_field_or_value_is_refused(gateway_crds, namespace):
 
 
 def _chart_cluster_role(cluster, gateway_mode: bool, name: str) -> dict[str, object]:
-    rendered = subprocess.run(
-        [
-            str(cluster.bin_dir / "helm"),
-            "template",
-            "specfleet",
-            str(ROOT / "charts" / "specfleet"),
-            "--set",
-            f"gatewayMode.enabled={str(gateway_mode).lower()}",
-            "--show-only",
-            "templates/rbac.yaml",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    rendered = chart_template(
+        cluster,
+        "--set",
+        f"gatewayMode.enabled={str(gateway_mode).lower()}",
+        "--show-only",
+        "templates/rbac.yaml",
+    )
     role = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ClusterRole")
     role["metadata"] = {"name": name}
     return role

@@ -5,7 +5,6 @@ the real apiserver): each example's PodMonitor and PrometheusRule, and the chart
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -15,8 +14,8 @@ from specfleet.api.validation import parse_resource
 from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
 from specfleet_testbed import ensure_prometheus_operator_crds
-from support.manifests import EXAMPLES, ROOT, apply_crds, load_yaml, merge
-from support.strict_apply import strict_dry_run
+from support.manifests import EXAMPLES, apply_crds, chart_template, load_yaml, merge
+from support.strict_apply import stored_as_rendered, strict_dry_run
 
 pytestmark = pytest.mark.cluster
 KINDS = ("podmonitors", "prometheusrules", "servicemonitors")
@@ -33,20 +32,6 @@ def monitoring_crds(cluster) -> Iterator[object]:
     cluster.kubectl("delete", "crd", *names, "--wait=false", check=False)
 
 
-def _contains(stored: object, rendered: object) -> bool:
-    if isinstance(rendered, dict):
-        return isinstance(stored, dict) and all(
-            k in stored and _contains(stored[k], v) for k, v in rendered.items()
-        )
-    if isinstance(rendered, list):
-        return (
-            isinstance(stored, list)
-            and len(stored) == len(rendered)
-            and all(map(_contains, stored, rendered))
-        )
-    return stored == rendered
-
-
 @pytest.mark.parametrize("path", RENDERABLE, ids=lambda p: p.stem)
 def test_rendered_pod_monitor_and_prometheus_rule_pass_strict_validation(monitoring_crds, namespace, path):
     doc = merge(load_yaml(path), {"spec": {"monitoring": {"podMonitor": True, "prometheusRule": True}}})
@@ -59,7 +44,7 @@ def test_rendered_pod_monitor_and_prometheus_rule_pass_strict_validation(monitor
         result = strict_dry_run(monitoring_crds, namespace, manifest)
         assert result.returncode == 0, f"{manifest['kind']}: {result.stderr}"
         # Nothing pruned: every rendered field is stored as written (the server may add defaults).
-        assert _contains(json.loads(result.stdout)["spec"], manifest["spec"]), manifest["kind"]
+        assert stored_as_rendered(json.loads(result.stdout)["spec"], manifest["spec"]), manifest["kind"]
 
 
 def test_a_wrong_field_is_refused(monitoring_crds, namespace):
@@ -73,24 +58,15 @@ def test_a_wrong_field_is_refused(monitoring_crds, namespace):
 
 
 def test_chart_service_monitor_passes_strict_validation(monitoring_crds, namespace):
-    rendered = subprocess.run(
-        [
-            str(monitoring_crds.bin_dir / "helm"),
-            "template",
-            "specfleet",
-            str(ROOT / "charts" / "specfleet"),
-            "-n",
-            namespace,
-            "--set",
-            "metrics.serviceMonitor.enabled=true",
-            "--show-only",
-            "templates/servicemonitor.yaml",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    rendered = chart_template(
+        monitoring_crds,
+        "-n",
+        namespace,
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--show-only",
+        "templates/servicemonitor.yaml",
+    )
     monitor = yaml.safe_load(rendered)
     assert monitor["kind"] == "ServiceMonitor"
     result = strict_dry_run(monitoring_crds, namespace, monitor)

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import openai
+import pytest
 from aiohttp import web
 
 from specfleet_runtime.emulator.config import EmulatorConfig
@@ -127,6 +128,31 @@ async def wait_http(url: str, timeout: float = 20.0) -> None:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{url} did not come up")
             await asyncio.sleep(0.05)
+
+
+async def break_stream_midway(
+    client: openai.AsyncOpenAI,
+    after: int,
+    breaking: Callable[[], object],
+    match: str,
+    timeout: float | None = None,
+) -> int:
+    """Chunks read of a long stream whose engine `breaking` cuts after `after`, ending in error `match`."""
+    stream = await client.completions.create(
+        model=MODEL, prompt="x", max_tokens=5000, stream=True, extra_body={"ignore_eos": True}
+    )
+    received = 0
+
+    async def consume() -> None:
+        nonlocal received
+        async for _ in stream:
+            received += 1
+            if received == after:
+                breaking()
+
+    with pytest.raises(openai.APIError, match=match):
+        await asyncio.wait_for(consume(), timeout)
+    return received
 
 
 @dataclass

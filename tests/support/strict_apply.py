@@ -29,3 +29,18 @@ def strict_dry_run(
         check=False,
     )
     return result
+
+
+def stored_as_rendered(stored: object, rendered: object) -> bool:
+    """Whether the apiserver kept every rendered field as written (nothing pruned); it may add defaults."""
+    if isinstance(rendered, dict):
+        return isinstance(stored, dict) and all(
+            k in stored and stored_as_rendered(stored[k], v) for k, v in rendered.items()
+        )
+    if isinstance(rendered, list):
+        return (
+            isinstance(stored, list)
+            and len(stored) == len(rendered)
+            and all(map(stored_as_rendered, stored, rendered))
+        )
+    return stored == rendered

@@ -13,7 +13,7 @@ from specfleet.policy.measurements import MEASUREMENT_WRITE_EVALUATIONS
 from specfleet.render import RenderOptions
 from support.fake_cluster import FakeCluster
 from support.fake_prometheus import FakePrometheus
-from support.manifests import ROOT, load_yaml, merge
+from support.manifests import CLASSIC_THRESHOLDS, two_pool_example
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 KEY = ("SpeculativeDeployment", "default", "llama")
@@ -33,28 +33,16 @@ class Clock:
 @pytest.fixture
 def world():
     cluster = FakeCluster()
-    doc = merge(
-        load_yaml(ROOT / "examples" / "01-minimal-eagle3.yaml"),
+    doc = two_pool_example(
         {
-            "metadata": {"uid": "u1", "generation": 1},
-            "spec": {
-                "pools": {"latency": {"replicas": 2}, "batch": {"replicas": 1, "speculation": "Off"}},
-                "policy": {
-                    # The controller's plumbing, with the simplest rule to script.
-                    "mode": "Threshold",
-                    "thresholds": {
-                        "stopBelowAcceptanceLengthMilli": 1400,
-                        "resumeAboveAcceptanceLengthMilli": 1700,
-                        "stopAboveConcurrencyPerReplica": 48,
-                        "resumeBelowConcurrencyPerReplica": 32,
-                    },
-                    "evaluationIntervalSeconds": 5,
-                    "windowSeconds": 30,
-                    "minDwellSeconds": 60,
-                    "cooldownSeconds": 60,
-                },
-            },
-        },
+            # The controller's plumbing, with the simplest rule to script.
+            "mode": "Threshold",
+            "thresholds": CLASSIC_THRESHOLDS,
+            "evaluationIntervalSeconds": 5,
+            "windowSeconds": 30,
+            "minDwellSeconds": 60,
+            "cooldownSeconds": 60,
+        }
     )
     cluster.objects[KEY] = doc
     prom = FakePrometheus("default", "llama", 30)

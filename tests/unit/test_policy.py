@@ -12,15 +12,10 @@ from hypothesis import strategies as st
 from specfleet.api.policy import PolicySpec
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide, predicted_speedup
 from specfleet_runtime.cost_profile import default_profile
+from support.manifests import CLASSIC_THRESHOLDS
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 PROFILE = default_profile()
-CLASSIC_THRESHOLDS = {
-    "stopBelowAcceptanceLengthMilli": 1400,
-    "resumeAboveAcceptanceLengthMilli": 1700,
-    "stopAboveConcurrencyPerReplica": 48,
-    "resumeBelowConcurrencyPerReplica": 32,
-}
 THRESHOLD = PolicySpec.model_validate({"mode": "Threshold", "thresholds": CLASSIC_THRESHOLDS})
 GOODPUT = PolicySpec.model_validate({})
 LONG_AGO = NOW - timedelta(days=1)

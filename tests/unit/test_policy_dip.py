@@ -13,22 +13,13 @@ from specfleet.policy.dip import Dip, replace_dip, replace_gate
 from specfleet.policy.observations import PoolRolloutState
 from specfleet.policy.startup import pool_rollout
 from specfleet_runtime.cost_profile import default_profile
+from support.manifests import CLASSIC_THRESHOLDS
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 LONG_AGO = NOW - timedelta(days=1)
 PROFILE = default_profile()
 GOODPUT = PolicySpec.model_validate({})
-THRESHOLD = PolicySpec.model_validate(
-    {
-        "mode": "Threshold",
-        "thresholds": {
-            "stopBelowAcceptanceLengthMilli": 1400,
-            "resumeAboveAcceptanceLengthMilli": 1700,
-            "stopAboveConcurrencyPerReplica": 48,
-            "resumeBelowConcurrencyPerReplica": 32,
-        },
-    }
-)
+THRESHOLD = PolicySpec.model_validate({"mode": "Threshold", "thresholds": CLASSIC_THRESHOLDS})
 
 
 def obs(load: float, *, waiting: float = 0.0, accept: float | None = 2.4) -> PoolObservation:

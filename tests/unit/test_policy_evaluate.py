@@ -20,7 +20,7 @@ from specfleet.sim.workload import ACCEPTANCE_PROFILES, ClosedLoop
 from specfleet_runtime.cost_profile import default_profile
 from support.fake_cluster import FakeCluster
 from support.fake_prometheus import FakePrometheus
-from support.manifests import ROOT, load_yaml, merge
+from support.manifests import CLASSIC_THRESHOLDS, ROOT, two_pool_example
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 KEY = ("SpeculativeDeployment", "default", "llama")
@@ -35,12 +35,7 @@ QUICK_DRIFT = {"thresholdPercent": 20, "forSeconds": 0, "baselineSamples": 1}
 def _resource(profile_config_map: str | None) -> dict[str, Any]:
     policy: dict[str, Any] = {
         "mode": "Threshold",
-        "thresholds": {
-            "stopBelowAcceptanceLengthMilli": 1400,
-            "resumeAboveAcceptanceLengthMilli": 1700,
-            "stopAboveConcurrencyPerReplica": 48,
-            "resumeBelowConcurrencyPerReplica": 32,
-        },
+        "thresholds": CLASSIC_THRESHOLDS,
         "evaluationIntervalSeconds": 5,
         "windowSeconds": 30,
         "minDwellSeconds": 60,
@@ -49,16 +44,7 @@ def _resource(profile_config_map: str | None) -> dict[str, Any]:
     }
     if profile_config_map:
         policy["goodput"] = {"costProfileConfigMap": profile_config_map}
-    return merge(
-        load_yaml(ROOT / "examples" / "01-minimal-eagle3.yaml"),
-        {
-            "metadata": {"uid": "u1", "generation": 1},
-            "spec": {
-                "pools": {"latency": {"replicas": 2}, "batch": {"replicas": 1, "speculation": "Off"}},
-                "policy": policy,
-            },
-        },
-    )
+    return two_pool_example(policy)
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from support.router_harness import (
     FAST,
     MODEL,
     assert_openai_error,
+    break_stream_midway,
     emulator_config,
     engine_process,
     routing,
@@ -436,20 +437,7 @@ async def test_killed_engine_is_retried_and_a_cut_stream_errors(tmp_path: Path) 
             assert rr.counter("specfleet_router_retries_total", pool="latency") >= 2
 
             # A stream cut after it started ends with an error at the client, not a hang.
-            stream = await client.completions.create(
-                model=MODEL, prompt="x", max_tokens=5000, stream=True, extra_body={"ignore_eos": True}
-            )
-            received = 0
-
-            async def consume() -> None:
-                nonlocal received
-                async for _ in stream:
-                    received += 1
-                    if received == 5:
-                        proc_b.kill()
-
-            with pytest.raises(openai.APIError, match="interrupted"):
-                await asyncio.wait_for(consume(), timeout=15)
+            received = await break_stream_midway(client, 5, proc_b.kill, "interrupted", timeout=15)
             assert 5 <= received < 5000
             assert (
                 rr.counter("specfleet_router_upstream_errors_total", pool="latency", kind="mid_stream") == 1

@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
-import openai
 import pytest
 
 from support.router_harness import (
@@ -24,6 +23,7 @@ from support.router_harness import (
     MODEL,
     RunningRouter,
     assert_openai_error,
+    break_stream_midway,
     engine_process,
     raw_exchange,
     raw_request,
@@ -446,20 +446,7 @@ async def test_mid_stream_failure_is_counted_as_an_error(tmp_path: Path) -> None
         await wait_http(f"{url}/health")
         async with running_router(tmp_path, routing([url], [])) as rr:
             client = rr.client()
-            stream = await client.completions.create(
-                model=MODEL, prompt="x", max_tokens=5000, stream=True, extra_body={"ignore_eos": True}
-            )
-            received = 0
-
-            async def consume() -> None:
-                nonlocal received
-                async for _ in stream:
-                    received += 1
-                    if received == 3:
-                        proc.kill()
-
-            with pytest.raises(openai.APIError, match="interrupted"):
-                await consume()
+            await break_stream_midway(client, 3, proc.kill, "interrupted")
             labels = {"class": "latency", "pool": "latency", "code": "200"}
             assert rr.counter("specfleet_router_requests_total", **labels, error="mid_stream") == 1
             assert rr.counter("specfleet_router_requests_total", **labels, error="none") == 0

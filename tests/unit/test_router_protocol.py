@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
-import openai
 import pytest
 from aiohttp import web
 
@@ -28,8 +27,8 @@ from support.router_harness import (
     COMPLETION,
     FAST,
     GOOD,
-    MODEL,
     assert_openai_error,
+    break_stream_midway,
     engine_process,
     raw_exchange,
     raw_request,
@@ -226,21 +225,8 @@ async def test_a_stream_whose_engine_freezes_mid_way_ends_with_an_error_event(tm
         await wait_http(f"{url}/health")
         async with running_router(tmp_path, routing([url], []), settings) as rr:
             client = rr.client()
-            stream = await client.completions.create(
-                model=MODEL, prompt="x", max_tokens=5000, stream=True, extra_body={"ignore_eos": True}
-            )
-            received = 0
-
-            async def consume() -> None:
-                nonlocal received
-                async for _ in stream:
-                    received += 1
-                    if received == 3:
-                        proc.send_signal(signal.SIGSTOP)
-
             try:
-                with pytest.raises(openai.APIError, match="stalled"):
-                    await consume()
+                await break_stream_midway(client, 3, lambda: proc.send_signal(signal.SIGSTOP), "stalled")
                 # Suspected as for a stall before the first byte: its health probe failed, it is ejected.
                 await wait_until(lambda: url in rr.router.backends.ejected_until)
                 assert rr.counter("specfleet_router_upstream_errors_total", pool="latency", kind="stall") == 1
