@@ -1022,7 +1022,7 @@ Written by `{command}` (`make bench-prefix`); a lab record of one run, with the 
   0.04 ms per uncached prompt token, and every step slowed by the time scale so that the engines
   saturate at a request rate two shared CPUs can drive.
 - **Routers**, one at a time over the same four engines: the specfleet router (source build, uvloop, its
-  default workers: one per CPU, their conversation table shared) with `endpointSelection` LeastOutstanding and PrefixAffinity (default load bound {bound}%: a
+  default workers: one per CPU, their conversation table and placements shared) with `endpointSelection` LeastOutstanding and PrefixAffinity (default load bound {bound}%: a
   turn goes to the engine that last served the longest of its conversation's message-boundary keys while
   that engine holds fewer than twice {bound}% of the mean or the mean plus {slack} requests; else to the
   engine its leading text (the first 2 KiB of its messages, here the tenant's system prompt) was placed
@@ -1089,12 +1089,15 @@ engine runs, which prefix cache hits on the hot tenant's own requests lower.
 ### TTFT p99 over more traces
 
 One trace's TTFT p99 at a rate is its 2nd or 3rd slowest request of a few hundred, and at the middle
-rate those are tenants' first requests: cold prefills of 1-4k-token system prompts that no router can
-skip, so which engine a handful of them met decides the figure, and a rerun moves it by tens of
-milliseconds. So PrefixAffinity and cache_aware also run more traces of the middle rate (the same rule,
-the next seeds), and the p99 target at that rate compares all their requests pooled. The floor is what
-no router beats on that trace (`ttft_floor`): each request's tokens that no earlier request of the
-phase sent, at the engines' prefill cost, plus one decode step, no queueing.
+rate those are tenants' first requests, cold prefills of 1-4k-token system prompts that no router can
+skip, or a request that reached an engine while it prefilled one (the emulator prefills a request's
+uncached prompt within one step, and everything in that step waits for it). So whether one request
+met another tenant's cold prefill decides the figure, and a rerun of the same trace can move it by
+more than 100 ms (the benchmark logs each phase's five slowest requests, their kind and their floor).
+PrefixAffinity and cache_aware therefore also run more traces of the middle rate (the same rule, the
+next seeds), and the p99 target at that rate compares all their requests pooled. The floor is what no
+router beats on that trace (`ttft_floor`): each request's tokens that no earlier request of the phase
+sent, at the engines' prefill cost, plus one decode step, no queueing.
 
 {p99_table}
 
