@@ -1,9 +1,9 @@
 """PrefixAffinity's load bound on shared-prefix workloads the live benchmark does not run (simulator).
 
 `benchmarks/prefix_routing.py` measures one workload rule live (24 tenants, system prompts of 1-4k
-tokens). The bound's default must hold for others too, so this runs the same rule
-(`specfleet.sim.workload.shared_prefix_conversations`) with other tenant counts, shorter system
-prompts and one hot tenant, over a longer window, through the fleet simulator's four engines (the
+tokens). The bound's default, and PrefixAffinity as the default strategy, must hold for others too,
+so this runs the same rule (`specfleet.sim.workload.shared_prefix_conversations`) with other tenant
+counts, shorter system prompts, one hot tenant and no shared prefix at all, over a longer window, through the fleet simulator's four engines (the
 live benchmark's KV cache and profile, slowed by the same time scale; its prefix routing is the
 router's own `affinity.Affinity`), for each `loadBoundPercent` given, beside least outstanding. Per
 workload and rate: prefix hit rate and TTFT p50/p99 after the warm-up.
@@ -46,6 +46,9 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "96 tenants": {"tenants": 96},
     "24 tenants, system prompts 128-1024": {"tenants": 24, "system_tokens": (128, 1024)},
     "24 tenants, one hot (half)": {"tenants": 24, "hot_share": 0.5},
+    # What PrefixAffinity, the default, does where nothing is shared: every request its own system
+    # prompt of 256-2048 tokens and one turn (each is placed, none is found).
+    "no shared prefix, one turn each": {"tenants": 1_000_000, "turns": (1, 1), "system_tokens": (256, 2048)},
 }
 
 

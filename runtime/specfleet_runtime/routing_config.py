@@ -94,7 +94,9 @@ class AutoSegmentation:
 class EndpointSelection:
     """How the router picks one endpoint of a pool for each request."""
 
-    strategy: EndpointStrategy = "LeastOutstanding"
+    # PrefixAffinity by default: docs/benchmarks/prefix-routing.md measures it against least outstanding
+    # on shared prefixes, and `benchmarks/prefix_bounds.py` on prompts that share nothing.
+    strategy: EndpointStrategy = "PrefixAffinity"
     # PrefixAffinity's load bound c in percent; None: DEFAULT_LOAD_BOUND_PERCENT.
     load_bound_percent: int | None = None
 

@@ -393,7 +393,12 @@ def config_doc(**selection: Any) -> dict[str, Any]:
 
 def test_the_config_reads_and_writes_endpoint_selection() -> None:
     config = RoutingConfig.from_json(
-        json.dumps(config_doc(latency={"strategy": "PrefixAffinity", "loadBoundPercent": 150}))
+        json.dumps(
+            config_doc(
+                latency={"strategy": "PrefixAffinity", "loadBoundPercent": 150},
+                batch={"strategy": "LeastOutstanding"},
+            )
+        )
     )
     assert config.endpoint_selection.latency.strategy == "PrefixAffinity"
     assert config.endpoint_selection.latency.bound_percent == 150
@@ -402,11 +407,12 @@ def test_the_config_reads_and_writes_endpoint_selection() -> None:
     written = json.loads(config.to_json())["endpointSelection"]
     assert written["latency"] == {"strategy": "PrefixAffinity", "loadBoundPercent": 150}
     assert RoutingConfig.from_json(config.to_json()) == config
-    # A config without it (an older operator's) reads as least outstanding everywhere.
+    # A config without it (an older operator's) reads as the default, prefix affinity, everywhere.
     old = RoutingConfig.from_json(
         json.dumps({k: v for k, v in config_doc().items() if k != "endpointSelection"})
     )
-    assert old.endpoint_selection.latency.strategy == "LeastOutstanding"
+    assert old.endpoint_selection.latency.strategy == "PrefixAffinity"
+    assert old.endpoint_selection.of("batch") == old.endpoint_selection.latency
 
 
 @pytest.mark.parametrize(
@@ -444,7 +450,7 @@ def test_pick_follows_the_prefix_only_where_the_pool_asks_for_it() -> None:
     assert {affine.pick("latency", set(), PrefixKeys(key)) for _ in range(8)} == {home}
     # No key: least outstanding, which rotates over idle endpoints.
     assert len({affine.pick("latency", set(), None) for _ in range(8)}) == len(URLS)
-    plain = backends()
+    plain = backends(latency={"strategy": "LeastOutstanding"})
     assert len({plain.pick("latency", set(), PrefixKeys(key, (5,))) for _ in range(8)}) == len(URLS)
     assert plain.recent.endpoint(5, URLS) is None  # only a pool with affinity learns conversations
 

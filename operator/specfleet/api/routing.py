@@ -100,8 +100,7 @@ class EndpointSelection(ApiModel):
 
     strategy: contract.EndpointStrategy = Field(
         default=_SELECTION.strategy,
-        description="LeastOutstanding (default): the engine with the fewest requests in flight from this "
-        "router worker. PrefixAffinity: a chat turn goes to the engine that last served its conversation "
+        description="PrefixAffinity (default): a chat turn goes to the engine that last served its conversation "
         "(the longest of its message-boundary prefixes the router pod remembers); other requests, and "
         "turns of conversations it has not seen, to the engine their leading text (a completion's prompt, "
         f"or the chat messages up to the first user turn, at most {contract.PREFIX_CHARS} characters, such "
@@ -109,7 +108,8 @@ class EndpointSelection(ApiModel):
         "Either way only to an engine under the load bound, past which the request goes to the next "
         "engine of a consistent-hashing ring on its leading text, so requests sharing a prefix reach the "
         "engine whose prefix cache holds it while it has room; requests without such text are sent by "
-        "least outstanding.",
+        "least outstanding. LeastOutstanding: the engine with the fewest requests in flight from this "
+        "router worker, whatever the request.",
     )
     load_bound_percent: int | None = Field(
         default=_SELECTION.load_bound_percent,

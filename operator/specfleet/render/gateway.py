@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from specfleet.api.constants import POOLS, PoolName
 from specfleet.api.gateway import GatewaySpec, PickerService
+from specfleet.api.routing import EndpointSelection
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, hardened_container, metadata, pool_name, selector_labels
 from specfleet.render.engine import ENGINE_COMPONENT
@@ -328,7 +329,9 @@ def unexpressed_rules(sd: SpeculativeDeployment) -> list[str]:
         lost.append("apiKeySha256 tenant rules (a route matches header values, not their hashes)")
     if routing.fallback == "OtherPool":
         lost.append("fallback OtherPool (a pool without ready engines is not backed by the other)")
-    if any(getattr(routing.endpoint_selection, p).strategy != "LeastOutstanding" for p in POOLS):
+    # The pickers' own scorers (queue, KV cache, prefix cache) stand in for the default, PrefixAffinity
+    # with its default bound; what a resource asks beyond it is theirs to decide.
+    if any(getattr(routing.endpoint_selection, p) != EndpointSelection() for p in POOLS):
         lost.append("endpointSelection (each pool's endpoint picker chooses the engine)")
     return lost
 

@@ -20,9 +20,10 @@ from specfleet_runtime.cost_profile import (
 )
 
 POOLS: tuple[str, ...] = names.POOLS
-# How the simulated router picks an engine of a pool (`SimOptions.routing`): the fewest outstanding
-# requests; or, for a request with a prefix, the router's own PrefixAffinity choice with the pool's
-# load bound (`traffic.PrefixRouting`), so the simulator can show prefix-aware routing.
+# How the simulated router picks an engine of a pool (`SimOptions.routing`; by default each pool's
+# `spec.routing.endpointSelection`, as the router does): the fewest outstanding requests; or, for a
+# request with a prefix, the router's own PrefixAffinity choice with the pool's load bound
+# (`traffic.PrefixRouting`).
 LEAST_OUTSTANDING = "leastOutstanding"
 PREFIX_AFFINITY = "prefixAffinity"
 # The wall-clock time of a run's t=0, for the policy's timestamps.
@@ -68,8 +69,8 @@ class SimOptions:
     default_gpu_memory_utilization: float = 0.9
     # Bin width of the timeline and of the oracle's per-window choice (None: the evaluation interval).
     bin_seconds: float | None = None
-    # LEAST_OUTSTANDING (the router's) or PREFIX_AFFINITY.
-    routing: str = LEAST_OUTSTANDING
+    # LEAST_OUTSTANDING or PREFIX_AFFINITY for every pool; None: each pool's endpointSelection.
+    routing: str | None = None
 
     @property
     def startup(self) -> float:

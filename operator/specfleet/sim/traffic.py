@@ -1,8 +1,9 @@
 """The simulated router and clients: requests in (a trace or closed-loop clients), routed, and taken back.
 
 Requests are classified by the router's own code (`extract_facts`, `classify`, `ClientLoadTracker`,
-`resolve_pool`) and sent to the ready engine with the fewest outstanding requests, as the router does,
-or (`SimOptions.routing`) by the router's own prefix-affinity choice (`PrefixRouting`).
+`resolve_pool`) and sent to an engine of the pool as the router does, by the pool's endpointSelection
+(or `SimOptions.routing`): the ready engine with the fewest outstanding requests, or the router's own
+prefix-affinity choice (`PrefixRouting`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from specfleet.render.router import routing_config
 from specfleet.sim.accounts import Accounts
 from specfleet.sim.engine import Replica, SimRequest
 from specfleet.sim.events import ARRIVAL, TICK, Events
-from specfleet.sim.options import POOLS, PREFIX_AFFINITY, SimOptions
+from specfleet.sim.options import LEAST_OUTSTANDING, POOLS, PREFIX_AFFINITY, SimOptions
 from specfleet.sim.rollout import Rollouts
 from specfleet.sim.workload import ClosedLoop, Trace, TraceRequest
 from specfleet_runtime.router.affinity import Affinity, PrefixKeys, Ring, prefix_key
@@ -118,9 +119,12 @@ class Traffic:
                 if cand.outstanding < best.outstanding:
                     best = cand
             self.turn += 1
-            if req.prefix and self.options.routing == PREFIX_AFFINITY:
-                bound = self.routing.endpoint_selection.of(pool).bound_percent
-                best = self.prefix_routing.pick(candidates, req.prefix, best, bound)
+            selection = self.routing.endpoint_selection.of(pool)
+            strategy = self.options.routing or (
+                PREFIX_AFFINITY if selection.strategy == "PrefixAffinity" else LEAST_OUTSTANDING
+            )
+            if req.prefix and strategy == PREFIX_AFFINITY:
+                best = self.prefix_routing.pick(candidates, req.prefix, best, selection.bound_percent)
             if not best.fits(sim):
                 self.reject(sim, pool)
                 continue
