@@ -30,6 +30,11 @@ BATCH_KEY = "sk-batch-team"
 FAST = RouterSettings(connect_timeout=2.0, read_timeout=30.0, drain_seconds=2.0, housekeeping_seconds=0.05)
 
 
+# Least outstanding in both pools, for the tests of which engine a retry or an ejection leaves a
+# request on: prefix affinity, the default, sends their identical prompts to one engine on purpose.
+LEAST_OUTSTANDING = {"latency": {"strategy": "LeastOutstanding"}, "batch": {"strategy": "LeastOutstanding"}}
+
+
 def routing(latency: list[str], batch: list[str], **extra: Any) -> dict[str, Any]:
     """A routing.json document with static pools; a pool without URLs is left out (that is invalid)."""
     pools = {name: {"staticUrls": urls} for name, urls in (("latency", latency), ("batch", batch)) if urls}

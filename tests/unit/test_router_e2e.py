@@ -31,6 +31,7 @@ from support.ports import free_port, refused
 from support.router_harness import (
     BATCH_KEY,
     FAST,
+    LEAST_OUTSTANDING,
     MODEL,
     assert_openai_error,
     break_stream_midway,
@@ -421,7 +422,8 @@ async def test_killed_engine_is_retried_and_a_cut_stream_errors(tmp_path: Path) 
     with engine_process(time_scale=1.0) as (url_a, proc_a), engine_process(time_scale=1.0) as (url_b, proc_b):
         await asyncio.gather(wait_http(f"{url_a}/health"), wait_http(f"{url_b}/health"))
         dead = f"http://127.0.0.1:{free_port()}"
-        async with running_router(tmp_path, routing([url_a, url_b, dead], [])) as rr:
+        config = routing([url_a, url_b, dead], [], endpointSelection=LEAST_OUTSTANDING)
+        async with running_router(tmp_path, config) as rr:
             client = rr.client()
             for _ in range(6):
                 assert (await client.completions.create(model=MODEL, prompt="x", max_tokens=2)).choices
@@ -472,7 +474,7 @@ async def test_an_engine_that_drops_every_connection_is_left_for_another(tmp_pat
     async with (
         serve_emulator(emulator_config(time_scale=1.0)) as busy,
         dropping_engine() as (gone, accepted),
-        running_router(tmp_path, routing([busy.url], [])) as rr,
+        running_router(tmp_path, routing([busy.url], [], endpointSelection=LEAST_OUTSTANDING)) as rr,
     ):
         client = rr.client()
         # Two long streams make the live engine the busier one: the least-loaded pick is the other.
@@ -482,7 +484,7 @@ async def test_an_engine_that_drops_every_connection_is_left_for_another(tmp_pat
             )
             for _ in range(2)
         ]
-        rr.write_config(routing([gone, busy.url], []))
+        rr.write_config(routing([gone, busy.url], [], endpointSelection=LEAST_OUTSTANDING))
         await wait_until(lambda: gone in rr.router.pool_endpoints.get("latency", ()))
         answer = await client.completions.create(model=MODEL, prompt="x", max_tokens=2)
         for stream in streams:

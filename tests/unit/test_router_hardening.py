@@ -20,6 +20,7 @@ import pytest
 from support.router_harness import (
     FAST,
     GOOD,
+    LEAST_OUTSTANDING,
     MODEL,
     RunningRouter,
     assert_openai_error,
@@ -409,7 +410,8 @@ async def test_a_frozen_engine_is_ejected_and_its_requests_retried(tmp_path: Pat
         engine_process(time_scale=0.01) as (url_b, _),
     ):
         await asyncio.gather(wait_http(f"{url_a}/health"), wait_http(f"{url_b}/health"))
-        async with running_router(tmp_path, routing([url_a, url_b], []), settings) as rr:
+        config = routing([url_a, url_b], [], endpointSelection=LEAST_OUTSTANDING)
+        async with running_router(tmp_path, config, settings) as rr:
             client = rr.client()
             for _ in range(2):  # both engines hold a pooled connection now
                 assert (await client.completions.create(model=MODEL, prompt="x", max_tokens=2)).choices
