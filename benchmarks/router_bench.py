@@ -634,8 +634,17 @@ async def run(args: argparse.Namespace) -> None:
             await wait_healthy(f"{backends[-1]}/health", proc)
 
         config = log_dir / "routing.json"
+        # Least outstanding: this measures the proxy, and prefix affinity (the default) would send every
+        # identical request to one backend on purpose.
+        least = {"latency": {"strategy": "LeastOutstanding"}}
         config.write_text(
-            json.dumps({"servedModelName": MODEL, "pools": {"latency": {"staticUrls": backends}}})
+            json.dumps(
+                {
+                    "servedModelName": MODEL,
+                    "pools": {"latency": {"staticUrls": backends}},
+                    "endpointSelection": least,
+                }
+            )
         )
         targets = [("direct (backend 1)", backends[0], backend_pids[0])]
         for variant in args.routers.split(","):

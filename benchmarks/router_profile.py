@@ -89,8 +89,15 @@ async def run(args: argparse.Namespace) -> None:
             await wait_healthy(f"http://127.0.0.1:{port}/health", proc)
         else:
             config = work / "routing.json"
+            # Least outstanding, as router_bench.py measures the proxy: its requests are identical.
             config.write_text(
-                json.dumps({"servedModelName": "bench", "pools": {"latency": {"staticUrls": backends}}})
+                json.dumps(
+                    {
+                        "servedModelName": "bench",
+                        "pools": {"latency": {"staticUrls": backends}},
+                        "endpointSelection": {"latency": {"strategy": "LeastOutstanding"}},
+                    }
+                )
             )
             profiler = ["-m", "cProfile", "-o", str(args.cprofile)] if args.cprofile else []
             proc = start(
