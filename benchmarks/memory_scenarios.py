@@ -5,7 +5,7 @@ The rule (every scenario):
 
 - Capacity: the best setting's requests per second per replica (no drafter, K 1, K 3), each at the
   batch it can run (min(maxNumSeqs, what its KV cache holds)), by the policy's own model
-  (`specfleet.policy.throughput`) with the scenario's mean lengths and the drafter's acceptance.
+  (`specfleet.policy.predict.throughput`) with the scenario's mean lengths and the drafter's acceptance.
 - Load: calm 10 min at 0.15 of that capacity, rise over 5 min, busy 15 min at 0.85 of it (so a queue
   built by a wrong setting can drain under the right one), fall over 5 min, calm 10 min (45 min).
   Poisson arrivals (exponential gaps) at that rate times the latency pool's replicas; seed 0 for
@@ -26,7 +26,7 @@ GPU, FP8 70B on one H100 and BF16 70B over two read 70.6 GB of weights a step ag
 GB, and do 4.4x its multiply-adds at FP8's or two GPUs' rate; the all-reduce of TP 2 is left out),
 prefill 0.178 ms per prompt token (2 x 70.6e9 FLOPs at 40% of 1,979 TFLOPS), the drafter's prefill
 share 1.5% (its fusion layer and one decoder layer against 80), and the KV caches from
-`specfleet.policy.capacity` (FP8 weights on one GPU; the 70B preset over two) at 90% utilisation,
+`specfleet.policy.predict.kv_cache` (FP8 weights on one GPU; the 70B preset over two) at 90% utilisation,
 entered as the profile's memory section as `specfleet profile` would measure them.
 """
 
@@ -41,9 +41,9 @@ import numpy as np
 import yaml
 
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
-from specfleet.policy.capacity import LLAMA31_70B_EAGLE3_H100
-from specfleet.policy.startup import estimated_startup_seconds
-from specfleet.policy.throughput import OFF, setting_name
+from specfleet.policy.predict.kv_cache import LLAMA31_70B_EAGLE3_H100
+from specfleet.policy.predict.rollout_time import estimated_startup_seconds
+from specfleet.policy.predict.throughput import OFF, setting_name
 from specfleet.sim.bound import NAME as BOUND
 from specfleet.sim.bound import REACTIVE, rollout_paying_oracle
 from specfleet.sim.compare import SMOOTH, Comparison, compare

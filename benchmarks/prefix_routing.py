@@ -52,7 +52,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from specfleet.api.validation import parse_resource
-from specfleet.policy.capacity import profile_capacity
+from specfleet.policy.predict.kv_cache import profile_capacity
 from specfleet.sim.fleet import SimOptions, simulate
 from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY, Strategy
 from specfleet.sim.workload import Trace, shared_prefix_conversations

@@ -250,7 +250,7 @@ def all_settled(cluster: Cluster) -> bool:
     return True
 
 
-# What the policy records from each measurement (policy/record.py), per pool.
+# What the policy records from each measurement (policy/decision/record.py), per pool.
 MEASURED_FIELDS = (
     "acceptanceMeasuredAt",
     "acceptanceLength",
@@ -600,7 +600,7 @@ Notes from the run:
   runningPerReplica, generationTokensPerSecond, and the load-trend samples recentLoad) are counted
   apart: the operator keeps those in memory between evaluations and writes them only when a shown
   number has moved beyond noise (5%), at most every 4 evaluation intervals
-  (`policy/measurements.py`), so with the exporter's steady numbers there should be none.
+  (`policy/decision/status_writes.py`), so with the exporter's steady numbers there should be none.
 - "Change reconciled during a full sweep": the benchmark waits for the operator's "policy sweep
   started" line for a sweep of every resource, then patches one resource's spec and waits until its
   status reports the new generation and its batch Deployment carries the change (`kubectl patch` is

@@ -306,7 +306,7 @@ class StepTimeProfile:
         )
 
 
-# KV cache of the published setup, from the capacity model (operator/specfleet/policy/capacity.py) at
+# KV cache of the published setup, from the capacity model (operator/specfleet/policy/predict/kv_cache.py) at
 # gpu-memory-utilization 0.9 on an H100 80GB (81559 MiB = 85,520,809,984 B), in vLLM's 16-token blocks:
 #   usable       0.9 x 85,520,809,984 B                           = 76,968,728,985.6 B
 #   - weights    8.03e9 params x 2 B (bf16)                       = 16,060,000,000 B

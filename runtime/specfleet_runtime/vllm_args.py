@@ -18,6 +18,9 @@ from specfleet_runtime.names import ENGINE_PORT
 # The image's entrypoint module; `vllm serve` takes the same flags but the CPU wheel lacks the script.
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
+# vLLM's --gpu-memory-utilization where the engine does not set it.
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
 # Methods whose drafter is a separate checkpoint that must be named in the config.
 METHODS_WITH_DRAFTER_MODEL = frozenset({"eagle3", "eagle", "draft_model", "medusa"})
 # Methods whose proposer keeps K lookahead KV slots per running request: vLLM's scheduler sets

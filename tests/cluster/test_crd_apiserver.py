@@ -132,7 +132,7 @@ def test_conditions_are_a_map_list_and_kubectl_get_shows_k_and_progressing(crd, 
     table = crd.kubectl("get", "sd", "assistant", "-n", namespace).stdout.splitlines()
     assert table[0].split() == PRINTER_COLUMNS
     assert table[1].split()[:7] == ["assistant", "On", "Off", "2", "0", "True", "True"]
-    # The policy's Dynamic SD schedule (status, policy/schedule.py) is kept by the apiserver, not pruned.
+    # The policy's Dynamic SD schedule (status, policy/predict/dynamic_sd.py) is kept by the apiserver, not pruned.
     schedule = [
         {"minBatchSize": 1, "maxBatchSize": 45, "numSpeculativeTokens": 3},
         {"minBatchSize": 46, "maxBatchSize": 252, "numSpeculativeTokens": 1},

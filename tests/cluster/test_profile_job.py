@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from specfleet.cli.profile import profile_job
-from specfleet.policy.profile_source import profile_from_config_map
+from specfleet.policy.inputs.profile_source import profile_from_config_map
 
 pytestmark = pytest.mark.cluster
 

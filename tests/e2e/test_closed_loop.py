@@ -352,7 +352,7 @@ def test_simulator_tells_the_truth_about_this_loop(env):
     from datetime import UTC, datetime
 
     from specfleet.api.validation import parse_resource
-    from specfleet.policy.record import parse_time
+    from specfleet.policy.inputs.status import parse_time
     from specfleet.sim.fleet import SimOptions, simulate
     from specfleet_runtime.cost_profile import default_profile
 

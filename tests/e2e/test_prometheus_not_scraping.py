@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from specfleet.api import reasons
-from specfleet.policy.scraping import NOT_SCRAPING_EVALUATIONS
+from specfleet.policy.inputs.scraping import NOT_SCRAPING_EVALUATIONS
 from specfleet_sandbox.processes import wait_for
 from specfleet_sandbox.prometheus import PrometheusProcess
 from support.e2e_env import Env, fleet, latency, print_dump_if_failed, running_env, wait_metrics

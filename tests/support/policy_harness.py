@@ -25,8 +25,9 @@ from typing import Any
 
 from specfleet.api.validation import SpeculativeDeployment, parse_spec
 from specfleet.policy import PoolObservation, decide
-from specfleet.policy.record import pool_states, record
-from specfleet.policy.scraping import ScrapeSetup
+from specfleet.policy.decision.record import record
+from specfleet.policy.inputs.scraping import ScrapeSetup
+from specfleet.policy.inputs.status import pool_states
 from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile

@@ -102,7 +102,7 @@ def test_plan_thresholds_and_break_even_are_the_policys_own(
 ) -> None:
     """One source of truth: plan's Threshold values are what the policy derives from the same acceptance."""
     from specfleet.api.validation import parse_resource
-    from specfleet.policy.threshold import threshold_values
+    from specfleet.policy.rules.threshold import threshold_values
     from specfleet.sim.compare import static_ks
     from specfleet_runtime.cost_profile import break_even_concurrency, default_profile, speedup
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from specfleet.controller.control import Controller
-from specfleet.policy.measurements import MEASUREMENT_WRITE_EVALUATIONS
+from specfleet.policy.decision.status_writes import MEASUREMENT_WRITE_EVALUATIONS
 from specfleet.render import RenderOptions
 from support.fake_cluster import FakeCluster
 from support.fake_prometheus import FakePrometheus
@@ -270,7 +270,7 @@ def test_goodput_gives_a_speculating_pool_a_dynamic_sd_schedule(world):
 
 
 def _until_baseline(cluster, clock, controller):
-    """Evaluate until the acceptance baseline is set (policy/drift.py): setting it is a write."""
+    """Evaluate until the acceptance baseline is set (policy/rules/drift.py): setting it is a write."""
     for _ in range(200):
         if _status(cluster)["pools"]["latency"].get("acceptanceBaseline"):
             return

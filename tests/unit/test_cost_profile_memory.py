@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specfleet.cli.profile import config_map, parse_output, profile_document
 from specfleet.cli.simulate import _profile_file
-from specfleet.policy.capacity import CapacityModel
-from specfleet.policy.profile_source import CostProfileError, profile_from_config_map
+from specfleet.policy.inputs.profile_source import CostProfileError, profile_from_config_map
+from specfleet.policy.predict.kv_cache import CapacityModel
 from specfleet.sim.workload import parse_acceptance
 from specfleet_runtime.cost_profile import (
     PUBLISHED_EAGLE3_ACCEPTANCE,

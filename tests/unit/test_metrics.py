@@ -17,11 +17,11 @@ from specfleet.observe.prometheus import (
     QueryFn,
     fleet_queries,
     namespace_matcher,
-    observe,
+    pool_observation,
     query_fleet,
 )
-from specfleet.policy.answers import CLOCK_SKEW_SECONDS
-from specfleet.policy.observations import PoolObservation
+from specfleet.policy.inputs.fleet_answers import CLOCK_SKEW_SECONDS
+from specfleet.policy.inputs.observation import PoolObservation
 from support.fake_prometheus import FakePrometheus, asked_namespaces
 from support.prometheus_faults import FaultyPrometheus
 
@@ -38,7 +38,7 @@ def observe_pool(
     query: QueryFn, selector: PoolSelector, window: int, now: datetime, **kw: object
 ) -> PoolObservation:
     """One round of fleet queries, then one pool's observation (what the scheduler does per target)."""
-    return observe(query_fleet(query, window, [selector.namespace]), selector, window, now, **kw)  # type: ignore[arg-type]
+    return pool_observation(query_fleet(query, window, [selector.namespace]), selector, window, now, **kw)  # type: ignore[arg-type]
 
 
 def test_queries_group_by_pool_and_use_the_window():
@@ -59,9 +59,9 @@ def test_one_round_of_queries_serves_every_pool_of_every_deployment(prom):
     prom.set_pool("latency", namespace="other", deployment="qwen", drafts=10.0, accepted=5.0, running=3.0)
     answers = query_fleet(prom, 60, ["ns", "other"])
     assert len(prom.queries) == len(fleet_queries(60, ["ns"]))
-    latency = observe(answers, SEL, 60, NOW)
-    batch = observe(answers, PoolSelector("ns", "llama", "batch"), 60, NOW)
-    qwen = observe(answers, PoolSelector("other", "qwen", "latency"), 60, NOW)
+    latency = pool_observation(answers, SEL, 60, NOW)
+    batch = pool_observation(answers, PoolSelector("ns", "llama", "batch"), 60, NOW)
+    qwen = pool_observation(answers, PoolSelector("other", "qwen", "latency"), 60, NOW)
     assert (latency.acceptance_length, latency.per_position) == (
         pytest.approx(2.5),
         pytest.approx((0.7, 0.5)),
@@ -69,7 +69,7 @@ def test_one_round_of_queries_serves_every_pool_of_every_deployment(prom):
     assert (batch.running_per_replica, batch.replicas_reporting) == (50.0, 4)
     assert (qwen.acceptance_length, qwen.running_per_replica) == (pytest.approx(1.5), 3.0)
     # A pool nobody reported: its own problem, the others unaffected.
-    assert observe(answers, PoolSelector("ns", "gone", "latency"), 60, NOW).problem == (
+    assert pool_observation(answers, PoolSelector("ns", "gone", "latency"), 60, NOW).problem == (
         "no engine samples for pool latency in Prometheus"
     )
 
@@ -87,7 +87,7 @@ def test_a_nan_quantile_is_no_data_but_an_infinite_load_is_rejected():
     # NaN is Prometheus' quantile of no observations: no value, nothing wrong with the answer.
     assert answers.get("itl_p99", SEL.key) is None
     assert answers.rejected == {("running_per_replica", "not_finite"): 1}
-    obs = observe(answers, SEL, 60, NOW)
+    obs = pool_observation(answers, SEL, 60, NOW)
     assert obs.problem == (
         "no running-request count for pool latency in Prometheus "
         "(running_per_replica sample rejected: value inf is not a finite number)"
@@ -129,7 +129,7 @@ def test_the_prefix_hit_rate_reaches_the_observation(
         results["prefix_hit_rate"] = [{"metric": sample, "value": [0, value]}]
     answers = FleetAnswers.from_results(results)
     assert answers.rejected == rejected
-    obs = observe(answers, SEL, 60, NOW)
+    obs = pool_observation(answers, SEL, 60, NOW)
     assert obs.problem is None  # a missing hit rate never keeps a decision from being made
     assert obs.prefix_hit_rate == expected
     assert ("prefixCacheHitRate" in obs.as_text()) == (expected is not None)
@@ -146,7 +146,7 @@ def test_a_failed_round_holds_every_pool(prom):
     assert len(prom.queries) == 1  # the first failure ends the round
     for pool in ("latency", "batch"):
         assert "Prometheus query failed" in (
-            observe(answers, PoolSelector("ns", "llama", pool), 60, NOW).problem or ""
+            pool_observation(answers, PoolSelector("ns", "llama", pool), 60, NOW).problem or ""
         )
 
 
@@ -258,7 +258,7 @@ def test_a_future_sample_time_is_rejected():
         now,
     )
     assert answers.rejected == {("running_per_replica", "future"): 1}
-    obs = observe(answers, SEL, 60, NOW)
+    obs = pool_observation(answers, SEL, 60, NOW)
     assert obs.problem == (
         "no running-request count for pool latency in Prometheus "
         "(running_per_replica sample rejected: sample time is 3600s in the future)"
@@ -303,8 +303,8 @@ def test_malformed_samples_are_skipped_and_counted_and_the_round_goes_on(prom):
         ("running_per_replica", "malformed"): before[("running_per_replica", "malformed")] + 2,
         ("waiting", "malformed"): before[("waiting", "malformed")] + 2,
     }
-    latency = observe(answers, SEL, 60, NOW)
-    batch = observe(answers, PoolSelector("ns", "llama", "batch"), 60, NOW)
+    latency = pool_observation(answers, SEL, 60, NOW)
+    batch = pool_observation(answers, PoolSelector("ns", "llama", "batch"), 60, NOW)
     assert latency.usable
     assert batch.usable
     assert latency.per_position == pytest.approx((0.7, 0.5))
@@ -321,7 +321,7 @@ def test_positions_must_count_from_zero_without_a_gap(prom):
     }
     answers = query_fleet(prom, 60, ["ns"])
     assert answers.rejected == {("accepted_per_pos", "position_gap"): 1}
-    assert observe(answers, SEL, 60, NOW).per_position == pytest.approx((0.7, 0.5))
+    assert pool_observation(answers, SEL, 60, NOW).per_position == pytest.approx((0.7, 0.5))
 
 
 def test_acceptance_above_one_is_rejected_beyond_extrapolation_noise(prom):
@@ -336,7 +336,7 @@ def test_acceptance_above_one_is_rejected_beyond_extrapolation_noise(prom):
         ("accepted_per_pos", "accepted_exceeds_drafted"): 1,
         ("accepted", "accepted_exceeds_drafted"): 1,
     }
-    obs = observe(answers, SEL, 60, NOW)
+    obs = pool_observation(answers, SEL, 60, NOW)
     assert (obs.acceptance_length, obs.per_position) == (None, ())
 
 
@@ -345,7 +345,7 @@ def test_two_samples_for_one_series_leave_its_value_unknown(prom):
     prom.extra = {"running_per_replica": [{"metric": _labels(), "value": [0, "0"]}]}
     answers = query_fleet(prom, 60, ["ns"])
     assert answers.rejected == {("running_per_replica", "duplicate"): 1}
-    assert observe(answers, SEL, 60, NOW).running_per_replica is None
+    assert pool_observation(answers, SEL, 60, NOW).running_per_replica is None
 
 
 def test_queries_select_only_the_namespaces_asked_about():

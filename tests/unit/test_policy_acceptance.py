@@ -12,10 +12,11 @@ from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import parse_status
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide
-from specfleet.policy.acceptance import estimate, extend, merge, trusted_positions
-from specfleet.policy.observations import PoolRolloutState
-from specfleet.policy.record import pool_states, record
-from specfleet.policy.scraping import ScrapeSetup
+from specfleet.policy.decision.record import record
+from specfleet.policy.inputs.observation import PoolRolloutState
+from specfleet.policy.inputs.scraping import ScrapeSetup
+from specfleet.policy.inputs.status import pool_states
+from specfleet.policy.predict.acceptance import estimate, extend, merge, trusted_positions
 from specfleet_runtime.cost_profile import default_profile
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -16,8 +16,9 @@ from specfleet.api.policy import PolicySpec
 from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide, predicted_speedup
-from specfleet.policy.record import pool_states, record
-from specfleet.policy.scraping import ScrapeSetup
+from specfleet.policy.decision.record import record
+from specfleet.policy.inputs.scraping import ScrapeSetup
+from specfleet.policy.inputs.status import pool_states
 from specfleet_runtime.cost_profile import default_profile
 from support.policy_harness import PUBLISHED, STRONG, WEAK, example_spec, issue_ramp, ramp, simulate
 
@@ -309,7 +310,7 @@ def test_canaries_speculate_while_a_gate_holds_a_pool_that_wants_to_turn_on():
 
 
 def test_threshold_defaults_come_from_the_break_even_point():
-    from specfleet.policy.threshold import threshold_values
+    from specfleet.policy.rules.threshold import threshold_values
 
     policy = PolicySpec.model_validate({"mode": "Threshold"})
     for k in (1, 3, 5):

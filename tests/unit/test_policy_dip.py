@@ -1,4 +1,4 @@
-"""The capacity dip of a Replace rollout (`policy.dip`): the remaining engines must carry the load, and
+"""The capacity dip of a Replace rollout (`policy.rules.dip`): the remaining engines must carry the load, and
 the flip's gain over its dwell must repay the capacity it removes for the rollout's duration."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide
-from specfleet.policy.dip import Dip, replace_dip, replace_gate
-from specfleet.policy.observations import PoolRolloutState
-from specfleet.policy.startup import pool_rollout
+from specfleet.policy.inputs.observation import PoolRolloutState
+from specfleet.policy.predict.rollout_time import pool_rollout
+from specfleet.policy.rules.dip import Dip, replace_dip, replace_gate
 from specfleet_runtime.cost_profile import default_profile
 from support.manifests import CLASSIC_THRESHOLDS
 

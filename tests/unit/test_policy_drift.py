@@ -15,8 +15,8 @@ from specfleet.observe.resource_metrics import (
     POOL_ACCEPTANCE_DRIFT,
     resource_samples,
 )
-from specfleet.policy.drift import drift_percent, median_baseline, track_drift
-from specfleet.policy.observations import PoolObservation, PoolState
+from specfleet.policy.inputs.observation import PoolObservation, PoolState
+from specfleet.policy.rules.drift import drift_percent, median_baseline, track_drift
 from specfleet.reconcile.apply import stale_children
 from specfleet.render import RenderOptions
 from specfleet.render.retrain import render_retrain_job, retrain_job_name

@@ -1,4 +1,4 @@
-"""The policy sees memory: the memory queries and their parsing, `policy.memory` against hand-computed
+"""The policy sees memory: the memory queries and their parsing, `policy.predict.kv_cache` against hand-computed
 cases, and Goodput decisions where memory, not compute, is the bound."""
 
 from __future__ import annotations
@@ -13,10 +13,16 @@ from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.observe.prometheus import fleet_queries, query_fleet
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide
-from specfleet.policy.answers import ABOVE_ONE, BAD_CACHE_CONFIG, FleetAnswers, PoolSelector, observe
-from specfleet.policy.memory import recompute_seconds_per_token
-from specfleet.policy.scraping import ScrapeSetup
-from specfleet.policy.throughput import OFF, memory_view
+from specfleet.policy.inputs.fleet_answers import (
+    ABOVE_ONE,
+    BAD_CACHE_CONFIG,
+    FleetAnswers,
+    PoolSelector,
+    pool_observation,
+)
+from specfleet.policy.inputs.scraping import ScrapeSetup
+from specfleet.policy.predict.kv_cache import recompute_seconds_per_token
+from specfleet.policy.predict.throughput import OFF, memory_view
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import MemoryProfile, StepTimeProfile, default_profile
 from support.fake_prometheus import FakePrometheus
@@ -141,14 +147,14 @@ def test_max_num_seqs_bounds_the_batch_before_memory_does():
 def test_capacity_measured_per_setting_else_the_profile_else_unknown():
     v = memory_view(HAND, mobs(kv_capacity_tokens_off=20000), [1], mode="On", current_k=1)
     assert v is not None
-    assert (v.settings[OFF].capacity_tokens, v.settings[OFF].capacity_source) == (20000, "measured")
-    assert (v.settings["K1"].capacity_tokens, v.settings["K1"].capacity_source) == (4800, "profile")
+    assert (v.settings[OFF].kv_cache_tokens, v.settings[OFF].kv_cache_source) == (20000, "measured")
+    assert (v.settings["K1"].kv_cache_tokens, v.settings["K1"].kv_cache_source) == (4800, "profile")
     bare = replace(HAND, memory=None)
     assert memory_view(bare, mobs(kv_capacity_tokens_off=20000), [1], mode="On", current_k=1) is None
     both = mobs(kv_capacity_tokens_off=20000, kv_capacity_tokens_on=6000)
     v = memory_view(bare, both, [1], mode="On", current_k=1)
     assert v is not None
-    assert v.settings["K1"].capacity_tokens == 6000
+    assert v.settings["K1"].kv_cache_tokens == 6000
 
 
 def test_without_demand_or_request_size_there_is_no_memory_reasoning():
@@ -303,7 +309,7 @@ def test_a_measured_capacity_beats_the_profile_and_a_missing_one_falls_back_to_i
 
 def test_memory_numbers_reach_the_event():
     from specfleet.api.status import SpeculativeDeploymentStatus
-    from specfleet.policy.record import record
+    from specfleet.policy.decision.record import record
 
     ob = big_obs(2.4, 24.0)
     d = one(st("On"), ob)
@@ -369,7 +375,7 @@ def test_memory_answers_reach_the_observation():
             "output_len": [sample(200)],
         }
     )
-    o = observe(answers, PoolSelector(*KEY), 60, NOW)
+    o = pool_observation(answers, PoolSelector(*KEY), 60, NOW)
     assert o.problem is None
     assert (o.kv_usage, o.preemptions_per_second) == (0.85, 0.5)
     # Two Off configs: the smaller bounds what the pool holds.
@@ -379,7 +385,7 @@ def test_memory_answers_reach_the_observation():
 
 
 def test_missing_memory_answers_are_none_never_zero():
-    o = observe(FleetAnswers.from_results(BASE), PoolSelector(*KEY), 60, NOW)
+    o = pool_observation(FleetAnswers.from_results(BASE), PoolSelector(*KEY), 60, NOW)
     assert o.problem is None
     assert (o.kv_usage, o.preemptions_per_second, o.kv_capacity_tokens_on, o.kv_capacity_tokens_off) == (
         None,
@@ -407,7 +413,7 @@ def test_memory_answers_are_range_checked():
             "output_len": [sample("+Inf")],
         }
     )
-    o = observe(answers, PoolSelector(*KEY), 60, NOW)
+    o = pool_observation(answers, PoolSelector(*KEY), 60, NOW)
     assert o.problem is None
     assert (o.kv_usage, o.preemptions_per_second, o.kv_capacity_tokens_on, o.kv_capacity_tokens_off) == (
         None,
@@ -428,7 +434,7 @@ def test_memory_answers_are_range_checked():
 def test_a_round_through_prometheus_carries_capacities():
     prom = FakePrometheus("ns", "sd", 60)
     prom.set_pool("latency", kv_capacity={"On": (268, 16), "Off": (806, 16)}, kv_usage=0.5, prompt_len=900.0)
-    o = observe(query_fleet(prom, 60, ["ns"]), PoolSelector("ns", "sd", "latency"), 60, NOW)
+    o = pool_observation(query_fleet(prom, 60, ["ns"]), PoolSelector("ns", "sd", "latency"), 60, NOW)
     assert (o.kv_capacity_tokens_on, o.kv_capacity_tokens_off, o.kv_usage) == (4288, 12896, 0.5)
     assert o.mean_prompt_tokens == 900.0
     assert o.mean_output_tokens is None

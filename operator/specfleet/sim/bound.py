@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.record import auto_pools
+from specfleet.policy.inputs.status import auto_pools
 from specfleet.sim.accounts import RunResult
 from specfleet.sim.fleet import simulate
 from specfleet.sim.options import SimOptions, Strategy

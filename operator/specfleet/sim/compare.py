@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.schedule import best_schedule
+from specfleet.policy.predict.dynamic_sd import best_schedule
 from specfleet.sim.accounts import RunResult, histogram_percentile, load_per_replica, percentile
 from specfleet.sim.bound import NAME as BOUND
 from specfleet.sim.bound import held_through, rollout_paying_oracle

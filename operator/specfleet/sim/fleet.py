@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.record import auto_pools
+from specfleet.policy.inputs.status import auto_pools
 from specfleet.sim.accounts import Accounts, RunResult, load_per_replica
 from specfleet.sim.engine import SimRequest
 from specfleet.sim.events import ARRIVAL, BIN, EVAL, KILL, POD_READY, REPLICA, SCRAPE, TICK, Events

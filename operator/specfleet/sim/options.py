@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.validation import parse_spec
-from specfleet.policy.capacity import CapacityModel, preset
-from specfleet.policy.startup import estimated_startup_seconds
+from specfleet.policy.predict.kv_cache import CapacityModel, preset
+from specfleet.policy.predict.rollout_time import estimated_startup_seconds
 from specfleet_runtime import names
 from specfleet_runtime.cost_profile import (
     EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION,
@@ -52,13 +52,13 @@ class SimOptions:
     seed: int = 0
     scrape_interval: float = 15.0
     # One engine's start-up (pod created to Ready); None: estimated from the resource's model size and
-    # tensor parallel size (`specfleet.policy.startup`), resolved by `resolved`.
+    # tensor parallel size (`specfleet.policy.predict.rollout_time`), resolved by `resolved`.
     startup_seconds: float | None = None
     prefill_ms_per_token: float | None = None
     k0_penalty: float = 0.10
     acceptance: tuple[float, ...] = (0.68, 0.39, 0.20, 0.10, 0.05)
     # The engines' memory where the profile has no `memory` section (with one: the preset its model
-    # names, calibrated by it); `policy.capacity` sizes the KV cache from utilisation and TP.
+    # names, calibrated by it); `policy.predict.kv_cache` sizes the KV cache from utilisation and TP.
     memory: CapacityModel | None = None
     # The drafter's pass over each prompt token, as a share of the target's (multiply-adds per token:
     # EAGLE-3's 3h -> h fusion layer and its decoder layer against Llama-3.1-8B's 32 decoder layers;

@@ -3,12 +3,12 @@
 From the cost profile and the acceptance: the break-even concurrency (running requests per replica
 where the best K stops beating no speculation), the Dynamic SD table (best K per batch size), and
 Threshold-mode values: the concurrency values are the ones the policy itself derives when the spec
-leaves them unset (`specfleet.policy.threshold.threshold_values`, from this acceptance at the drafter's
+leaves them unset (`specfleet.policy.rules.threshold.threshold_values`, from this acceptance at the drafter's
 K), and both go through the one break-even function, `cost_profile.break_even_concurrency`; the
 acceptance lengths are those at which speculation stops paying at the pool's typical load. From a simulation of the workload: each
 pool's load, and the predicted gain of the policy against always-on and always-off.
 
-Each load is judged as the policy judges it (`specfleet.policy.throughput`, one model): where the
+Each load is judged as the policy judges it (`specfleet.policy.predict.throughput`, one model): where the
 trace says how long its requests are, their prefill is priced, and where the profile has a `memory`
 section, a pool whose requests in the system do not fit the KV cache of an engine with the drafter is
 compared by throughput at the batch each setting holds, and its `why` says so.
@@ -25,15 +25,15 @@ import numpy as np
 
 from specfleet.api.effective import pool_engine
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
-from specfleet.policy.observations import PoolObservation
-from specfleet.policy.schedule import best_schedule
-from specfleet.policy.threshold import threshold_values
-from specfleet.policy.throughput import PoolModel, pool_model, setting_name
+from specfleet.policy.inputs.observation import PoolObservation
+from specfleet.policy.predict.dynamic_sd import best_schedule
+from specfleet.policy.predict.throughput import PoolModel, pool_model, setting_name
+from specfleet.policy.rules.threshold import threshold_values
 from specfleet.sim.accounts import load_per_replica
 from specfleet.sim.compare import Comparison, static_ks
 from specfleet.sim.options import POOLS
 from specfleet_runtime.cost_profile import StepTimeProfile, break_even_concurrency, speedup
+from specfleet_runtime.vllm_args import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 
 MAX_CONCURRENCY = 1024
 
@@ -90,7 +90,7 @@ def plan_model(
     gpu_memory_utilization: float | None = None,
     tensor_parallel_size: int | None = None,
 ) -> PoolModel:
-    """The policy's model of a pool (`policy.throughput`) for requests of (mean prompt, mean output)
+    """The policy's model of a pool (`policy.predict.throughput`) for requests of (mean prompt, mean output)
     tokens with the KV caches the profile's memory predicts for the pool's utilisation and TP; without
     the lengths, decode only and no memory bound."""
     prompt, output = request_tokens if request_tokens is not None else (None, None)

@@ -1,6 +1,6 @@
 """The simulated operator: status, the shared policy evaluation (or a fixed schedule), and the renders.
 
-Every `policy.evaluationIntervalSeconds` the operator's own evaluation (`specfleet.policy.evaluate`)
+Every `policy.evaluationIntervalSeconds` the operator's own evaluation (`specfleet.policy.decision.evaluation`)
 runs on what the simulated Prometheus answers and gives the new status; the pools are then rendered
 from it and rolled out (`specfleet.sim.rollout`). A `schedule` strategy writes its changes into status
 as the policy's decisions are written, with no canaries.
@@ -14,9 +14,9 @@ from typing import Any
 
 from specfleet.api.status import PoolStatus, SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.drift import RetrainTrigger
-from specfleet.policy.evaluate import evaluate_policy
-from specfleet.policy.record import auto_pools
+from specfleet.policy.decision.evaluation import evaluate_policy
+from specfleet.policy.inputs.status import auto_pools
+from specfleet.policy.rules.drift import RetrainTrigger
 from specfleet.sim.accounts import Change
 from specfleet.sim.options import EPOCH, POOLS, Strategy
 from specfleet.sim.prom import Prometheus

@@ -10,7 +10,7 @@ Each ready or draining engine is scraped every `scrape_interval` seconds (a star
 
 `answers` returns them in the shape of Prometheus' instant-vector results, keyed by the names of
 `specfleet.observe.prometheus.fleet_queries`; `fleet_answers` labels and indexes them as the operator
-does (`FleetAnswers.from_results`) for the shared policy evaluation (`specfleet.policy.evaluate`), so
+does (`FleetAnswers.from_results`) for the shared policy evaluation (`specfleet.policy.decision.evaluation`), so
 simulator and operator decide from one set of rules.
 The memory series are there too: KV cache usage (mean of the window's samples), preemptions (a
 counter), each engine's `vllm:cache_config_info` (its speculation label, blocks and block size), and the
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from specfleet.policy.answers import FleetAnswers, PoolSelector, observe
-from specfleet.policy.observations import PoolObservation
+from specfleet.policy.inputs.fleet_answers import FleetAnswers, PoolSelector, pool_observation
+from specfleet.policy.inputs.observation import PoolObservation
 from specfleet.sim.engine import Replica
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.names import POOL_LABELS
@@ -290,7 +290,7 @@ def observation(
     """The observation the operator builds from one pool's answers: its own `observe`, on answers
     labelled as the fleet queries' `sum by (pool labels)` would label them."""
     selector = PoolSelector("sim", "sim", pool)
-    return observe(
+    return pool_observation(
         FleetAnswers.from_results(_labelled(result, selector)),
         selector,
         window_seconds,

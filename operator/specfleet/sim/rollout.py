@@ -19,7 +19,7 @@ from typing import Any
 from specfleet.api.constants import LABEL_POOL, LABEL_TRACK
 from specfleet.api.status import PoolStatus, SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.capacity import CapacityModel, profile_capacity
+from specfleet.policy.predict.kv_cache import CapacityModel, profile_capacity
 from specfleet.reconcile import decided_plan
 from specfleet.reconcile.apply import hand_over
 from specfleet.render import RenderOptions, render_children
@@ -96,7 +96,7 @@ class Rollouts:
         spec = engine.speculative
         util = engine.gpu_memory_utilization or self.options.default_gpu_memory_utilization
         speculative = spec is not None
-        # The KV cache as vLLM sizes it for this engine's utilisation and TP (`policy.capacity`): the
+        # The KV cache as vLLM sizes it for this engine's utilisation and TP (`policy.predict.kv_cache`): the
         # options' model where set, else the one the profile's memory section calibrates.
         measured = self.profile.memory
         memory = self.options.memory or (

@@ -1,0 +1,187 @@
+"""One pool assessed before the gates (pure): the acceptance estimate (the newest interval's while the
+window's is moving), the expected load, Goodput's predictions (one model of the pool,
+`policy.predict.throughput`) or Threshold's rule, and the mode they ask for (`assess`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from specfleet.api import reasons as r
+from specfleet.api.policy import PolicySpec
+from specfleet.policy.inputs.observation import MeasuredAcceptance, PoolObservation, PoolState, Schedule
+from specfleet.policy.inputs.settings import goodput_margin, pool_k
+from specfleet.policy.predict.acceptance import Estimate, acceptance_moving, estimate_for, newest_acceptance
+from specfleet.policy.predict.demand import (
+    commit_path,
+    expected_load,
+    measured_load,
+)
+from specfleet.policy.predict.kv_cache import DEFAULT_MAX_NUM_SEQS
+from specfleet.policy.predict.rollout_time import RolloutTime, pool_rollout
+from specfleet.policy.predict.throughput import PoolModel, pool_model
+from specfleet.policy.rules.canaries import active_canaries, settling
+from specfleet.policy.rules.goodput import GoodputPrediction, candidate_ks, goodput_prediction, goodput_wanted
+from specfleet.policy.rules.load_guards import LoadCase, against_load
+from specfleet.policy.rules.results import PoolDecision, Wanted
+from specfleet.policy.rules.threshold import threshold_wanted
+from specfleet_runtime.cost_profile import StepTimeProfile
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """Everything decided about one pool before the gates."""
+
+    pool: str
+    state: PoolState
+    obs: PoolObservation  # with the expected load
+    current_k: int
+    est: Estimate | None
+    wanted: Wanted
+    loads: tuple[float, float]  # (expected, observed)
+    # Goodput: (at the expected load, at the observed load); Threshold: None.
+    gains: tuple[GoodputPrediction, GoodputPrediction] | None
+    numbers: dict[str, str]
+    # The policy gives speculating pools Dynamic SD schedules (policy.goodput.engineSchedule).
+    schedules: bool = False
+    # Goodput: the pool's model and the demand the predictions in `gains[0]` were made at.
+    model: PoolModel | None = None
+    demand: float | None = None
+    # The pool's next rollout: how long a change decided now takes to serve.
+    rollout: RolloutTime | None = None
+
+    @property
+    def memory(self) -> MeasuredAcceptance | None:
+        return self.est.remember if self.est is not None else None
+
+    def decision(
+        self,
+        reason: str,
+        message: str,
+        *,
+        target: str | None = None,
+        target_k: int | None = None,
+        canaries: int | None = None,
+        schedule: Schedule | None = None,
+    ) -> PoolDecision:
+        """The pool's decision: hold unless `target` (a flip) or an adjustment is given."""
+        mode = self.state.mode
+        to = target or mode
+        return PoolDecision(
+            self.pool,
+            mode,
+            to,
+            to != mode,
+            reason,
+            message,
+            self.numbers,
+            self.current_k,
+            target_k,
+            canaries,
+            self.memory,
+            schedule,
+        )
+
+
+def assess(
+    policy: PolicySpec,
+    k: int,
+    pool: str,
+    state: PoolState,
+    observed: PoolObservation,
+    now: datetime,
+    profile: StepTimeProfile,
+    schedules: bool = False,
+) -> Assessment:
+    """What one pool's numbers ask for, and everything the gates, retunes and canaries need to know."""
+    current_k = pool_k(policy, state, k)
+    schedule = state.schedule if schedules and state.mode == "On" else None
+    est = estimate_for(policy, state, observed, now, k)
+    # A flip is judged on the newest interval's acceptance while the window's is moving.
+    est_flip = est
+    moving = acceptance_moving(policy, state, observed, now) if policy.mode == "Goodput" else None
+    if moving is not None and est is not None:
+        newest = newest_acceptance(policy, state, observed)
+        fresh = estimate_for(
+            policy, state, replace(observed, per_position=newest, acceptance_length=1 + sum(newest)), now, k
+        )
+        if fresh is not None:
+            est_flip = replace(fresh, source="newestInterval", remember=est.remember)
+    measured = measured_load(observed)
+    # The demand a change is decided for (running + waiting, projected), and the running count it
+    # asks for, never past what an engine runs (--max-num-seqs).
+    rollout = pool_rollout(state, observed.replicas_reporting, profile)
+    demand = expected_load(policy, state, observed, now, rollout)
+    load = min(demand, float(state.max_num_seqs or DEFAULT_MAX_NUM_SEQS))
+    obs = replace(observed, running_per_replica=load)
+    gains = None
+    model: PoolModel | None = None
+    if policy.mode == "Goodput":
+        # One model of the pool (policy.predict.throughput): each setting's tokens/s at a demand of running
+        # plus waiting requests per replica; the waiting ones ride on every projected load.
+        model = pool_model(
+            profile,
+            observed,
+            candidate_ks(profile, k),
+            mode=state.mode,
+            current_k=current_k,
+            schedule=schedule,
+            max_num_seqs=state.max_num_seqs,
+            gpu_memory_utilization=state.gpu_memory_utilization,
+            tensor_parallel_size=state.tensor_parallel_size,
+        )
+        g = goodput_prediction(model, [demand], est, k)
+        g_observed = goodput_prediction(model, [model.demand], est, k)
+        gains = (g, g_observed)
+        # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
+        # locked, lighter budget) and the canaries on the projected load (`gains`).
+        path = commit_path(policy, rollout, model.demand, demand)
+        g_commit = goodput_prediction(model, path, est_flip, k)
+        wanted = goodput_wanted(policy, state, obs, g_commit, est_flip)
+        if schedule and wanted.mode == "Off" and g_observed.gain_best > 1 + goodput_margin(policy):
+            # A pool following a schedule already drafts less (or nothing) as batches grow, so turning
+            # it off gains at most the in-engine K 0 cost while the load stays up, and locks it off
+            # when the load falls again: it turns off once the load measured is near break-even too
+            # (within the margin), not on a projected peak alone.
+            wanted = Wanted(
+                "On",
+                r.GOODPUT_WITHIN_MARGIN,
+                f"{measured:.1f} running per replica measured is not near "
+                f"break-even yet ({g_observed.gain_best:.2f}x at K {g_observed.best}); the schedule "
+                "drafts less as batches grow",
+                wanted.numbers,
+            )
+        if model.memory_known and model.bound():
+            # Where memory, not compute, bounds the batch, the decision says so and shows it.
+            why = model.why(g_commit.best, g_commit.per_position) + "; " if wanted.mode == "Off" else ""
+            shown = {**wanted.numbers, **model.numbers(g_commit.per_position)}
+            reason = r.GOODPUT_MEMORY_BOUND if why else wanted.reason
+            wanted = replace(wanted, reason=reason, message=why + wanted.message, numbers=shown)
+        case = LoadCase(policy, state, observed, now, model, g_commit, rollout)
+        wanted = against_load(case, wanted)
+    else:
+        wanted = threshold_wanted(policy, k, state, obs, est, profile)
+    numbers = {**observed.as_text(), **wanted.numbers}
+    if moving is not None:
+        numbers["acceptanceMoving"] = moving
+    if load != measured:
+        numbers["expectedRunningPerReplica"] = f"{load:.3g}"
+    if policy.mode == "Goodput" and demand != load:
+        numbers["expectedDemandPerReplica"] = f"{demand:.3g}"
+    if (
+        est is None
+        and state.mode == "Off"
+        and wanted.mode == "On"
+        and policy.reentry.canary_replicas
+        and (active_canaries(policy, state) < policy.reentry.canary_replicas or settling(policy, state, now))
+    ):
+        # Acceptance unknown: canaries measure it (brought back up if they are down) before the pool
+        # turns on to probe; the probe stays for when they cannot (no traffic in a whole window).
+        wanted = Wanted(
+            "Off", r.PROBE_ACCEPTANCE, "acceptance is unknown: the canaries measure it first", wanted.numbers
+        )
+    loads = (load, measured)
+    return Assessment(
+        pool, state, obs, current_k, est, wanted, loads, gains, numbers, schedules, model, demand, rollout
+    )

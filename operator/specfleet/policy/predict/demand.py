@@ -1,0 +1,126 @@
+"""The load a change is decided for (pure): the running requests per replica measured, projected
+along their recent trend to when a change decided now takes effect (`expected_load`), and the path a
+flip commits the pool to over its rollout and dwell (`commit_path`). Why, in docs/policy.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from specfleet.api.policy import PolicySpec
+from specfleet.policy.inputs.observation import PoolObservation, PoolState
+from specfleet.policy.predict.rollout_time import RolloutTime
+
+# The load's trend is fitted over this many windows of past evaluations.
+TREND_SPAN_WINDOWS = 1.0
+# A fitted slope within this many standard errors of zero is not told apart from noise.
+TREND_SIGNIFICANCE = 2.0
+
+
+def measured_load(obs: PoolObservation) -> float:
+    """Running requests per replica measured; raises for an observation without one (`decide` holds
+    such a pool first, MetricsUnavailable): no data is never zero load."""
+    problem = obs.decision_problem
+    if problem is not None or obs.running_per_replica is None:
+        raise ValueError(f"no decision without a measured load: {problem}")
+    return obs.running_per_replica
+
+
+def measured_demand(obs: PoolObservation) -> float:
+    """Requests in the pool per replica measured (running + waiting); raises as `measured_load`."""
+    measured_load(obs)
+    return obs.demand_per_replica or 0.0
+
+
+def expected_load(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime, rollout: RolloutTime
+) -> float:
+    """Requests per replica (running + waiting) to decide with: the demand when a change decided now
+    takes effect.
+
+    The observed value is an average over the window, so on a ramp it trails the demand by half a
+    window, and a change takes effect only after its rollout. The trend of the last evaluations
+    (least squares over one window, `demand_trend`) projects the observed value over both
+    (`rollout_horizon`). The pool's count fluctuates by about its square root (Poisson), so a
+    projection within that band (per replica: sqrt(count) / replicas) is noise and is dropped, as is
+    that much of a larger one. The waiting requests
+    are in it: a queue that grows is the first sign that the setting cannot serve the arrivals.
+    """
+    load = measured_demand(obs)
+    trend = demand_trend(policy, state, obs, now)
+    if trend is None:
+        return load
+    slope, fitted = trend
+    projection = slope * rollout_horizon(policy, rollout)
+    # The pool's count is Poisson: its noise per replica is sqrt(count) / replicas.
+    band = math.sqrt(max(fitted, 1.0) / max(1, obs.replicas_reporting))
+    return max(0.0, load + math.copysign(max(0.0, abs(projection) - band), projection))
+
+
+def demand_trend(
+    policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime
+) -> tuple[float, float] | None:
+    """The demand's trend (requests per replica per second) and its fitted value now: least squares
+    over the last window of evaluations (None: fewer than three points)."""
+    fit = demand_fit(policy, state, obs, now)
+    return None if fit is None else (fit.slope, fit.fitted)
+
+
+@dataclass(frozen=True)
+class DemandFit:
+    """The demand's least-squares line over the last window of evaluations."""
+
+    slope: float  # requests per replica per second
+    fitted: float  # the line's value now
+    stderr: float  # the slope's standard error, from the residuals
+    span: float  # seconds from the oldest point to now
+
+    def significant(self, policy: PolicySpec) -> bool:
+        """A rise told apart from noise: fitted over (nearly) a whole window, so not over a pool's
+        first, filling window, and more than `TREND_SIGNIFICANCE` standard errors above zero."""
+        whole = self.span >= policy.window_seconds - policy.evaluation_interval_seconds
+        return whole and self.slope > TREND_SIGNIFICANCE * self.stderr
+
+
+def demand_fit(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> DemandFit | None:
+    """`demand_trend` with the slope's standard error and the span of the points (None: fewer than
+    three points)."""
+    load = measured_demand(obs)
+    span = timedelta(seconds=TREND_SPAN_WINDOWS * policy.window_seconds + 1)
+    points = [(t, v) for t, v in state.recent_load if timedelta(0) < now - t <= span]
+    points.append((now, load))
+    if len(points) < 3:
+        return None
+    xs = [(t - now).total_seconds() for t, _ in points]
+    ys = [v for _, v in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    fitted = my - slope * mx
+    residuals = sum((y - fitted - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    return DemandFit(slope, fitted, math.sqrt(residuals / (len(xs) - 2) / sxx), -min(xs))
+
+
+def rollout_horizon(policy: PolicySpec, rollout: RolloutTime) -> float:
+    """Seconds from the middle of the window measured to when a change decided now serves: half a
+    window, then until the average engine runs the new setting (`RolloutTime.mean_switch_seconds`),
+    at most one window (a trend is not extrapolated further than it was fitted over)."""
+    return policy.window_seconds / 2 + min(float(policy.window_seconds), rollout.mean_switch_seconds)
+
+
+def commit_path(policy: PolicySpec, rollout: RolloutTime, observed: float, expected: float) -> list[float]:
+    """Running requests per replica over the period a flip decided now commits the pool to.
+
+    A flip is locked for its rollout plus `minDwellSeconds`, so it pays only if speculation's
+    speedup averaged over that period is past break-even, not only at the projected instant: a short
+    spike's projected peak is reached, if at all, at the end of the projection's horizon (half a
+    window plus the rollout), after the load has spent the rollout below it. The path is one load
+    per evaluation interval: from the observed load along the trend to the projection (`expected`,
+    reached at that horizon) and held there after (no extrapolation beyond the trend's horizon).
+    """
+    horizon = max(1.0, rollout_horizon(policy, rollout))
+    step = max(1, policy.evaluation_interval_seconds)
+    n = max(1, int((min(float(policy.window_seconds), rollout.seconds) + policy.min_dwell_seconds) // step))
+    return [observed + (expected - observed) * min(1.0, (i + 0.5) * step / horizon) for i in range(n)]

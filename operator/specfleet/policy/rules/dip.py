@@ -1,0 +1,93 @@
+"""The capacity dip of a Replace rollout (pure): whether a flip may start when the pool rolls within its
+own GPUs (`pools.<pool>.rollout.strategy: Replace`).
+
+A Replace rollout stops `maxUnavailable` engines before their successors start on the freed GPUs, so
+for the rollout's duration the pool serves with `replicas - maxUnavailable` engines. Two questions:
+
+- Can the remaining engines carry the load? The demand measured (running + waiting requests over the
+  pool) must fit in what the remaining engines run at once (`--max-num-seqs`, or fewer where the KV
+  cache holds fewer). If not, the flip holds (ReplaceWouldOverload): starting it would queue or
+  preempt requests on the remaining engines for the whole rollout.
+- Does the flip repay its dip? Its predicted throughput gain over the period it is locked in
+  (`minDwellSeconds`, at least one window) must exceed the share of capacity it removes times the
+  rollout's duration: (gain - 1) x dwell > maxUnavailable / replicas x rollout seconds. Otherwise it
+  holds (ReplaceDipNotRepaid). The duration is the pool's rollout (`policy.predict.rollout_time`: batches of
+  `maxUnavailable` engines, each restarting in the measured or estimated start-up). Threshold mode
+  predicts no gain: only the first question is asked there.
+
+Surge rollouts (the default) never dip capacity: this module answers None for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specfleet.api import reasons as r
+from specfleet.api.policy import PolicySpec
+from specfleet.policy.inputs.observation import PoolObservation, PoolState
+from specfleet.policy.predict.rollout_time import RolloutTime
+
+
+@dataclass(frozen=True)
+class Dip:
+    """A Replace rollout of one pool: its engines, those stopped at once, and for how long."""
+
+    replicas: int
+    unavailable: int
+    seconds: float
+
+    @property
+    def remaining(self) -> int:
+        return self.replicas - self.unavailable
+
+    @property
+    def share(self) -> float:
+        """The share of the pool's engines out of service while the rollout runs."""
+        return self.unavailable / self.replicas
+
+
+def replace_dip(state: PoolState, obs: PoolObservation, rollout: RolloutTime) -> Dip | None:
+    """The dip a rollout of this pool would cause now (None: a Surge rollout, no dip)."""
+    if state.rollout_strategy != "Replace":
+        return None
+    replicas = state.replicas if state.replicas is not None else obs.replicas_reporting
+    replicas = max(1, replicas)
+    unavailable = min(max(1, state.max_unavailable), replicas)
+    return Dip(replicas, unavailable, rollout.seconds)
+
+
+def replace_gate(
+    policy: PolicySpec,
+    dip: Dip | None,
+    demand: float,
+    per_engine: float,
+    gain: float | None,
+) -> tuple[str, str] | None:
+    """The reason and message a flip holds for, or None when it may start.
+
+    `demand` is running + waiting requests per replica measured, `per_engine` the requests one engine
+    runs at once (the current setting's), `gain` the flip's predicted throughput over the current
+    setting's at the demand it is decided for (None: not predicted, Threshold mode).
+    """
+    if dip is None:
+        return None
+    total = demand * dip.replicas
+    carried = dip.remaining * per_engine
+    if total > carried + 1e-9:
+        return (
+            r.REPLACE_WOULD_OVERLOAD,
+            f"a Replace rollout stops {dip.unavailable} of {dip.replicas} engines: the {dip.remaining} "
+            f"left would hold {total:.1f} requests, more than the {carried:.0f} they run at once",
+        )
+    if gain is None:
+        return None
+    dwell = max(policy.min_dwell_seconds, policy.window_seconds)
+    payoff = (gain - 1.0) * dwell
+    cost = dip.share * dip.seconds
+    if payoff <= cost:
+        return (
+            r.REPLACE_DIP_NOT_REPAID,
+            f"the flip's {gain:.3f}x over {dwell}s repays {payoff:.0f} engine-seconds per engine, not the "
+            f"{dip.share:.0%} of capacity a Replace rollout removes for {dip.seconds:.0f}s ({cost:.0f})",
+        )
+    return None

@@ -1,0 +1,57 @@
+"""What the rules return for one pool (pure): `Wanted`, what a mode's rule asks for before the
+stability gates, and `PoolDecision`, the outcome after them. The rules are in docs/policy.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specfleet.policy.inputs.observation import MeasuredAcceptance, Schedule
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What the numbers ask for, before the stability gates."""
+
+    mode: str
+    reason: str
+    message: str
+    numbers: dict[str, str] = field(default_factory=dict)
+    # K to run after a flip (Goodput: the best K; None keeps the pool's).
+    k: int | None = None
+
+
+@dataclass(frozen=True)
+class PoolDecision:
+    """The outcome for one pool: flip (to `target`), adjust (K, canaries), revert, or hold; and why."""
+
+    pool: str
+    current: str
+    target: str
+    flip: bool
+    reason: str
+    message: str
+    observations: dict[str, str] = field(default_factory=dict)
+    current_k: int | None = None
+    target_k: int | None = None
+    # Canary replicas the pool runs while off after this decision (None: unchanged).
+    canary_replicas: int | None = None
+    # The acceptance to remember (None: nothing new was measured in a window the policy trusts).
+    acceptance: MeasuredAcceptance | None = None
+    # The pool's Dynamic SD schedule after this decision (None: unchanged; empty: none).
+    target_schedule: Schedule | None = None
+
+    @property
+    def changes(self) -> bool:
+        """The decision rolls the pool out (a flip, a new K, canaries scaled, or a revert)."""
+        return (
+            self.flip
+            or self.target_k is not None
+            or self.canary_replicas is not None
+            or self.target_schedule is not None
+        )
+
+    @property
+    def adjusts(self) -> bool:
+        """A change that keeps the mode (spends the adjustment budget, not a flip)."""
+        return self.changes and not self.flip

@@ -1,0 +1,181 @@
+"""Whether a setting can serve what arrives (`policy.predict.queueing`): a speculating setting whose most
+tokens per second is below the arrivals (served + the queue's growth) is never kept nor turned to where
+the engine without the drafter serves more; below its capacity, the closed-loop prediction decides."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from specfleet.api import reasons as r
+from specfleet.api.policy import PolicySpec
+from specfleet.policy import PoolObservation, PoolState, decide
+from specfleet.policy.predict.queueing import Arrivals, arrivals, in_system, overloaded, waiting
+from specfleet.policy.predict.throughput import OFF, pool_model
+from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, MemoryProfile, default_profile
+
+NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+ACC = PUBLISHED_ACCEPTANCE
+# A 70B-class target on one GPU: the drafter's cache holds 3 requests of 1k-token prompts, off's 11.
+BIG = replace(
+    default_profile(), memory=MemoryProfile(kv_cache_tokens=12900, kv_cache_tokens_with_drafter=4300)
+)
+POLICY = PolicySpec.model_validate({})
+
+
+def obs(running: float, generated: float, waiting: float = 0.0) -> PoolObservation:
+    return PoolObservation(
+        pool="latency",
+        at=NOW,
+        acceptance_length=1 + sum(ACC[:3]),
+        per_position=tuple(ACC[:3]),
+        acceptance_source="pool",
+        running_per_replica=running,
+        waiting=waiting,
+        replicas_reporting=3,
+        mean_prompt_tokens=1000.0,
+        mean_output_tokens=200.0,
+        generation_tokens_per_second=generated,
+    )
+
+
+MODEL = pool_model(BIG, obs(2.0, 300.0), [1, 2, 3], mode="On", current_k=3)
+
+
+def test_capacity_is_the_throughput_at_the_largest_batch_each_setting_runs():
+    assert (MODEL.settings[OFF].fits, MODEL.settings["K3"].fits) == (11.0, 3.0)
+    assert MODEL.capacity("K3", ACC) == MODEL.tokens_per_second("K3", ACC, 3.0)
+    assert MODEL.capacity(OFF, ACC) == MODEL.tokens_per_second(OFF, ACC, 11.0)
+    assert MODEL.capacity(OFF, ACC) > MODEL.capacity("K3", ACC)
+
+
+def test_arrivals_are_what_is_served_plus_a_growing_queue_never_minus_a_draining_one():
+    queue = obs(3.0, 300.0, waiting=6.0)
+    assert arrivals(queue, 0.05) == Arrivals(100.0, 0.05 * 200.0)
+    assert arrivals(queue, -0.5) == Arrivals(100.0, 0.0)
+    # Without a queue the demand's growth is more requests running, served: not counted.
+    assert arrivals(obs(2.0, 300.0), 0.05) == Arrivals(100.0, 0.0)
+    assert arrivals(replace(obs(2.0, 300.0), generation_tokens_per_second=None), 0.1) is None
+
+
+def test_a_setting_below_the_arrivals_is_overloaded_where_off_serves_more():
+    cap = MODEL.capacity("K3", ACC)
+    assert overloaded(MODEL, "K3", ACC, Arrivals(cap * 0.8, 0.0), 0.05) is None
+    why = overloaded(MODEL, "K3", ACC, Arrivals(cap * 0.9, cap * 0.2), 0.05)
+    assert why is not None
+    assert "queue would grow" in why
+    # Up to its capacity it serves the arrivals; off must serve more by the margin to relieve it.
+    assert overloaded(MODEL, "K3", ACC, Arrivals(cap * 0.99, 0.0), 0.05) is None
+    off = MODEL.capacity(OFF, ACC)
+    assert overloaded(MODEL, "K3", ACC, Arrivals(cap * 1.1, 0.0), off / cap - 1) is None
+    assert overloaded(MODEL, OFF, ACC, Arrivals(1e9, 0.0), 0.05) is None
+
+
+def _decide(mode: str, ob: PoolObservation, recent: tuple[tuple[datetime, float], ...] = ()):
+    state = PoolState(mode=mode, last_transition=NOW - timedelta(days=1), recent_load=recent, k=3)
+    return decide(POLICY, 3, {"latency": state}, {"latency": ob}, NOW, BIG)[0]
+
+
+def test_a_speculating_pool_that_cannot_serve_the_arrivals_turns_off():
+    cap = MODEL.capacity("K3", ACC)
+    # 2.5 running per replica: at that demand the drafter is still faster per request (closed loop) ...
+    calm = _decide("On", obs(2.5, 3 * cap * 0.5))
+    assert calm.target == "On"
+    # ... but the engines already serve all they can and the queue grows: the arrivals do not fit.
+    # (A queue of one request per replica growing slowly: the demand's projection stays within noise.)
+    rising = tuple((NOW - timedelta(seconds=s), 4.0 - s / 240) for s in range(120, 0, -15))
+    d = _decide("On", obs(3.0, 3 * cap, waiting=3.0), rising)
+    assert (d.target, d.reason) == ("Off", r.GOODPUT_OVERLOADED)
+    assert "arrivingTokensPerSecond" in d.observations
+    # The same throughput with no queue (a large batch yielding little more than a medium one): the
+    # closed-loop prediction decides.
+    assert _decide("On", obs(3.0, 3 * cap), rising).target == "On"
+
+
+def test_an_off_pool_does_not_turn_on_into_a_load_the_drafter_cannot_serve():
+    cap = MODEL.capacity("K3", ACC)
+    # Off serves 1.5x what the drafter could at 2 running per replica: it stays off, saying why.
+    d = _decide("Off", obs(2.0, 3 * cap * 1.5))
+    assert (d.target, d.reason) == ("Off", r.GOODPUT_OVERLOADED)
+    assert d.message.startswith("stays off")
+    # Serving half of it, the same pool turns on.
+    assert _decide("Off", obs(2.0, 3 * cap * 0.5)).target == "On"
+
+
+def test_requests_for_is_the_batch_that_serves_a_rate_and_none_beyond_capacity():
+    rate = MODEL.tokens_per_second("K3", ACC, 2.0)
+    assert math.isclose(MODEL.requests_for("K3", ACC, rate), 2.0, rel_tol=1e-6)
+    assert MODEL.requests_for("K3", ACC, 0.0) == 0.0
+    assert MODEL.requests_for("K3", ACC, MODEL.capacity("K3", ACC) * 1.01) == math.inf
+    # Off runs up to 11 here: the rate K3 cannot serve, it can.
+    assert MODEL.requests_for(OFF, ACC, MODEL.capacity("K3", ACC) * 1.01) < 11
+
+
+def test_waiting_is_erlang_c():
+    # M/M/1: utilisation^2 / (1 - utilisation); M/M/2 at 0.5: 1/3 (textbook values).
+    assert math.isclose(waiting(1, 0.5), 0.5)
+    assert math.isclose(waiting(2, 0.5), 1 / 3)
+    assert waiting(4, 1.0) == math.inf
+    assert waiting(4, 0.0) == 0.0
+    # More slots at the same utilisation: less waiting; more utilisation: more.
+    assert waiting(14, 0.85) < waiting(3, 0.85) < waiting(3, 0.95)
+
+
+# Memory binds at a larger batch (an 8B-class step on a 70B-class cache over two GPUs): the drafter's
+# cache holds 14 requests of 1k-token prompts, off's 29.
+TWO = replace(
+    default_profile(), memory=MemoryProfile(kv_cache_tokens=25800, kv_cache_tokens_with_drafter=12500)
+)
+
+
+def test_a_queue_a_speculating_pool_serves_with_fewer_requests_is_not_a_reason_to_turn_off():
+    model = pool_model(TWO, obs(14.0, 300.0), [1, 2, 3], mode="On", current_k=3)
+    assert (model.settings[OFF].fits, model.settings["K3"].fits) == (29.0, 14.0)
+    rate = 0.85 * model.capacity("K3", ACC)
+    assert in_system(model, "K3", ACC, rate) < in_system(model, OFF, ACC, rate) / 1.05
+
+    def decided(ob: PoolObservation):
+        state = PoolState(mode="On", last_transition=NOW - timedelta(days=1), recent_load=(), k=3)
+        return decide(POLICY, 3, {"latency": state}, {"latency": ob}, NOW, TWO)[0]
+
+    # 14 running and 20 waiting per replica: at a demand of 34 off would run 29 at once and win (a
+    # closed loop); the rate arriving is 0.85 of what the drafter serves, with fewer in the engines.
+    queued = obs(14.0, 3 * rate, waiting=60.0)
+    d = decided(queued)
+    assert (d.target, d.reason) == ("On", r.GOODPUT_WITHIN_MARGIN)
+    assert d.message.startswith("stays on"), d.message
+    # Without the rate measured the closed-loop prediction alone decides: off, memory-bound.
+    unknown = decided(replace(queued, generation_tokens_per_second=None))
+    assert (unknown.target, unknown.reason) == ("Off", r.GOODPUT_MEMORY_BOUND)
+    # At the drafter's capacity the queue is its own: off.
+    assert decided(obs(14.0, 3 * model.capacity("K3", ACC), waiting=60.0)).target == "Off"
+
+
+def test_a_rising_demand_turns_a_pool_off_before_its_engines_overflow():
+    cap = MODEL.capacity("K3", ACC)
+    # 1.5 requests per replica (the drafter's cache holds 3) rising by 1.5 a window, no queue yet:
+    # on the trend, more than the drafter runs arrive before a rollout to off could finish.
+    rising = tuple((NOW - timedelta(seconds=s), 1.5 - s / 80) for s in range(120, 0, -15))
+    serving = obs(1.5, 3 * cap * 0.6)
+    d = _decide("On", serving, rising)
+    # The drafter's KV cache is the limit (3 < maxNumSeqs): said as memory-bound, with its numbers.
+    assert (d.target, d.reason) == ("Off", r.GOODPUT_MEMORY_BOUND)
+    assert d.message.startswith("memory-bound ahead"), d.message
+    assert "by the time a rollout" in d.message, d.message
+    assert d.observations["memoryBound"] == "true"
+    # Level, the same load stays on: the drafter serves it, fewer requests at a time.
+    level = tuple((NOW - timedelta(seconds=s), 1.5) for s in range(120, 0, -15))
+    assert _decide("On", serving, level).target == "On"
+    # Rising where the engine without the drafter could not serve more (8 requests at most, a cache
+    # that holds them either way): nothing to gain by leaving, the pool stays on.
+    roomy = replace(
+        default_profile(), memory=MemoryProfile(kv_cache_tokens=400000, kv_cache_tokens_with_drafter=390000)
+    )
+    small = pool_model(roomy, serving, [1, 2, 3], mode="On", current_k=3, max_num_seqs=8)
+    assert small.capacity(OFF, ACC) < small.capacity("K3", ACC)
+    state = PoolState(
+        mode="On", last_transition=NOW - timedelta(days=1), recent_load=rising, k=3, max_num_seqs=8
+    )
+    fast = obs(1.5, 3 * small.capacity("K3", ACC) * 0.6)
+    assert decide(POLICY, 3, {"latency": state}, {"latency": fast}, NOW, roomy)[0].target == "On"
