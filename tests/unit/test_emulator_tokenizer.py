@@ -11,8 +11,14 @@ import pytest
 
 from specfleet_runtime.emulator import EmulatorConfig
 from specfleet_runtime.emulator.testing import RunningEmulator, serve_emulator
-from specfleet_runtime.emulator.text import OUTPUT_VOCAB, Prompt, generated_text
-from specfleet_runtime.emulator.tokenizer import HASHED_BASE, MAX_TOKEN_ID, detokenize, tokenize
+from specfleet_runtime.emulator.text import Prompt, generated_text
+from specfleet_runtime.emulator.tokenizer import (
+    HASHED_BASE,
+    MAX_TOKEN_ID,
+    OUTPUT_VOCAB,
+    detokenize,
+    tokenize,
+)
 
 MODEL = "llama-3.1-8b"
 CONFIG = EmulatorConfig(served_model_name=MODEL, max_model_len=4096, time_scale=0.0)

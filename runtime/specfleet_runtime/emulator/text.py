@@ -6,30 +6,18 @@ losslessness of speculative decoding, and a check of it can be tested against th
 `drafted_token_text` variant is what a broken verifier would emit instead (see the engine's
 `break_losslessness` switch).
 
-Token counting is a simple stand-in for a tokenizer: words and punctuation marks each count as one token.
+The words it generates and how its tokens are counted are the emulator's tokenizer's (`tokenizer`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-# Output vocabulary. Every token is one word with a leading space, as BPE vocabularies store words.
-_WORDS: Final = """
-the of and to in is that for it as was with be by on not he this are or his from at which but
-have an they you were her she there been one all we their has would when if so no will can more
-other into some could them than then its time only new these two may first any like now my such
-over our even most made after also did many before must through back years where much your way
-well down should because each just those people how too little state good very make world still
-own see men work long get here between both life being under never day same another know while
-last might us great old year off come since against go came right used take three
-"""
-OUTPUT_VOCAB: Final = tuple(" " + word for word in _WORDS.split())
-_TOKEN_RE: Final = re.compile(r"\w+|[^\w\s]")
+from specfleet_runtime.emulator.tokenizer import OUTPUT_VOCAB, count_tokens, tokenize
 
 
 @dataclass(frozen=True)
@@ -64,9 +52,7 @@ class Prompt:
 
 
 def _token_ids(text: str) -> tuple[int, ...]:
-    """`text`'s token ids from the emulator's tokenizer (imported here: it builds on this module)."""
-    from specfleet_runtime.emulator.tokenizer import tokenize
-
+    """`text`'s token ids from the emulator's tokenizer."""
     return tuple(tokenize(text)[0])
 
 
@@ -78,16 +64,6 @@ def render_chat(messages: Sequence[tuple[str, str]], add_generation_prompt: bool
 
 def _seed(payload: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(payload, digest_size=4).digest(), "little")
-
-
-def split_tokens(text: str) -> list[str]:
-    """The pieces of `text` the emulator counts as tokens: words and punctuation marks."""
-    return _TOKEN_RE.findall(text)
-
-
-def count_tokens(text: str) -> int:
-    """Tokens in `text` by the emulator's rule (words and punctuation marks); at least 1."""
-    return max(1, len(split_tokens(text)))
 
 
 _M32: Final = 0xFFFFFFFF

@@ -34,7 +34,7 @@ from specfleet_runtime.router.intake import BodyLimits, ByteBudget, Refusal, rea
 from specfleet_runtime.router.message import RateLimitedLog, Request
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.router.paths import CHAT_PATH, METHODS, MODEL_PREFIX, PROXIED, TOKENIZER, Route, match
-from specfleet_runtime.router.proxy import CLIENT_CLOSED, Outcome, Proxy, ProxySettings
+from specfleet_runtime.router.proxy import CLIENT_CLOSED, Proxy, ProxySettings, RequestResult
 from specfleet_runtime.router.reply import Reply, json_reply
 from specfleet_runtime.router.server import HttpServer, ServerLimits
 from specfleet_runtime.router.sources import ConfigSource, SliceWatchFactory
@@ -345,21 +345,21 @@ class Router:
                 metrics = self.metrics
                 gauge = metrics.value(metrics.in_flight, classification.pool, pool)
                 # What is recorded if the client goes away and the handler is cancelled.
-                outcome = Outcome(CLIENT_CLOSED, pool, "client_closed")
+                result = RequestResult(CLIENT_CLOSED, pool, "client_closed")
                 self.in_flight += 1
                 gauge.inc()
                 try:
-                    response, outcome = await self.proxy.forward(
+                    response, result = await self.proxy.forward(
                         request, target, body, classification, pools, received, facts.prefix
                     )
                     return response
                 finally:
                     self.in_flight -= 1
                     gauge.dec()
-                    labels = (classification.pool, outcome.pool)
-                    if outcome.pool != classification.pool:
+                    labels = (classification.pool, result.pool)
+                    if result.pool != classification.pool:
                         metrics.value(metrics.fallbacks, *labels).inc()
-                    metrics.value(metrics.requests, *labels, str(outcome.status), outcome.error).inc()
+                    metrics.value(metrics.requests, *labels, str(result.status), result.error).inc()
                     metrics.histogram(metrics.duration, *labels).observe(self.clock() - received)
             finally:
                 self.admission.end(config, facts)

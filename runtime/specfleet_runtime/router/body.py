@@ -15,84 +15,51 @@ Asked for it (`prefix=True`), it also reads the request's leading text for prefi
 chat, each message's leading text (the conversation keys of `affinity.prefix_keys`): the same
 `PREFIX_CHARS` of each whichever way the body was read, and never more than a bounded slice of it.
 
-This module holds the entry point (`read_body_fields`, `BodyFields`), the limits and errors both ways
-of reading share, the leading text of a parsed body and the whole parse; `body_scan` holds the scan.
+This module holds the entry point (`read_body_fields`), the leading text of a parsed body and the whole
+parse; `body_scan` holds the scan, and `body_fields` what both share (`BodyFields`, the limits, the
+errors, a chat's leading text).
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
+from specfleet_runtime.router.body_fields import (
+    FIELDS,
+    MAX_DEPTH,
+    MAX_FIELD_BYTES,
+    MAX_TURNS,
+    MAX_VALUES,
+    BodyFields,
+    chat_prefix,
+    finite_float,
+    ids_text,
+    is_token_id,
+    lone_surrogate,
+    not_finite,
+    too_deep,
+)
+from specfleet_runtime.router.body_scan import scan_body
 from specfleet_runtime.router.classify import InvalidRequest
 from specfleet_runtime.routing_config import PREFIX_CHARS, PREFIX_TOKENS
 
-# Nesting deeper than this is refused (json.loads stops near 1,000 with a RecursionError; tool schemas
-# in real requests stay far below).
-MAX_DEPTH: Final = 64
-# JSON values (strings, numbers, literals, containers; in a scanned body also string escapes) a body may
-# hold: a 128k-token prompt as token ids is 128k values. Bounds the scan's work, which is per value.
-MAX_VALUES: Final = 500_000
-# The top-level fields kept; a longer string in one of them is cut (it only ever appears in a message).
-FIELDS: Final = frozenset({"model", "stream", "max_tokens", "max_completion_tokens", "n"})
-MAX_FIELD_BYTES: Final = 4096
+# The public surface of reading a body; `body_fields` and `body_scan` are its parts.
+__all__ = [
+    "FIELDS",
+    "MAX_DEPTH",
+    "MAX_FIELD_BYTES",
+    "MAX_TURNS",
+    "MAX_VALUES",
+    "WHOLE_PARSE_MAX",
+    "BodyFields",
+    "prefix_text",
+    "read_body_fields",
+]
 
 # Bodies up to this size are parsed whole by json's C parser (fast; at most a few MiB of Python objects);
 # larger ones are scanned without building them.
 WHOLE_PARSE_MAX: Final = 64 * 1024
-
-# Between a message's role and content, and after each message, in the prefix text.
-_ROLE_END: Final = "\x1f"
-_MESSAGE_END: Final = "\x1e"
-# Chat messages whose leading text is read for the conversation keys: a longer conversation keys on its
-# first MAX_TURNS messages (which still tell it from others), so a request decodes at most MAX_TURNS
-# slices of 2 * PREFIX_CHARS characters.
-MAX_TURNS: Final = 64
-
-
-@dataclass(frozen=True, slots=True)
-class BodyFields:
-    """The top-level fields the router reads, as `json.loads` would give them, and the prompt count.
-
-    `fields` holds only names in `FIELDS` that the body has; in a scanned body a container there is an
-    empty `list` or `dict` (its type is all the checks need); a string over `MAX_FIELD_BYTES` is cut
-    and ends in "…". `prompts` counts the prompts of a completion: a list of strings or of token-id
-    lists is several, a string or one list of token ids is one; 1 where the body has no `prompt`.
-    """
-
-    fields: dict[str, Any]
-    prompts: int = 1
-    # The request's leading text for prefix affinity (see `prefix_text`); "" where it has none or
-    # it was not asked for.
-    prefix: str = ""
-    # A chat's messages for the conversation keys, each as `_turn` writes it (at most MAX_TURNS), and the
-    # index of the first user message among them (len(turns) where none); empty where not asked for.
-    turns: tuple[str, ...] = ()
-    first_user: int = 0
-
-
-def _invalid(message: str, pos: int | None = None) -> NoReturn:
-    where = f" (byte {pos})" if pos is not None else ""
-    raise InvalidRequest(f"request body is not valid JSON: {message}{where}")
-
-
-def _not_finite(value: str) -> NoReturn:
-    raise InvalidRequest(
-        f"request body has a number that is not finite ({value[:40]}); engines cannot take it"
-    )
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        _not_finite(text)
-    return value
-
-
-def _lone_surrogate() -> NoReturn:
-    raise InvalidRequest("request body has a lone surrogate escape (\\ud800-\\udfff) in a string")
 
 
 def read_body_fields(body: bytes, whole_parse_max: int = WHOLE_PARSE_MAX, prefix: bool = False) -> BodyFields:
@@ -107,38 +74,10 @@ def read_body_fields(body: bytes, whole_parse_max: int = WHOLE_PARSE_MAX, prefix
         raise InvalidRequest("request body must be UTF-8 (RFC 8259); it looks like UTF-16 or UTF-32")
     if len(body) <= whole_parse_max:
         return _parse_whole(body, prefix)
-    # Imported here: body_scan imports what both ways of reading share from this module.
-    from specfleet_runtime.router.body_scan import _Scanner
-
-    return _Scanner(body, prefix).read()
+    return scan_body(body, prefix)
 
 
 # ---- the leading text, for prefix affinity --------------------------------------------------------
-
-
-def _turn(role: str, content: str) -> str:
-    """A message's part of the leading text: its role and content (each already cut to PREFIX_CHARS)."""
-    return role + _ROLE_END + content + _MESSAGE_END
-
-
-def _chat_prefix(messages: list[tuple[str, str]]) -> BodyFields:
-    """The leading text and turns of a chat's messages (role and content pairs, each cut to PREFIX_CHARS,
-    at most MAX_TURNS): the text is the turns up to and including the first user message, at most
-    PREFIX_CHARS characters."""
-    turns = tuple(_turn(role, content) for role, content in messages)
-    first_user = len(turns)
-    for i, (role, _) in enumerate(messages):
-        if role == "user":
-            first_user = i
-            break
-    parts: list[str] = []
-    size = 0
-    for i, part in enumerate(turns):
-        parts.append(part)
-        size += len(part)
-        if i == first_user or size >= PREFIX_CHARS:
-            break
-    return BodyFields({}, prefix="".join(parts)[:PREFIX_CHARS], turns=turns, first_user=first_user)
 
 
 def _chat_messages(messages: list[Any]) -> list[tuple[str, str]]:
@@ -175,7 +114,7 @@ def _prefix_fields(doc: dict[str, Any]) -> BodyFields:
     """`prefix_text` and, for a chat, its turns (see `BodyFields`)."""
     messages = doc.get("messages")
     if isinstance(messages, list):
-        return _chat_prefix(_chat_messages(messages))
+        return chat_prefix(_chat_messages(messages))
     prompt = doc.get("prompt")
     if isinstance(prompt, list) and prompt:
         prompt = prompt[0] if isinstance(prompt[0], str) else prompt
@@ -184,24 +123,16 @@ def _prefix_fields(doc: dict[str, Any]) -> BodyFields:
     if isinstance(prompt, list):
         ids: list[str] = []
         for item in prompt[:PREFIX_TOKENS]:
-            if not _is_id(item):
+            if not is_token_id(item):
                 break
             ids.append(str(item))
-        return BodyFields({}, prefix=_ids_text(ids) if ids else "")
+        return BodyFields({}, prefix=ids_text(ids) if ids else "")
     return BodyFields({})
-
-
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _ids_text(ids: list[str]) -> str:
-    return "\x00" + ",".join(ids)
 
 
 # ---- small bodies: json's C parser, with the checks it lacks --------------------------------------
 
-_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_not_finite)
+_DECODER = json.JSONDecoder(parse_float=finite_float, parse_constant=not_finite)
 
 
 def _parse_whole(body: bytes, prefix: bool) -> BodyFields:
@@ -226,7 +157,7 @@ def _parse_whole(body: bytes, prefix: bool) -> BodyFields:
         try:
             json.dumps(doc, ensure_ascii=False).encode()
         except UnicodeEncodeError:
-            _lone_surrogate()
+            lone_surrogate()
     fields: dict[str, Any] = {}
     for name, value in doc.items():
         if name in FIELDS:
@@ -243,7 +174,7 @@ def _check_depth(doc: dict[str, Any]) -> None:
     level: list[Any] = [doc]
     for depth in range(1, MAX_DEPTH + 2):
         if depth > MAX_DEPTH:
-            _too_deep()
+            too_deep()
         inner: list[Any] = []
         for value in level:
             children = value.values() if isinstance(value, dict) else value
@@ -251,10 +182,6 @@ def _check_depth(doc: dict[str, Any]) -> None:
         if not inner:
             return
         level = inner
-
-
-def _too_deep() -> NoReturn:
-    raise InvalidRequest(f"request body nests deeper than {MAX_DEPTH} levels")
 
 
 def _prompt_count(prompt: Any) -> int:

@@ -1,10 +1,10 @@
 """The bounded incremental scan of a large request body: `read_body_fields` (in `body`) hands it bodies
-over `WHOLE_PARSE_MAX` bytes.
+over `WHOLE_PARSE_MAX` bytes (`scan_body`).
 
 The scan checks the same things as the whole parse, with the same limits and errors, and keeps the
 same fields, prompt count and leading text, but never builds the document: it holds one Latin-1 copy
 of the body (a byte a character) and checks UTF-8 and control bytes in 1 MiB windows. What both ways
-of reading share (`BodyFields`, the limits, the errors, the chat's leading text) is in `body`.
+of reading share (`BodyFields`, the limits, the errors, the chat's leading text) is in `body_fields`.
 """
 
 from __future__ import annotations
@@ -14,21 +14,21 @@ import json
 import re
 from typing import Any, Final, NoReturn
 
-from specfleet_runtime.router.body import (
+from specfleet_runtime.router.body_fields import (
     FIELDS,
     MAX_DEPTH,
     MAX_FIELD_BYTES,
     MAX_TURNS,
     MAX_VALUES,
     BodyFields,
-    _chat_prefix,
-    _finite_float,
-    _ids_text,
-    _invalid,
-    _is_id,
-    _lone_surrogate,
-    _not_finite,
-    _too_deep,
+    chat_prefix,
+    finite_float,
+    ids_text,
+    invalid_json,
+    is_token_id,
+    lone_surrogate,
+    not_finite,
+    too_deep,
 )
 from specfleet_runtime.router.classify import InvalidRequest
 from specfleet_runtime.routing_config import PREFIX_CHARS, PREFIX_TOKENS
@@ -49,6 +49,11 @@ _BYTES_PER_CHAR: Final = 12
 _CONTROL = bytes(0 if byte < 0x20 and byte not in (0x09, 0x0A, 0x0D) else 1 for byte in range(256))
 
 
+def scan_body(body: bytes, prefix: bool = False) -> BodyFields:
+    """`read_body_fields` for a large body, scanned without building it (see the module docstring)."""
+    return _Scanner(body, prefix).read()
+
+
 def _check_bytes(body: bytes) -> None:
     """UTF-8, and no control character but whitespace, checked a window at a time (bounded copies)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
@@ -59,7 +64,7 @@ def _check_bytes(body: bytes) -> None:
         window = bytes(view[start : start + _UTF8_WINDOW])
         control = window.translate(_CONTROL).find(0)
         if control >= 0:
-            _invalid("control character", start + control)
+            invalid_json("control character", start + control)
         if not ascii_only:
             try:
                 decoder.decode(window, start + _UTF8_WINDOW >= size)
@@ -90,7 +95,7 @@ class _Scanner:
         if self.at(pos, "a value") != "{":
             end = self.ws(self.skip(pos, 0))
             if end != self.size:
-                _invalid("extra data", end)
+                invalid_json("extra data", end)
             raise InvalidRequest("request body must be a JSON object")
         self.count()
         fields: dict[str, Any] = {}
@@ -117,11 +122,11 @@ class _Scanner:
                     pos += 1
                     break
                 if c != ",":
-                    _invalid("expecting ',' or '}'", pos)
+                    invalid_json("expecting ',' or '}'", pos)
                 pos = self.ws(pos + 1)
         end = self.ws(pos)
         if end != self.size:
-            _invalid("extra data", end)
+            invalid_json("extra data", end)
         if chat is None:
             return BodyFields(fields, prompts, prompt_prefix)
         return BodyFields(fields, prompts, chat.prefix, chat.turns, chat.first_user)
@@ -139,7 +144,7 @@ class _Scanner:
 
     def at(self, pos: int, what: str) -> str:
         if pos >= self.size:
-            _invalid(f"expecting {what}, found the end", pos)
+            invalid_json(f"expecting {what}, found the end", pos)
         return self.text[pos]
 
     def string(self, pos: int) -> int:
@@ -150,32 +155,32 @@ class _Scanner:
         while True:
             quote = text.find('"', p)
             if quote < 0:
-                _invalid("unterminated string", pos)
+                invalid_json("unterminated string", pos)
             escape = text.find("\\", p, quote)
             if escape < 0:
                 if high >= 0:
-                    _lone_surrogate()
+                    lone_surrogate()
                 if (
                     text.find("\n", p, quote) >= 0
                     or text.find("\r", p, quote) >= 0
                     or text.find("\t", p, quote) >= 0
                 ):
-                    _invalid("control character in a string", pos)
+                    invalid_json("control character in a string", pos)
                 return quote + 1
             match = _ESCAPE.match(text, escape)
             if match is None:
-                _invalid("invalid escape in a string", escape)
+                invalid_json("invalid escape in a string", escape)
             self.count()
             code = match.group(1)
             value = int(code, 16) if code is not None else -1
             if high >= 0:
                 if escape != high or not 0xDC00 <= value <= 0xDFFF:
-                    _lone_surrogate()
+                    lone_surrogate()
                 high = -1
             elif 0xD800 <= value <= 0xDBFF:
                 high = match.end()
             elif 0xDC00 <= value <= 0xDFFF:
-                _lone_surrogate()
+                lone_surrogate()
             p = match.end()
 
     def number(self, pos: int) -> int:
@@ -185,32 +190,32 @@ class _Scanner:
         token = match.group()
         if len(token) > 300 or "e" in token or "E" in token:
             if len(token) > 4300 and "." not in token and "e" not in token and "E" not in token:
-                _invalid("integer with more than 4300 digits", pos)
-            _finite_float(token)
+                invalid_json("integer with more than 4300 digits", pos)
+            finite_float(token)
         return match.end()
 
     def not_a_value(self, pos: int) -> NoReturn:
         for constant in ("NaN", "Infinity", "-Infinity"):
             if self.text.startswith(constant, pos):
-                _not_finite(constant)
-        _invalid("expecting a value", pos)
+                not_finite(constant)
+        invalid_json("expecting a value", pos)
 
     def key(self, pos: int) -> tuple[str | None, int]:
         """An object's key and the position after its colon; None for a key no kept field can have."""
         if self.at(pos, "a property name in double quotes") != '"':
-            _invalid("expecting a property name in double quotes", pos)
+            invalid_json("expecting a property name in double quotes", pos)
         end = self.string(pos)
         name: str | None = None
         if end - pos <= 256:
             name = self.decode(pos, end)
         colon = self.ws(end)
         if self.at(colon, "':' delimiter") != ":":
-            _invalid("expecting ':' delimiter", colon)
+            invalid_json("expecting ':' delimiter", colon)
         return name, self.ws(colon + 1)
 
     def open_container(self, depth: int) -> None:
         if depth > MAX_DEPTH:
-            _too_deep()
+            too_deep()
 
     def skip(self, pos: int, depth: int) -> int:
         """Check one value starting at `pos` (whitespace skipped) nested `depth` deep; its end."""
@@ -257,7 +262,7 @@ class _Scanner:
                         pos = self.key(pos)[1]
                     break
                 if c != closers[-1]:
-                    _invalid(f"expecting ',' or '{closers[-1]}'", pos)
+                    invalid_json(f"expecting ',' or '{closers[-1]}'", pos)
                 closers.pop()
                 pos += 1
             else:
@@ -280,7 +285,7 @@ class _Scanner:
         try:
             return json.loads(self.body[pos:end])
         except ValueError as err:
-            _invalid(str(err), pos)
+            invalid_json(str(err), pos)
 
     def prompt(self, pos: int) -> tuple[int, str, int]:
         """How many prompts a `prompt` value holds, its prefix text (if asked for) and its end."""
@@ -306,27 +311,27 @@ class _Scanner:
                 text = self.string_prefix(pos, end)
             if collecting:
                 value = self.decode(pos, end) if numbers else None
-                collecting = _is_id(value) and len(ids) < PREFIX_TOKENS
+                collecting = is_token_id(value) and len(ids) < PREFIX_TOKENS
                 if collecting:
                     ids.append(str(value))
             pos = self.ws(end)
             count += 1
             c = self.at(pos, "',' or ']'")
             if c == "]":
-                return (1 if numbers else count), (_ids_text(ids) if ids else text), pos + 1
+                return (1 if numbers else count), (ids_text(ids) if ids else text), pos + 1
             if c != ",":
-                _invalid("expecting ',' or ']'", pos)
+                invalid_json("expecting ',' or ']'", pos)
             pos = self.ws(pos + 1)
 
     def messages_prefix(self, pos: int) -> tuple[BodyFields | None, int]:
         """The leading text and turns of a `messages` value (None if it is not a list; see
-        `_chat_prefix`), and its end."""
+        `chat_prefix`), and its end."""
         if self.at(pos, "a value") != "[":
             return None, self.skip(pos, 1)
         self.count()
         pos = self.ws(pos + 1)
         if self.at(pos, "a value or ']'") == "]":
-            return _chat_prefix([]), pos + 1
+            return chat_prefix([]), pos + 1
         pairs: list[tuple[str, str]] = []
         done = False
         while True:
@@ -340,9 +345,9 @@ class _Scanner:
             pos = self.ws(pos)
             c = self.at(pos, "',' or ']'")
             if c == "]":
-                return _chat_prefix(pairs), pos + 1
+                return chat_prefix(pairs), pos + 1
             if c != ",":
-                _invalid("expecting ',' or ']'", pos)
+                invalid_json("expecting ',' or ']'", pos)
             pos = self.ws(pos + 1)
 
     def message(self, pos: int) -> tuple[str, str, int]:
@@ -366,7 +371,7 @@ class _Scanner:
             if c == "}":
                 return role, content, pos + 1
             if c != ",":
-                _invalid("expecting ',' or '}'", pos)
+                invalid_json("expecting ',' or '}'", pos)
             pos = self.ws(pos + 1)
 
     def string_prefix(self, pos: int, end: int) -> str:

@@ -105,13 +105,29 @@ class ProxySettings:
         return self.read_timeout
 
 
-@dataclass
-class Outcome:
-    """What is recorded for a request once it is over."""
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    """How a request ended, as its metrics record it: the status the client got, the pool that served
+    it, and the error label ("none" where it did not fail)."""
 
     status: int
     pool: PoolName
     error: str = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class _EngineRequest:
+    """One request as every attempt sends and records it, whichever endpoint the attempt goes to."""
+
+    request: Request
+    # The canonical path (and query) sent to the engine, never the client's spelling.
+    target: str
+    body: bytes
+    # The client's header fields an engine gets (`forward_headers`).
+    headers: list[tuple[str, str]]
+    classification: Classification
+    # The request's arrival, to time its first byte; None where that time is not observed.
+    started: float | None
 
 
 class _Stalled(Exception):
@@ -299,7 +315,7 @@ class Proxy:
         pools: list[PoolName],
         started: float | None,
         prefix: PrefixKeys | None = None,
-    ) -> tuple[Reply | None, Outcome]:
+    ) -> tuple[Reply | None, RequestResult]:
         """Send to an endpoint until one answers; retries happen only before any byte is relayed.
 
         Endpoints of `pools[0]` first; the next pool only once every endpoint of the first failed.
@@ -308,7 +324,9 @@ class Proxy:
         inference (tokenizer routes), whose time is not observed. `prefix`: the request's prefix keys,
         for pools that pick endpoints by prefix affinity.
         """
-        headers = forward_headers(request.headers, request.remote)
+        sent = _EngineRequest(
+            request, target, body, forward_headers(request.headers, request.remote), classification, started
+        )
         tried: set[str] = set()
         dropped: set[str] = set()
         backends = self.backends
@@ -327,46 +345,60 @@ class Proxy:
             if choice is None:
                 break
             pool, url = choice
+            answer: tuple[Reply, RequestResult] | None = None
             backends.acquire(url)
             try:
-                return await self._attempt(request, url, target, body, headers, classification, pool, started)
-            except _Stalled:
-                tried.add(url)
-                backends.eject(pool, url, "stall")
-            except ConnectTimedOut:
-                tried.add(url)
-                backends.eject(pool, url, "connect_timeout")
-            except ConnectFailed:
-                tried.add(url)
-                backends.eject(pool, url, "connect")
-            except Disconnected:
-                # Often a pooled keep-alive connection the engine closed, or an engine that went away:
-                # try again, elsewhere while another endpoint is left.
-                dropped.add(url)
-                self.metrics.upstream_errors.labels(pool, "disconnect").inc()
-                self.metrics.retries.labels(pool).inc()
-                log.warning("pool %s: %s dropped the connection before answering; retrying", pool, url)
-            except ReadTimedOut:
-                self.metrics.upstream_errors.labels(pool, "timeout").inc()
-                log.warning("pool %s: %s sent nothing for %gs", pool, url, self.settings.read_timeout)
-                # The client learns nothing of the engine's address.
-                message = f"the engine did not answer within {self.settings.read_timeout:g}s"
-                return error_response(504, message, "upstream_timeout"), Outcome(
-                    504, pool, "upstream_timeout"
-                )
-            except UpstreamError as err:
-                self.metrics.upstream_errors.labels(pool, "other").inc()
-                log.warning("pool %s: request to %s failed: %r", pool, url, err)
-                response = error_response(502, f"engine request failed: {err}", "upstream_error")
-                return response, Outcome(502, pool, "upstream_error")
+                return await self._attempt(sent, pool, url)
+            except (_Stalled, UpstreamError) as err:
+                answer = self._attempt_failed(err, pool, url, tried, dropped)
             finally:
                 backends.release(url)
-            # The handlers that do not return fall through to the next attempt (no `continue` inside
-            # try/finally: mypyc, which compiles this module, does not implement it).
+            if answer is not None:
+                return answer
         message = f"no endpoint of pool {pool} accepted the request ({len(tried)} failed)"
-        return error_response(502, message, "upstream_unavailable"), Outcome(
+        return error_response(502, message, "upstream_unavailable"), RequestResult(
             502, pool, "upstream_unavailable"
         )
+
+    def _attempt_failed(
+        self, err: _Stalled | UpstreamError, pool: PoolName, url: str, tried: set[str], dropped: set[str]
+    ) -> tuple[Reply, RequestResult] | None:
+        """What an attempt that failed before any byte reached the client leads to: None to try again
+        (with `url` in `tried`, never again for this request, or in `dropped`), else the client's answer.
+
+        A stall or a failed connection ejects the engine; a dropped connection is retried, elsewhere
+        while another endpoint is left; no byte within read_timeout, or any other failure, ends the
+        request.
+        """
+        if isinstance(err, _Stalled):
+            ejected = "stall"
+        elif isinstance(err, ConnectTimedOut):
+            ejected = "connect_timeout"
+        elif isinstance(err, ConnectFailed):
+            ejected = "connect"
+        elif isinstance(err, Disconnected):
+            # Often a pooled keep-alive connection the engine closed, or an engine that went away.
+            dropped.add(url)
+            self.metrics.upstream_errors.labels(pool, "disconnect").inc()
+            self.metrics.retries.labels(pool).inc()
+            log.warning("pool %s: %s dropped the connection before answering; retrying", pool, url)
+            return None
+        elif isinstance(err, ReadTimedOut):
+            self.metrics.upstream_errors.labels(pool, "timeout").inc()
+            log.warning("pool %s: %s sent nothing for %gs", pool, url, self.settings.read_timeout)
+            # The client learns nothing of the engine's address.
+            message = f"the engine did not answer within {self.settings.read_timeout:g}s"
+            return error_response(504, message, "upstream_timeout"), RequestResult(
+                504, pool, "upstream_timeout"
+            )
+        else:
+            self.metrics.upstream_errors.labels(pool, "other").inc()
+            log.warning("pool %s: request to %s failed: %r", pool, url, err)
+            response = error_response(502, f"engine request failed: {err}", "upstream_error")
+            return response, RequestResult(502, pool, "upstream_error")
+        tried.add(url)
+        self.backends.eject(pool, url, ejected)
+        return None
 
     def _pick(
         self, pools: list[PoolName], tried: set[str], dropped: set[str], prefix: PrefixKeys | None
@@ -382,67 +414,32 @@ class Proxy:
         return None
 
     async def _attempt(
-        self,
-        request: Request,
-        base: str,
-        target: str,
-        body: bytes,
-        headers: list[tuple[str, str]],
-        classification: Classification,
-        pool: PoolName,
-        started: float | None,
-    ) -> tuple[Reply | None, Outcome]:
+        self, sent: _EngineRequest, pool: PoolName, base: str
+    ) -> tuple[Reply | None, RequestResult]:
         """One engine: wait for its first bytes under a stall watch, then relay (no retry after that)."""
+        request = sent.request
         # The task serving this request is its connection's (the server's); asked there, not of asyncio.
         task = request.connection.task
         watch = _StallWatch(self, base, task)
         first: bytes | None = None
         upstream: Response | None = None
         try:
-            upstream = await self.client.request(request.method, base, target, headers, body)
+            upstream = await self.client.request(request.method, base, sent.target, sent.headers, sent.body)
             length = upstream.content_length
             is_sse = upstream.content_type == "text/event-stream"
             if upstream.status >= 400:
-                return await self._engine_error(upstream, classification, pool)
+                return await self._engine_error(upstream, sent.classification, pool)
             if not is_sse and length is not None and length <= WHOLE_BODY_LIMIT:
                 # A small answer of known length (a non-streaming completion) is read whole and sent in
                 # one write: the client cannot use half a JSON document anyway, it saves a send, and an
-                # engine failure while reading it can still be answered with a clean 502.
+                # engine failure while reading it can still be answered cleanly (`_whole_failed`).
                 upstream.read_timeout = self.settings.mid_answer_timeout
                 try:
                     whole = await upstream.read_all()
-                except ReadTimedOut:
-                    # Nothing reached the client: a frozen engine is replaced as if it had stalled
-                    # before its first byte; a live one with a stuck answer gets a clean 504.
-                    watch.stop()
-                    if not await self.probe(base):
-                        raise _Stalled() from None
-                    log.warning("pool %s: %s's answer stalled after its head; 504", pool, base)
-                    self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
-                    return error_response(504, self._stalled_message(), "upstream_timeout"), Outcome(
-                        504, pool, "mid_stream"
-                    )
                 except UpstreamError as err:
-                    self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
-                    log.warning("pool %s: engine answer broke before it was complete: %r", pool, err)
-                    message = "the engine's answer was interrupted"
-                    return error_response(502, message, "upstream_interrupted"), Outcome(
-                        502, pool, "mid_stream"
-                    )
+                    return await self._whole_failed(err, pool, base, watch)
                 watch.stop()
-                if started is not None:
-                    self.metrics.histogram(
-                        self.metrics.time_to_first_byte, classification.pool, pool
-                    ).observe(self.clock() - started)
-                response = Reply(
-                    upstream.status,
-                    whole,
-                    self._response_headers(upstream, classification, pool),
-                    upstream.reason,
-                    content_type=None,
-                )
-                upstream.release()
-                return response, Outcome(upstream.status, pool)
+                return self._whole_reply(sent, pool, upstream, whole)
             if is_sse:
                 # Wait for the first event before answering the client, so an engine that stalls
                 # before its first token can still be replaced.
@@ -462,13 +459,54 @@ class Proxy:
         finally:
             watch.stop()
         try:
-            return await self._relay(request, base, upstream, first, classification, pool, started)
+            return await self._relay(sent, pool, base, upstream, first)
         finally:
             upstream.close()
 
+    def _whole_reply(
+        self, sent: _EngineRequest, pool: PoolName, upstream: Response, whole: bytes
+    ) -> tuple[Reply, RequestResult]:
+        """The client's reply for a small answer read whole (its engine connection goes back to the pool)."""
+        if sent.started is not None:
+            self.metrics.histogram(self.metrics.time_to_first_byte, sent.classification.pool, pool).observe(
+                self.clock() - sent.started
+            )
+        response = Reply(
+            upstream.status,
+            whole,
+            self._response_headers(upstream, sent.classification, pool),
+            upstream.reason,
+            content_type=None,
+        )
+        upstream.release()
+        return response, RequestResult(upstream.status, pool)
+
+    async def _whole_failed(
+        self, err: UpstreamError, pool: PoolName, base: str, watch: _StallWatch
+    ) -> tuple[Reply, RequestResult]:
+        """A small answer that broke while it was read, before any of it reached the client.
+
+        Silence (no byte for mid_answer_timeout): a frozen engine is replaced as if it had stalled
+        before its first byte (`_Stalled`, which the attempt's caller retries); a live one with a stuck
+        answer gets a clean 504. Any other failure: a 502.
+        """
+        if isinstance(err, ReadTimedOut):
+            watch.stop()
+            if not await self.probe(base):
+                raise _Stalled() from None
+            log.warning("pool %s: %s's answer stalled after its head; 504", pool, base)
+            self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
+            return error_response(504, self._stalled_message(), "upstream_timeout"), RequestResult(
+                504, pool, "mid_stream"
+            )
+        self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
+        log.warning("pool %s: engine answer broke before it was complete: %r", pool, err)
+        message = "the engine's answer was interrupted"
+        return error_response(502, message, "upstream_interrupted"), RequestResult(502, pool, "mid_stream")
+
     async def _engine_error(
         self, upstream: Response, classification: Classification, pool: PoolName
-    ) -> tuple[Reply, Outcome]:
+    ) -> tuple[Reply, RequestResult]:
         """An engine error: passed on if it is OpenAI-format already, else said in OpenAI's format."""
         status = upstream.status
         try:
@@ -484,11 +522,11 @@ class Proxy:
         if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
             headers = self._response_headers(upstream, classification, pool)
             reply = Reply(status, text, headers, upstream.reason, content_type=None)
-            return reply, Outcome(status, pool, error)
+            return reply, RequestResult(status, pool, error)
         # A 404/405 page, FastAPI's {"detail": ...}, a proxy's text: quote its start.
         quoted = text.decode("utf-8", "replace").strip()[:200] or (upstream.reason or "")
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "upstream_error")
-        return error_response(status, f"engine answered {status}: {quoted}", code), Outcome(
+        return error_response(status, f"engine answered {status}: {quoted}", code), RequestResult(
             status, pool, error
         )
 
@@ -517,27 +555,21 @@ class Proxy:
             self.backends.eject(pool, url, "stall", retried=False)
 
     async def _relay(
-        self,
-        request: Request,
-        base: str,
-        upstream: Response,
-        first: bytes | None,
-        classification: Classification,
-        pool: PoolName,
-        started: float | None,
-    ) -> tuple[None, Outcome]:
+        self, sent: _EngineRequest, pool: PoolName, base: str, upstream: Response, first: bytes | None
+    ) -> tuple[None, RequestResult]:
         """Copy the engine's answer to the client as it arrives, unbuffered."""
+        request = sent.request
         is_sse = first is not None
         status = upstream.status
         try:
             await request.start(
                 status,
                 upstream.reason,
-                self._response_headers(upstream, classification, pool),
+                self._response_headers(upstream, sent.classification, pool),
                 upstream.content_length,
             )
         except ConnectionError:
-            return None, Outcome(CLIENT_CLOSED, pool, "client_closed")
+            return None, RequestResult(CLIENT_CLOSED, pool, "client_closed")
         chunk = first
         observed = False
         upstream.read_timeout = self.settings.mid_answer_timeout
@@ -545,44 +577,46 @@ class Proxy:
             if chunk is None:
                 try:
                     chunk = await upstream.read_chunk()
-                except ReadTimedOut as silence:  # (its own name: mypyc types `err` by its first binding)
-                    self._suspect(pool, base)
-                    await self._cut_mid_stream(request, pool, is_sse, silence, self._stalled_message())
-                    return None, Outcome(status, pool, "mid_stream")
                 except UpstreamError as err:
-                    await self._cut_mid_stream(request, pool, is_sse, err)
-                    return None, Outcome(status, pool, "mid_stream")
+                    await self._cut_mid_stream(request, pool, base, is_sse, err)
+                    return None, RequestResult(status, pool, "mid_stream")
             if not chunk:
                 break
-            if not observed and started is not None:
+            if not observed and sent.started is not None:
                 observed = True
-                self.metrics.histogram(self.metrics.time_to_first_byte, classification.pool, pool).observe(
-                    self.clock() - started
-                )
+                self.metrics.histogram(
+                    self.metrics.time_to_first_byte, sent.classification.pool, pool
+                ).observe(self.clock() - sent.started)
             try:
                 await request.write(chunk)
             except ConnectionError:
                 # The client left; closing the engine leg (caller) aborts the request there.
                 log.debug("client %s went away mid-response", request.remote)
-                return None, Outcome(CLIENT_CLOSED, pool, "client_closed")
+                return None, RequestResult(CLIENT_CLOSED, pool, "client_closed")
             chunk = None
         try:
             await request.end()
         except ConnectionError:
-            return None, Outcome(CLIENT_CLOSED, pool, "client_closed")
-        return None, Outcome(status, pool)
+            return None, RequestResult(CLIENT_CLOSED, pool, "client_closed")
+        return None, RequestResult(status, pool)
 
     async def _cut_mid_stream(
-        self, request: Request, pool: PoolName, is_sse: bool, err: BaseException, stalled: str | None = None
+        self, request: Request, pool: PoolName, base: str, is_sse: bool, err: UpstreamError
     ) -> None:
-        """End an answer whose engine broke (or, with `stalled` as the client's message, went silent)."""
+        """End an answer whose engine broke, or went silent (`ReadTimedOut`), once the answer started.
+
+        A silent engine is suspected as for a stall before its first byte (`_suspect`).
+        """
+        silent = isinstance(err, ReadTimedOut)
+        if silent:
+            self._suspect(pool, base)
         self.metrics.upstream_errors.labels(pool, "mid_stream").inc()
         log.warning("pool %s: engine stream broke after the response started: %r", pool, err)
         if is_sse:
             # The status line is gone already; an SSE error event is how the client learns of it.
             event = (
-                sse_error_event(stalled, "upstream_stalled")
-                if stalled is not None
+                sse_error_event(self._stalled_message(), "upstream_stalled")
+                if silent
                 else sse_error_event("the engine stream was interrupted", "upstream_interrupted")
             )
             with contextlib.suppress(ConnectionError):
