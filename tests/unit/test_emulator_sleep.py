@@ -73,13 +73,24 @@ async def emulator() -> AsyncIterator[RunningEmulator]:
         yield emu
 
 
+# No call here should wait on a transition (they are recorded, not waited out): a call that hangs
+# (a sleep that drains instead of refusing) fails the test instead of stalling the suite.
+HTTP_TIMEOUT = aiohttp.ClientTimeout(total=10)
+
+
 async def post(url: str, path: str, **params: Any) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as http, http.post(f"{url}{path}", params=params) as r:
+    async with (
+        aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http,
+        http.post(f"{url}{path}", params=params) as r,
+    ):
         return r.status, await r.text()
 
 
 async def post_json(url: str, path: str, **params: Any) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as http, http.post(f"{url}{path}", params=params) as r:
+    async with (
+        aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http,
+        http.post(f"{url}{path}", params=params) as r,
+    ):
         return r.status, await r.json()
 
 
