@@ -159,6 +159,9 @@ class EngineArgs:
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     speculative: SpeculativeConfig | None = None
+    # vLLM's --enable-sleep-mode: the weights and KV cache are allocated so that POST /sleep can
+    # free them (the /sleep routes themselves exist only with VLLM_SERVER_DEV_MODE=1).
+    enable_sleep_mode: bool = False
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -182,6 +185,8 @@ def build_vllm_args(engine: EngineArgs) -> list[str]:
         args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
     if engine.speculative is not None:
         args += ["--speculative-config", engine.speculative.to_json()]
+    if engine.enable_sleep_mode:
+        args.append("--enable-sleep-mode")
     args += list(engine.extra_args)
     return args
 
@@ -202,6 +207,8 @@ def parse_vllm_args(argv: Sequence[str]) -> tuple[EngineArgs, list[str]]:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--speculative-config")
+    # A BooleanOptionalAction in vLLM (bool fields of its EngineArgs), so --no-enable-sleep-mode too.
+    parser.add_argument("--enable-sleep-mode", action=argparse.BooleanOptionalAction, default=False)
     ns, rest = parser.parse_known_args(list(argv))
     served = ns.served_model_name[0] if ns.served_model_name else ns.model
     spec = SpeculativeConfig.from_json(ns.speculative_config) if ns.speculative_config else None
@@ -215,5 +222,6 @@ def parse_vllm_args(argv: Sequence[str]) -> tuple[EngineArgs, list[str]]:
         max_model_len=ns.max_model_len,
         gpu_memory_utilization=ns.gpu_memory_utilization,
         speculative=spec,
+        enable_sleep_mode=ns.enable_sleep_mode,
     )
     return engine, rest

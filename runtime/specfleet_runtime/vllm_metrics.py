@@ -80,6 +80,13 @@ PREFIX_CACHE_FAMILIES: Final[dict[str, str]] = {
     "vllm:prefix_cache_queries": "counter",
     "vllm:prefix_cache_hits": "counter",
 }
+# vLLM's sleep-mode gauge (vllm/v1/metrics/loggers.py, present on every engine, also without
+# --enable-sleep-mode): one series per `sleep_state` label value, awake = 1 while awake,
+# weights_offloaded = 1 asleep at level 1, discard_all = 1 asleep at level 2.
+ENGINE_SLEEP_STATE: Final = "vllm:engine_sleep_state"
+LABEL_SLEEP_STATE: Final = "sleep_state"
+SLEEP_STATES: Final = ("awake", "weights_offloaded", "discard_all")
+SLEEP_FAMILIES: Final[dict[str, str]] = {ENGINE_SLEEP_STATE: "gauge"}
 # Families whose samples carry `engine` but no `model_name` label (vLLM's info gauges).
 ENGINE_ONLY_FAMILIES: Final[frozenset[str]] = frozenset({CACHE_CONFIG_INFO})
 # Everything the operator queries: an engine started with speculation exposes all of these.

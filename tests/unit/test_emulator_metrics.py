@@ -62,13 +62,21 @@ async def emulator() -> AsyncIterator[RunningEmulator]:
 
 
 async def test_speculating_engine_exposes_exactly_the_operator_families(emulator: RunningEmulator) -> None:
-    assert vllm_families(await scrape(emulator.url)) == {**vm.OPERATOR_FAMILIES, **vm.PREFIX_CACHE_FAMILIES}
+    assert vllm_families(await scrape(emulator.url)) == {
+        **vm.OPERATOR_FAMILIES,
+        **vm.PREFIX_CACHE_FAMILIES,
+        **vm.SLEEP_FAMILIES,
+    }
 
 
 async def test_non_speculating_engine_has_no_spec_decode_families() -> None:
     # As vLLM: SpecDecodingProm registers nothing when speculative_config is None.
     async with serve_emulator(replace(CONFIG, speculative=None)) as emu:
-        assert vllm_families(await scrape(emu.url)) == {**vm.LOAD_FAMILIES, **vm.PREFIX_CACHE_FAMILIES}
+        assert vllm_families(await scrape(emu.url)) == {
+            **vm.LOAD_FAMILIES,
+            **vm.PREFIX_CACHE_FAMILIES,
+            **vm.SLEEP_FAMILIES,
+        }
 
 
 async def test_labels(emulator: RunningEmulator) -> None:
@@ -88,7 +96,8 @@ async def test_labels(emulator: RunningEmulator) -> None:
     assert positions == {str(i) for i in range(K)}
     reasons = {s.labels["finished_reason"] for s in all_samples if s.name == vm.REQUEST_SUCCESS}
     assert reasons == set(FINISH_REASONS)
-    # Only the per-position counter carries `position`, only request_success `finished_reason`.
+    # Only the per-position counter carries `position`, only request_success `finished_reason`, only
+    # the sleep gauge `sleep_state`.
     extra = {
         s.name: set(s.labels) - {vm.LABEL_MODEL_NAME, vm.LABEL_ENGINE, "le"}
         for s in all_samples
@@ -99,6 +108,7 @@ async def test_labels(emulator: RunningEmulator) -> None:
     assert extra == {
         vm.SPEC_ACCEPTED_PER_POS: {vm.LABEL_POSITION},
         vm.REQUEST_SUCCESS: {"finished_reason"},
+        vm.ENGINE_SLEEP_STATE: {vm.LABEL_SLEEP_STATE},
     }
 
 

@@ -14,6 +14,7 @@ Where to start reading: `engine.py` (the step loop), then `server.py` (the HTTP 
     metrics.py      vLLM's metric families on a per-engine registry
     protocol.py     OpenAI request/response/error bodies
     server.py       the aiohttp app (`create_app`)
+    sleep.py        vLLM's sleep mode (/sleep, /wake_up, /is_sleeping): what it does, where it departs
     testing.py      run an emulator on 127.0.0.1 inside a test
     calibration.py  measure goodput under constant concurrency and compare with the profile
     __main__.py     the command line

@@ -2,21 +2,24 @@
 
 Takes the same arguments as `python -m vllm.entrypoints.openai.api_server` (parsed by
 `specfleet_runtime.vllm_args.parse_vllm_args`; vLLM flags the emulator has no use for are ignored),
-plus its own options, listed by `--help`.
+plus its own options, listed by `--help`. As vLLM, it serves the sleep-mode routes (/sleep, /wake_up,
+/is_sleeping) only with VLLM_SERVER_DEV_MODE=1 in its environment.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from aiohttp import web
 
 from specfleet_runtime.cost_profile import load_profile
 from specfleet_runtime.emulator.config import EmulatorConfig
 from specfleet_runtime.emulator.server import create_app
+from specfleet_runtime.sleep_mode import HOST_LINK_BYTES_PER_S
 from specfleet_runtime.vllm_args import parse_vllm_args
 
 log = logging.getLogger("specfleet_runtime.emulator")
@@ -85,11 +88,40 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         help="extra step time (fraction) of a K=0 step in a speculating engine",
     )
+    p.add_argument(
+        "--weight-bytes",
+        type=float,
+        help="bytes of weights per GPU that a level-1 sleep copies to host RAM and a wake copies back "
+        "(default: Llama-3.1-8B in bf16, 16.06e9, plus 0.85e9 for its EAGLE-3 drafter when started "
+        "with a drafter)",
+    )
+    p.add_argument(
+        "--host-link-gib-per-s",
+        type=float,
+        default=HOST_LINK_BYTES_PER_S / 2**30,
+        help="host-link bandwidth of those copies, GiB/s (default %(default).1f: ~3 s to wake 64 GiB, "
+        "llm-d fast-model-actuation); the copies take their time x --time-scale",
+    )
     return p
 
 
-def config_from_argv(argv: Sequence[str]) -> tuple[EmulatorConfig, str, int]:
-    """The emulator config, host and port for a command line; exits with usage on bad flags."""
+# vLLM reads it as bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0"))) (vllm/envs.py).
+SERVER_DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+
+
+def _server_dev_mode(environ: Mapping[str, str]) -> bool:
+    value = environ.get(SERVER_DEV_MODE_ENV, "0")
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise ValueError(f"{SERVER_DEV_MODE_ENV} must be an integer, got {value!r}") from None
+
+
+def config_from_argv(
+    argv: Sequence[str], environ: Mapping[str, str] | None = None
+) -> tuple[EmulatorConfig, str, int]:
+    """The emulator config, host and port for a command line and environment (default: os.environ);
+    exits with usage on bad flags."""
     parser = _parser()
     ns, rest = parser.parse_known_args(list(argv))
     try:
@@ -104,12 +136,17 @@ def config_from_argv(argv: Sequence[str]) -> tuple[EmulatorConfig, str, int]:
         "seed": ns.seed,
         "spec_k0_overhead": ns.spec_k0_overhead,
         "enable_prefix_caching": ns.enable_prefix_caching,
+        "host_link_bytes_per_s": ns.host_link_gib_per_s * 2**30,
     }
+    try:
+        options["server_dev_mode"] = _server_dev_mode(os.environ if environ is None else environ)
+    except ValueError as err:
+        parser.error(str(err))
     if ns.profile:
         options["profile"] = load_profile(ns.profile)
     if ns.acceptance is not None:
         options["acceptance"] = ns.acceptance
-    for name in ("kv_cache_tokens", "kv_cache_tokens_with_drafter", "block_size"):
+    for name in ("kv_cache_tokens", "kv_cache_tokens_with_drafter", "block_size", "weight_bytes"):
         if getattr(ns, name) is not None:
             options[name] = getattr(ns, name)
     try:
@@ -126,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     spec = config.speculative
     log.info(
         "emulating %s (served as %s) on %s:%d: max_num_seqs=%d, speculation=%s, profile=%s, "
-        "time_scale=%g, acceptance=%s, KV cache: %d blocks of %d tokens",
+        "time_scale=%g, acceptance=%s, KV cache: %d blocks of %d tokens, sleep mode: %s%s",
         config.model,
         config.served_model_name,
         host,
@@ -138,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         list(config.acceptance),
         config.num_gpu_blocks,
         config.block_size,
+        "on" if config.enable_sleep_mode else "off",
+        " (routes served)" if config.server_dev_mode else " (no routes: VLLM_SERVER_DEV_MODE unset)",
     )
     web.run_app(create_app(config), host=host, port=port, print=None, access_log=None)
 

@@ -14,6 +14,11 @@ from specfleet_runtime.cost_profile import (
     default_profile,
     validate_acceptance,
 )
+from specfleet_runtime.sleep_mode import (
+    EAGLE3_LLAMA31_8B_DRAFTER_WEIGHT_BYTES,
+    HOST_LINK_BYTES_PER_S,
+    LLAMA31_8B_WEIGHT_BYTES,
+)
 from specfleet_runtime.vllm_args import (
     LOOKAHEAD_METHODS,
     METHODS_WITH_DRAFTER_MODEL,
@@ -47,6 +52,11 @@ class EmulatorConfig:
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     # None = a true non-speculative engine (vLLM started without `--speculative-config`).
     speculative: SpeculativeConfig | None = None
+    # vLLM's --enable-sleep-mode: without it /sleep still "succeeds" but frees nothing (see sleep.py).
+    enable_sleep_mode: bool = False
+    # The environment variable VLLM_SERVER_DEV_MODE=1: vLLM serves /sleep, /wake_up and /is_sleeping
+    # only then (404 otherwise).
+    server_dev_mode: bool = False
 
     # Step-time cost model; every step takes profile.step_time(batch, K) * time_scale of wall time.
     profile: StepTimeProfile = field(default_factory=default_profile)
@@ -74,6 +84,11 @@ class EmulatorConfig:
     spec_k0_overhead: float = 0.0
     # Range of output lengths at which a prompt "naturally" ends (finish_reason "stop").
     natural_length: tuple[int, int] = (16, 256)
+    # Sleep mode (sleep.py): the weights a level-1 sleep copies to host RAM and a wake copies back, in
+    # bytes per GPU (None: Llama-3.1-8B in bf16, plus its EAGLE-3 drafter when started with a drafter),
+    # over a host link of `host_link_bytes_per_s`; both copies take their time x time_scale.
+    weight_bytes: float | None = None
+    host_link_bytes_per_s: float = HOST_LINK_BYTES_PER_S
     # When the step loop falls behind its schedule by more than this, it forgives the debt instead of
     # rushing steps to catch up (a stalled machine must not turn into a burst of instant steps).
     max_catch_up_s: float = 0.5
@@ -107,6 +122,12 @@ class EmulatorConfig:
                 f"({self.kv_capacity().kv_tokens(self.has_drafter)} tokens) cannot hold one request of "
                 f"max_model_len {self.max_model_len}: lower --max-model-len or raise the KV cache"
             )
+        if self.weight_bytes is not None and not (
+            math.isfinite(self.weight_bytes) and self.weight_bytes >= 0
+        ):
+            raise ValueError("weight_bytes must be >= 0")
+        if not (math.isfinite(self.host_link_bytes_per_s) and self.host_link_bytes_per_s > 0):
+            raise ValueError("host_link_bytes_per_s must be > 0")
         if self.spec_k0_overhead < 0:
             raise ValueError("spec_k0_overhead must be >= 0")
         if not (1 <= self.natural_length[0] <= self.natural_length[1]):
@@ -125,6 +146,7 @@ class EmulatorConfig:
             max_num_seqs=engine.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
             max_model_len=engine.max_model_len or DEFAULT_MAX_MODEL_LEN,
             speculative=engine.speculative,
+            enable_sleep_mode=engine.enable_sleep_mode,
             **options,
         )
 
@@ -132,6 +154,14 @@ class EmulatorConfig:
     def has_drafter(self) -> bool:
         """Started with a drafter model (whose weights and KV shrink the KV cache); ngram has none."""
         return self.speculative is not None and self.speculative.method in METHODS_WITH_DRAFTER_MODEL
+
+    @property
+    def resolved_weight_bytes(self) -> float:
+        """Bytes of weights (target and drafter) one GPU of this engine holds: what level 1 offloads."""
+        if self.weight_bytes is not None:
+            return self.weight_bytes
+        drafter = EAGLE3_LLAMA31_8B_DRAFTER_WEIGHT_BYTES if self.has_drafter else 0.0
+        return LLAMA31_8B_WEIGHT_BYTES + drafter
 
     @property
     def num_lookahead_tokens(self) -> int:

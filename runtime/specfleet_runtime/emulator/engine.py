@@ -59,6 +59,10 @@ class EngineDeadError(RuntimeError):
     """The step loop stopped (crashed or shut down); the engine accepts no more work."""
 
 
+class EnginePausedError(RuntimeError):
+    """The engine takes no new requests for now (it is asleep, or draining to fall asleep)."""
+
+
 class StepOutput(NamedTuple):
     """What one step produced for one request: new token texts, and the finish reason on the last."""
 
@@ -153,12 +157,7 @@ class Engine:
             config.served_model_name, spec.num_speculative_tokens if spec is not None else None
         )
         self.metrics.set_cache_config(cache_config_labels(config))
-        self.kv = BlockPool(
-            config.num_gpu_blocks,
-            config.block_size,
-            config.max_model_len,
-            enable_caching=config.enable_prefix_caching,
-        )
+        self.kv = self._empty_kv_cache()
         self.stats = EngineStats()
         # Run-time switches (the admin endpoints change them).
         self.break_losslessness = config.break_losslessness
@@ -170,7 +169,15 @@ class Engine:
         self._step_event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._dead: BaseException | None = None
+        # Why new requests are refused now (sleep.py pauses the engine), None while it serves.
+        self._paused: str | None = None
         self._ids = itertools.count()
+
+    def _empty_kv_cache(self) -> BlockPool:
+        cfg = self.config
+        return BlockPool(
+            cfg.num_gpu_blocks, cfg.block_size, cfg.max_model_len, enable_caching=cfg.enable_prefix_caching
+        )
 
     # ----------------------------------------------------------------------------------------------
     # Lifecycle
@@ -214,6 +221,8 @@ class Engine:
         """
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
+        if self._paused is not None:
+            raise EnginePausedError(self._paused)
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         loop = asyncio.get_running_loop()
@@ -248,6 +257,43 @@ class Engine:
     async def wait_for_step(self) -> None:
         """Return after the next step has delivered its tokens."""
         await self._step_event.wait()
+
+    # ----------------------------------------------------------------------------------------------
+    # Pausing, for sleep mode (sleep.py)
+
+    @property
+    def paused(self) -> str | None:
+        """Why new requests are refused now; None while the engine takes them."""
+        return self._paused
+
+    def pause(self, reason: str) -> None:
+        """Refuse new requests (`submit` raises EnginePausedError) until `resume`."""
+        self._paused = reason
+
+    def resume(self) -> None:
+        """Take new requests again."""
+        self._paused = None
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests running or waiting: what a sleep would have to abort or wait for."""
+        return self.num_running + self.num_waiting
+
+    async def wait_until_idle(self, poll_s: float = 0.05) -> None:
+        """Return once no request is in flight (they finish, or their clients abort them).
+
+        Polls as well as waiting for steps: the last request may end by an abort, with no step after it.
+        """
+        while self.num_in_flight:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wait_for_step(), poll_s)
+
+    def drop_kv_cache(self) -> None:
+        """Empty the KV cache and its prefix cache, as a sleep does; only while no request holds blocks."""
+        if self.num_in_flight:
+            raise RuntimeError("cannot drop the KV cache while requests hold blocks")
+        self.kv = self._empty_kv_cache()
+        self._publish_load()
 
     @property
     def num_running(self) -> int:

@@ -140,6 +140,15 @@ class EngineMetrics:
         self.running = gauge(vm.REQUESTS_RUNNING, "Number of requests in model execution batches.")
         self.waiting = gauge(vm.REQUESTS_WAITING, "Number of requests waiting to be processed.")
         self.kv_cache_usage = gauge(vm.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.")
+        sleep_state = Gauge(
+            vm.ENGINE_SLEEP_STATE,
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+            "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+            [*labels, vm.LABEL_SLEEP_STATE],
+            registry=r,
+        )
+        self.sleep_state = {state: sleep_state.labels(*values, state) for state in vm.SLEEP_STATES}
+        self.record_sleep_state(asleep=False, level=0)
         self.num_preemptions = counter(vm.NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.")
 
         # In tokens, as vLLM V1 counts them (PrefixCacheStats): queries = the tokens of each new
@@ -193,3 +202,9 @@ class EngineMetrics:
     def exposition(self) -> bytes:
         """The text exposition a `GET /metrics` returns."""
         return generate_latest(self.registry)
+
+    def record_sleep_state(self, *, asleep: bool, level: int) -> None:
+        """Set vllm:engine_sleep_state as vLLM's PrometheusStatLogger.record_sleep_state(sleep, level)."""
+        self.sleep_state["awake"].set(0 if asleep else 1)
+        self.sleep_state["weights_offloaded"].set(1 if asleep and level == 1 else 0)
+        self.sleep_state["discard_all"].set(1 if asleep and level == 2 else 0)

@@ -31,6 +31,7 @@ class ApiError(Exception):
         return {
             400: "BadRequestError",
             404: "NotFoundError",
+            409: "ConflictError",
             503: "ServiceUnavailableError",
         }.get(self.status, "InternalServerError")
 

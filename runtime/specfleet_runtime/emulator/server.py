@@ -10,8 +10,16 @@ Endpoints, as vLLM serves them:
     POST /tokenize               prompt or messages -> {"count", "max_model_len", "tokens", "token_strs"}
     POST /detokenize             tokens -> {"prompt"}  (the emulator's own tokenizer: tokenizer.py)
 
+vLLM's sleep mode, only with VLLM_SERVER_DEV_MODE=1 in the environment (`server_dev_mode`), 404
+otherwise; what they do, and where the emulator departs from vLLM, is in sleep.py:
+    POST /sleep?level=1&mode=abort   200, empty body; 409 while requests are in flight (unless mode=wait)
+    POST /wake_up[?tags=weights&tags=kv_cache]   200, empty body
+    GET  /is_sleeping            {"is_sleeping": bool}
+While asleep, generation requests are answered 503.
+
 Emulator-only endpoints, to steer a test or a sandbox:
-    GET  /admin/state            load, KV cache, preemptions, K of the last step, acceptance, switches
+    GET  /admin/state            load, KV cache, preemptions, K of the last step, acceptance, switches,
+                                 sleep mode (phase, level, asleep tags, host bytes, transitions)
     GET  /admin/acceptance       {"perPosition": [...]}
     POST /admin/acceptance       {"perPosition": [0.7, 0.4, ...]}   content shift, from the next step
     POST /admin/losslessness     {"broken": true|false}             make speculation lossy (or not)
@@ -38,6 +46,7 @@ from specfleet_runtime.emulator.engine import (
     Completion,
     Engine,
     EngineDeadError,
+    EnginePausedError,
     EngineRequest,
     StepOutput,
 )
@@ -54,6 +63,7 @@ from specfleet_runtime.emulator.protocol import (
     usage,
     validation_error,
 )
+from specfleet_runtime.emulator.sleep import DEFAULT_PAUSE_MODE, SleepConflictError, SleepMode
 from specfleet_runtime.emulator.text import Prompt
 from specfleet_runtime.emulator.tokenizer import detokenize, tokenize
 
@@ -70,6 +80,7 @@ class FastApiError(Exception):
 
 
 ENGINE_KEY = web.AppKey("engine", Engine)
+SLEEP_KEY = web.AppKey("sleep", SleepMode)
 MAX_BODY_BYTES = 256 * 1024 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Kind = Literal["completion", "chat"]
@@ -81,6 +92,7 @@ def create_app(config: EmulatorConfig) -> web.Application:
     app = web.Application(middlewares=[_errors_as_json], client_max_size=MAX_BODY_BYTES)
     engine = Engine(config)
     app[ENGINE_KEY] = engine
+    app[SLEEP_KEY] = SleepMode(engine)
 
     async def start_engine(_: web.Application) -> None:
         await engine.start()
@@ -98,6 +110,10 @@ def create_app(config: EmulatorConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
+    if config.server_dev_mode:  # as vLLM's sleep router: attached only with VLLM_SERVER_DEV_MODE
+        app.router.add_post("/sleep", _sleep)
+        app.router.add_post("/wake_up", _wake_up)
+        app.router.add_get("/is_sleeping", _is_sleeping)
     app.router.add_get("/admin/state", _admin_state)
     app.router.add_get("/admin/acceptance", _admin_get_acceptance)
     app.router.add_post("/admin/acceptance", _admin_set_acceptance)
@@ -332,6 +348,8 @@ def _submit_all(
         ]
     except EngineDeadError:
         raise ApiError(503, "the engine is not running") from None
+    except EnginePausedError as err:  # asleep: vLLM would queue it until the wake (sleep.py)
+        raise ApiError(503, str(err)) from None
 
 
 async def _respond(
@@ -443,6 +461,31 @@ async def _stream(
 
 
 # --------------------------------------------------------------------------------------------------
+# Sleep mode (vLLM's dev-mode routes; see sleep.py)
+
+
+async def _sleep(request: web.Request) -> web.Response:
+    try:
+        level = int(request.query.get("level", "1"))
+        await request.app[SLEEP_KEY].sleep(level, request.query.get("mode", DEFAULT_PAUSE_MODE))
+    except ValueError as err:  # vLLM's exception handler answers a ValueError 400
+        raise ApiError(400, str(err)) from None
+    except SleepConflictError as err:
+        raise ApiError(409, str(err)) from None
+    return web.Response(status=200)
+
+
+async def _wake_up(request: web.Request) -> web.Response:
+    tags = request.query.getall("tags", [])
+    await request.app[SLEEP_KEY].wake_up(tags or None)  # no tags: wake everything, as vLLM
+    return web.Response(status=200)
+
+
+async def _is_sleeping(request: web.Request) -> web.Response:
+    return web.json_response({"is_sleeping": request.app[SLEEP_KEY].is_sleeping})
+
+
+# --------------------------------------------------------------------------------------------------
 # Admin
 
 
@@ -480,6 +523,7 @@ async def _admin_state(request: web.Request) -> web.Response:
             "losslessnessBroken": engine.break_losslessness,
             "timeScale": engine.config.time_scale,
             "profile": engine.config.profile.name,
+            "sleep": request.app[SLEEP_KEY].state(),
         }
     )
 

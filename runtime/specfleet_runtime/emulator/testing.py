@@ -10,7 +10,8 @@ from aiohttp import web
 
 from specfleet_runtime.emulator.config import EmulatorConfig
 from specfleet_runtime.emulator.engine import Engine
-from specfleet_runtime.emulator.server import ENGINE_KEY, create_app
+from specfleet_runtime.emulator.server import ENGINE_KEY, SLEEP_KEY, create_app
+from specfleet_runtime.emulator.sleep import SleepMode
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class RunningEmulator:
 
     url: str  # http://127.0.0.1:PORT
     engine: Engine
+    sleep_mode: SleepMode
 
     @property
     def base_url(self) -> str:
@@ -36,6 +38,6 @@ async def serve_emulator(config: EmulatorConfig, host: str = "127.0.0.1") -> Asy
         site = web.TCPSite(runner, host, 0)
         await site.start()
         port = runner.addresses[0][1]
-        yield RunningEmulator(url=f"http://{host}:{port}", engine=app[ENGINE_KEY])
+        yield RunningEmulator(url=f"http://{host}:{port}", engine=app[ENGINE_KEY], sleep_mode=app[SLEEP_KEY])
     finally:
         await runner.cleanup()
