@@ -8,12 +8,13 @@ from typing import Literal
 from pydantic import Field
 
 from specfleet.api.base import ApiModel, Rule
-from specfleet.api.engine import EngineOverrides
+from specfleet.api.engine import EngineOverrides, Quantity
 from specfleet.api.fields import SpeculationSetting
 
 AutoscalerKind = Literal["HorizontalPodAutoscaler", "ScaledObject"]
 AutoscalingMetric = Literal["RunningRequests", "WaitingRequests", "KVCacheUsage"]
 RolloutStrategy = Literal["Surge", "Replace"]
+FlipMethod = Literal["Restart", "Standby"]
 MAX_POOL_REPLICAS = 1000
 
 
@@ -87,6 +88,24 @@ class RolloutSpec(ApiModel):
         le=MAX_POOL_REPLICAS,
         description="Replace only: engines stopped at once during a rollout (at most replicas - 1, "
         "unless the pool has one replica).",
+    )
+    flip: FlipMethod = Field(
+        default="Restart",
+        description="How a speculation flip reaches the engines. Restart (default): a rollout by "
+        "`strategy`, each engine restarted with or without the drafter (minutes for a large model). "
+        "Standby: each engine pod runs two vLLM engines on its GPUs, one with the drafter and one "
+        "without; one serves while the other sleeps in host memory (vLLM sleep mode, level 1), and a "
+        "flip drains one replica at a time, puts its engine to sleep and wakes the other (seconds). "
+        "The pod's memory request then covers the sleeping engine's weights (`standbyHostMemory`; a "
+        "70B FP8 model parks about 70 GB per pod). Needs a GPU vLLM image with sleep mode (CUDA or "
+        "ROCm); where the engines cannot sleep the pool is Degraded and flips by `strategy`. K changes "
+        "stay in the engine (Dynamic SD) and other spec changes still roll out by `strategy`.",
+    )
+    standby_host_memory: Quantity | None = Field(
+        default=None,
+        description="Standby only: host memory for the sleeping engine's weights, added to each "
+        "engine pod's memory request and limit, e.g. '80Gi'. Unset: the target's and drafter's "
+        "weights as the operator estimates them from the model.",
     )
 
 
