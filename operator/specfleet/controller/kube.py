@@ -196,6 +196,25 @@ class KubeCluster:
             _request_timeout=REQUEST_TIMEOUT_SECONDS,
         )
 
+    def patch_pod_metadata(
+        self,
+        namespace: str,
+        name: str,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str | None],
+    ) -> None:
+        """JSON merge patch of a pod's labels and annotations (None deletes a key): one write, so a
+        Standby flip's label and mark change together."""
+        self._dynamic.patch(  # type: ignore[no-untyped-call]
+            self._resource({"apiVersion": "v1", "kind": "Pod"}),
+            body={"metadata": {"labels": dict(labels), "annotations": dict(annotations)}},
+            name=name,
+            namespace=namespace,
+            content_type="application/merge-patch+json",
+            serialize=False,
+            _request_timeout=REQUEST_TIMEOUT_SECONDS,
+        )
+
     def post_event(self, body: Mapping[str, Any], event: Event) -> None:
         """A core/v1 Event on the resource (for code that runs outside Kopf's handlers)."""
         meta = body["metadata"]

@@ -195,6 +195,32 @@ class PodsApi(Protocol):
         """Merge-patch the pod's labels and annotations (None deletes a key)."""
 
 
+@dataclass(frozen=True)
+class KubePods:
+    """`PodsApi` over the operator's `KubeCluster` (or anything with its three methods)."""
+
+    cluster: Any  # controller.kube.KubeCluster
+
+    def pods(self, namespace: str, labels: Mapping[str, str]) -> list[Manifest]:
+        items: list[Manifest] = self.cluster.list_children("v1", "Pod", namespace, labels)
+        return items
+
+    def endpoint_slices(self, namespace: str, labels: Mapping[str, str]) -> list[Manifest]:
+        items: list[Manifest] = self.cluster.list_children(
+            "discovery.k8s.io/v1", "EndpointSlice", namespace, labels
+        )
+        return items
+
+    def patch_pod(
+        self,
+        namespace: str,
+        name: str,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str | None],
+    ) -> None:
+        self.cluster.patch_pod_metadata(namespace, name, labels, annotations)
+
+
 @dataclass
 class Tick:
     """What one pass over a pool did."""

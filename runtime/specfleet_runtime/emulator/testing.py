@@ -29,13 +29,15 @@ class RunningEmulator:
 
 
 @asynccontextmanager
-async def serve_emulator(config: EmulatorConfig, host: str = "127.0.0.1") -> AsyncIterator[RunningEmulator]:
-    """Serve `config` on a free port for the duration of the block."""
+async def serve_emulator(
+    config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0
+) -> AsyncIterator[RunningEmulator]:
+    """Serve `config` on `port` (0: a free one) for the duration of the block."""
     app = create_app(config)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, 0)
+        site = web.TCPSite(runner, host, port)
         await site.start()
         port = runner.addresses[0][1]
         yield RunningEmulator(url=f"http://{host}:{port}", engine=app[ENGINE_KEY], sleep_mode=app[SLEEP_KEY])
