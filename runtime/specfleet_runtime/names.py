@@ -25,6 +25,9 @@ def other_pool(pool: PoolName) -> PoolName:
 # ROUTER_PORT.
 ENGINE_PORT: Final = 8000
 ROUTER_PORT: Final = 8080
+# A Standby pool's pods run a second engine, the speculative one (asleep until a flip wakes it), on this
+# port; the plain engine serves on ENGINE_PORT (runtime/specfleet_runtime/standby.py).
+STANDBY_SPECULATIVE_PORT: Final = 8001
 
 # Pod labels the operator sets on engine and router pods (the router watches none; Prometheus copies them).
 GROUP: Final = "specfleet.io"
