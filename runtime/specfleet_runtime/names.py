@@ -36,6 +36,9 @@ LABEL_POOL: Final = f"{GROUP}/pool"
 LABEL_SPECULATION: Final = f"{GROUP}/speculation"
 # stable: the pool's main engines; canary: replicas of an Auto pool that keep speculating while it is off.
 LABEL_TRACK: Final = f"{GROUP}/track"
+# Standby: a pod of a Standby pool (two engines, one asleep); only these pods carry it, so a Standby pool
+# that fell back to restart flips has no pod its speculative Service selects.
+LABEL_FLIP: Final = f"{GROUP}/flip"
 
 
 def series_label(pod_label: str) -> str:
