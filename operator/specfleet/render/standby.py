@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from specfleet.api.constants import PoolName
+from specfleet.api.pools import PoolSpec
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import RenderOptions, pool_name
 from specfleet_runtime.standby import STANDBY_DIR, SUPERVISOR_PATH
@@ -30,7 +31,8 @@ _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 1
 
 def standby_pool(sd: SpeculativeDeployment, pool: PoolName) -> bool:
     """Whether the spec asks for Standby flips for `pool` (the plan may still render it as Restart)."""
-    return getattr(sd.spec.pools, pool).rollout.flip == "Standby"
+    pool_spec: PoolSpec = getattr(sd.spec.pools, pool)
+    return pool_spec.rollout.flip == "Standby"
 
 
 def speculative_service_name(sd: SpeculativeDeployment, pool: PoolName) -> str:
