@@ -25,6 +25,9 @@ def other_pool(pool: PoolName) -> PoolName:
 # ROUTER_PORT.
 ENGINE_PORT: Final = 8000
 ROUTER_PORT: Final = 8080
+# A Standby pool's pods run a second engine, the speculative one (asleep until a flip wakes it), on this
+# port; the plain engine serves on ENGINE_PORT (runtime/specfleet_runtime/standby.py).
+STANDBY_SPECULATIVE_PORT: Final = 8001
 
 # Pod labels the operator sets on engine and router pods (the router watches none; Prometheus copies them).
 GROUP: Final = "specfleet.io"
@@ -33,6 +36,9 @@ LABEL_POOL: Final = f"{GROUP}/pool"
 LABEL_SPECULATION: Final = f"{GROUP}/speculation"
 # stable: the pool's main engines; canary: replicas of an Auto pool that keep speculating while it is off.
 LABEL_TRACK: Final = f"{GROUP}/track"
+# Standby: a pod of a Standby pool (two engines, one asleep); only these pods carry it, so a Standby pool
+# that fell back to restart flips has no pod its speculative Service selects.
+LABEL_FLIP: Final = f"{GROUP}/flip"
 
 
 def series_label(pod_label: str) -> str:

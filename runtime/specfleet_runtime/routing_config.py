@@ -52,12 +52,30 @@ _Rule = TypeVar("_Rule", "TenantRule", "ShapeRules", "AutoSegmentation", "Endpoi
 
 
 @dataclass(frozen=True)
+class ServicePort:
+    """One more Service of a pool, and the port its endpoints serve on."""
+
+    service: str
+    port: int
+
+
+@dataclass(frozen=True)
 class PoolBackend:
-    """Where a pool's engines are: a Service whose EndpointSlices list ready pods, or static URLs."""
+    """Where a pool's engines are: a Service whose EndpointSlices list ready pods, or static URLs.
+
+    `extra_services`: further Services whose ready endpoints join the pool's, each at its own port (a
+    Standby pool's speculative engines). A router of the previous version ignores them.
+    """
 
     service: str | None = None
     port: int = ENGINE_PORT
     static_urls: tuple[str, ...] = ()
+    extra_services: tuple[ServicePort, ...] = ()
+
+    def services(self) -> tuple[ServicePort, ...]:
+        """Every Service of the pool with its port: `service` first."""
+        first = (ServicePort(self.service, self.port),) if self.service else ()
+        return first + self.extra_services
 
 
 @dataclass(frozen=True)
@@ -137,7 +155,11 @@ class RoutingConfig:
 
     def to_json(self) -> str:
         """Key-sorted camelCase JSON, stable so an unchanged config renders an unchanged ConfigMap."""
-        return json.dumps(_camel(asdict(self)), sort_keys=True, indent=2)
+        doc = asdict(self)
+        for backend in doc["pools"].values():
+            if not backend["extra_services"]:
+                del backend["extra_services"]  # a pool of one Service reads as it always did
+        return json.dumps(_camel(doc), sort_keys=True, indent=2)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> RoutingConfig:
@@ -150,6 +172,10 @@ class RoutingConfig:
                 service=p.get("service"),
                 port=int(p.get("port", ENGINE_PORT)),
                 static_urls=tuple(p.get("static_urls", ())),
+                extra_services=tuple(
+                    ServicePort(service=str(e["service"]), port=int(e.get("port", ENGINE_PORT)))
+                    for e in p.get("extra_services", ())
+                ),
             )
             for name, p in doc["pools"].items()
         }

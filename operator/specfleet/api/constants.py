@@ -34,6 +34,7 @@ LABEL_DEPLOYMENT: Final = names.LABEL_DEPLOYMENT
 LABEL_POOL: Final = names.LABEL_POOL
 LABEL_SPECULATION: Final = names.LABEL_SPECULATION
 LABEL_TRACK: Final = names.LABEL_TRACK
+LABEL_FLIP: Final = names.LABEL_FLIP
 
 # sha256 of a child's rendered content: equal hash on the live object means nothing to write.
 ANNOTATION_RENDER_HASH: Final = f"{GROUP}/render-hash"

@@ -72,6 +72,16 @@ class AutoscalingSpec(ApiModel):
 class RolloutSpec(ApiModel):
     """How the pool's engines are replaced when its speculation flips (or its K or spec changes)."""
 
+    rules = (
+        Rule(
+            cel="self.flip != 'Standby' || has(self.standbyHostMemory)",
+            message="rollout.standbyHostMemory is required with rollout.flip Standby: the host memory the "
+            "sleeping engine's weights take per pod (the operator cannot know a model's exact size), e.g. "
+            "'80Gi' for a 70B FP8 model",
+            check=lambda r: r.flip != "Standby" or r.standby_host_memory is not None,
+        ),
+    )
+
     strategy: RolloutStrategy = Field(
         default="Surge",
         description="Surge: new engines start beside the old ones (maxUnavailable 0, maxSurge "
@@ -103,9 +113,11 @@ class RolloutSpec(ApiModel):
     )
     standby_host_memory: Quantity | None = Field(
         default=None,
-        description="Standby only: host memory for the sleeping engine's weights, added to each "
-        "engine pod's memory request and limit, e.g. '80Gi'. Unset: the target's and drafter's "
-        "weights as the operator estimates them from the model.",
+        description="Standby only, and required there: host memory for the sleeping engine's weights "
+        "(level 1 copies them to host RAM), added to each engine pod's memory request and limit, e.g. "
+        "'80Gi' for a 70B FP8 model (the target's weights plus the drafter's, per pod). The operator "
+        "cannot know a model's exact size, so it is given here. Without engine.resources.memory the pod "
+        "requests this much and has no memory limit.",
     )
 
 

@@ -28,6 +28,8 @@ OOM_KILLED: Final = "OOMKilled"
 PROGRESS_DEADLINE_EXCEEDED: Final = "ProgressDeadlineExceeded"
 # The drafter preflight (the engine pod's init container) found the drafter does not fit the target.
 DRAFTER_INCOMPATIBLE: Final = "DrafterIncompatible"
+# A Standby pool's engine cannot sleep (its pod's supervisor said so): the pool runs as a Restart pool.
+STANDBY_UNAVAILABLE: Final = "StandbyUnavailable"
 ROLLING_OUT: Final = "RollingOut"
 ROLLOUT_COMPLETE: Final = "RolloutComplete"
 INVALID_SPEC: Final = "InvalidSpec"
@@ -212,6 +214,16 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "(architecture, hidden size or vocabulary); the message names the field.",
         "Use a drafter trained for this target model (`drafter.model`), or set `drafter.method: ngram`, "
         "which needs no checkpoint.",
+    ),
+    STANDBY_UNAVAILABLE: ReasonDoc(
+        "Degraded, Ready",
+        "A pool with `rollout.flip: Standby` started an engine pod whose engine cannot sleep: the pod's "
+        "supervisor checks a level-1 sleep and wake through vLLM's /sleep, /wake_up and /is_sleeping "
+        "before the plain engine starts, and vLLM on CPU refuses --enable-sleep-mode while a vLLM without "
+        "the routes answers 404. The message names the pool and the step that failed. The pool runs as "
+        "a Restart pool (one engine per pod, flips by `rollout.strategy`) instead of crash-looping.",
+        "Use a GPU vLLM image with sleep mode (CUDA or ROCm; see docs/policy.md, Standby flips), or set "
+        "`rollout.flip: Restart`. Any spec change (e.g. a newer `engine.image`) tries Standby again.",
     ),
     ROLLING_OUT: ReasonDoc(
         "Progressing", "A pool's Deployment is rolling out new engines.", "Nothing; it ends by itself."

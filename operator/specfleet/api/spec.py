@@ -57,6 +57,17 @@ class SpeculativeDeploymentSpec(ApiModel):
             "router only, and the gateway's proxies and the endpoint pickers must reach the engines",
             check=lambda s: s.routing.gateway is None or not s.network_policy.enabled,
         ),
+        Rule(
+            cel="!has(self.routing.gateway) || "
+            "((!has(self.pools.latency.rollout) || self.pools.latency.rollout.flip != 'Standby') && "
+            "(!has(self.pools.batch.rollout) || self.pools.batch.rollout.flip != 'Standby'))",
+            message="rollout.flip Standby is not supported with routing.gateway: a Standby pool serves on "
+            "two ports (the plain and the speculative engine) and an InferencePool has one target port",
+            check=lambda s: (
+                s.routing.gateway is None
+                or all(p.rollout.flip != "Standby" for p in (s.pools.latency, s.pools.batch))
+            ),
+        ),
     )
 
     model: ModelSpec = Field(description="The target model every pool serves; its output is the answer.")

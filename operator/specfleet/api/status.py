@@ -65,6 +65,22 @@ class PoolRollout(StatusModel):
     )
 
 
+class StandbyStatus(StatusModel):
+    """Whether a Standby pool's engines can sleep (rollout.flip Standby), as the operator last saw it."""
+
+    available: bool = Field(
+        description="False once an engine pod reported that its engine cannot sleep (its supervisor's "
+        "termination message): the pool then runs as a Restart pool, one engine per pod, until the "
+        "resource's spec changes."
+    )
+    message: str = Field(default="", description="Why not, in the pod's words.")
+    observed_generation: int | None = Field(
+        default=None,
+        description="metadata.generation it was seen at: any spec change (a newer engine.image) tries "
+        "Standby again.",
+    )
+
+
 class PoolStatus(StatusModel):
     """Observed state of one pool."""
 
@@ -144,6 +160,11 @@ class PoolStatus(StatusModel):
     )
     rollout: PoolRollout | None = Field(
         default=None, description="The policy's last change of the pool and how its rollout went."
+    )
+    standby: StandbyStatus | None = Field(
+        default=None,
+        description="A Standby pool's engines could not sleep: set when a pod said so, with the "
+        "generation; unset: no failure seen (or not a Standby pool).",
     )
     startup_seconds: int | None = Field(
         default=None,

@@ -13,7 +13,7 @@ from specfleet.api.conditions import set_condition
 from specfleet.api.constants import PoolName
 from specfleet.api.fields import SpeculationMode
 from specfleet.api.semantics import engine_schedules, find_problems
-from specfleet.api.status import Condition, SpeculativeDeploymentStatus
+from specfleet.api.status import Condition, SpeculativeDeploymentStatus, StandbyStatus
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource, parse_status
 from specfleet.reconcile.result import Event, ReconcileResult
 from specfleet.render import POOLS, Manifest, PoolPlan, RenderOptions, render_children
@@ -23,7 +23,9 @@ def decided_plan(
     sd: SpeculativeDeployment, status: SpeculativeDeploymentStatus | None = None
 ) -> dict[PoolName, PoolPlan]:
     """Each pool's plan: mode pinned by spec (On/Off) or, for Auto, the policy's last decision in
-    `status` (default: the resource's own); K where the Goodput policy chose one (None: the drafter's)."""
+    `status` (default: the resource's own); K where the Goodput policy chose one (None: the drafter's);
+    Standby where the spec asks for it, unless status says its engines could not sleep at this
+    generation (then it runs as a Restart pool until the spec changes)."""
     status = status if status is not None else sd.status
     limit = sd.spec.drafter.num_speculative_tokens
     plan: dict[PoolName, PoolPlan] = {}
@@ -43,8 +45,15 @@ def decided_plan(
             tuple(decided.dynamic_schedule)
             if goodput and decided.dynamic_schedule and engine_schedules(sd.spec)
             else None,
+            standby=getattr(sd.spec.pools, pool).rollout.flip == "Standby"
+            and not standby_unavailable(decided.standby, sd.generation),
         )
     return plan
+
+
+def standby_unavailable(standby: StandbyStatus | None, generation: int) -> bool:
+    """Whether a Standby pool's engines were found unable to sleep at this generation."""
+    return standby is not None and not standby.available and standby.observed_generation == generation
 
 
 def _degraded_status(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specfleet.api import reasons
+from specfleet_runtime.standby import CANNOT_SLEEP, CANNOT_SLEEP_EXIT_CODE
 
 # Container waiting reasons that mean "this will not start by itself", most telling first.
 _WAITING = {
@@ -25,6 +26,8 @@ _WAITING = {
 }
 # Order of precedence when pods fail in several ways.
 _PRECEDENCE = (
+    # First: it is the one the operator acts on (the pool is rendered as a Restart pool).
+    reasons.STANDBY_UNAVAILABLE,
     reasons.DRAFTER_INCOMPATIBLE,
     reasons.PROGRESS_DEADLINE_EXCEEDED,
     reasons.IMAGE_PULL_FAILED,
@@ -49,6 +52,7 @@ def _pod_failures(pod: Mapping[str, Any]) -> Iterable[PoolFailure]:
         if unscheduled and cond.get("reason") == "Unschedulable":
             yield PoolFailure(reasons.UNSCHEDULABLE, f"pod {name}: {cond.get('message') or 'unschedulable'}")
     yield from _drafter_incompatible(name, status.get("initContainerStatuses") or [])
+    yield from _standby_unavailable(name, status.get("containerStatuses") or [])
     for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         state = container.get("state") or {}
         waiting = state.get("waiting") or {}
@@ -85,6 +89,24 @@ def _drafter_incompatible(pod: str, statuses: Iterable[Mapping[str, Any]]) -> It
                     f"target: {'; '.join(lines)}",
                 )
                 break
+
+
+def _standby_unavailable(pod: str, statuses: Iterable[Mapping[str, Any]]) -> Iterable[PoolFailure]:
+    """A Standby pod's supervisor found its engine cannot sleep: its exit code and its one
+    `standby: the engine cannot sleep: ...` line, in the state or the last state (a restarted one)."""
+    for container in statuses:
+        for state in (container.get("state") or {}, container.get("lastState") or {}):
+            terminated = state.get("terminated") or {}
+            if terminated.get("exitCode") != CANNOT_SLEEP_EXIT_CODE:
+                continue
+            lines = [
+                line.strip()
+                for line in str(terminated.get("message") or "").splitlines()
+                if line.strip().startswith(CANNOT_SLEEP)
+            ]
+            if lines:
+                yield PoolFailure(reasons.STANDBY_UNAVAILABLE, f"pod {pod}: {lines[-1]}")
+                return
 
 
 def _deployment_failures(deployment: Mapping[str, Any] | None) -> Iterable[PoolFailure]:

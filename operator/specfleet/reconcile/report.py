@@ -11,7 +11,7 @@ from specfleet.api import reasons
 from specfleet.api.conditions import ConditionStatus, set_condition
 from specfleet.api.constants import LABEL_POOL
 from specfleet.api.fields import SpeculationMode
-from specfleet.api.status import Condition, PoolStatus, PoolStatuses
+from specfleet.api.status import Condition, PoolStatus, PoolStatuses, StandbyStatus
 from specfleet.reconcile.apply import AppliedChildren
 from specfleet.reconcile.children import (
     deployment_settled,
@@ -20,7 +20,7 @@ from specfleet.reconcile.children import (
     pool_deployments,
     wanted_replicas,
 )
-from specfleet.reconcile.desired import DesiredState, was_degraded
+from specfleet.reconcile.desired import DesiredState, standby_unavailable, was_degraded
 from specfleet.reconcile.gateway_status import gateway_condition
 from specfleet.reconcile.result import Event, ReconcileResult
 from specfleet.render import POOLS, Manifest
@@ -55,8 +55,31 @@ def _pool_statuses(desired: DesiredState, applied: AppliedChildren) -> PoolStatu
             updated.k = drafted if plan.mode == "On" else 0
         if pool in applied.startups:  # measured from the pods this reconcile listed; else kept
             updated.startup_seconds = applied.startups[pool]
+        updated.standby = _standby(updated.standby, plan.standby, applied, pool, desired.generation)
         setattr(pools, pool, updated)
     return pools
+
+
+def _standby(
+    previous: StandbyStatus | None, standby: bool, applied: AppliedChildren, pool: str, generation: int
+) -> StandbyStatus | None:
+    """A pool's Standby status: a failure its Standby pods report now, recorded with the generation; a
+    recorded one kept while the generation holds (a spec change tries Standby again)."""
+    failure = applied.failures.get(pool)
+    if standby and failure is not None and failure.reason == reasons.STANDBY_UNAVAILABLE:
+        return StandbyStatus(available=False, message=failure.message, observed_generation=generation)
+    return previous if standby_unavailable(previous, generation) else None
+
+
+def _standby_degraded(pools: PoolStatuses, generation: int) -> str | None:
+    """The Degraded=StandbyUnavailable message, or None when every Standby pool can sleep."""
+    down = [(p, getattr(pools, p).standby) for p in POOLS]
+    parts = [
+        f"pool {p} runs as a Restart pool (flips restart its engines): its engines cannot sleep: {s.message}"
+        for p, s in down
+        if s is not None and standby_unavailable(s, generation)
+    ]
+    return reasons.with_link("; ".join(parts), reasons.STANDBY_UNAVAILABLE) if parts else None
 
 
 def _conditions(
@@ -80,8 +103,11 @@ def _conditions(
         )
 
     conditions = list(previous.conditions)
+    standby_degraded = _standby_degraded(pools, generation)
     if applied.errors:
         conditions = set_(conditions, reasons.DEGRADED, True, reasons.APPLY_FAILED, _apply_failed(applied))
+    elif standby_degraded is not None:
+        conditions = set_(conditions, reasons.DEGRADED, True, reasons.STANDBY_UNAVAILABLE, standby_degraded)
     else:
         conditions = set_(conditions, reasons.DEGRADED, False, reasons.AS_EXPECTED, "")
     modes = {pool: desired.plan[pool].mode for pool in POOLS}
@@ -197,14 +223,15 @@ def _apply_failed(applied: AppliedChildren) -> str:
     return reasons.with_link("; ".join(applied.errors), reasons.APPLY_FAILED)
 
 
-def _events(desired: DesiredState, applied: AppliedChildren) -> list[Event]:
-    """Degraded on a new apply error, Recovered, ChildrenApplied, DriftCorrected, ChildrenPruned."""
+def _events(desired: DesiredState, applied: AppliedChildren, pools: PoolStatuses) -> list[Event]:
+    """Degraded on a new apply error or Standby failure, Recovered, ChildrenApplied, DriftCorrected,
+    ChildrenPruned."""
     events: list[Event] = []
     previous = desired.previous
-    if applied.errors:
-        message = _apply_failed(applied)
-        if not any(c.type == reasons.DEGRADED and c.message == message for c in previous.conditions):
-            events.append(Event("Warning", reasons.EVENT_DEGRADED, message))
+    degraded = _apply_failed(applied) if applied.errors else _standby_degraded(pools, desired.generation)
+    if degraded is not None:
+        if not any(c.type == reasons.DEGRADED and c.message == degraded for c in previous.conditions):
+            events.append(Event("Warning", reasons.EVENT_DEGRADED, degraded))
     elif was_degraded(previous):
         events.append(Event("Normal", reasons.EVENT_RECOVERED, "the resource is no longer degraded"))
     if applied.applied:
@@ -236,7 +263,7 @@ def reported_status(desired: DesiredState, applied: AppliedChildren, now: dateti
             "pools": pools,
         }
     )
-    return ReconcileResult(status.to_wire(), _events(desired, applied), list(applied.applied))
+    return ReconcileResult(status.to_wire(), _events(desired, applied, pools), list(applied.applied))
 
 
 def status_patch(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:

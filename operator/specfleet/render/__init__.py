@@ -20,6 +20,7 @@ from specfleet.render.engine import (
     render_pool_deployment,
     render_pool_pdb,
     render_pool_service,
+    render_pool_speculative_service,
 )
 from specfleet.render.gateway import render_gateway_children
 from specfleet.render.monitoring import render_pod_monitor, render_prometheus_rule
@@ -33,6 +34,7 @@ from specfleet.render.router import (
     render_router_service_account,
     render_routing_config_map,
 )
+from specfleet.render.standby import standby_pool
 
 __all__ = [
     "GATEWAY_KINDS",
@@ -89,13 +91,21 @@ class PoolPlan:
     canaries: int | None = None
     # The Goodput policy's Dynamic SD schedule for the pool while it speculates (None: none chosen).
     schedule: tuple[DynamicScheduleRange, ...] | None = None
+    # Each pod runs both engines, one asleep (rollout.flip Standby, unless its engines could not sleep).
+    standby: bool = False
 
 
 def plan_of(
-    modes: Mapping[PoolName, SpeculationMode], ks: Mapping[PoolName, int | None] | None = None
+    modes: Mapping[PoolName, SpeculationMode],
+    ks: Mapping[PoolName, int | None] | None = None,
+    sd: SpeculativeDeployment | None = None,
 ) -> dict[PoolName, PoolPlan]:
-    """A plan from plain modes (and Ks): for tests and tools that pick the modes themselves."""
-    return {pool: PoolPlan(modes[pool], (ks or {}).get(pool)) for pool in POOLS}
+    """A plan from plain modes (and Ks): for tests and tools that pick the modes themselves (with `sd`,
+    its Standby pools are planned Standby)."""
+    return {
+        pool: PoolPlan(modes[pool], (ks or {}).get(pool), standby=sd is not None and standby_pool(sd, pool))
+        for pool in POOLS
+    }
 
 
 def render_children(
@@ -118,8 +128,10 @@ def render_children(
     if sd.spec.network_policy.enabled:
         children.append(render_engine_network_policy(sd))
     for pool in POOLS:
+        children.append(render_pool_service(sd, pool, standby=plan[pool].standby))
+        if standby_pool(sd, pool):
+            children.append(render_pool_speculative_service(sd, pool))
         children += [
-            render_pool_service(sd, pool),
             render_pool_pdb(sd, pool),
             render_pool_deployment(
                 sd,
@@ -129,6 +141,7 @@ def render_children(
                 canaries=plan[pool].canaries,
                 options=options,
                 schedule=plan[pool].schedule,
+                standby=plan[pool].standby,
             ),
         ]
         if canary_replicas(sd, pool) is not None:

@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from specfleet.api.constants import LABEL_SPECULATION, LABEL_TRACK, PoolName
+from specfleet.api.constants import LABEL_FLIP, LABEL_SPECULATION, LABEL_TRACK, PoolName
 from specfleet.api.drafter import METHODS_NEEDING_MODEL, DrafterSpec, DynamicScheduleRange
 from specfleet.api.effective import PoolEngine, pool_engine
 from specfleet.api.fields import SpeculationMode
 from specfleet.api.pools import PoolSpec
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, RenderOptions, metadata, pool_name, selector_labels
-from specfleet_runtime.names import ENGINE_PORT
+from specfleet.render.standby import (
+    SPECULATIVE_PORT_NAME,
+    speculative_service_name,
+    standby_memory,
+    standby_mount,
+    standby_pool,
+    standby_volume,
+    supervisor_init_container,
+)
+from specfleet_runtime.names import ENGINE_PORT, STANDBY_SPECULATIVE_PORT
+from specfleet_runtime.standby import (
+    READY_FILE,
+    SERVER_DEV_MODE_ENV,
+    SUPERVISOR_PATH,
+    StandbyArgs,
+    build_standby_args,
+)
 from specfleet_runtime.vllm_args import (
     VLLM_SERVER_MODULE,
     DynamicSpeculationRange,
@@ -81,7 +98,8 @@ def engine_args(
     )
 
 
-def _resources(eng: PoolEngine) -> dict[str, Any]:
+def _resources(eng: PoolEngine, host_memory: str | None = None) -> dict[str, Any]:
+    """The engine container's resources; `host_memory`: a Standby pod's parked weights, added to memory."""
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
     if eng.resources.gpus:
@@ -91,7 +109,11 @@ def _resources(eng: PoolEngine) -> dict[str, Any]:
         requests["cpu"] = eng.resources.cpu
     if eng.resources.cpu_limit:
         limits["cpu"] = eng.resources.cpu_limit
-    if eng.resources.memory:
+    if host_memory is not None:
+        requests["memory"], limit = standby_memory(eng.resources.memory, host_memory)
+        if limit is not None:
+            limits["memory"] = limit
+    elif eng.resources.memory:
         requests["memory"] = limits["memory"] = eng.resources.memory
     out: dict[str, Any] = {}
     if requests:
@@ -185,13 +207,19 @@ def _volume_mounts(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
     return mounts
 
 
-def _probes(sd: SpeculativeDeployment) -> dict[str, Any]:
+def _probes(sd: SpeculativeDeployment, standby: bool = False) -> dict[str, Any]:
+    """Probes on the (plain) engine's port; a Standby pod starts only once its supervisor wrote the ready
+    file (the speculative engine parked asleep, the plain one serving). vLLM answers /health asleep too,
+    so a Standby pod stays Ready through flips."""
     http = {"path": "/health", "port": "http"}
     startup_failures = max(1, sd.spec.engine.startup_timeout_seconds // STARTUP_PROBE_PERIOD_SECONDS)
+    started: dict[str, Any] = (
+        {"exec": {"command": ["test", "-f", READY_FILE]}} if standby else {"httpGet": http}
+    )
     return {
         # The port opens only after the model has loaded: minutes, so a patient startup probe.
         "startupProbe": {
-            "httpGet": http,
+            **started,
             "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
             "failureThreshold": startup_failures,
             "timeoutSeconds": 5,
@@ -238,11 +266,14 @@ def preflight_init_container(sd: SpeculativeDeployment, options: RenderOptions) 
 def canary_replicas(sd: SpeculativeDeployment, pool: PoolName, decided: int | None = None) -> int | None:
     """Replicas of the pool's canary Deployment while the pool is off, or None when it has none.
 
-    Only Auto pools with `policy.reentry.canaryReplicas` get one. It exists (possibly at 0 replicas)
+    Only Auto pools with `policy.reentry.canaryReplicas` get one, and never a Standby pool. It exists (possibly at 0 replicas)
     for as long as that holds, so a pool turning speculation back on scales it down declaratively.
     `decided` is the count the policy chose (fewer far past break-even; None: the spec's).
     """
     if getattr(sd.spec.pools, pool).speculation != "Auto" or sd.spec.policy.reentry.canary_replicas == 0:
+        return None
+    if standby_pool(sd, pool):
+        # Its pods hold a speculative engine each; a canary Deployment would sit outside both Services.
         return None
     spec = sd.spec.policy.reentry.canary_replicas
     return spec if decided is None else max(0, min(decided, spec))
@@ -250,6 +281,46 @@ def canary_replicas(sd: SpeculativeDeployment, pool: PoolName, decided: int | No
 
 def canary_name(sd: SpeculativeDeployment, pool: PoolName) -> str:
     return f"{pool_name(sd, pool)}-canary"
+
+
+def standby_engine_container(
+    sd: SpeculativeDeployment,
+    pool: PoolName,
+    k: int | None = None,
+    schedule: Sequence[DynamicScheduleRange] | None = None,
+) -> dict[str, Any]:
+    """The parts of a Standby pod's engine container that differ from a Restart pod's: the supervisor
+    running both engines (each with the pool's arguments and --enable-sleep-mode; the speculative one
+    on its own port), both ports, the parked weights' memory, and the termination message the operator
+    reads when the engines cannot sleep. Independent of the pool's mode: a flip never changes it."""
+    eng = pool_engine(sd.spec, pool)
+    host_memory = getattr(sd.spec.pools, pool).rollout.standby_host_memory
+    assert host_memory is not None  # a Rule requires it with flip Standby
+    speculative = replace(
+        engine_args(sd, pool, "On", k, schedule), port=STANDBY_SPECULATIVE_PORT, enable_sleep_mode=True
+    )
+    plain = replace(engine_args(sd, pool, "Off"), enable_sleep_mode=True)
+    args = StandbyArgs(
+        speculative=tuple(build_vllm_args(speculative)),
+        plain=tuple(build_vllm_args(plain)),
+        startup_timeout_seconds=sd.spec.engine.startup_timeout_seconds,
+    )
+    return {
+        "command": ["python3", SUPERVISOR_PATH],
+        "args": build_standby_args(args),
+        "ports": [
+            {"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"},
+            {"name": SPECULATIVE_PORT_NAME, "containerPort": STANDBY_SPECULATIVE_PORT, "protocol": "TCP"},
+        ],
+        # vLLM serves /sleep, /wake_up and /is_sleeping only with this set.
+        "env": [*_env(sd), {"name": SERVER_DEV_MODE_ENV, "value": "1"}],
+        "resources": _resources(eng, host_memory),
+        "volumeMounts": [*_volume_mounts(sd), standby_mount()],
+        # The supervisor's one `standby: ...` line; the log's tail if it died before writing one.
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        **_probes(sd, standby=True),
+    }
 
 
 def render_pool_deployment(
@@ -261,8 +332,13 @@ def render_pool_deployment(
     canaries: int | None = None,
     options: RenderOptions | None = None,
     schedule: Sequence[DynamicScheduleRange] | None = None,
+    standby: bool = False,
 ) -> Manifest:
     """The pool's Deployment of vLLM servers, with or without --speculative-config.
+
+    `standby`: the pool flips by Standby (decided by reconcile: the spec's rollout.flip, unless its
+    engines were found unable to sleep): each pod runs both engines under the supervisor, and the
+    template is the same whatever `mode` (pods start with the plain engine serving, labelled Off).
 
     An autoscaled pool's stable Deployment has no `replicas`: its autoscaler sets them (canaries are
     extra pods, never autoscaled, so the stable track keeps the autoscaler's count while off).
@@ -276,6 +352,9 @@ def render_pool_deployment(
     pool_spec = getattr(spec.pools, pool)
     eng = pool_engine(spec, pool)
     canaries = canary_replicas(sd, pool, canaries)
+    standby = standby and track == "stable"
+    if standby:
+        mode = "Off"  # the engine awake at start; the flip driver labels each pod as it flips it
     if track == "canary":
         name = canary_name(sd, pool)
         replicas = (canaries or 0) if mode == "Off" else 0
@@ -289,6 +368,8 @@ def render_pool_deployment(
     meta = metadata(sd, name, ENGINE_COMPONENT, pool)
     meta["labels"][LABEL_SPECULATION] = mode
     meta["labels"][LABEL_TRACK] = track
+    if standby:
+        meta["labels"][LABEL_FLIP] = "Standby"
     pod_labels = {**meta["labels"]}
     pod_annotations: dict[str, str] = {}
     if spec.monitoring.scrape_annotations:
@@ -310,6 +391,8 @@ def render_pool_deployment(
         "securityContext": _container_security(sd),
         **_probes(sd),
     }
+    if standby:
+        container.update(standby_engine_container(sd, pool, k, schedule))
     grace = spec.engine.termination_grace_period_seconds
     # Keep serving briefly after endpoints are withdrawn, so no new request lands on a dying pod; the
     # apiserver refuses a sleep that is not below the grace period (and with none there is no time).
@@ -324,9 +407,17 @@ def render_pool_deployment(
         "volumes": _volumes(sd),
         "terminationGracePeriodSeconds": grace,
     }
-    preflight = preflight_init_container(sd, options or RenderOptions()) if mode == "On" else None
+    options = options or RenderOptions()
+    init_containers: list[dict[str, Any]] = []
+    if standby:
+        init_containers.append(supervisor_init_container(sd, options, _container_security(sd)))
+        pod_spec["volumes"].append(standby_volume())
+    # A Standby pod loads the drafter whatever its mode.
+    preflight = preflight_init_container(sd, options) if mode == "On" or standby else None
     if preflight is not None:
-        pod_spec["initContainers"] = [preflight]
+        init_containers.append(preflight)
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
     if eng.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(eng.node_selector.items()))
     if eng.tolerations:
@@ -363,16 +454,47 @@ def rolling_update(pool_spec: PoolSpec) -> dict[str, int]:
     return {"maxUnavailable": 0, "maxSurge": pool_spec.max_surge}
 
 
-def render_pool_service(sd: SpeculativeDeployment, pool: PoolName) -> Manifest:
-    """A ClusterIP Service over the pool's ready engines; the router watches its EndpointSlices."""
+def render_pool_service(sd: SpeculativeDeployment, pool: PoolName, standby: bool = False) -> Manifest:
+    """A ClusterIP Service over the pool's ready engines; the router watches its EndpointSlices.
+
+    `standby`: only the pods whose plain engine serves (labelled Off): a pod the flip driver labels On
+    serves from its speculative engine through `render_pool_speculative_service`, one labelled
+    Flipping (draining) from neither."""
+    selector = selector_labels(sd, ENGINE_COMPONENT, pool)
+    if standby:
+        selector[LABEL_SPECULATION] = "Off"
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(sd, pool_name(sd, pool), ENGINE_COMPONENT, pool),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(sd, ENGINE_COMPONENT, pool),
+            "selector": selector,
             "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def render_pool_speculative_service(sd: SpeculativeDeployment, pool: PoolName) -> Manifest:
+    """A Standby pool's second Service: its pods whose speculative engine is awake (labelled On), on
+    the speculative engine's port. Rendered from the spec (not the plan), so a pool that fell back to
+    restart flips keeps it, empty: only Standby pods carry the flip label."""
+    selector = {**selector_labels(sd, ENGINE_COMPONENT, pool), LABEL_SPECULATION: "On", LABEL_FLIP: "Standby"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(sd, speculative_service_name(sd, pool), ENGINE_COMPONENT, pool),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [
+                {
+                    "name": SPECULATIVE_PORT_NAME,
+                    "port": STANDBY_SPECULATIVE_PORT,
+                    "targetPort": SPECULATIVE_PORT_NAME,
+                    "protocol": "TCP",
+                }
+            ],
         },
     }
 

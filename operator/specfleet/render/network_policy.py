@@ -15,7 +15,8 @@ from specfleet.api.validation import SpeculativeDeployment
 from specfleet.render.common import Manifest, engine_network_policy_name, metadata, selector_labels
 from specfleet.render.engine import ENGINE_COMPONENT
 from specfleet.render.router import ROUTER_COMPONENT
-from specfleet_runtime.names import ENGINE_PORT
+from specfleet.render.standby import standby_pool
+from specfleet_runtime.names import ENGINE_PORT, POOLS, STANDBY_SPECULATIVE_PORT
 
 # The label the apiserver sets on every namespace to its own name (Kubernetes 1.22 and later).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -33,7 +34,11 @@ def engine_ingress_peers(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
 
 
 def render_engine_network_policy(sd: SpeculativeDeployment) -> Manifest:
-    """Ingress to every engine pod of this resource from `engine_ingress_peers` only, on the engine port."""
+    """Ingress to every engine pod of this resource from `engine_ingress_peers` only, on the engine port
+    (and a Standby pool's speculative engine port)."""
+    ports = [{"protocol": "TCP", "port": ENGINE_PORT}]
+    if any(standby_pool(sd, pool) for pool in POOLS):
+        ports.append({"protocol": "TCP", "port": STANDBY_SPECULATIVE_PORT})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -44,7 +49,7 @@ def render_engine_network_policy(sd: SpeculativeDeployment) -> Manifest:
             "ingress": [
                 {
                     "from": engine_ingress_peers(sd),
-                    "ports": [{"protocol": "TCP", "port": ENGINE_PORT}],
+                    "ports": ports,
                 }
             ],
         },

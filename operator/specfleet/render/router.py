@@ -17,7 +17,8 @@ from specfleet.render.common import (
     routing_config_map_name,
     selector_labels,
 )
-from specfleet_runtime.names import ENGINE_PORT
+from specfleet.render.standby import speculative_service_name, standby_pool
+from specfleet_runtime.names import ENGINE_PORT, STANDBY_SPECULATIVE_PORT
 from specfleet_runtime.routing_config import ROUTING_CONFIG_KEY, RoutingConfig
 
 ROUTER_COMPONENT = "router"
@@ -36,7 +37,12 @@ def routing_config(sd: SpeculativeDeployment) -> RoutingConfig:
     The API's routing fields are the contract's own (a unit test holds them equal), so they pass as they are.
     """
     routing = sd.spec.routing.model_dump(exclude={"router", "gateway"})
-    pools = {p: {"service": pool_name(sd, p), "port": ENGINE_PORT} for p in POOLS}
+    pools: dict[str, dict[str, Any]] = {p: {"service": pool_name(sd, p), "port": ENGINE_PORT} for p in POOLS}
+    for pool in POOLS:
+        if standby_pool(sd, pool):
+            # A Standby pool's pods serve from either engine: the union of both Services' endpoints.
+            service = {"service": speculative_service_name(sd, pool), "port": STANDBY_SPECULATIVE_PORT}
+            pools[pool]["extra_services"] = [service]
     routing["fallback"] = ROUTER_FALLBACK[sd.spec.routing.fallback]
     return RoutingConfig.from_dict({**routing, "served_model_name": sd.served_model_name, "pools": pools})
 

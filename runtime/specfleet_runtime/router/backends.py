@@ -91,9 +91,9 @@ class Backends:
         self.config = config
         wanted: set[WatchKey] = set()
         for pool, backend in config.pools.items():
-            if backend.service:
-                namespace, _, service = backend.service.rpartition("/")
-                wanted.add((pool, namespace or self.namespace, service, backend.port))
+            for listed in backend.services():  # a pool's endpoints: the union of its Services' ones
+                namespace, _, service = listed.service.rpartition("/")
+                wanted.add((pool, namespace or self.namespace, service, listed.port))
         for key in set(self._watches) - wanted:
             self._watches.pop(key).stop()
             self._discovered.pop(key, None)
