@@ -162,6 +162,18 @@ def engine_port(vllm_args: Sequence[str]) -> int | None:
     return port
 
 
+def engine_host(vllm_args: Sequence[str]) -> str:
+    """The address to dial an engine at: its --host (the last one wins), or loopback where it names
+    none or a wildcard (vLLM then listens on every address of the pod)."""
+    host = ""
+    for i, arg in enumerate(vllm_args):
+        if arg == "--host" and i + 1 < len(vllm_args):
+            host = vllm_args[i + 1]
+        elif arg.startswith("--host="):
+            host = arg.split("=", 1)[1]
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
+
+
 class CannotSleepError(Exception):
     """The engine does not do vLLM's sleep round trip (the message says which step failed)."""
 
@@ -174,6 +186,7 @@ class Engine:
         port = engine_port(vllm_args)
         assert port is not None
         self.port = port
+        self.host = engine_host(vllm_args)
         env = {**os.environ, SERVER_DEV_MODE_ENV: "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", ENGINE_MODULE, *vllm_args],
@@ -200,7 +213,8 @@ class Engine:
         return None if code is None else (128 - code if code < 0 else code)
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{path}"
 
     def signal(self, signum: int) -> None:
         if self.proc.poll() is None:

@@ -5,15 +5,22 @@ and starts, for each, the process its container describes, on the pod IP's loopb
 whose container runs vLLM's OpenAI server gets the engine emulator with the *same arguments*
 (so the operator's rendered command line is what drives it), a router pod gets the router (with
 `router_pythonpath` from `compiled_router()`: its request path compiled with mypyc, as the image
-ships it). Like a readiness probe, the runner marks a pod Ready (through the test bed's readiness
-annotation, see specfleet_testbed.stages) only once its process answers /health. When a pod goes away the process
-gets a preStop-like delay, then SIGTERM, so in-flight requests drain, and SIGKILL once the pod's
-terminationGracePeriodSeconds have passed, as the kubelet does.
+ships it). A Standby pod (its container runs the supervisor, runtime/specfleet_runtime/standby.py)
+gets the supervisor itself, copied into a folder that stands in for the pod's standby emptyDir as its
+init container would, with a `vllm.entrypoints.openai.api_server` stand-in on PYTHONPATH that runs the
+emulator: both engines get the emulator with their own rendered arguments, on the pod's twin address.
+Like a readiness probe, the runner marks a pod Ready (through the test bed's readiness annotation, see
+specfleet_testbed.stages) only once its process answers /health (a Standby pod: once the supervisor's
+ready file exists, what its startupProbe checks, and the plain engine answers). When a pod goes away
+the process gets a preStop-like delay, then SIGTERM, so in-flight requests drain (the supervisor
+relays it to both engines), and SIGKILL to its whole process group once the pod's
+terminationGracePeriodSeconds have passed, as the kubelet kills a container.
 Every process is tracked by PID and stopped exactly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,7 +29,7 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +37,21 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from specfleet.api.constants import LABEL_POOL
+from specfleet_runtime import standby
 from specfleet_runtime.names import ENGINE_PORT, ROUTER_PORT
 from specfleet_runtime.vllm_args import VLLM_SERVER_MODULE
 from specfleet_testbed import READY_ANNOTATION, local_address
 
 REPO = Path(__file__).resolve().parents[2]
+# What a Standby pod's supervisor starts as `python -m vllm.entrypoints.openai.api_server`: the engine
+# emulator, with the engine's own arguments (the runner appends --host and its emulator options).
+VLLM_STAND_IN = """# vLLM's OpenAI server, played by the engine emulator (written by specfleet_sandbox.pods).
+import sys
+
+from specfleet_runtime.emulator.__main__ import main
+
+main(sys.argv[1:])
+"""
 
 
 def compiled_router(python: str = sys.executable) -> Path:
@@ -61,10 +78,42 @@ class PodProcess:
     ready_marked: bool = False
     grace_seconds: float = 30.0  # the pod's terminationGracePeriodSeconds
     kill_at: float | None = None
+    # A Standby pod: the supervisor's ready file, and the speculative engine's port (`port` is the
+    # plain engine's).
+    ready_file: Path | None = None
+    speculative_port: int | None = None
 
 
 def _port(args: list[str], default: int) -> int:
     return int(args[args.index("--port") + 1]) if "--port" in args else default
+
+
+def install_vllm_stand_in(folder: Path) -> Path:
+    """A package tree under `folder` whose `vllm.entrypoints.openai.api_server` runs the emulator;
+    `folder` first on PYTHONPATH makes a Standby supervisor's engines emulators."""
+    package = folder / "vllm" / "entrypoints" / "openai"
+    package.mkdir(parents=True, exist_ok=True)
+    for level in (package, package.parent, package.parent.parent):
+        (level / "__init__.py").touch()
+    (package / "api_server.py").write_text(VLLM_STAND_IN)
+    return folder
+
+
+def standby_pod_args(
+    args: list[str], address: str, emulator_args: list[str], home: Path
+) -> standby.StandbyArgs:
+    """A Standby pod's supervisor arguments as the runner starts them: both engines on the pod's twin
+    `address` with the emulator's options, the ready file and termination message under `home` (the
+    pod's standby emptyDir and its container's termination log)."""
+    rendered = standby.parse_standby_args(args)
+    extra = ("--host", address, *emulator_args)
+    return replace(
+        rendered,
+        speculative=(*rendered.speculative, *extra),
+        plain=(*rendered.plain, *extra),
+        ready_file=str(home / "ready"),
+        termination_log=str(home / "termination-log"),
+    )
 
 
 class PodRunner:
@@ -94,6 +143,7 @@ class PodRunner:
         # {"latency": [...], "batch": [...]}: per-pool acceptance for engines started from now on
         # (written by whoever shifts content while this runner lives in another process).
         self.acceptance_file = acceptance_file
+        self.vllm_stand_in = install_vllm_stand_in(self.logdir / "vllm-stand-in")
         self.running: dict[str, PodProcess] = {}
         self.draining: list[PodProcess] = []
         self.started_total = 0
@@ -174,7 +224,7 @@ class PodRunner:
                     pp.proc.send_signal(signal.SIGTERM)
                     pp.stop_at = None
                 elif pp.stop_at is None and pp.kill_at is not None and now >= pp.kill_at:
-                    pp.proc.kill()
+                    _kill(pp)
                     pp.kill_at = None
                 if pp.proc.poll() is not None:
                     self.draining.remove(pp)
@@ -185,6 +235,8 @@ class PodRunner:
         return any(pp.address == address for pp in [*self.draining, *self.running.values()])
 
     def _healthy(self, pp: PodProcess) -> bool:
+        if pp.ready_file is not None and not pp.ready_file.exists():
+            return False  # a Standby pod's startupProbe: the supervisor has not written its ready file
         path = "/health" if pp.role == "engine" else "/readyz"
         try:
             with urllib.request.urlopen(f"{self.url(pp)}{path}", timeout=0.5) as response:
@@ -198,13 +250,24 @@ class PodRunner:
         args = list(container.args or [])
         address = local_address(pod.status.pod_ip)
         env: dict[str, str] | None = None
+        ready_file: Path | None = None
+        speculative_port: int | None = None
         if command[-2:] == ["-m", VLLM_SERVER_MODULE]:
-            extra = list(self.emulator_args)
-            acceptance = self._acceptance_for((pod.metadata.labels or {}).get(LABEL_POOL))
-            if acceptance is not None:
-                extra += ["--acceptance", ",".join(str(a) for a in acceptance)]
+            extra = self._emulator_args(pod)
             argv = [sys.executable, "-m", "specfleet_runtime.emulator", *args, "--host", address, *extra]
             role, port = "engine", _port(args, ENGINE_PORT)
+        elif command[-1:] == [standby.SUPERVISOR_PATH]:
+            # The pod's standby emptyDir, filled as its init container does.
+            home = self.logdir / f"{pod.metadata.name}.standby"
+            standby.install(str(home / "standby.py"))
+            supervised = standby_pod_args(args, address, self._emulator_args(pod), home)
+            argv = [sys.executable, str(home / "standby.py"), *standby.build_standby_args(supervised)]
+            role, port = "engine", standby.engine_port(supervised.plain) or ENGINE_PORT
+            speculative_port = standby.engine_port(supervised.speculative)
+            ready_file = Path(supervised.ready_file)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(self.vllm_stand_in), os.environ.get("PYTHONPATH")])
+            )}  # fmt: skip
         elif command[:1] == ["specfleet-router"]:
             argv = [
                 sys.executable,
@@ -237,7 +300,17 @@ class PodRunner:
             proc,
             args=args,
             grace_seconds=30.0 if grace is None else grace,
+            ready_file=ready_file,
+            speculative_port=speculative_port,
         )
+
+    def _emulator_args(self, pod: Any) -> list[str]:
+        """The emulator's own options for an engine of `pod` (its pool's acceptance, if set)."""
+        extra = list(self.emulator_args)
+        acceptance = self._acceptance_for((pod.metadata.labels or {}).get(LABEL_POOL))
+        if acceptance is not None:
+            extra += ["--acceptance", ",".join(str(a) for a in acceptance)]
+        return extra
 
     def _acceptance_for(self, pool: str | None) -> list[float] | None:
         if self.acceptance_file is not None and pool is not None:
@@ -255,7 +328,7 @@ class PodRunner:
         try:
             pp.proc.wait(15)
         except subprocess.TimeoutExpired:
-            pp.proc.kill()
+            _kill(pp)
             pp.proc.wait(5)
 
     # ---- helpers for tests ---------------------------------------------------------------------
@@ -267,17 +340,32 @@ class PodRunner:
     def url(self, pp: PodProcess) -> str:
         return f"http://{pp.address}:{pp.port}"
 
+    def speculative_url(self, pp: PodProcess) -> str | None:
+        """A Standby pod's speculative engine (None for any other pod)."""
+        return None if pp.speculative_port is None else f"http://{pp.address}:{pp.speculative_port}"
+
     def set_acceptance(self, per_position: list[float]) -> None:
         """Content shift: change every engine's acceptance now, and that of engines started later."""
         self.acceptance = per_position
         for pp in self.processes("engine"):
-            set_engine_acceptance(self.url(pp), per_position)
+            for url in (self.url(pp), self.speculative_url(pp)):
+                if url is not None:
+                    set_engine_acceptance(url, per_position)
 
     def logs(self) -> str:
         return "\n".join(
             f"----- {path.name} -----\n{path.read_text(errors='replace')[-4000:]}"
             for path in sorted(self.logdir.glob("*.log"))
         )
+
+
+def _kill(pp: PodProcess) -> None:
+    """SIGKILL the pod's whole process group (started in its own session: a Standby supervisor's
+    engines too), as the kubelet kills every process of a container. Only while the leader is not
+    reaped: its PID, the group's id, cannot have been reused."""
+    if pp.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pp.proc.pid, signal.SIGKILL)
 
 
 def set_engine_acceptance(engine_url: str, per_position: list[float]) -> None:

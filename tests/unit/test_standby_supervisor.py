@@ -28,6 +28,7 @@ from specfleet_runtime.standby import (
     CANNOT_SLEEP_EXIT_CODE,
     StandbyArgs,
     build_standby_args,
+    engine_host,
     engine_port,
     parse_standby_args,
 )
@@ -270,6 +271,13 @@ def test_the_command_line_round_trips_and_names_each_engines_port():
     ):
         with pytest.raises(ValueError, match=r"expected|port"):
             parse_standby_args(bad)
+
+
+def test_the_supervisor_dials_each_engine_at_its_host_or_loopback_where_it_listens_on_every_address():
+    assert engine_host(["--port", "8000"]) == "127.0.0.1"
+    assert engine_host(["--host", "0.0.0.0", "--port", "8000"]) == "127.0.0.1"
+    assert engine_host(["--host", "10.0.0.1", "--host=127.244.0.7"]) == "127.244.0.7"  # the last wins
+    assert engine_host(["--host", "::"]) == "127.0.0.1"
 
 
 def test_the_supervisor_is_one_stdlib_file_and_installs_itself(tmp_path):
