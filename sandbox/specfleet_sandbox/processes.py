@@ -59,6 +59,9 @@ class OperatorProcess:
             str(self.metrics_port),
             "--metrics-address",
             "127.0.0.1",
+            # The test bed's pod IPs are fake: a Standby flip dials each pod's loopback twin.
+            "--engine-address-map",
+            "10.0.0.0/8=127.0.0.0/8",
             *(["--verbose"] if self.verbose else []),
             *self.extra_args,
         ]

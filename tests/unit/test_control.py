@@ -438,3 +438,77 @@ def test_a_missing_or_malformed_profile_config_map_holds_and_says_why(world, con
     fixed = controller.evaluate_policy("default", "llama")
     assert fixed.decisions[0].flip
     assert _conditions(cluster)["CostProfileLoaded"]["status"] == "True"
+
+
+def _standby(cluster):
+    doc = cluster.objects[KEY]
+    doc["spec"]["pools"]["latency"]["rollout"] = {"flip": "Standby", "standbyHostMemory": "20Gi"}
+    doc["metadata"]["generation"] = 2
+    return doc
+
+
+def test_a_standby_switch_that_failed_makes_the_pool_flip_by_restart(world):
+    from specfleet.api.validation import parse_resource
+    from specfleet.controller.standby_flips import Tick
+
+    cluster, _, _, controller = world
+    _rolled_out(cluster, controller)
+    sd = parse_resource(_standby(cluster))
+    _rolled_out(cluster, controller)
+    template = cluster.objects[("Deployment", "default", "llama-latency")]["spec"]["template"]
+    assert template["metadata"]["labels"]["specfleet.io/flip"] == "Standby"
+    outcome = controller.record_standby(
+        sd, "latency", Tick(reverted=[("llama-latency-0", "POST /sleep answered 404")])
+    )
+    (event,) = [e for e in outcome.events if e.reason == "StandbyUnavailable"]
+    assert event.type == "Warning"
+    assert "llama-latency-0" in event.message
+    assert "POST /sleep answered 404" in event.message
+    standby = _status(cluster)["pools"]["latency"]["standby"]
+    assert standby["available"] is False
+    assert standby["observedGeneration"] == 2
+    # From then on the pool renders one engine per pod and flips by restart.
+    _rolled_out(cluster, controller)
+    template = cluster.objects[("Deployment", "default", "llama-latency")]["spec"]["template"]
+    assert "specfleet.io/flip" not in template["metadata"]["labels"]
+    assert _conditions(cluster)["Degraded"]["reason"] == "StandbyUnavailable"
+
+
+def test_a_finished_standby_flip_is_an_event_and_refreshes_status(world):
+    from specfleet.api.validation import parse_resource
+    from specfleet.controller.standby_flips import Tick
+
+    cluster, _, _, controller = world
+    sd = parse_resource(_standby(cluster))
+    outcome = controller.record_standby(
+        sd, "latency", Tick(finished=[("llama-latency-0", 4.25)], settled=True)
+    )
+    (event,) = [e for e in outcome.events if e.reason == "StandbyFlipped"]
+    assert event.message == "latency: pod llama-latency-0 serves speculation On after 4.2 s"
+    assert outcome.status_written
+
+
+def test_a_standby_pool_is_settled_only_once_its_pods_serve_the_decided_mode(world):
+    from specfleet.api.validation import parse_resource
+    from specfleet.render import owner_labels
+
+    cluster, _, _, controller = world
+    _standby(cluster)
+    cluster.objects[KEY]["spec"]["pools"]["latency"]["speculation"] = "On"
+    _rolled_out(cluster, controller)
+    # The pods start serving without the drafter (label Off): the pool's flip to On is not done.
+    labels = {**owner_labels(parse_resource(cluster.objects[KEY])), "specfleet.io/pool": "latency"}
+    labels["specfleet.io/speculation"] = "Off"
+    ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    for i in range(2):
+        name = f"llama-latency-{i}"
+        meta = {"name": name, "namespace": "default", "labels": dict(labels)}
+        cluster.objects[("Pod", "default", name)] = {"kind": "Pod", "metadata": meta, "status": ready}
+    controller.reconcile_object("default", "llama")
+    assert _status(cluster)["pools"]["latency"]["settled"] is False
+    for i in range(2):
+        cluster.objects[("Pod", "default", f"llama-latency-{i}")]["metadata"]["labels"][
+            "specfleet.io/speculation"
+        ] = "On"
+    controller.reconcile_object("default", "llama")
+    assert _status(cluster)["pools"]["latency"]["settled"] is True

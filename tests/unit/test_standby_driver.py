@@ -21,7 +21,10 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "02-two-pools-routing-policy.
 def resource(latency_flip: str = "Standby", mode: str = "Off", baseline: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     body["metadata"].update(namespace="ns", uid="u1")
-    body["spec"]["pools"]["latency"].setdefault("rollout", {})["flip"] = latency_flip
+    rollout = body["spec"]["pools"]["latency"].setdefault("rollout", {})
+    rollout["flip"] = latency_flip
+    if latency_flip == "Standby":
+        rollout["standbyHostMemory"] = "20Gi"
     body["spec"]["pools"]["latency"]["speculation"] = "Auto"
     body["status"] = {"pools": {"latency": {"speculation": mode, "acceptanceBaseline": baseline}}}
     return body

@@ -70,6 +70,7 @@ EVENT_ACCEPTANCE_DRIFT: Final = "AcceptanceDrift"
 EVENT_ACCEPTANCE_RECOVERED: Final = "AcceptanceRecovered"
 EVENT_RETRAIN_CREATED: Final = "RetrainJobCreated"
 EVENT_RETRAIN_FAILED: Final = "RetrainJobFailed"
+EVENT_STANDBY_FLIPPED: Final = "StandbyFlipped"
 
 # Policy decision reasons (status history, pool status `reason`, Events, the decisions metric).
 # Holds: a gate is closed.
@@ -315,6 +316,12 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "it). The policy already turns speculation off where it stops paying.",
     ),
     ACCEPTANCE_NEAR_BASELINE: ReasonDoc("AcceptanceDrift", "Acceptance is near its baseline.", _NOTHING),
+    EVENT_STANDBY_FLIPPED: ReasonDoc(
+        "Event",
+        "A Standby pool's pod switched engines (the one it served with asleep, the other awake and "
+        "checked) and serves the decided mode; the message gives the seconds from its drain's start.",
+        _NOTHING,
+    ),
     EVENT_APPLIED: ReasonDoc("Event", "Children were created or changed to match the spec.", _NOTHING),
     EVENT_RESTORED: ReasonDoc(
         "Event",

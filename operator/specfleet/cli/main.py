@@ -109,6 +109,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         monitoring_labels=tuple(args.monitoring_label or ()),
         max_workers=args.max_workers,
         resync_workers=args.resync_workers,
+        engine_address_map=tuple(args.engine_address_map or ()),
         prometheus_auth=PrometheusAuth(
             ca_file=args.prometheus_ca_file,
             insecure_skip_verify=args.prometheus_insecure_skip_verify,
@@ -278,6 +279,16 @@ def _cmd_version(_: argparse.Namespace) -> int:
     return 0
 
 
+def _address_map(text: str) -> tuple[Any, Any]:
+    """An `--engine-address-map FROM=TO` argument (two networks of one size)."""
+    from specfleet_runtime.router.endpoints import parse_address_map
+
+    try:
+        return parse_address_map(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _label(text: str) -> tuple[str, str]:
     """A `--monitoring-label KEY=VALUE` argument."""
     key, equals, value = text.partition("=")
@@ -329,6 +340,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--liveness-port", type=int, default=8080, help="0 disables the liveness endpoint")
     run.add_argument("--liveness-address", default="0.0.0.0", help="address the liveness endpoint listens on")
     run.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 disables")
+    run.add_argument(
+        "--engine-address-map",
+        metavar="FROM=TO",
+        type=_address_map,
+        action="append",
+        help="dial engine pod IPs in FROM at the same host bits in TO, for Standby flips (repeatable; "
+        "a test bed whose pod IPs are not routable: 10.0.0.0/8=127.0.0.0/8)",
+    )
     run.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics endpoint listens on")
     run.add_argument(
         "--leader-election-namespace",

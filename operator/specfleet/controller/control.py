@@ -19,10 +19,11 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from specfleet.api import reasons
-from specfleet.api.constants import API_VERSION, KIND
+from specfleet.api.constants import API_VERSION, KIND, PoolName
 from specfleet.api.semantics import find_problems
-from specfleet.api.status import SpeculativeDeploymentStatus
-from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource
+from specfleet.api.status import SpeculativeDeploymentStatus, StandbyStatus
+from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource, parse_status
+from specfleet.controller.standby_flips import Tick
 from specfleet.observe.prometheus import FleetAnswers, QueryFn, query_fleet
 from specfleet.policy.decision.evaluation import Evaluation, evaluate_policy
 from specfleet.policy.decision.status_writes import (
@@ -34,6 +35,7 @@ from specfleet.policy.decision.status_writes import (
 from specfleet.policy.inputs.profile_source import CostProfileError, profile_from_config_map
 from specfleet.policy.rules.results import PoolDecision
 from specfleet.reconcile import ApplyRejectedError, Cluster, Event, reconcile, status_patch
+from specfleet.reconcile.desired import decided_plan
 from specfleet.render import RenderOptions
 from specfleet.render.retrain import render_retrain_job
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
@@ -227,6 +229,40 @@ class Controller:
                 self._write_status(body, new_status, outcome)
                 written_at = now
             self._measured[(namespace, name)] = _Measured(uid, measurements(status), written_at)
+        return outcome
+
+    def record_standby(self, sd: SpeculativeDeployment, pool: PoolName, tick: Tick) -> Outcome:
+        """What one tick of a Standby pool's flip did, into Events and status. A pod whose switch failed
+        (and was put back) makes the pool unavailable for Standby at this generation: from the next
+        reconcile it renders one engine per pod and flips by restart. A pod that finished, or a pool
+        that settled, refreshes status at once (its `settled`, which the policy's gates wait for)."""
+        outcome = Outcome()
+        for pod, seconds in tick.finished:
+            message = (
+                f"{pool}: pod {pod} serves speculation {decided_plan(sd)[pool].mode} after {seconds:.1f} s"
+            )
+            outcome.events.append(Event("Normal", reasons.EVENT_STANDBY_FLIPPED, message))
+        if tick.reverted:
+            pod, why = tick.reverted[0]
+            message = (
+                f"{pool}: pod {pod} could not switch engines and serves as before ({why}); the pool flips "
+                "by restart until the spec changes"
+            )
+            outcome.events.append(Event("Warning", reasons.STANDBY_UNAVAILABLE, message))
+            with self._lock(sd.namespace, sd.name):
+                body = self.cluster.get(resource_ref(sd.namespace, sd.name))
+                if not _gone(body) and body is not None:
+                    standby = StandbyStatus(
+                        available=False, message=message, observed_generation=sd.generation
+                    )
+                    status = parse_status(body.get("status"))
+                    getattr(status.pools, pool).standby = standby
+                    self._write_status(body, status.to_wire(), outcome)
+        if tick.reverted or tick.finished or tick.settled:
+            refreshed = self.reconcile_object(sd.namespace, sd.name)
+            outcome.events += refreshed.events
+            outcome.applied = refreshed.applied
+            outcome.status_written = outcome.status_written or refreshed.status_written
         return outcome
 
     def _start_retrain_jobs(

@@ -25,16 +25,20 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge, Histogram
 from urllib3.exceptions import HTTPError
 
-from specfleet.api.constants import GROUP, PLURAL, VERSION
-from specfleet.controller.control import Controller, Outcome
+from specfleet.api.constants import GROUP, PLURAL, VERSION, PoolName
+from specfleet.api.validation import SpeculativeDeployment
+from specfleet.controller.control import Controller, Outcome, resource_ref
 from specfleet.controller.evaluation_sweeper import EvaluationSweeper, SweepReport
 from specfleet.controller.kube import KubeCluster, load_kube_config
 from specfleet.controller.resync import ResyncScheduler
+from specfleet.controller.standby_driver import StandbyDriver
+from specfleet.controller.standby_flips import KubePods, StandbyFlipper, Tick
 from specfleet.observe.gauges import ResourceGauges
 from specfleet.observe.prometheus import PrometheusAuth, PrometheusQuerier, QueryError, QueryFn
 from specfleet.render import RenderOptions
 from specfleet_runtime.names import DECISIONS as DECISIONS_NAME
 from specfleet_runtime.names import FLIPS as FLIPS_NAME
+from specfleet_runtime.router.endpoints import AddressMap
 
 logger = logging.getLogger(__name__)
 # Logged (debug) after each resync of one resource, with its namespace and name.
@@ -78,6 +82,8 @@ class OperatorConfig:
     prometheus_auth: PrometheusAuth = field(default_factory=PrometheusAuth)
     # Labels on every PodMonitor and PrometheusRule the operator renders (RenderOptions.monitoring_labels).
     monitoring_labels: tuple[tuple[str, str], ...] = ()
+    # Pod IPs dialed at other addresses for Standby flips (the router's --endpoint-address-map).
+    engine_address_map: AddressMap = ()
 
 
 def _observe_query(seconds: float, ok: bool) -> None:
@@ -182,6 +188,18 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Log
     emit = _policy_emitter(cluster)
     scheduler = EvaluationSweeper(controller, emit)
     memo.controller, memo.scheduler, memo.emit = controller, scheduler, emit
+
+    def standby_ticked(sd: SpeculativeDeployment, pool: PoolName, tick: Tick) -> None:
+        body = resource_ref(sd.namespace, sd.name)
+        body["metadata"]["uid"] = sd.uid  # Events name the object by its uid too
+        emit(body, controller.record_standby(sd, pool, tick))
+
+    memo.standby = StandbyDriver(
+        StandbyFlipper(KubePods(cluster), address_map=config.engine_address_map),
+        standby_ticked,
+        idle_seconds=config.resync_seconds,
+    )
+    memo.standby.start()
     memo.resyncs = ResyncScheduler(
         config.resync_seconds, functools.partial(_resync, memo), workers=config.resync_workers
     )
@@ -198,6 +216,9 @@ def stop_scheduler(memo: kopf.Memo, **_: Any) -> None:
     resyncs: ResyncScheduler | None = memo.get("resyncs")
     if resyncs is not None:
         resyncs.stop()
+    standby: StandbyDriver | None = memo.get("standby")
+    if standby is not None:
+        standby.stop()
 
 
 def probe_controller(memo: kopf.Memo, **_: Any) -> bool:
@@ -264,11 +285,14 @@ async def track(memo: kopf.Memo, event: Mapping[str, Any], body: kopf.Body, **_:
     if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
         scheduler.forget(meta.get("namespace") or "default", meta["name"])
         resyncs.forget(meta.get("namespace") or "default", meta["name"])
+        memo.standby.forget(meta.get("namespace") or "default", meta["name"])
         RESOURCE_GAUGES.forget(meta.get("namespace") or "default", meta["name"])
     else:
         tracked = {k: body.get(k) for k in ("apiVersion", "kind", "metadata", "spec")}
         scheduler.track(tracked)
         resyncs.track(tracked)
+        # The driver reads the decided mode from status: it gets the whole body.
+        memo.standby.track(body)
         RESOURCE_GAUGES.publish(body)
     TRACKED.set(scheduler.tracked())
 

@@ -92,6 +92,8 @@ class StandbyDriver:
         plan = decided_plan(sd)
         done = True
         for pool in standby_pools(sd):
+            if not plan[pool].standby:  # its engines could not sleep: it flips by restart
+                continue
             selector = {
                 **selector_labels(sd, ENGINE_COMPONENT, pool),
                 LABEL_TRACK: "stable",

@@ -19,7 +19,7 @@ import logging
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ from specfleet.reconcile.standby_flip import (
     engine_port,
     next_steps,
     other,
+    replica_of,
     settled,
 )
 from specfleet_runtime import vllm_metrics as vm
@@ -243,11 +244,8 @@ def _listed(slices: Sequence[Manifest]) -> set[str]:
     return names
 
 
-def _ready(pod: Manifest) -> bool:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Ready":
-            return bool(c.get("status") == "True")
-    return False
+def seen_name(pod: Manifest) -> str:
+    return str((pod.get("metadata") or {}).get("name", ""))
 
 
 @dataclass
@@ -264,19 +262,16 @@ class StandbyFlipper:
         return {s: self.engine_url(address, s) for s in ("On", "Off")}
 
     def _replica(self, pod: Manifest, listed: set[str]) -> tuple[Replica, str | None]:
-        meta = pod.get("metadata") or {}
-        name = meta.get("name", "")
-        label = (meta.get("labels") or {}).get(LABEL_SPECULATION, "")
-        mark = FlipMark.parse((meta.get("annotations") or {}).get(FLIP_ANNOTATION))
+        seen = replica_of(pod, listed=seen_name(pod) in listed)
         ip = (pod.get("status") or {}).get("podIP")
         address = map_address(ip, self.address_map) if ip else None
-        in_flight = None
-        if mark is not None and address is not None and name not in listed:
+        if seen.mark is not None and address is not None and not seen.listed:
             try:
-                in_flight = EngineClient(self._urls(address)[other(mark.to)], 5.0).in_flight()
+                in_flight = EngineClient(self._urls(address)[other(seen.mark.to)], 5.0).in_flight()
+                seen = replace(seen, in_flight=in_flight)
             except SwitchError as err:
-                logger.info("standby drain of %s: %s", name, err)
-        return Replica(name, label, mark, _ready(pod), name in listed, in_flight), address
+                logger.info("standby drain of %s: %s", seen.pod, err)
+        return seen, address
 
     def tick(
         self,

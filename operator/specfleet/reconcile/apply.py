@@ -21,6 +21,8 @@ from specfleet.reconcile.desired import DesiredState
 from specfleet.reconcile.pod_failures import PoolFailure, pool_failure
 from specfleet.reconcile.pod_startup import pool_startup_seconds
 from specfleet.reconcile.result import ApplyRejectedError, Cluster
+from specfleet.reconcile.standby_flip import replica_of
+from specfleet.reconcile.standby_flip import settled as standby_settled
 from specfleet.render import GATEWAY_KINDS, MANAGED_KINDS, POOLS, Manifest, owner_labels
 from specfleet.render.common import with_render_hash
 
@@ -91,6 +93,8 @@ class AppliedChildren:
     failures: dict[str, PoolFailure] = field(default_factory=dict)
     # Each pool's engines' start-up measured from the pods listed (`pod_startup`; only where listed).
     startups: dict[str, int] = field(default_factory=dict)
+    # Standby pools whose pods do not all serve the decided mode yet (a flip the driver carries out).
+    standby_flipping: set[str] = field(default_factory=set)
 
 
 def apply_children(
@@ -199,7 +203,8 @@ def read_pool_pods(desired: DesiredState, applied: AppliedChildren, cluster: Clu
     """For each pool short of ready replicas or still rolling out, why, and how long its engines took
     to start (pods are listed only then, or once for a pool with Ready pods and no start-up measured
     yet: a healthy, settled fleet costs nothing). A surge rollout whose new pods fail (a drafter that
-    does not fit) keeps the old pods ready: only the rollout shows it."""
+    does not fit) keeps the old pods ready: only the rollout shows it. A Standby pool's pods are listed
+    every time: its flips change no template, so only their labels say whether a flip is done."""
     assert desired.sd is not None
     sd = desired.sd
     for pool in POOLS:
@@ -208,12 +213,20 @@ def read_pool_pods(desired: DesiredState, applied: AppliedChildren, cluster: Clu
         ready = sum(int(((d or {}).get("status") or {}).get("readyReplicas", 0)) for d in deployments)
         settled = all(deployment_settled(child, live) for child, live in pairs)
         unmeasured = ready > 0 and getattr(desired.previous.pools, pool).startup_seconds is None
-        if ready >= needed_replicas(sd, pool, desired.children, applied.live) and settled and not unmeasured:
+        standby = desired.plan[pool].standby
+        quiet = (
+            ready >= needed_replicas(sd, pool, desired.children, applied.live) and settled and not unmeasured
+        )
+        if quiet and not standby:
             continue
         try:
             pods = cluster.list_children("v1", "Pod", sd.namespace, {**owner_labels(sd), LABEL_POOL: pool})
         except ApplyRejectedError:
             pods = []  # no permission to read pods: the Deployments alone still tell a deadline
+        if standby and not standby_settled(desired.plan[pool].mode, [replica_of(p) for p in pods]):
+            applied.standby_flipping.add(pool)
+        if quiet:
+            continue
         failure = pool_failure(pods, deployments)
         if failure is not None:
             applied.failures[pool] = failure

@@ -50,6 +50,8 @@ def _pool_statuses(desired: DesiredState, applied: AppliedChildren) -> PoolStatu
         deployments = pool_deployments(desired.children, applied.live, pool)
         plan = desired.plan[pool]
         updated = pool_status_from_deployments(getattr(pools, pool), plan.mode, deployments)
+        if pool in applied.standby_flipping:  # the driver still flips its pods (no template change)
+            updated.settled = False
         if desired.sd is not None:  # the K the engines are rendered with (kubectl's K column)
             drafted = plan.k if plan.k is not None else desired.sd.spec.drafter.num_speculative_tokens
             updated.k = drafted if plan.mode == "On" else 0

@@ -25,12 +25,12 @@ flip where it stopped. The I/O is in `specfleet.controller.standby_flips`.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from specfleet_runtime.names import ENGINE_PORT, GROUP
+from specfleet_runtime.names import ENGINE_PORT, GROUP, LABEL_SPECULATION, STANDBY_SPECULATIVE_PORT
 
 Setting = Literal["On", "Off"]
 FLIPPING = "Flipping"
@@ -38,7 +38,7 @@ FLIPPING = "Flipping"
 FLIP_ANNOTATION = f"{GROUP}/standby-flip"
 # The engine with the drafter listens here; the one without on ENGINE_PORT (where every pod starts
 # serving, so a pod added under load starts without the drafter).
-SPECULATIVE_PORT = ENGINE_PORT + 1
+SPECULATIVE_PORT = STANDBY_SPECULATIVE_PORT
 # Pods flipped at once: one, so the pool serves with replicas - 1 engines for the seconds a switch takes.
 MAX_FLIPPING = 1
 
@@ -99,6 +99,23 @@ class Step:
     pod: str
     to: Setting
     why: str = ""
+
+
+def replica_of(pod: Mapping[str, Any], listed: bool | None = None, in_flight: float | None = None) -> Replica:
+    """A pod as the plan sees it, from its labels, flip mark and Ready condition."""
+    meta = pod.get("metadata") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+    return Replica(
+        meta.get("name", ""),
+        (meta.get("labels") or {}).get(LABEL_SPECULATION, ""),
+        FlipMark.parse((meta.get("annotations") or {}).get(FLIP_ANNOTATION)),
+        ready,
+        listed,
+        in_flight,
+    )
 
 
 def _flipping(r: Replica) -> bool:
