@@ -87,6 +87,19 @@ ENGINE_SLEEP_STATE: Final = "vllm:engine_sleep_state"
 LABEL_SLEEP_STATE: Final = "sleep_state"
 SLEEP_STATES: Final = ("awake", "weights_offloaded", "discard_all")
 SLEEP_FAMILIES: Final[dict[str, str]] = {ENGINE_SLEEP_STATE: "gauge"}
+# The labels that tell one scraped engine from another: a Standby pod's two engines share namespace and
+# pod and differ in instance (address:port).
+ENGINE_IDENTITY: Final = "namespace, pod, instance"
+
+
+def awake_only(vector: str, selector: str) -> str:
+    """`vector` (per-engine series) without the engines of `selector` asleep now: those whose
+    vllm:engine_sleep_state{sleep_state="awake"} is 0. An engine without the gauge (vLLM before 0.32)
+    is kept: it cannot sleep."""
+    asleep = f'{ENGINE_SLEEP_STATE}{{{selector},{LABEL_SLEEP_STATE}="awake"}} == 0'
+    return f"({vector} unless on ({ENGINE_IDENTITY}) ({asleep}))"
+
+
 # Families whose samples carry `engine` but no `model_name` label (vLLM's info gauges).
 ENGINE_ONLY_FAMILIES: Final[frozenset[str]] = frozenset({CACHE_CONFIG_INFO})
 # Everything the operator queries: an engine started with speculation exposes all of these.

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from specfleet.render.standby import SPECULATIVE_PORT_NAME
 from specfleet_testbed import ensure_prometheus
 
 
@@ -38,8 +39,25 @@ def scrape_config(
     with Kubernetes SD's labels, so the relabelling below is what a Kubernetes SD config says.
     Pod IPs in the test bed are fake (10.x); the process playing each pod listens on the loopback
     twin 127.x with the same last three octets, so __address__ is rewritten to that twin.
+
+    A Standby pool's pods hold a second engine on their `speculative` container port: a second job
+    scrapes that port, as the rendered PodMonitor's second endpoint does (the policy's queries count
+    only the awake one of the two).
     """
     interval = f"{interval_seconds}s"
+    pod_labels = [
+        {"action": "labelmap", "regex": "__meta_kubernetes_pod_label_(.+)"},
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+    ]
+    running_pods = [
+        {
+            "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
+            "regex": "true",
+            "action": "keep",
+        },
+        {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "Running", "action": "keep"},
+    ]
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         **({"rule_files": list(rule_files)} if rule_files else {}),
@@ -50,16 +68,7 @@ def scrape_config(
                 "scrape_timeout": interval,
                 "http_sd_configs": [{"url": discovery_url, "refresh_interval": interval}],
                 "relabel_configs": [
-                    {
-                        "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
-                        "regex": "true",
-                        "action": "keep",
-                    },
-                    {
-                        "source_labels": ["__meta_kubernetes_pod_phase"],
-                        "regex": "Running",
-                        "action": "keep",
-                    },
+                    *running_pods,
                     {
                         "source_labels": [
                             "__meta_kubernetes_pod_ip",
@@ -69,9 +78,31 @@ def scrape_config(
                         "replacement": "127.${1}:${2}",
                         "target_label": "__address__",
                     },
-                    {"action": "labelmap", "regex": "__meta_kubernetes_pod_label_(.+)"},
-                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                    *pod_labels,
+                ],
+            },
+            {
+                "job_name": "kubernetes-pods-standby",
+                "scrape_interval": interval,
+                "scrape_timeout": interval,
+                "http_sd_configs": [{"url": discovery_url, "refresh_interval": interval}],
+                "relabel_configs": [
+                    *running_pods,
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                        "regex": SPECULATIVE_PORT_NAME,
+                        "action": "keep",
+                    },
+                    {
+                        "source_labels": [
+                            "__meta_kubernetes_pod_ip",
+                            "__meta_kubernetes_pod_container_port_number",
+                        ],
+                        "regex": r"\d+\.(\d+\.\d+\.\d+);(\d+)",
+                        "replacement": "127.${1}:${2}",
+                        "target_label": "__address__",
+                    },
+                    *pod_labels,
                 ],
             },
             *(

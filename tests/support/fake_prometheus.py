@@ -82,7 +82,11 @@ class FakePrometheus:
         if self.down:
             raise QueryError("ConnectionError: connection refused")
         namespaces = asked_namespaces(promql)
-        names = {text: name for name, text in fleet_queries(self.window, namespaces).items()}
+        names = {
+            text: name
+            for standby in (False, True)  # a round of resources with Standby pools asks its own forms
+            for name, text in fleet_queries(self.window, namespaces, standby=standby).items()
+        }
         name = names.get(promql)
         if name is None:
             return []

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from specfleet.api import reasons
-from specfleet.api.constants import API_VERSION, KIND, PoolName
+from specfleet.api.constants import API_VERSION, KIND, POOLS, PoolName
 from specfleet.api.semantics import find_problems
 from specfleet.api.status import SpeculativeDeploymentStatus, StandbyStatus
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource, parse_status
@@ -38,6 +38,7 @@ from specfleet.reconcile import ApplyRejectedError, Cluster, Event, reconcile, s
 from specfleet.reconcile.desired import decided_plan
 from specfleet.render import RenderOptions
 from specfleet.render.retrain import render_retrain_job
+from specfleet.render.standby import standby_pool
 from specfleet_runtime.cost_profile import StepTimeProfile, default_profile
 
 # How long to wait before re-evaluating a resource that cannot be evaluated (invalid, degraded, gone).
@@ -78,6 +79,9 @@ class PrometheusTarget:
     url: str
     timeout_seconds: int
     window_seconds: int
+    # The resources have Standby pools: their queries count awake engines only (fleet_queries), so
+    # they share a round with each other, not with resources whose queries stay the plain ones.
+    standby: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,10 @@ def resource_ref(namespace: str, name: str) -> dict[str, Any]:
 
 def _target(sd: SpeculativeDeployment) -> PrometheusTarget:
     prometheus = sd.spec.policy.prometheus
-    return PrometheusTarget(prometheus.url, prometheus.timeout_seconds, sd.spec.policy.window_seconds)
+    standby = any(standby_pool(sd, pool) for pool in POOLS)
+    return PrometheusTarget(
+        prometheus.url, prometheus.timeout_seconds, sd.spec.policy.window_seconds, standby=standby
+    )
 
 
 def policy_schedule(body: Mapping[str, Any]) -> PolicySchedule:
@@ -175,7 +182,7 @@ class Controller:
         `querier_for` is called for each round, so a querier may pin the round to one instant."""
         now = self.clock().timestamp()
         query = self.querier_for(target.url, target.timeout_seconds)
-        return query_fleet(query, target.window_seconds, namespaces, now)
+        return query_fleet(query, target.window_seconds, namespaces, now, standby=target.standby)
 
     def decide_policy(
         self, namespace: str, name: str, target: PrometheusTarget, answers: FleetAnswers, now: datetime

@@ -13,6 +13,9 @@ Engine series are selected by the labels Prometheus' Kubernetes discovery copies
 resources being evaluated: a pod elsewhere that carries the two labels is never asked about. A
 malformed or out-of-range sample is skipped (the pool it names goes without that number) and counted
 in `specfleet_prometheus_samples_rejected_total`; it never fails the round.
+
+A Standby pool's pods each hold two engines, one asleep; rounds for resources with Standby pools ask
+`fleet_queries(..., standby=True)`, whose per-replica numbers count awake engines only (`vllm_metrics.awake_only`).
 """
 
 from __future__ import annotations
@@ -87,9 +90,22 @@ def namespace_matcher(namespaces: Collection[str]) -> str:
     return f"namespace=~{json.dumps(pattern, ensure_ascii=False)}"
 
 
-def fleet_queries(window_seconds: int, namespaces: Collection[str]) -> dict[str, str]:
+def fleet_queries(
+    window_seconds: int, namespaces: Collection[str], *, standby: bool = False
+) -> dict[str, str]:
     """The PromQL for every number the policy uses, by name, each grouped by pool, over the engines of
-    `namespaces` (those of the resources the round serves)."""
+    `namespaces` (those of the resources the round serves).
+
+    `standby`: the round serves resources with Standby pools, whose pods each run a second engine
+    asleep (scraped too: vLLM >= 0.32 exports vllm:engine_sleep_state, 0 for `awake` while asleep).
+    A sleeping engine still reports running 0, KV usage 0 and its own cache config, so counted it
+    would add a replica to `replicas` (replicas_reporting) and halve the per-replica means; these
+    queries count only awake engines (`vllm_metrics.awake_only`). `running_per_replica` becomes every engine's
+    window mean summed over the awake engines' count, so the requests an engine served before it fell
+    asleep within the window still count, against one replica per pod. Counter rates and sums need no
+    filter (a sleeping engine adds nothing to them) and stay as they are. Without Standby pools the
+    queries are the plain ones, unchanged, and such rounds are asked apart (`PrometheusTarget.standby`).
+    """
     by = BY_POOL
     # Only specfleet engines (the pod labels the renderer sets on every engine pod) of those namespaces.
     sel = f'{namespace_matcher(namespaces)},{SERIES_DEPLOYMENT}!="",{SERIES_POOL}!=""'
@@ -104,6 +120,18 @@ def fleet_queries(window_seconds: int, namespaces: Collection[str]) -> dict[str,
     def itl_quantile(q: float) -> str:
         return f"histogram_quantile({q}, sum by ({by}, le) (rate({vm.INTER_TOKEN_LATENCY}_bucket{{{sel}}}[{w}])))"
 
+    running = f"avg_over_time({vm.REQUESTS_RUNNING}{{{sel}}}[{w}])"
+    kv_usage = f"avg_over_time({vm.KV_CACHE_USAGE}{{{sel}}}[{w}])"
+    replicas = f"{vm.REQUESTS_RUNNING}{{{sel}}}"
+    cache_config = f"{vm.CACHE_CONFIG_INFO}{{{sel}}}"
+    if standby:
+        running_per_replica = f"sum by ({by}) ({running}) / count by ({by}) {vm.awake_only(running, sel)}"
+        kv_usage_mean = f"avg by ({by}) {vm.awake_only(kv_usage, sel)}"
+        replicas, cache_config = vm.awake_only(replicas, sel), vm.awake_only(cache_config, sel)
+    else:
+        running_per_replica, kv_usage_mean = f"avg by ({by}) ({running})", f"avg by ({by}) ({kv_usage})"
+        replicas, cache_config = f"({replicas})", f"({cache_config})"
+
     return {
         "drafts": rate_sum(vm.SPEC_DRAFTS),
         "draft_tokens": rate_sum(vm.SPEC_DRAFT_TOKENS),
@@ -111,8 +139,8 @@ def fleet_queries(window_seconds: int, namespaces: Collection[str]) -> dict[str,
         "accepted_per_pos": (
             f"sum by ({by}, {vm.LABEL_POSITION}) (rate({vm.SPEC_ACCEPTED_PER_POS}{{{sel}}}[{w}]))"
         ),
-        "running_per_replica": f"avg by ({by}) (avg_over_time({vm.REQUESTS_RUNNING}{{{sel}}}[{w}]))",
-        "replicas": f"count by ({by}) ({vm.REQUESTS_RUNNING}{{{sel}}})",
+        "running_per_replica": running_per_replica,
+        "replicas": f"count by ({by}) {replicas}",
         # Averaged over the window like the running count: the two make the demand, and its trend.
         "waiting": f"sum by ({by}) (avg_over_time({vm.REQUESTS_WAITING}{{{sel}}}[{w}]))",
         "generation_tps": rate_sum(vm.GENERATION_TOKENS),
@@ -120,11 +148,11 @@ def fleet_queries(window_seconds: int, namespaces: Collection[str]) -> dict[str,
         "itl_p99": itl_quantile(0.99),
         "sample_age": f"time() - max by ({by}) (timestamp({vm.REQUESTS_RUNNING}{{{sel}}}))",
         # Memory (each missing answer only turns the policy's memory reasoning off).
-        "kv_usage": f"avg by ({by}) (avg_over_time({vm.KV_CACHE_USAGE}{{{sel}}}[{w}]))",
+        "kv_usage": kv_usage_mean,
         "preemptions": rate_sum(vm.NUM_PREEMPTIONS),
         "kv_capacity": (
             f"max by ({by}, {SPECULATION_LABEL}, {vm.LABEL_NUM_GPU_BLOCKS}, {vm.LABEL_BLOCK_SIZE}) "
-            f"({vm.CACHE_CONFIG_INFO}{{{sel}}})"
+            f"{cache_config}"
         ),
         "prompt_len": mean_per_request(vm.REQUEST_PROMPT_TOKENS),
         "output_len": mean_per_request(vm.REQUEST_GENERATION_TOKENS),
@@ -135,12 +163,18 @@ def fleet_queries(window_seconds: int, namespaces: Collection[str]) -> dict[str,
 
 
 def query_fleet(
-    query: QueryFn, window_seconds: int, namespaces: Collection[str], now: float | None = None
+    query: QueryFn,
+    window_seconds: int,
+    namespaces: Collection[str],
+    now: float | None = None,
+    *,
+    standby: bool = False,
 ) -> FleetAnswers:
     """Run each fleet query once over `namespaces`; the first failure stops the round (every pool then
-    holds). Rejected samples are counted (and logged); `now` (Unix seconds) bounds sample times."""
+    holds). Rejected samples are counted (and logged); `now` (Unix seconds) bounds sample times.
+    `standby`: the round's resources have Standby pools (see `fleet_queries`)."""
     results: dict[str, list[dict[str, Any]]] = {}
-    for name, promql in fleet_queries(window_seconds, namespaces).items():
+    for name, promql in fleet_queries(window_seconds, namespaces, standby=standby).items():
         try:
             results[name] = query(promql)
         except QueryError as err:

@@ -11,12 +11,14 @@ from specfleet.api.constants import (
     LABEL_POOL,
     LABEL_SPECULATION,
     LABEL_TRACK,
+    POOLS,
 )
 from specfleet.api.reasons import DEGRADED, METRICS_AVAILABLE
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.observe.resource_metrics import CONDITION, POOL_READY_REPLICAS, POOL_REPLICAS, POOL_SPECULATING
 from specfleet.policy.rules.threshold import threshold_values
 from specfleet.render.common import Manifest, RenderOptions, metadata
+from specfleet.render.standby import SPECULATIVE_PORT_NAME, standby_pool
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.cost_profile import default_profile
 from specfleet_runtime.names import (
@@ -37,16 +39,26 @@ def _monitoring_metadata(sd: SpeculativeDeployment, options: RenderOptions) -> d
     return meta
 
 
+def _has_standby_pool(sd: SpeculativeDeployment) -> bool:
+    return any(standby_pool(sd, pool) for pool in POOLS)
+
+
 def render_pod_monitor(sd: SpeculativeDeployment, options: RenderOptions) -> Manifest:
-    """One PodMonitor scraping /metrics on the `http` port of every pod of this resource."""
+    """One PodMonitor scraping /metrics on the `http` port of every pod of this resource, and on the
+    `speculative` port of a Standby pool's pods (its second engine: awake or asleep, both are scraped
+    and the policy's queries count the awake one)."""
     meta = _monitoring_metadata(sd, options)
+    endpoints = [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    if _has_standby_pool(sd):
+        # Pods without a port of that name (every other pod) get no target from this endpoint.
+        endpoints.append({"port": SPECULATIVE_PORT_NAME, "path": "/metrics", "interval": "15s"})
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
         "metadata": meta,
         "spec": {
             "selector": {"matchLabels": {LABEL_INSTANCE: sd.name, LABEL_DEPLOYMENT: sd.name}},
-            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            "podMetricsEndpoints": endpoints,
             # The policy's PromQL selects engine series by these (as specfleet_io_deployment, ...).
             "podTargetLabels": [LABEL_DEPLOYMENT, LABEL_POOL, LABEL_SPECULATION, LABEL_TRACK],
         },
@@ -84,6 +96,11 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
     def by_pool(metric: str, selector: str = engines) -> str:
         return f"sum by ({BY_POOL}) (rate({metric}{{{selector}}}[{window}]))"
 
+    # Per-replica means over awake engines only where a Standby pod's second engine sleeps (see
+    # fleet_queries); other resources keep the plain expressions.
+    running = f"{vm.REQUESTS_RUNNING}{{{engines}}}"
+    running = vm.awake_only(running, engines) if _has_standby_pool(sd) else f"({running})"
+
     drafts = by_pool(vm.SPEC_DRAFTS)
     recording = [
         {
@@ -93,12 +110,12 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
         },
         {
             "record": RECORD_RUNNING,
-            "expr": f"avg by ({BY_POOL}) ({vm.REQUESTS_RUNNING}{{{engines}}})",
+            "expr": f"avg by ({BY_POOL}) {running}",
         },
         {
             "record": RECORD_REJECTED,
             "expr": f"({by_pool(vm.SPEC_DRAFT_TOKENS)} - {by_pool(vm.SPEC_ACCEPTED_TOKENS)})"
-            f" / count by ({BY_POOL}) ({vm.REQUESTS_RUNNING}{{{engines}}})",
+            f" / count by ({BY_POOL}) {running}",
         },
     ]
     own = f'namespace="{ns}",{SERIES_DEPLOYMENT}="{name}"'

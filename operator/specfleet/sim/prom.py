@@ -18,6 +18,11 @@ mean prompt and output length of the requests finished in the window, and the pr
 (the rate of vllm:prefix_cache_hits over that of vllm:prefix_cache_queries, summed over the pool's
 engines; no lookup in the window is no answer). Inter-token latency quantiles
 are not simulated (None), as the policy only reports them.
+
+Each sample also says whether its engine is awake (vllm:engine_sleep_state): as the fleet queries of a
+Standby round do, the replica count, the KV usage mean and the cache configs take only the engines
+awake at t, and the running mean divides every engine's window mean by the awake ones' count. With
+every engine awake that is the plain queries' answer.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ class Sample:
     # vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total (tokens)
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
+    # vllm:engine_sleep_state{sleep_state="awake"}: False while a Standby pod's engine is parked.
+    awake: bool = True
 
 
 @dataclass
@@ -138,19 +145,24 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
     }
     per_pos: dict[int, list[float]] = {}
     running_avgs: list[float] = []
+    awake_running = 0  # engines with a window mean of running requests that are awake at t
     kv_avgs: list[float] = []
     caches: set[tuple[str, int, int]] = set()
     waiting = 0.0
     newest = -math.inf
+    awake = 0
     for s in live:
         win = _window(s.samples, t, window)
         latest = next(x for x in reversed(s.samples) if x.t <= t)
         newest = max(newest, latest.t)
+        awake += latest.awake
         if win:
             waiting += sum(x.waiting for x in win) / len(win)
             running_avgs.append(sum(x.running for x in win) / len(win))
-            kv_avgs.append(sum(x.kv_usage for x in win) / len(win))
-        if s.num_gpu_blocks > 0:
+            if latest.awake:
+                awake_running += 1
+                kv_avgs.append(sum(x.kv_usage for x in win) / len(win))
+        if s.num_gpu_blocks > 0 and latest.awake:
             caches.add((s.speculation, s.num_gpu_blocks, s.block_size))
         for name, attr in (
             ("drafts", "drafts"),
@@ -200,8 +212,8 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
         {"metric": {"position": str(i)}, "value": [t, repr(float(sum(v)))]}
         for i, v in sorted(per_pos.items())
     ]
-    out["running_per_replica"] = _vector(sum(running_avgs) / len(running_avgs) if running_avgs else None, t)
-    out["replicas"] = _vector(float(len(live)) if live else None, t)
+    out["running_per_replica"] = _vector(sum(running_avgs) / awake_running if awake_running else None, t)
+    out["replicas"] = _vector(float(awake) if awake else None, t)
     out["waiting"] = _vector(waiting if live else None, t)
     out["itl_p50"] = []
     out["itl_p99"] = []
