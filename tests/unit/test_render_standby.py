@@ -15,7 +15,7 @@ from specfleet.api.status import StandbyStatus
 from specfleet.api.validation import parse_resource
 from specfleet.reconcile import decided_plan, reconcile
 from specfleet.reconcile.pod_failures import pool_failure
-from specfleet.render import PoolPlan, render_children
+from specfleet.render import PoolPlan, RenderOptions, render_children
 from specfleet.render.engine import render_pool_deployment
 from specfleet.render.router import routing_config
 from specfleet.render.standby import add_quantities, standby_memory
@@ -166,6 +166,15 @@ def test_the_network_policy_admits_the_speculative_port() -> None:
     sd = parse_resource(body)
     policy = next(c for c in render_children(sd, decided_plan(sd)) if c["kind"] == "NetworkPolicy")
     assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == [8000, 8001]
+    # The operator switches the engines during a flip: its namespace is admitted (where it is known).
+    options = RenderOptions(operator_namespace="specfleet-system")
+    policy = next(c for c in render_children(sd, decided_plan(sd), options) if c["kind"] == "NetworkPolicy")
+    namespaces = [
+        p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        for p in policy["spec"]["ingress"][0]["from"]
+        if "namespaceSelector" in p
+    ]
+    assert namespaces == ["monitoring", "specfleet-system"]
 
 
 def test_a_standby_pool_has_no_canaries() -> None:

@@ -110,6 +110,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         max_workers=args.max_workers,
         resync_workers=args.resync_workers,
         engine_address_map=tuple(args.engine_address_map or ()),
+        operator_namespace=os.environ.get("POD_NAMESPACE") or None,
         prometheus_auth=PrometheusAuth(
             ca_file=args.prometheus_ca_file,
             insecure_skip_verify=args.prometheus_insecure_skip_verify,

@@ -84,6 +84,8 @@ class OperatorConfig:
     monitoring_labels: tuple[tuple[str, str], ...] = ()
     # Pod IPs dialed at other addresses for Standby flips (the router's --endpoint-address-map).
     engine_address_map: AddressMap = ()
+    # Where the operator runs (the chart's POD_NAMESPACE): admitted to Standby pools' engines.
+    operator_namespace: str | None = None
 
 
 def _observe_query(seconds: float, ok: bool) -> None:
@@ -182,7 +184,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Log
     cluster = KubeCluster(load_kube_config(config.kubeconfig))
     controller = Controller(
         cluster,
-        RenderOptions(router_image=config.router_image, monitoring_labels=config.monitoring_labels),
+        RenderOptions(
+            router_image=config.router_image,
+            monitoring_labels=config.monitoring_labels,
+            operator_namespace=config.operator_namespace,
+        ),
         _querier_factory(config.prometheus_auth),
     )
     emit = _policy_emitter(cluster)

@@ -126,7 +126,7 @@ def render_children(
         ]
     # Before the engine pods, so none of them is ever reachable around the router.
     if sd.spec.network_policy.enabled:
-        children.append(render_engine_network_policy(sd))
+        children.append(render_engine_network_policy(sd, options.operator_namespace))
     for pool in POOLS:
         children.append(render_pool_service(sd, pool, standby=plan[pool].standby))
         if standby_pool(sd, pool):

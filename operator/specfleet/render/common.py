@@ -38,6 +38,9 @@ class RenderOptions:
     # Labels on every PodMonitor and PrometheusRule (the chart's monitoring.labels, e.g. kube-prometheus-
     # stack's `release: <its release>`); a resource's own spec.monitoring.labels win over them.
     monitoring_labels: tuple[tuple[str, str], ...] = ()
+    # The operator's own namespace (POD_NAMESPACE, set by the chart): a Standby pool's NetworkPolicy
+    # admits it, since the operator switches the engines over their HTTP ports during a flip.
+    operator_namespace: str | None = None
 
 
 def pool_name(sd: SpeculativeDeployment, pool: str) -> str:

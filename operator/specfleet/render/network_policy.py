@@ -33,12 +33,18 @@ def engine_ingress_peers(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
     return peers
 
 
-def render_engine_network_policy(sd: SpeculativeDeployment) -> Manifest:
+def render_engine_network_policy(
+    sd: SpeculativeDeployment, operator_namespace: str | None = None
+) -> Manifest:
     """Ingress to every engine pod of this resource from `engine_ingress_peers` only, on the engine port
-    (and a Standby pool's speculative engine port)."""
+    (and, with a Standby pool, its speculative engine port and from the operator's namespace: the
+    operator drains and switches the engines of a Standby flip over their HTTP ports)."""
     ports = [{"protocol": "TCP", "port": ENGINE_PORT}]
+    peers = engine_ingress_peers(sd)
     if any(standby_pool(sd, pool) for pool in POOLS):
         ports.append({"protocol": "TCP", "port": STANDBY_SPECULATIVE_PORT})
+        if operator_namespace:
+            peers.append({"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}}})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -48,7 +54,7 @@ def render_engine_network_policy(sd: SpeculativeDeployment) -> Manifest:
             "policyTypes": ["Ingress"],
             "ingress": [
                 {
-                    "from": engine_ingress_peers(sd),
+                    "from": peers,
                     "ports": ports,
                 }
             ],
