@@ -2,9 +2,9 @@
 
 A flip of a Standby pool changes no template, so no rollout carries it: the driver does, pod by pod.
 The handlers tell it which resources exist (`track` on every watch event, so a decision's status write
-wakes it at once); it ticks a resource every `busy_seconds` while one of its Standby pools is not
-serving the decided mode, else every `idle_seconds` (a pod added or restarted since starts serving
-without the drafter, and is flipped then). What each tick did goes to `on_tick` (status, events).
+wakes it at once); it ticks a resource every `busy_seconds` (half a second: each tick lists the pool's
+pods and endpoint slices) while one of its Standby pools does not serve the decided mode, else every
+`idle_seconds` (a pod added or restarted since starts serving without the drafter, and is flipped then). What each tick did goes to `on_tick` (status, events).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class StandbyDriver:
         self,
         flipper: StandbyFlipper,
         on_tick: OnTick,
-        busy_seconds: float = 1.0,
+        busy_seconds: float = 0.5,
         idle_seconds: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
