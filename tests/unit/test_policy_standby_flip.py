@@ -60,16 +60,15 @@ def test_70b_fp8_on_one_gpu_copies_about_70_gb_each_way_at_21_gib_per_second():
     )
 
 
-def test_the_drain_is_a_whole_request_at_the_decode_rate_then_the_queue_bounded_by_the_grace_period():
+def test_the_drain_is_a_whole_request_at_the_decode_rate_bounded_by_the_grace_period():
     # 3 replicas, 4 running each, 300 tokens/s over the pool (100 per replica, 25 per request), 200
     # tokens a request: the last running request needs about 200 / 25 = 8 s.
     assert standby_drain_seconds(_obs(4, 0, 300, 200), 120) == pytest.approx(8.0)
-    # 9 waiting over 3 replicas (3 each): the running ones' half-done output and the waiting ones'
-    # whole at 100 tokens/s: 200 / 100 x (2 + 3) = 10 s.
-    assert standby_drain_seconds(_obs(4, 9, 300, 200), 120) == pytest.approx(10.0)
+    # The queued ones go back to the router: they add nothing.
+    assert standby_drain_seconds(_obs(4, 90, 300, 200), 120) == pytest.approx(8.0)
     # At most the grace period; idle, nothing; a load whose rate is not measured, the grace period.
-    assert standby_drain_seconds(_obs(4, 9, 300, 200), 6) == 6
-    assert standby_drain_seconds(_obs(0, 0), 120) == 0
+    assert standby_drain_seconds(_obs(4, 0, 30, 200), 60) == 60
+    assert standby_drain_seconds(_obs(0, 9), 120) == 0
     assert standby_drain_seconds(_obs(4, 0, None, 200), 120) == 120
 
 

@@ -25,10 +25,11 @@ flip goes one replica at a time, so it takes R batches of one replica's flip:
 
     flip = drain + sleep + wake + check
 
-- drain: the replica leaves the pool's Service and finishes what it holds: the requests it runs need
-  about a whole request's output at their current decode rate (the last of them to finish is about as
-  long as a request), the ones waiting in it their share of the engine's throughput after that,
-  together at most the pod's `terminationGracePeriodSeconds` (past it the kubelet's rules apply);
+- drain: the replica leaves the pool's Service, hands the requests queued in it that have not streamed
+  a token back to the router (sent to another engine: a memory-bound engine's queue would take minutes
+  at the slow setting) and finishes the ones it runs: about a whole request's output at their current
+  decode rate (the last of them to finish is about as long as a request), at most the pod's
+  `terminationGracePeriodSeconds` (past it the kubelet's rules apply);
 - sleep and wake: the awake engine's weights per GPU copied to host RAM, the other engine's back
   (`specfleet_runtime.sleep_mode.transfer_seconds`: target + drafter weights / TP one way, the
   target's / TP the other), weights from the same model the KV cache is sized with (`kv_cache`);
@@ -79,20 +80,19 @@ def standby_switch_seconds(model: CapacityModel, tensor_parallel_size: int = 1) 
 
 
 def standby_drain_seconds(obs: PoolObservation, grace_seconds: float) -> float:
-    """How long one replica takes to finish what it holds once it leaves the Service (see the module
-    docstring): with N running and W waiting per replica, a mean output of L tokens and T tokens/s per
-    replica, L / T x max(N, N / 2 + W), at most `grace_seconds`. Nothing running or waiting: 0; what
-    it holds measured but not its rate: the grace period (the bound)."""
+    """How long one replica takes to finish the requests it runs once it leaves the Service (its
+    unstarted ones go back to the router; see the module docstring): with N running per replica, a
+    mean output of L tokens and T tokens/s per replica, a whole request at the per-request rate,
+    L / (T / N), at most `grace_seconds`. Nothing running: 0; running but its rate not measured: the
+    grace period (the bound)."""
     running = max(0.0, obs.running_per_replica or 0.0)
-    replicas = max(1, obs.replicas_reporting)
-    waiting = max(0.0, obs.waiting or 0.0) / replicas if obs.waiting is not None else 0.0
-    if running + waiting <= 0:
+    if running <= 0:
         return 0.0
     gen, output = obs.generation_tokens_per_second, obs.mean_output_tokens
     if not gen or gen <= 0 or not output or output <= 0 or not math.isfinite(gen + output):
         return float(grace_seconds)
-    per_replica = gen / replicas
-    return min(float(grace_seconds), output / per_replica * max(running, running / 2 + waiting))
+    per_request = gen / max(1, obs.replicas_reporting) / running
+    return min(float(grace_seconds), output / per_request)
 
 
 @dataclass(frozen=True)
