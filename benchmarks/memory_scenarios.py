@@ -351,9 +351,16 @@ def section(comps: dict[tuple[str, str], Comparison]) -> list[str]:
     return [*lines, ""]
 
 
+def _first_off(comp: Comparison) -> str:
+    """Minutes into the trace of the policy's first turn-off ("-": none)."""
+    off = [c.time for c in comp.runs["policy"].changes if c.kind == "flip" and c.to_mode == "Off"]
+    return f"{off[0] / 60:.1f}" if off else "-"
+
+
 def standby_section(comps: dict[tuple[str, str], Comparison]) -> list[str]:
-    """Each scenario's Standby rows against its Restart rows: both measures, and one replica's flip as
-    the policy's run measured it (`status.pools.latency.standbyFlipSeconds`)."""
+    """Each scenario's Standby rows against its Restart rows: both measures, when each policy run first
+    turned the pool off, and one replica's flip as the Standby run measured it
+    (`status.pools.latency.standbyFlipSeconds`)."""
     lines = [
         "### Standby flips against Restart flips",
         "",
@@ -364,8 +371,9 @@ def standby_section(comps: dict[tuple[str, str], Comparison]) -> list[str]:
         "70b-one-gpu with Standby >= 0.97 / >= 0.90, and Standby never below Restart.",
         "",
         "| scenario | drafter | Restart policy | Standby policy | Standby rollout-paying bound | "
-        "one replica's flip (s) | Standby flips | Standby >= Restart |",
-        "|---|---|---|---|---|---|---|---|",
+        "Standby lagged bound | first turn-off, Restart / Standby (min) | one replica's flip (s) | "
+        "Standby flips | Standby >= Restart |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (name, drafter), standby in comps.items():
         base = name.removesuffix("-standby")
@@ -379,7 +387,8 @@ def standby_section(comps: dict[tuple[str, str], Comparison]) -> list[str]:
         flips = sum(1 for c in standby.runs["policy"].changes if c.kind == "flip")
         lines.append(
             f"| {base} | {drafter} | {both(restart, 'policy')} | {both(standby, 'policy')} | "
-            f"{both(standby, BOUND)} | {'-' if flip is None else flip} | {flips} | "
+            f"{both(standby, BOUND)} | {both(standby, LAGGED)} | {_first_off(restart)} / {_first_off(standby)} | "
+            f"{'-' if flip is None else flip} | {flips} | "
             f"{'yes' if ok else '**no**'} |"
         )
     return [*lines, ""]
