@@ -20,6 +20,9 @@ Scenarios:
 - 70b-one-gpu: Llama-3.1-70B in FP8 on one H100 with its EAGLE-3 drafter, prompts of 500-1,500
   tokens: 11 requests fit without the drafter, 3 with it (memory-bound from a few requests on).
 - 70b-two-gpus: the same in BF16 over two H100s (tensor parallel 2), prompts of 500-1,500 tokens.
+- each again with `-standby`: the same resource, profile and trace with the latency pool's
+  `rollout.flip: Standby` (a flip drains one replica at a time, sleeps its engine and wakes the other:
+  `specfleet.policy.predict.rollout_time`), beside the Restart flips of the rows without it.
 
 The 70B profiles are derived, not measured: step times are the published 8B table times 4.4 (per
 GPU, FP8 70B on one H100 and BF16 70B over two read 70.6 GB of weights a step against the 8B's 16.1
@@ -73,6 +76,8 @@ class MemoryScenario:
     prompt_range: tuple[int, int]
     # One engine's start-up (None: the simulator's estimate for the resource's model and TP).
     startup_seconds: float | None = None
+    # How the latency pool flips (rollout.flip).
+    flip: str = "Restart"
 
     def capacity(self, acceptance: tuple[float, ...], outputs: np.ndarray) -> float:
         """Requests per second per replica of the best setting at the batch it can run."""
@@ -119,6 +124,8 @@ class HeldOut:
     drafter: str
     seed: int
     shape: Shape
+    # "-standby": the scenario's Standby variant, run beside each case (see `scenarios`).
+    variant: str = ""
 
     @property
     def label(self) -> str:
@@ -126,8 +133,8 @@ class HeldOut:
         rise = (self.shape[2][0] - self.shape[1][0]) / 60
         length = (self.shape[3][0] - self.shape[2][0]) / 60
         return (
-            f"{self.scenario} / {self.drafter} (seed {self.seed}: busy {busy:.2f} for {length:.0f} min, "
-            f"rise and fall {rise:.1f} min)"
+            f"{self.scenario}{self.variant} / {self.drafter} (seed {self.seed}: busy {busy:.2f} for "
+            f"{length:.0f} min, rise and fall {rise:.1f} min)"
         )
 
 
@@ -173,6 +180,17 @@ def _resource(edit: Callable[[dict], None]) -> SpeculativeDeployment:
     doc["spec"]["pools"]["batch"]["speculation"] = "Off"
     edit(doc)
     return parse_resource(doc)
+
+
+def _standby(edit: Callable[[dict], None]) -> Callable[[dict], None]:
+    """`edit`, then the latency pool flips by Standby engines."""
+
+    def standby(doc: dict) -> None:
+        edit(doc)
+        # The parked weights per pod (target + drafter, with headroom): only the pod's memory request.
+        doc["spec"]["pools"]["latency"]["rollout"] = {"flip": "Standby", "standbyHostMemory": "160Gi"}
+
+    return standby
 
 
 def _long_context(doc: dict) -> None:
@@ -226,20 +244,20 @@ def _seventy_b(tensor_parallel_size: int) -> Callable[[dict], None]:
 
 
 def scenarios() -> dict[str, MemoryScenario]:
-    return {
-        "long-context-8b": MemoryScenario(
-            "long-context-8b", _resource(_long_context), default_profile(), (16384, 32768)
-        ),
-        "70b-one-gpu": MemoryScenario(
-            "70b-one-gpu",
-            _resource(_seventy_b(1)),
-            profile_70b(1),
-            (500, 1500),
-            # The estimate reads the FP8 weights (the preset's are BF16).
-            estimated_startup_seconds(FP8_70B, 1),
-        ),
-        "70b-two-gpus": MemoryScenario("70b-two-gpus", _resource(_seventy_b(2)), profile_70b(2), (500, 1500)),
+    """Every scenario, each followed by its `-standby` variant (see the module docstring)."""
+    edits: dict[str, tuple[Callable[[dict], None], StepTimeProfile, tuple[int, int], float | None]] = {
+        "long-context-8b": (_long_context, default_profile(), (16384, 32768), None),
+        # The estimate reads the FP8 weights (the preset's are BF16).
+        "70b-one-gpu": (_seventy_b(1), profile_70b(1), (500, 1500), estimated_startup_seconds(FP8_70B, 1)),
+        "70b-two-gpus": (_seventy_b(2), profile_70b(2), (500, 1500), None),
     }
+    out: dict[str, MemoryScenario] = {}
+    for name, (edit, profile, prompts, startup) in edits.items():
+        out[name] = MemoryScenario(name, _resource(edit), profile, prompts, startup)
+        out[f"{name}-standby"] = MemoryScenario(
+            name, _resource(_standby(edit)), profile, prompts, startup, flip="Standby"
+        )
+    return out
 
 
 def run(
@@ -330,6 +348,49 @@ def section(comps: dict[tuple[str, str], Comparison]) -> list[str]:
             f"{latency.preemptions} | {_fmt(latency.mean_kv_usage)} | "
             f"{sum(1 for c in changes if c.kind == 'flip')} | {sum(1 for c in changes if c.kind == 'retune')} | "
             f"{'yes' if met else '**no**'} |"
+        )
+    return [*lines, ""]
+
+
+def _first_off(comp: Comparison) -> str:
+    """Minutes into the trace of the policy's first turn-off ("-": none)."""
+    off = [c.time for c in comp.runs["policy"].changes if c.kind == "flip" and c.to_mode == "Off"]
+    return f"{off[0] / 60:.1f}" if off else "-"
+
+
+def standby_section(comps: dict[tuple[str, str], Comparison]) -> list[str]:
+    """Each scenario's Standby rows against its Restart rows: both measures, when each policy run first
+    turned the pool off, and one replica's flip as the Standby run measured it
+    (`status.pools.latency.standbyFlipSeconds`)."""
+    lines = [
+        "### Standby flips against Restart flips",
+        "",
+        "The same scenario, drafter and trace with the latency pool's `rollout.flip: Standby`: a flip "
+        "drains one replica at a time, sleeps its engine and wakes the other (the weights per GPU over "
+        "the host link each way, 64 GiB per 3 s, plus a check completion), instead of restarting each "
+        "engine. Ratios to the per-level oracle, time-weighted / over all requests; targets: "
+        "70b-one-gpu with Standby >= 0.97 / >= 0.90, and Standby never below Restart.",
+        "",
+        "| scenario | drafter | Restart policy | Standby policy | Standby rollout-paying bound | "
+        "Standby lagged bound | first turn-off, Restart / Standby (min) | one replica's flip (s) | "
+        "Standby flips | Standby >= Restart |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (name, drafter), standby in comps.items():
+        base = name.removesuffix("-standby")
+        restart = comps.get((base, drafter))
+        if base == name or restart is None:
+            continue
+        pairs = [(restart.ratio("policy"), standby.ratio("policy"))]
+        pairs.append((restart.request_ratio("policy"), standby.request_ratio("policy")))
+        ok = all(a is not None and b is not None and b >= a for a, b in pairs)
+        flip = standby.runs["policy"].status.pools.latency.standby_flip_seconds
+        flips = sum(1 for c in standby.runs["policy"].changes if c.kind == "flip")
+        lines.append(
+            f"| {base} | {drafter} | {both(restart, 'policy')} | {both(standby, 'policy')} | "
+            f"{both(standby, BOUND)} | {both(standby, LAGGED)} | {_first_off(restart)} / {_first_off(standby)} | "
+            f"{'-' if flip is None else flip} | {flips} | "
+            f"{'yes' if ok else '**no**'} |"
         )
     return [*lines, ""]
 

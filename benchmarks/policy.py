@@ -529,7 +529,8 @@ def main() -> None:
     )
     if memory_comps:
         held = report.index("## Held-out cases") if "## Held-out cases" in report else len(report)
-        report = report[:held] + "\n".join(memory_scenarios.section(memory_comps)) + "\n" + report[held:]
+        memory = [*memory_scenarios.section(memory_comps), *memory_scenarios.standby_section(memory_comps)]
+        report = report[:held] + "\n".join(memory) + "\n" + report[held:]
     if memory_held_out:
         report += "\n" + "\n".join(memory_scenarios.held_out_section(memory_held_out))
     (out / "policy.md").write_text(report)
@@ -542,18 +543,20 @@ def memory_held_out_rows(
     """Every held-out memory case (`memory_scenarios.held_out_cases`) run with its bounds."""
     scenarios = memory_scenarios.scenarios()
     rows = []
-    for case in memory_scenarios.held_out_cases():
-        if log:
-            log(f"held-out memory: {case.label}")
-        scenario = scenarios[case.scenario]
-        comp = memory_scenarios.run(
-            scenario,
-            ACCEPTANCE_PROFILES[case.drafter],
-            seed=case.seed,
-            lag_seconds=lag_seconds(scenario.sd),
-            shape=case.shape,
-        )
-        rows.append((case, comp))
+    for held in memory_scenarios.held_out_cases():
+        # Each case as drawn, then its Standby variant.
+        for case in (held, dataclasses.replace(held, variant="-standby")):
+            if log:
+                log(f"held-out memory: {case.label}")
+            scenario = scenarios[case.scenario + case.variant]
+            comp = memory_scenarios.run(
+                scenario,
+                ACCEPTANCE_PROFILES[case.drafter],
+                seed=case.seed,
+                lag_seconds=lag_seconds(scenario.sd),
+                shape=case.shape,
+            )
+            rows.append((case, comp))
     return rows
 
 

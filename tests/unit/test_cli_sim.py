@@ -95,6 +95,16 @@ def test_plan_recommends_settings_schedule_and_thresholds(
     assert thresholds["resumeBelowConcurrencyPerReplica"] < thresholds["stopAboveConcurrencyPerReplica"]
     assert doc["pools"]["latency"]["speculation"] == "On"
     assert doc["predicted"]["policyVsAlwaysOff"] > 0.3
+    # What a flip takes with Standby engines and without, and the host memory they park: Llama-3.1-8B
+    # (16.06 GB) and its drafter (0.85 GB) per pod, 8 one-GPU pods on an 8-GPU node.
+    standby = doc["pools"]["latency"]["standby"]
+    assert standby["flipSeconds"]["standby"] < standby["flipSeconds"]["restart"]
+    assert standby["pays"] is False  # the pool stays On on this trace: no flip to speed up
+    assert (standby["hostMemoryPerPodGB"], standby["podsPerNode"], standby["hostMemoryPerNodeGB"]) == (
+        16.9,
+        8,
+        135.3,
+    )
 
 
 def test_plan_thresholds_and_break_even_are_the_policys_own(

@@ -1,5 +1,6 @@
-"""The capacity dip of a Replace rollout (`policy.rules.dip`): the remaining engines must carry the load, and
-the flip's gain over its dwell must repay the capacity it removes for the rollout's duration."""
+"""The capacity dip of a Replace rollout or a Standby flip (`policy.rules.dip`): the remaining engines must
+carry the load (a Standby flip: only where none remain), and the flip's gain over its dwell must repay
+the capacity it removes for the rollout's duration."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from specfleet.api.policy import PolicySpec
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide
 from specfleet.policy.inputs.observation import PoolRolloutState
 from specfleet.policy.predict.rollout_time import pool_rollout
-from specfleet.policy.rules.dip import Dip, replace_dip, replace_gate
+from specfleet.policy.rules.dip import Dip, flip_dip, replace_gate
 from specfleet_runtime.cost_profile import default_profile
 from support.manifests import CLASSIC_THRESHOLDS
 
@@ -49,7 +50,7 @@ def state(
 
 
 def dip(s: PoolState, o: PoolObservation) -> Dip | None:
-    return replace_dip(s, o, pool_rollout(s, o.replicas_reporting, PROFILE))
+    return flip_dip(s, o, pool_rollout(s, o, PROFILE))
 
 
 def test_surge_has_no_dip():
@@ -124,3 +125,40 @@ def test_goodput_turns_on_at_low_load_within_the_pools_gpus():
     # The same flip on a pool of one engine would stop all of it under load: it holds.
     d1 = _one(GOODPUT, replace(st, replicas=1), obs(2, accept=None))
     assert (d1.flip, d1.reason) == (False, r.REPLACE_WOULD_OVERLOAD)
+
+
+def test_a_standby_flip_dips_one_engine_for_its_replicas_flips_whatever_the_strategy():
+    # Measured: 12 s per replica, one replica at a time, a Surge pool included (no restart).
+    for strategy in ("Surge", "Replace"):
+        d = dip(state("On", strategy, unavailable=2, flip="Standby", standby_flip_seconds=12), obs(4))
+        assert d == Dip(3, 1, 36, standby=True)
+    # Never the restart's start-up, even where one is measured.
+    slow = dip(state("On", flip="Standby", startup_seconds=900, standby_flip_seconds=12), obs(4))
+    assert slow is not None
+    assert slow.seconds == 36
+
+
+def test_a_standby_flip_holds_only_where_it_does_not_repay_its_seconds_out():
+    # 3 x 90 = 270 requests on the 2 engines left of 128: a Replace rollout holds (minutes of it); a
+    # Standby flip takes one engine out for seconds, which the repay question prices.
+    standby = Dip(3, 1, 36, standby=True)
+    assert replace_gate(GOODPUT, standby, 90, 128, 3.0) is None
+    # 1/3 of the pool for 36 s is 12 engine-seconds per engine: 1.03x over 300 s repays 9, 1.05x 15.
+    reason, message = replace_gate(GOODPUT, standby, 4, 256, 1.03)
+    assert reason == r.STANDBY_DIP_NOT_REPAID
+    assert "a Standby flip removes for 36s (12)" in message
+    assert replace_gate(GOODPUT, standby, 4, 256, 1.05) is None
+    # A pool of one replica has no engine left while it flips: only while idle.
+    one = Dip(1, 1, 12, standby=True)
+    assert replace_gate(GOODPUT, one, 0.1, 256, 3.0)[0] == r.STANDBY_WOULD_OVERLOAD
+    assert replace_gate(GOODPUT, one, 0.0, 256, 3.0) is None
+
+
+def test_a_memory_bound_standby_pool_turns_off_under_load_a_replace_pool_holds():
+    # The remaining engines could not carry 80 per replica (64 each): Replace holds; Standby flips, as
+    # its one-engine dip for a few seconds is repaid many times by the turn-off's gain.
+    st = state("On", max_num_seqs=64)
+    held = _one(THRESHOLD, st, obs(60))
+    assert (held.flip, held.reason) == (False, r.REPLACE_WOULD_OVERLOAD)
+    flips = _one(THRESHOLD, replace(st, flip="Standby"), obs(60))
+    assert (flips.flip, flips.target) == (True, "Off"), flips.message

@@ -11,7 +11,7 @@ import pytest
 
 from specfleet.api.policy import PolicySpec
 from specfleet.api.validation import parse_resource
-from specfleet.policy.inputs.observation import PoolRolloutState, PoolState
+from specfleet.policy.inputs.observation import PoolObservation, PoolRolloutState, PoolState
 from specfleet.policy.predict.demand import commit_path, rollout_horizon
 from specfleet.policy.predict.kv_cache import LLAMA31_8B_EAGLE3_H100, LLAMA31_70B_EAGLE3_H100
 from specfleet.policy.predict.rollout_time import (
@@ -27,6 +27,10 @@ from specfleet_runtime.cost_profile import default_profile
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 PROFILE = default_profile()
+
+
+def _obs(replicas: int, **kw: float) -> PoolObservation:
+    return PoolObservation(pool="latency", at=NOW, running_per_replica=0.0, replicas_reporting=replicas, **kw)
 
 
 def test_the_estimate_is_a_fixed_part_and_the_weights_each_gpu_reads():
@@ -53,19 +57,19 @@ def test_a_rollout_takes_its_batches_of_start_ups():
 
 def test_surge_starts_max_surge_engines_at_once_replace_max_unavailable():
     surge = PoolState(mode="On", replicas=4, max_surge=2, startup_seconds=90)
-    assert pool_rollout(surge, 4, PROFILE) == RolloutTime(90, 2, "measured")
+    assert pool_rollout(surge, _obs(4), PROFILE) == RolloutTime(90, 2, "measured")
     replace = PoolState(
         mode="On", replicas=4, rollout_strategy="Replace", max_unavailable=1, startup_seconds=90
     )
-    assert pool_rollout(replace, 4, PROFILE).seconds == 360
+    assert pool_rollout(replace, _obs(4), PROFILE).seconds == 360
     # Autoscaled pools (no spec replicas) roll out the engines reporting.
-    assert pool_rollout(PoolState(mode="On", startup_seconds=90), 3, PROFILE).batches == 3
+    assert pool_rollout(PoolState(mode="On", startup_seconds=90), _obs(3), PROFILE).batches == 3
     last = PoolRolloutState(at=NOW - timedelta(hours=1), settled_at=NOW - timedelta(hours=1, seconds=-200))
-    assert pool_rollout(PoolState(mode="On", replicas=2, rollout=last), 2, PROFILE).startup_seconds == 100
+    assert pool_rollout(PoolState(mode="On", replicas=2, rollout=last), _obs(2), PROFILE).batch_seconds == 100
     # The estimate reads the profile's model at the pool's tensor parallel size.
-    unmeasured = pool_rollout(PoolState(mode="On", replicas=1), 1, PROFILE)
+    unmeasured = pool_rollout(PoolState(mode="On", replicas=1), _obs(1), PROFILE)
     assert unmeasured.source == "estimate"
-    assert 55 < unmeasured.startup_seconds < 70
+    assert 55 < unmeasured.batch_seconds < 70
 
 
 def test_the_load_is_projected_to_the_average_engine_switching_at_most_a_window_ahead():

@@ -93,6 +93,8 @@ PROBE_ACCEPTANCE: Final = "ProbeAcceptance"
 ROLLOUT_FAILED: Final = "RolloutFailed"
 REPLACE_WOULD_OVERLOAD: Final = "ReplaceWouldOverload"
 REPLACE_DIP_NOT_REPAID: Final = "ReplaceDipNotRepaid"
+STANDBY_WOULD_OVERLOAD: Final = "StandbyWouldOverload"
+STANDBY_DIP_NOT_REPAID: Final = "StandbyDipNotRepaid"
 CANARIES_SCALED_DOWN: Final = "CanariesScaledDown"
 CANARIES_SCALED_UP: Final = "CanariesScaledUp"
 # Goodput mode.
@@ -457,6 +459,20 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "`status.pools.<pool>.startupSeconds` measured, else an estimate for the model's size).",
         "Nothing: the flip does not pay on this cluster. A longer `minDwellSeconds`, a smaller "
         "`rollout.maxUnavailable` share or faster start-up (weights from a shared cache) lets it pay.",
+    ),
+    STANDBY_WOULD_OVERLOAD: ReasonDoc(
+        "Decision (hold)",
+        "The pool flips by `rollout.flip: Standby` and has one replica: while it drains, sleeps and wakes "
+        "no engine would serve the requests measured, so the flip waits for the pool to be idle.",
+        "Nothing, if it passes; add a replica so the pool keeps serving while one flips.",
+    ),
+    STANDBY_DIP_NOT_REPAID: ReasonDoc(
+        "Decision (hold)",
+        "The pool flips by `rollout.flip: Standby`, and the flip's predicted gain over "
+        "`policy.minDwellSeconds` (at least one window) is smaller than the capacity it takes out: one "
+        "engine at a time for its drain, sleep, wake and check (`status.pools.<pool>.standbyFlipSeconds` "
+        "measured, else an estimate from the load and the weights).",
+        "Nothing: the flip does not pay now (usually a near break-even gain, or a long drain).",
     ),
     CANARIES_SCALED_DOWN: ReasonDoc(
         "Decision",

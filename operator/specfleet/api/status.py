@@ -174,6 +174,14 @@ class PoolStatus(StatusModel):
         "lists the pool's pods (a rollout, a pool short of replicas, or no measurement yet). The policy "
         "prices a flip's rollout with it; unset: an estimate for the model's size.",
     )
+    standby_flip_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Standby pools (rollout.flip: Standby): how long one replica's flip takes, from "
+        "leaving the pool's Service to serving again (drain, sleep, wake and check), measured from "
+        "the pool's own flips. The policy prices a flip with it (one replica at a time); unset: an "
+        "estimate from the load (the drain) and the weights over the host link (sleep and wake).",
+    )
     acceptance_baseline: str | None = Field(
         default=None,
         description="Baseline cumulative acceptance per draft position, comma-separated (see "

@@ -205,7 +205,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if n
         else None
     )
-    doc = plan(sd, comparison, profile, options.acceptance, lengths)
+    doc = plan(sd, comparison, profile, options.acceptance, lengths, options.resolved(sd.spec).startup)
     if args.output == "json":
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:

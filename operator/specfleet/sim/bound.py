@@ -5,7 +5,8 @@ for changing it, so it switches even on a burst that is over before a rollout co
 policy can follow that. This bound chooses, in hindsight, one schedule of changes per Auto pool and
 then runs it through the simulator (`Strategy(kind="schedule")`), so each of its changes is a real
 surge rollout: a new pod starts (`startup_seconds`) while the old ones serve, then replaces one, and
-the pool runs a mix of old and new engines until the last one is replaced.
+the pool runs a mix of old and new engines until the last one is replaced. A Standby pool's flip is
+one replica at a time, each its sleep + wake + check (and, in the run, its drain).
 
 The schedule is a dynamic program over the windows (`best_schedule`): in each window a pool either
 keeps its setting (and scores that setting's window, from the static runs) or starts a change, which
@@ -33,11 +34,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from specfleet.api.effective import pool_engine
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.inputs.status import auto_pools
+from specfleet.policy.predict.rollout_time import STANDBY
 from specfleet.sim.accounts import RunResult
 from specfleet.sim.fleet import simulate
 from specfleet.sim.options import SimOptions, Strategy
+from specfleet.sim.rollout import switch_seconds
 from specfleet.sim.workload import ClosedLoop, Trace
 from specfleet_runtime.cost_profile import StepTimeProfile
 
@@ -253,7 +257,13 @@ def rollout_paying_oracle(
     choices: dict[str, list[str]] = {}
     for pool in auto_pools(sd.spec):
         spec = getattr(sd.spec.pools, pool)
-        mix = rollout_mix(spec.replicas, spec.max_surge, options.startup, step)
+        if spec.rollout.flip == STANDBY:
+            # One replica at a time, each down for its switch (its drain, which the trace decides, is
+            # left to the simulated run).
+            tp = pool_engine(sd.spec, pool).tensor_parallel_size
+            mix = rollout_mix(spec.replicas, 1, switch_seconds(options, profile, tp), step)
+        else:
+            mix = rollout_mix(spec.replicas, spec.max_surge, options.startup, step)
         values = scores(statics, pool, smooth)
         start, hold = None, 0
         if hold_seconds is not None:

@@ -532,6 +532,15 @@ class Replica:
         self.waiting.clear()
         return out
 
+    def take_unstarted(self) -> list[SimRequest]:
+        """Remove the queued requests that have not streamed a token (a preempted one that has stays):
+        what a router may send to another engine without a client noticing."""
+        out = [r for r in self.waiting if r.first_token < 0]
+        if out:
+            self.waiting = deque(r for r in self.waiting if r.first_token >= 0)
+            self.outstanding -= len(out)
+        return out
+
     def take_running(self) -> list[SimRequest]:
         """Remove the running requests (the engine is killed: their KV is gone with it)."""
         out = list(self._order.values())

@@ -12,6 +12,13 @@ Each load is judged as the policy judges it (`specfleet.policy.predict.throughpu
 trace says how long its requests are, their prefill is priced, and where the profile has a `memory`
 section, a pool whose requests in the system do not fit the KV cache of an engine with the drafter is
 compared by throughput at the batch each setting holds, and its `why` says so.
+
+Each pool's `standby` says what a flip costs with Standby engines (`rollout.flip: Standby`) and
+without: one replica at a time, its drain at the pool's p95 load plus sleep, wake and check
+(`policy.predict.rollout_time`), against the restart rollout (start-ups by the pool's strategy);
+Standby pays where the pool flips (Auto) and the flip is shorter. The host memory it needs: each pod
+parks the sleeping engine's weights (target + drafter, across its GPUs), and a node holds as many pods
+as its GPUs fit (`GPUS_PER_NODE`, an 8-GPU node, unless the engines ask for more GPUs than that).
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ import numpy as np
 
 from specfleet.api.effective import pool_engine
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.inputs.observation import PoolObservation
+from specfleet.policy.inputs.observation import PoolObservation, PoolState
 from specfleet.policy.predict.dynamic_sd import best_schedule
+from specfleet.policy.predict.rollout_time import pool_model_weights, restart_rollout, standby_rollout
 from specfleet.policy.predict.throughput import PoolModel, pool_model, setting_name
 from specfleet.policy.rules.threshold import threshold_values
 from specfleet.sim.accounts import load_per_replica
@@ -36,6 +44,8 @@ from specfleet_runtime.cost_profile import StepTimeProfile, break_even_concurren
 from specfleet_runtime.vllm_args import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 
 MAX_CONCURRENCY = 1024
+# GPUs of one node, for the host memory a node needs for its Standby pods (an 8-GPU HGX/DGX node).
+GPUS_PER_NODE = 8
 
 
 def best_speedup(
@@ -121,6 +131,67 @@ def gain_at(model: PoolModel, c: float, acceptance: Sequence[float], ks: Sequenc
     return max(((model.gain(setting_name(k), acceptance, c), k) for k in ks), key=lambda x: (x[0], -x[1]))
 
 
+def standby_plan(
+    sd: SpeculativeDeployment,
+    pool: str,
+    model: PoolModel,
+    profile: StepTimeProfile,
+    load: float,
+    acceptance: Sequence[float],
+    output_tokens: float | None,
+    startup_seconds: float,
+    flips: bool,
+) -> dict[str, Any]:
+    """What a flip of `pool` takes with Standby engines and by restart, and the host memory Standby
+    needs (see the module docstring). `load`: requests per replica a flip drains at."""
+    spec = sd.spec
+    pool_spec = getattr(spec.pools, pool)
+    engine = pool_engine(spec, pool)  # type: ignore[arg-type]
+    state = PoolState(
+        mode="On",
+        replicas=max(1, pool_spec.replicas),
+        rollout_strategy=pool_spec.rollout.strategy,
+        max_unavailable=pool_spec.rollout.max_unavailable,
+        max_surge=pool_spec.max_surge,
+        startup_seconds=startup_seconds,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        termination_grace_seconds=float(spec.engine.termination_grace_period_seconds),
+    )
+    # The drain at the slowest setting the pool runs (the speculating one where memory binds it), at
+    # the requests per replica it runs of the load.
+    rate, slowest = min((model.tokens_per_second(n, acceptance, max(1.0, load)), n) for n in model.settings)
+    obs = PoolObservation(
+        pool=pool,
+        at=datetime.fromtimestamp(0, UTC),
+        running_per_replica=model.batch(slowest, max(1.0, load)),
+        waiting=0.0,
+        replicas_reporting=1,
+        generation_tokens_per_second=rate,
+        mean_output_tokens=output_tokens,
+    )
+    standby = standby_rollout(state, obs, profile)
+    restart = restart_rollout(state, obs, profile)
+    weights, _ = pool_model_weights(state, profile)
+    gpus = max(1, engine.resources.gpus, engine.tensor_parallel_size)
+    per_pod = weights.target_weight_bytes + weights.drafter_weight_bytes
+    pods_per_node = max(1, GPUS_PER_NODE // gpus)
+    pays = flips and standby.seconds < restart.seconds
+    return {
+        "flipSeconds": {"restart": round(restart.seconds), "standby": round(standby.seconds)},
+        "perReplicaSeconds": round(standby.batch_seconds, 1),
+        "pays": pays,
+        "why": (
+            f"a flip takes {standby.seconds:.0f} s with Standby engines (one replica at a time: "
+            f"{standby.batch_seconds:.1f} s each to drain, sleep, wake and check) against "
+            f"{restart.seconds:.0f} s restarting them"
+            + ("; the pool flips (Auto), so it pays" if pays else "; the pool does not flip here")
+        ),
+        "hostMemoryPerPodGB": round(per_pod / 1e9, 1),
+        "podsPerNode": pods_per_node,
+        "hostMemoryPerNodeGB": round(pods_per_node * per_pod / 1e9, 1),
+    }
+
+
 def pool_load(comparison: Comparison, pool: str) -> dict[str, float] | None:
     """Requests in the system per replica (time-averaged per window) over the policy run, as percentiles."""
     run = comparison.runs.get("policy") or comparison.runs[comparison.best_static]
@@ -137,10 +208,12 @@ def plan(
     profile: StepTimeProfile,
     acceptance: Sequence[float],
     request_tokens: tuple[float, float] | None = None,
+    startup_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The recommendation as a document (printed as YAML or JSON by the CLI).
 
-    `request_tokens` (mean prompt and output tokens of the trace's requests) lets it judge memory."""
+    `request_tokens` (mean prompt and output tokens of the trace's requests) lets it judge memory;
+    `startup_seconds` (one engine's, as simulated) prices each pool's restart flips against Standby."""
     spec = sd.spec
     margin = spec.policy.goodput.margin_percent / 100
     ks = static_ks(profile, spec.drafter.num_speculative_tokens)
@@ -186,6 +259,12 @@ def plan(
         bound = next((q for q in ("p5", "p50", "p95") if model.memory_known and model.bound(load[q])), None)
         if bound is not None:
             why += f"; from its {bound} load on, " + model.why(k_high, acceptance, load[bound])
+        standby = None
+        if startup_seconds is not None:
+            output = request_tokens[1] if request_tokens is not None else None
+            standby = standby_plan(
+                sd, pool, model, profile, load["p95"], acceptance, output, startup_seconds, setting == "Auto"
+            )
         stop_len = acceptance_break_even(profile, acceptance, ks, mid, 1 - margin)
         resume_len = acceptance_break_even(profile, acceptance, ks, mid, 1 + margin)
         pools[pool] = {
@@ -198,6 +277,7 @@ def plan(
                 "stopBelowAcceptanceLengthMilli": None if stop_len is None else round(stop_len * 1000),
                 "resumeAboveAcceptanceLengthMilli": None if resume_len is None else round(resume_len * 1000),
             },
+            **({"standby": standby} if standby is not None else {}),
         }
     results = comparison.to_json()["results"]
 

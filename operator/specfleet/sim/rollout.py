@@ -5,24 +5,41 @@ new pods start (`startup_seconds`), each ready one replaces an old one. Replace 
 `maxUnavailable` >= 1): old pods stop first and each new pod starts on the GPUs one of them frees, so
 its start-up begins only when that pod is gone (a Replace pool is one on a cluster with no spare GPU).
 Either way an old pod stops taking requests and drains what it holds within its grace period.
+
+A Standby pool (`rollout.flip: Standby`) flips without a restart: where the new template differs from a
+pod's only in whether the drafter is on, that pod is flipped in place, one replica at a time whatever
+the strategy. It leaves the endpoints, hands the requests queued in it that have not streamed a token
+back to the router (`handback`: sent to another engine, as the router retries what a killed engine had
+not started; a memory-bound engine's queue would otherwise drain at the slow setting for minutes) and
+finishes the ones it runs (within its grace period, as above), then its awake engine sleeps and the other wakes (`policy.predict.rollout_time.standby_switch_seconds`:
+the weights per GPU over the host link each way) and serves one check completion
+(`STANDBY_CHECK_SECONDS`); then it serves the other setting with an empty KV cache and a cold prefix
+cache (a new `Replica` on the same GPUs). The flip measured, from leaving the endpoints to serving
+again, goes into status as `standbyFlipSeconds`, as the operator measures it. Any other change (a K of
+its own, the image, a scale-up) starts new pods as a Restart pool does, and their engine without the
+drafter starts awake, so one that is to speculate flips once after its start-up.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import json
 import math
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specfleet.api.constants import LABEL_POOL, LABEL_TRACK
+from specfleet.api.constants import LABEL_POOL, LABEL_TRACK, PoolName
 from specfleet.api.status import PoolStatus, SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.predict.kv_cache import CapacityModel, profile_capacity
+from specfleet.policy.predict.rollout_time import STANDBY_CHECK_SECONDS, standby_switch_seconds
 from specfleet.reconcile import decided_plan
 from specfleet.reconcile.apply import hand_over
-from specfleet.render import RenderOptions, render_children
+from specfleet.render import PoolPlan, RenderOptions, render_children
 from specfleet.render.common import pool_name
 from specfleet.render.engine import canary_name
 from specfleet.sim.accounts import Accounts
@@ -32,7 +49,41 @@ from specfleet.sim.options import POOLS, SimOptions
 from specfleet.sim.prom import Prometheus
 from specfleet_runtime import names
 from specfleet_runtime.cost_profile import StepTimeProfile
+from specfleet_runtime.standby import parse_standby_args
 from specfleet_runtime.vllm_args import LOOKAHEAD_METHODS, METHODS_WITH_DRAFTER_MODEL, parse_vllm_args
+
+
+def switch_seconds(options: SimOptions, profile: StepTimeProfile, tensor_parallel_size: int) -> float:
+    """One Standby replica's sleep + wake + check: the weights of the model the engines' KV cache is
+    sized with (`engine_config`), per GPU, over the host link."""
+    measured = profile.memory
+    memory = options.memory or (profile_capacity(measured) if measured is not None else CapacityModel())
+    return standby_switch_seconds(memory, tensor_parallel_size) + STANDBY_CHECK_SECONDS
+
+
+@functools.lru_cache(maxsize=256)
+def standby_flip(old_template: str, new_template: str) -> bool:
+    """Whether two pod templates (their engine args, as JSON) differ only in whether the drafter is on:
+    what a Standby pod switches between without a restart."""
+    old, old_rest = parse_vllm_args(json.loads(old_template))
+    new, new_rest = parse_vllm_args(json.loads(new_template))
+    if (old.speculative is None) == (new.speculative is None) or old_rest != new_rest:
+        return False
+    # A Standby pod's two engines listen on two ports: the port is not what the flip changes.
+    same = {"speculative": None, "port": 0}
+    return dataclasses.replace(old, **same) == dataclasses.replace(new, **same)  # type: ignore[arg-type]
+
+
+def serving_args(deployment: Mapping[str, Any], standby_mode: str | None) -> list[str]:
+    """The vLLM arguments of the engine that serves in the Deployment's pods. A Standby pod's container
+    is the supervisor of both engines (its template the same whatever the mode): the one for
+    `standby_mode` serves, as the operator's flip driver wakes it; any other pod's container is the
+    engine itself (`standby_mode` None)."""
+    args = list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+    if standby_mode is None:
+        return args
+    both = parse_standby_args(args)
+    return list(both.speculative if standby_mode == "On" else both.plain)
 
 
 @dataclass
@@ -50,6 +101,10 @@ class SimDeployment:
     grace_seconds: float = 30.0
     # Pods the rollout may take out of service (0: a surge rollout).
     max_unavailable: int = 0
+    # A Standby pool's stable Deployment: its pods flip in place, each taking `switch_seconds` (sleep +
+    # wake + check) after its drain.
+    standby: bool = False
+    switch_seconds: float = 0.0
 
     def active(self) -> list[Replica]:
         return [p for p in self.pods if p.draining_since is None and p.gone_at is None]
@@ -88,8 +143,14 @@ class Rollouts:
         self.replicas: dict[int, Replica] = {}
         self.endpoint_cache: dict[str, list[Replica]] = {}
         self.endpoint_cache_until = 0.0
-        # A draining pod of a Replace rollout -> the new pod that waits for its GPUs (Pending until then).
-        self.gpu_waiters: dict[int, Replica] = {}
+        # A draining pod of a Replace rollout -> the new pod that waits for its GPUs (Pending until then)
+        # and how long it takes once it has them (a start-up, or a Standby pod's sleep + wake + check).
+        self.gpu_waiters: dict[int, tuple[Replica, float]] = {}
+        # A Standby pod flipping -> when its predecessor left the endpoints; each pool's flips measured.
+        self.flip_started: dict[int, float] = {}
+        self.standby_flips: dict[str, list[float]] = {}
+        # Where a draining Standby pod's unstarted requests go (the router's retry; set by the fleet).
+        self.handback: Callable[[list[SimRequest], float], None] = lambda reqs, now: None
 
     def engine_config(self, args: list[str], pool: str) -> EngineConfig:
         engine, _ = parse_vllm_args(args)
@@ -124,11 +185,12 @@ class Rollouts:
     def render(self, sd: SpeculativeDeployment, now: float, initial: bool = False) -> None:
         """Render every pool's Deployments from spec + status and move the simulated ones toward them."""
         # Exactly what reconcile renders from this spec and status; the engine Deployments are the pools.
-        children = render_children(sd, decided_plan(sd), RenderOptions())
+        plan = decided_plan(sd)
+        children = render_children(sd, plan, RenderOptions())
         if not initial:
             # ... and holds back, as reconcile does, a shrinking one while its pool's other one grows.
             live = {
-                f"Deployment/{m['metadata']['name']}": self.live_manifest(m, now)
+                f"Deployment/{m['metadata']['name']}": self.live_manifest(m, now, plan)
                 for m in children
                 if m["kind"] == "Deployment"
             }
@@ -140,7 +202,8 @@ class Rollouts:
                 if manifest is None:
                     continue
                 dspec = manifest["spec"]
-                args = dspec["template"]["spec"]["containers"][0]["args"]
+                standby = plan[pool].standby and track == "stable"
+                args = serving_args(manifest, plan[pool].mode if standby else None)
                 template = json.dumps(args)
                 key = (pool, track)
                 dep = self.deployments.get(key)
@@ -156,15 +219,28 @@ class Rollouts:
                 dep.replicas, dep.max_surge = int(dspec["replicas"]), surge
                 dep.max_unavailable = int(rolling.get("maxUnavailable", 0))
                 dep.grace_seconds = float(dspec["template"]["spec"].get("terminationGracePeriodSeconds", 30))
+                dep.standby = standby
+                if dep.standby:
+                    dep.switch_seconds = self.switch_seconds(args)
                 self.sync(dep, now, initial)
 
-    def live_manifest(self, desired: dict[str, Any], now: float) -> dict[str, Any] | None:
+    def switch_seconds(self, args: list[str]) -> float:
+        """One Standby replica's sleep + wake + check for engines started with `args`."""
+        engine, _ = parse_vllm_args(args)
+        return switch_seconds(self.options, self.profile, engine.tensor_parallel_size)
+
+    def live_manifest(
+        self, desired: dict[str, Any], now: float, plan: Mapping[PoolName, PoolPlan]
+    ) -> dict[str, Any] | None:
         """A simulated Deployment as the apiserver would show it, for `hand_over` (None: none yet)."""
         labels = desired["metadata"].get("labels") or {}
-        dep = self.deployments.get((labels.get(LABEL_POOL, ""), labels.get(LABEL_TRACK, "")))
+        pool, track = labels.get(LABEL_POOL, ""), labels.get(LABEL_TRACK, "")
+        dep = self.deployments.get((pool, track))
         if dep is None:
             return None
-        template = json.dumps(desired["spec"]["template"]["spec"]["containers"][0]["args"])
+        decided = plan.get(pool)
+        standby = decided is not None and decided.standby and track == "stable"
+        template = json.dumps(serving_args(desired, decided.mode if standby and decided else None))
         active = dep.active()
         return {
             "kind": "Deployment",
@@ -199,19 +275,37 @@ class Rollouts:
             self.events.push(ready_at, POD_READY, rep.serial)
         return rep
 
-    def start_pod(self, dep: SimDeployment, now: float) -> Replica:
-        """A new pod of a rollout: it starts now, or (maxSurge 0) once a draining pod frees its GPUs."""
-        if dep.max_surge == 0:
+    def start_pod(self, dep: SimDeployment, now: float, standby: bool = False) -> Replica:
+        """A new pod of a rollout: it starts now, or (maxSurge 0) once a draining pod frees its GPUs. A
+        Standby flip's (`standby`) is the drained pod's other engine: it serves `switch_seconds` after
+        its predecessor is gone. A Standby pod that starts up to speculate flips once after it."""
+        startup = self.options.startup
+        if standby:
+            startup = dep.switch_seconds
+        elif dep.standby and dep.config.speculative:
+            startup += dep.switch_seconds
+        if dep.max_surge == 0 or standby:
             freeing = [
                 p
                 for p in dep.pods
-                if p.draining_since is not None and p.gone_at is None and p.serial not in self.gpu_waiters
+                if p.draining_since is not None
+                and p.gone_at is None
+                and (
+                    p.serial not in self.gpu_waiters
+                    or (standby and self.gpu_waiters[p.serial][0].gone_at is not None)
+                )
             ]
             if freeing:
                 pending = self.new_pod(dep, now, math.inf)
-                self.gpu_waiters[min(freeing, key=lambda p: p.serial).serial] = pending
+                first = min(freeing, key=lambda p: p.serial)
+                self.gpu_waiters[first.serial] = (pending, startup)
+                if standby:
+                    self.flip_started[pending.serial] = first.draining_since or now
                 return pending
-        return self.new_pod(dep, now, now + self.options.startup)
+        rep = self.new_pod(dep, now, now + startup)
+        if standby:
+            self.flip_started[rep.serial] = now
+        return rep
 
     def sync(self, dep: SimDeployment, now: float, initial: bool = False) -> None:
         """One pass of the Deployment controller with `dep.max_surge` and `dep.max_unavailable`."""
@@ -222,6 +316,10 @@ class Rollouts:
             for _ in range(dep.replicas - len(new)):
                 self.new_pod(dep, now, now)
             return
+        # A Standby pool whose pods differ from the template only in the drafter flips them in place,
+        # one at a time (each new pod is the drained one's other engine).
+        standby = bool(old) and dep.standby and all(standby_flip(p.template, dep.template) for p in old)
+        surge, unavailable = (0, 1) if standby else (dep.max_surge, dep.max_unavailable)
         # Old pods that are not ready yet serve nobody: remove them at once.
         for p in [p for p in old if p.ready_at > now]:
             self.remove(p, now)
@@ -234,21 +332,23 @@ class Rollouts:
                 new.remove(p)
         while True:
             # New pods while the total stays within replicas + maxSurge ...
-            room = dep.replicas + dep.max_surge - len(new) - len(old)
+            room = dep.replicas + surge - len(new) - len(old)
             created = max(0, min(dep.replicas - len(new), room))
             for _ in range(created):
-                new.append(self.start_pod(dep, now))
+                new.append(self.start_pod(dep, now, standby))
             # ... and retire old ones while the ready pods stay at least replicas - maxUnavailable.
             ready = sum(1 for p in new if p.ready_at <= now) + len(old)
-            floor = dep.replicas - dep.max_unavailable
+            floor = dep.replicas - unavailable
             retired = sorted(old, key=lambda p: p.serial)[: max(0, min(len(old), ready - floor))]
             for p in retired:
-                self.remove(p, now)
+                self.remove(p, now, handback=standby)
                 old.remove(p)
             if not created and not retired:
                 return
 
-    def remove(self, rep: Replica, now: float) -> None:
+    def remove(self, rep: Replica, now: float, handback: bool = False) -> None:
+        """Take a pod out of the endpoints: it drains what it holds (`handback`: what it runs; its
+        unstarted requests go back to the router) and is gone when idle or killed at its grace period."""
         self.endpoint_cache.clear()
         if rep.ready_at > now:
             rep.gone_at = now
@@ -257,6 +357,8 @@ class Rollouts:
         rep.advance_to(now, self.done)
         self.finish_done()
         rep.draining_since = now
+        if handback:
+            self.handback(rep.take_unstarted(), now)
         if rep.idle:
             self.gone(rep, max(now, rep.t))
         else:
@@ -282,10 +384,14 @@ class Rollouts:
         rep.gone_at = at
         self.prometheus.deleted(rep, at)
         self.accounts.gone(rep)
-        waiter = self.gpu_waiters.pop(rep.serial, None)
-        if waiter is not None and waiter.gone_at is None:
+        waiting = self.gpu_waiters.pop(rep.serial, None)
+        if waiting is not None and waiting[0].gone_at is None:
             # Its GPUs are free: the pod that waited for them is scheduled and starts up.
-            waiter.ready_at = waiter.t = at + self.options.startup
+            waiter, startup = waiting
+            waiter.ready_at = waiter.t = at + startup
+            if waiter.serial in self.flip_started:
+                # The same pod's other engine: its GPUs are counted once.
+                waiter.created = at
             self.endpoint_cache.clear()
             self.events.push(waiter.ready_at, POD_READY, waiter.serial)
 
@@ -316,6 +422,9 @@ class Rollouts:
         rep = self.replicas[serial]
         if rep.gone_at is not None:
             return False
+        started = self.flip_started.pop(serial, None)
+        if started is not None:
+            self.standby_flips.setdefault(rep.pool, []).append(now - started)
         for dep in self.deployments.values():
             if rep in dep.pods:
                 self.sync(dep, now)
@@ -328,11 +437,18 @@ class Rollouts:
             deps = [d for (pl, _), d in self.deployments.items() if pl == pool]
             active = [p for d in deps for p in d.active()]
             ps: PoolStatus = getattr(pools, pool)
+            flips = self.standby_flips.get(pool)
+            standby = {}
+            if flips:
+                # As the operator measures it: one replica's flip, the median of the last flip's.
+                last = flips[-max(1, max((d.replicas for d in deps), default=1)) :]
+                standby["standby_flip_seconds"] = max(1, round(statistics.median(last)))
             setattr(
                 pools,
                 pool,
                 ps.model_copy(
                     update={
+                        **standby,
                         "replicas": len(active),
                         "ready_replicas": sum(1 for p in active if p.ready_at <= now),
                         "updated_replicas": sum(

@@ -17,7 +17,7 @@ from specfleet.policy.predict.dynamic_sd import best_schedule, observed_under_sc
 from specfleet.policy.predict.kv_cache import DEFAULT_MAX_NUM_SEQS
 from specfleet.policy.predict.throughput import OFF
 from specfleet.policy.rules.canaries import active_canaries, canary_target, far_past_break_even
-from specfleet.policy.rules.dip import replace_dip, replace_gate
+from specfleet.policy.rules.dip import flip_dip, replace_gate
 from specfleet.policy.rules.gates import adjust_gate, flip_gate
 from specfleet.policy.rules.results import PoolDecision
 from specfleet.policy.rules.retune import retune_k, retune_schedule
@@ -84,10 +84,11 @@ def _flip(
 
 
 def _dip_hold(policy: PolicySpec, p: Assessment) -> tuple[str, str] | None:
-    """Why a flip of a pool that rolls out by Replace may not start now (`policy.rules.dip`), or None."""
+    """Why a flip of a pool that rolls out by Replace or flips Standby engines may not start now
+    (`policy.rules.dip`), or None."""
     if p.rollout is None:
         return None
-    dip = replace_dip(p.state, p.obs, p.rollout)
+    dip = flip_dip(p.state, p.obs, p.rollout)
     if dip is None:
         return None
     per_engine = float(p.state.max_num_seqs or DEFAULT_MAX_NUM_SEQS)

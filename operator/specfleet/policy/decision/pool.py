@@ -111,7 +111,7 @@ def assess(
     measured = measured_load(observed)
     # The demand a change is decided for (running + waiting, projected), and the running count it
     # asks for, never past what an engine runs (--max-num-seqs).
-    rollout = pool_rollout(state, observed.replicas_reporting, profile)
+    rollout = pool_rollout(state, observed, profile)
     demand = expected_load(policy, state, observed, now, rollout)
     load = min(demand, float(state.max_num_seqs or DEFAULT_MAX_NUM_SEQS))
     obs = replace(observed, running_per_replica=load)

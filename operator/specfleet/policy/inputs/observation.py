@@ -212,6 +212,12 @@ class PoolState:
     # measured from the pool's pods (status.pools.<pool>.startupSeconds; None: not measured yet).
     max_surge: int = 1
     startup_seconds: float | None = None
+    # How a flip reaches the engines (pools.<pool>.rollout.flip: "Restart" or "Standby"), one Standby
+    # replica's flip measured from the pool's own flips (status.pools.<pool>.standbyFlipSeconds; None:
+    # not measured yet), and the engine pods' terminationGracePeriodSeconds (bounds a drain).
+    flip: str = "Restart"
+    standby_flip_seconds: float | None = None
+    termination_grace_seconds: float = 120.0
 
     @property
     def last_change(self) -> datetime | None:

@@ -165,5 +165,8 @@ def pool_states(
             replicas=pool_spec.replicas if pool_spec.autoscaling is None else None,
             max_surge=pool_spec.max_surge,
             startup_seconds=ps.startup_seconds,
+            flip=pool_spec.rollout.flip,
+            standby_flip_seconds=ps.standby_flip_seconds,
+            termination_grace_seconds=float(spec.engine.termination_grace_period_seconds),
         )
     return out

@@ -127,7 +127,19 @@ class CapacityModel:
         free_off = memory.kv_cache_tokens * per_token * model.layers
         free_on = memory.kv_cache_tokens_with_drafter * per_token * (model.layers + model.drafter_layers)
         overhead = util * model.gpu_bytes - model.target_weight_bytes / tp - free_off
-        return replace(model, overhead_bytes=overhead, drafter_weight_bytes=max(0.0, free_off - free_on) * tp)
+        drafter = max(0.0, free_off - free_on) * tp
+        if overhead < 0:
+            # The preset's weights do not fit beside the measured cache: the engine loaded fewer bytes
+            # (a quantized checkpoint, e.g. a 70B in FP8 on one GPU). Its weights are then at most what
+            # the measurement leaves, with no overhead: the same KV cache at this TP, and weights (which
+            # a Standby flip copies) that are an upper bound rather than twice too many.
+            return replace(
+                model,
+                overhead_bytes=0.0,
+                target_weight_bytes=(util * model.gpu_bytes - free_off) * tp,
+                drafter_weight_bytes=drafter,
+            )
+        return replace(model, overhead_bytes=overhead, drafter_weight_bytes=drafter)
 
 
 LLAMA31_8B_EAGLE3_H100: Final = CapacityModel()

@@ -18,6 +18,29 @@ A Surge rollout starts `maxSurge` engines at a time, a Replace rollout `maxUnava
 R replicas rolls out in ceil(R / batch) batches, each one start-up long (a pod's drain overlaps the
 next batch's start). The new setting serves batch by batch: on average from (batches + 1) / 2
 start-ups after the flip, all of it after `batches`.
+
+A Standby pool (`pools.<pool>.rollout.flip: Standby`) flips without a restart: each engine pod holds
+an engine with the drafter and one without, one asleep in host memory (vLLM sleep mode, level 1). A
+flip goes one replica at a time, so it takes R batches of one replica's flip:
+
+    flip = drain + sleep + wake + check
+
+- drain: the replica leaves the pool's Service, hands the requests queued in it that have not streamed
+  a token back to the router (sent to another engine: a memory-bound engine's queue would take minutes
+  at the slow setting) and finishes the ones it runs: about a whole request's output at their current
+  decode rate (the last of them to finish is about as long as a request), at most the pod's
+  `terminationGracePeriodSeconds` (past it the kubelet's rules apply);
+- sleep and wake: the awake engine's weights per GPU copied to host RAM, the other engine's back
+  (`specfleet_runtime.sleep_mode.transfer_seconds`: target + drafter weights / TP one way, the
+  target's / TP the other), weights from the same model the KV cache is sized with (`kv_cache`);
+- check: one completion on the woken engine before it serves again (`STANDBY_CHECK_SECONDS`).
+
+One replica at a time because the flip's cost is the capacity it takes out (one engine for seconds)
+while the whole flip is short next to a policy window; more at once would halve a few seconds at the
+price of a deeper dip. What the operator measures of the pool's own flips (one replica's, from leaving
+the Service to serving again: `status.pools.<pool>.standbyFlipSeconds`) replaces the estimate. A
+Standby pool never pays a restart's start-up for a flip (it still does for a spec change or a
+scale-up, which start new pods).
 """
 
 from __future__ import annotations
@@ -26,12 +49,18 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from specfleet.policy.inputs.observation import PoolState
+from specfleet.policy.inputs.observation import PoolObservation, PoolState
 from specfleet.policy.predict.kv_cache import LLAMA31_8B_EAGLE3_H100, CapacityModel, profile_capacity
 from specfleet_runtime.cost_profile import StepTimeProfile
+from specfleet_runtime.sleep_mode import transfer_seconds
 
 FIXED_STARTUP_SECONDS: Final = 45.0
 CACHE_READ_BYTES_PER_SECOND: Final = 1.0e9
+# One check completion on a woken engine before it serves again: a short prompt and a few dozen
+# tokens (enough drafts to compare acceptance after a flip On), a second or two at a 70B's step
+# times; an assumption until the pool's measured flips replace it.
+STANDBY_CHECK_SECONDS: Final = 2.0
+STANDBY = "Standby"
 
 
 def estimated_startup_seconds(
@@ -42,24 +71,54 @@ def estimated_startup_seconds(
     return FIXED_STARTUP_SECONDS + weights / max(1, tensor_parallel_size) / CACHE_READ_BYTES_PER_SECOND
 
 
+def standby_switch_seconds(model: CapacityModel, tensor_parallel_size: int = 1) -> float:
+    """One Standby replica's sleep plus wake: the engine with the drafter's weights per GPU one way,
+    the engine without it's the other (the same sum whichever way the flip goes)."""
+    tp = max(1, tensor_parallel_size)
+    with_drafter = (model.target_weight_bytes + model.drafter_weight_bytes) / tp
+    return transfer_seconds(with_drafter) + transfer_seconds(model.target_weight_bytes / tp)
+
+
+def standby_drain_seconds(obs: PoolObservation, grace_seconds: float) -> float:
+    """How long one replica takes to finish the requests it runs once it leaves the Service (its
+    unstarted ones go back to the router; see the module docstring): with N running per replica, a
+    mean output of L tokens and T tokens/s per replica, a whole request at the per-request rate,
+    L / (T / N), at most `grace_seconds`. Nothing running: 0; running but its rate not measured: the
+    grace period (the bound)."""
+    running = max(0.0, obs.running_per_replica or 0.0)
+    if running <= 0:
+        return 0.0
+    gen, output = obs.generation_tokens_per_second, obs.mean_output_tokens
+    if not gen or gen <= 0 or not output or output <= 0 or not math.isfinite(gen + output):
+        return float(grace_seconds)
+    per_request = gen / max(1, obs.replicas_reporting) / running
+    return min(float(grace_seconds), output / per_request)
+
+
 @dataclass(frozen=True)
 class RolloutTime:
-    """A rollout of one pool: one engine's start-up, the batches it starts engines in, and where the
-    start-up comes from ("measured", "lastRollout" or "estimate")."""
+    """A rollout of one pool: one batch's duration, the batches, and where the duration comes from
+    ("measured", "lastRollout" or "estimate": a start-up; "standbyMeasured" or "standbyEstimate": one
+    Standby replica's drain + sleep + wake + check)."""
 
-    startup_seconds: float
+    batch_seconds: float
     batches: int
     source: str
 
     @property
     def seconds(self) -> float:
         """From the flip to the last new engine serving."""
-        return self.batches * self.startup_seconds
+        return self.batches * self.batch_seconds
 
     @property
     def mean_switch_seconds(self) -> float:
         """From the flip to when the average engine serves the new setting."""
-        return (self.batches + 1) / 2 * self.startup_seconds
+        return (self.batches + 1) / 2 * self.batch_seconds
+
+    @property
+    def standby(self) -> bool:
+        """A Standby flip (one replica at a time, no restart)."""
+        return self.source.startswith("standby")
 
 
 def rollout_batches(replicas: int, per_batch: int) -> int:
@@ -84,18 +143,47 @@ def rollout_time(
     return RolloutTime(estimate, batches, "estimate")
 
 
-def pool_rollout(state: PoolState, replicas_reporting: int, profile: StepTimeProfile) -> RolloutTime:
-    """The next rollout of a pool: its strategy's batch, its measured start-up or last rollout, else
-    the estimate for the model the profile's memory section names (the 8B preset without one) at the
-    pool's tensor parallel size."""
-    replicas = state.replicas if state.replicas is not None else replicas_reporting
+def pool_model_weights(state: PoolState, profile: StepTimeProfile) -> tuple[CapacityModel, int]:
+    """The model whose weights the pool's engines load (the one the profile's memory section
+    calibrates, the 8B preset without one) and the pool's tensor parallel size."""
+    memory = profile.memory
+    model = profile_capacity(memory) if memory is not None else LLAMA31_8B_EAGLE3_H100
+    tp = state.tensor_parallel_size or (memory.tensor_parallel_size if memory else None) or 1
+    return model, tp
+
+
+def standby_rollout(state: PoolState, obs: PoolObservation, profile: StepTimeProfile) -> RolloutTime:
+    """A Standby pool's next flip: one replica at a time, each the measured flip of one replica
+    (`standbyFlipSeconds`), else drain + sleep + wake + check estimated now."""
+    replicas = max(1, state.replicas if state.replicas is not None else obs.replicas_reporting)
+    measured = state.standby_flip_seconds
+    if measured is not None and measured > 0:
+        return RolloutTime(float(measured), replicas, "standbyMeasured")
+    model, tp = pool_model_weights(state, profile)
+    drain = standby_drain_seconds(obs, state.termination_grace_seconds)
+    return RolloutTime(
+        drain + standby_switch_seconds(model, tp) + STANDBY_CHECK_SECONDS, replicas, "standbyEstimate"
+    )
+
+
+def restart_rollout(state: PoolState, obs: PoolObservation, profile: StepTimeProfile) -> RolloutTime:
+    """A rollout that restarts the pool's engines (every flip of a Restart pool; a spec change or a
+    scale-up of any): its strategy's batch, its measured start-up or last rollout, else the estimate
+    for the pool's model at its tensor parallel size."""
+    replicas = state.replicas if state.replicas is not None else obs.replicas_reporting
     per_batch = state.max_unavailable if state.rollout_strategy == "Replace" else state.max_surge
     last = state.rollout
     last_seconds = None
     if last is not None and last.settled_at is not None and last.settled_at > last.at:
         last_seconds = (last.settled_at - last.at).total_seconds()
-    memory = profile.memory
-    model = profile_capacity(memory) if memory is not None else LLAMA31_8B_EAGLE3_H100
-    tp = state.tensor_parallel_size or (memory.tensor_parallel_size if memory else None) or 1
+    model, tp = pool_model_weights(state, profile)
     estimate = estimated_startup_seconds(model, tp)
     return rollout_time(max(1, replicas), per_batch, state.startup_seconds, last_seconds, estimate)
+
+
+def pool_rollout(state: PoolState, obs: PoolObservation, profile: StepTimeProfile) -> RolloutTime:
+    """The rollout a flip of the pool decided now takes: a Standby flip where the pool's flips are
+    Standby (never a restart's start-up), else a restart."""
+    if state.flip == STANDBY:
+        return standby_rollout(state, obs, profile)
+    return restart_rollout(state, obs, profile)

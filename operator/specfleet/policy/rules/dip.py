@@ -1,5 +1,5 @@
-"""The capacity dip of a Replace rollout (pure): whether a flip may start when the pool rolls within its
-own GPUs (`pools.<pool>.rollout.strategy: Replace`).
+"""The capacity dip of a flip (pure): whether a flip may start when the pool rolls within its own GPUs
+(`pools.<pool>.rollout.strategy: Replace`) or flips its Standby engines (`rollout.flip: Standby`).
 
 A Replace rollout stops `maxUnavailable` engines before their successors start on the freed GPUs, so
 for the rollout's duration the pool serves with `replicas - maxUnavailable` engines. Two questions:
@@ -15,7 +15,14 @@ for the rollout's duration the pool serves with `replicas - maxUnavailable` engi
   `maxUnavailable` engines, each restarting in the measured or estimated start-up). Threshold mode
   predicts no gain: only the first question is asked there.
 
-Surge rollouts (the default) never dip capacity: this module answers None for them.
+A Standby flip takes one replica at a time out of the Service for its drain + sleep + wake + check
+(seconds), so the pool serves with `replicas - 1` engines for the flip's duration, R of those
+(`policy.predict.rollout_time`): the same repay question, with that duration. The carry question is
+asked only of a pool of one replica (no engine is left to queue on: it flips only while idle): with
+engines left, what they cannot carry waits seconds, and the capacity that costs is what the repay
+question prices (the whole drain counted as lost, though the draining replica still serves).
+
+Surge rollouts of Restart pools (the default) never dip capacity: this module answers None for them.
 """
 
 from __future__ import annotations
@@ -30,11 +37,13 @@ from specfleet.policy.predict.rollout_time import RolloutTime
 
 @dataclass(frozen=True)
 class Dip:
-    """A Replace rollout of one pool: its engines, those stopped at once, and for how long."""
+    """A Replace rollout or a Standby flip of one pool: its engines, those out of service at once, and
+    for how long (the whole rollout)."""
 
     replicas: int
     unavailable: int
     seconds: float
+    standby: bool = False
 
     @property
     def remaining(self) -> int:
@@ -46,12 +55,14 @@ class Dip:
         return self.unavailable / self.replicas
 
 
-def replace_dip(state: PoolState, obs: PoolObservation, rollout: RolloutTime) -> Dip | None:
-    """The dip a rollout of this pool would cause now (None: a Surge rollout, no dip)."""
-    if state.rollout_strategy != "Replace":
-        return None
+def flip_dip(state: PoolState, obs: PoolObservation, rollout: RolloutTime) -> Dip | None:
+    """The dip a flip of this pool would cause now (None: a Surge rollout, no dip)."""
     replicas = state.replicas if state.replicas is not None else obs.replicas_reporting
     replicas = max(1, replicas)
+    if rollout.standby:
+        return Dip(replicas, 1, rollout.seconds, standby=True)
+    if state.rollout_strategy != "Replace":
+        return None
     unavailable = min(max(1, state.max_unavailable), replicas)
     return Dip(replicas, unavailable, rollout.seconds)
 
@@ -73,11 +84,17 @@ def replace_gate(
         return None
     total = demand * dip.replicas
     carried = dip.remaining * per_engine
-    if total > carried + 1e-9:
+    if dip.standby:
+        what, out = "a Standby flip", f"takes {dip.unavailable} of {dip.replicas} engines out"
+        overload, not_repaid = r.STANDBY_WOULD_OVERLOAD, r.STANDBY_DIP_NOT_REPAID
+    else:
+        what, out = "a Replace rollout", f"stops {dip.unavailable} of {dip.replicas} engines"
+        overload, not_repaid = r.REPLACE_WOULD_OVERLOAD, r.REPLACE_DIP_NOT_REPAID
+    if total > carried + 1e-9 and (not dip.standby or dip.remaining == 0):
         return (
-            r.REPLACE_WOULD_OVERLOAD,
-            f"a Replace rollout stops {dip.unavailable} of {dip.replicas} engines: the {dip.remaining} "
-            f"left would hold {total:.1f} requests, more than the {carried:.0f} they run at once",
+            overload,
+            f"{what} {out}: the {dip.remaining} left would hold {total:.1f} requests, more than the "
+            f"{carried:.0f} they run at once",
         )
     if gain is None:
         return None
@@ -86,8 +103,9 @@ def replace_gate(
     cost = dip.share * dip.seconds
     if payoff <= cost:
         return (
-            r.REPLACE_DIP_NOT_REPAID,
+            not_repaid,
             f"the flip's {gain:.3f}x over {dwell}s repays {payoff:.0f} engine-seconds per engine, not the "
-            f"{dip.share:.0%} of capacity a Replace rollout removes for {dip.seconds:.0f}s ({cost:.0f})",
+            f"{dip.share:.0%} of capacity {what} removes for "
+            f"{dip.seconds:.0f}s ({cost:.0f})",
         )
     return None

@@ -1,0 +1,107 @@
+"""The simulator's Standby flips (`rollout.flip: Standby`): each replica in turn leaves the endpoints,
+finishes what it holds, is down only for its sleep + wake + check, then serves the other setting with
+an empty KV cache; nothing is lost, and a Restart pool's run is what it was."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specfleet.api.validation import SpeculativeDeployment, parse_resource
+from specfleet.policy.predict.kv_cache import LLAMA31_8B_EAGLE3_H100
+from specfleet.policy.predict.rollout_time import STANDBY_CHECK_SECONDS, standby_switch_seconds
+from specfleet.sim.fleet import SimOptions, Strategy, _Fleet, simulate
+from specfleet.sim.options import strategy_spec
+from specfleet.sim.workload import Trace, TraceRequest
+from specfleet_runtime.cost_profile import default_profile
+from specfleet_runtime.sleep_mode import HOST_LINK_BYTES_PER_S
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "02-two-pools-routing-policy.yaml"
+STARTUP = 60.0
+TRACE = Trace(tuple(TraceRequest(arrival=i / 10, prompt_tokens=200, output_tokens=300) for i in range(6000)))
+FLIP = Strategy("flip", "schedule", schedule=((0.0, "latency", "On", 3), (30.0, "latency", "Off", None)))
+
+
+def _resource(rollout: dict[str, object], grace_seconds: int = 3600) -> SpeculativeDeployment:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["pools"]["latency"]["replicas"] = 3
+    doc["spec"]["pools"]["latency"]["rollout"] = (
+        {**rollout, "standbyHostMemory": "20Gi"} if rollout.get("flip") == "Standby" else rollout
+    )
+    doc["spec"]["engine"] = {**doc["spec"].get("engine", {}), "terminationGracePeriodSeconds": grace_seconds}
+    return parse_resource(doc)
+
+
+def _fleet(rollout: dict[str, object]) -> _Fleet:
+    """3 latency engines under steady load (10 requests/s for 10 min), turned off at 30 s, run."""
+    sd = _resource(rollout)
+    options = SimOptions(startup_seconds=STARTUP).resolved(sd.spec)
+    fleet = _Fleet(
+        dataclasses.replace(sd, spec=strategy_spec(sd.spec, FLIP)), FLIP, TRACE, options, default_profile()
+    )
+    fleet.result_ = fleet.run()  # type: ignore[attr-defined]
+    return fleet
+
+
+def test_the_switch_is_the_weights_over_the_host_link_each_way_plus_the_check() -> None:
+    # Llama-3.1-8B (16.06 GB) with its EAGLE-3 drafter (0.85 GB) one way, without it the other, at
+    # 64 GiB / 3 s (21.3 GiB/s): 0.738 + 0.701 s.
+    expected = (16.06e9 + 0.85e9) / HOST_LINK_BYTES_PER_S + 16.06e9 / HOST_LINK_BYTES_PER_S
+    assert standby_switch_seconds(LLAMA31_8B_EAGLE3_H100) == pytest.approx(expected)
+    assert expected == pytest.approx(1.44, abs=0.01)
+
+
+def test_a_standby_flip_goes_replica_by_replica_each_down_only_for_its_switch() -> None:
+    fleet = _fleet({"strategy": "Surge", "flip": "Standby"})
+    run = fleet.result_  # type: ignore[attr-defined]
+    switch = standby_switch_seconds(LLAMA31_8B_EAGLE3_H100) + STANDBY_CHECK_SECONDS
+    pods = sorted(fleet.rollouts.pool_pods("latency"), key=lambda p: p.serial)
+    before = [p for p in pods if p.config.speculative]
+    after = [p for p in pods if not p.config.speculative]
+    # Three flipped in place: no pod beyond the spec (no surge), no restart.
+    assert (len(before), len(after)) == (3, 3)
+    assert max(row["latency"]["replicas"] for row in run.timeline) <= 3
+    previous_ready = 30.0
+    for old, new in zip(before, after, strict=True):
+        # One at a time: a replica leaves the endpoints once the one before serves again ...
+        assert old.draining_since is not None
+        assert old.gone_at is not None
+        assert old.draining_since == pytest.approx(previous_ready)
+        # ... finishes what it holds (300 tokens at the engine's pace: seconds, not the grace period) ...
+        assert 0 < old.gone_at - old.draining_since < 30
+        # ... and is down only for sleep + wake + check, then serves the other setting, its KV empty.
+        assert new.ready_at - old.gone_at == pytest.approx(switch, abs=1e-3)
+        assert new.kv_blocks == new.config.kv_capacity_tokens // new.config.block_size
+        previous_ready = new.ready_at
+    assert previous_ready - 30.0 < 3 * (30 + switch)
+    # No request lost: the drained ones finished, none failed or was refused.
+    assert run.failed == 0
+    assert run.completed == run.submitted == 6000
+    # Status carries one replica's flip as the operator measures it (leaving the Service to serving).
+    flips = [new.ready_at - old.draining_since for old, new in zip(before, after, strict=True)]
+    status = fleet.rollouts.observed_status(run.status, 600.0).pools.latency
+    assert status.standby_flip_seconds == round(sorted(flips)[1])
+    # The start-up is still the restart's.
+    assert status.startup_seconds == round(STARTUP)
+
+
+def test_a_standby_flip_never_dips_below_one_engine_out() -> None:
+    run = _fleet({"strategy": "Replace", "maxUnavailable": 2, "flip": "Standby"}).result_  # type: ignore[attr-defined]
+    ready = [row["latency"]["readyReplicas"] for row in run.timeline]
+    assert min(ready) >= 2
+    assert run.failed == 0
+
+
+def test_restart_pools_simulate_as_before() -> None:
+    # `flip: Restart` is the default: the same run, request for request, as a resource without it.
+    plain = simulate(_resource({"strategy": "Surge"}), TRACE, FLIP, SimOptions(startup_seconds=STARTUP))
+    restart = simulate(
+        _resource({"strategy": "Surge", "flip": "Restart"}), TRACE, FLIP, SimOptions(startup_seconds=STARTUP)
+    )
+    assert plain.timeline == restart.timeline
+    assert plain.status.pools.latency.standby_flip_seconds is None
+    # And a Restart flip still pays the start-up: a surge pod starts and replaces one engine a minute.
+    assert max(row["latency"]["replicas"] for row in restart.timeline) == 4
