@@ -486,6 +486,8 @@ def test_a_finished_standby_flip_is_an_event_and_refreshes_status(world):
     (event,) = [e for e in outcome.events if e.reason == "StandbyFlipped"]
     assert event.message == "latency: pod llama-latency-0 serves speculation On after 4.2 s"
     assert outcome.status_written
+    # What the policy prices the pool's next flip with (one replica's, measured).
+    assert _status(cluster)["pools"]["latency"]["standbyFlipSeconds"] == 4
 
 
 def test_a_standby_pool_is_settled_only_once_its_pods_serve_the_decided_mode(world):

@@ -249,6 +249,14 @@ class Controller:
                 f"{pool}: pod {pod} serves speculation {decided_plan(sd)[pool].mode} after {seconds:.1f} s"
             )
             outcome.events.append(Event("Normal", reasons.EVENT_STANDBY_FLIPPED, message))
+        if tick.finished:
+            # The pool's flip measured: the newest replica's, from leaving its Service to serving again.
+            with self._lock(sd.namespace, sd.name):
+                body = self.cluster.get(resource_ref(sd.namespace, sd.name))
+                if not _gone(body) and body is not None:
+                    status = parse_status(body.get("status"))
+                    getattr(status.pools, pool).standby_flip_seconds = round(tick.finished[-1][1])
+                    self._write_status(body, status.to_wire(), outcome)
         if tick.reverted:
             pod, why = tick.reverted[0]
             message = (
