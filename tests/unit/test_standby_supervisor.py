@@ -9,6 +9,7 @@ and whether it sleeps: the start order is read from that record, not from timing
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import signal
@@ -119,11 +120,14 @@ class Pod:
             **shim_env,
         }
         env.pop(standby.SERVER_DEV_MODE_ENV, None)  # the supervisor sets it for its engines
+        # Its own session: `close` can stop the supervisor and both engines by that group, whatever
+        # state the test left them in (a SIGKILL to the supervisor alone would orphan its engines).
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "specfleet_runtime.standby", *build_standby_args(args)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            start_new_session=True,
         )
 
     def records(self) -> dict[int, tuple[object, bool]]:
@@ -147,8 +151,14 @@ class Pod:
         return self.proc.stderr.read().decode() if self.proc.poll() is not None else ""
 
     def close(self) -> None:
+        """SIGTERM the supervisor (it stops both engines), then SIGKILL whatever of its group is left."""
         if self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(WAIT_SECONDS)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:
             self.proc.wait()
 
 
