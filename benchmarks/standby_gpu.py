@@ -12,7 +12,7 @@ and sleeps (level 1) before the plain one starts. Then, with the operator's own 
 - the time to fall asleep and to wake, per switch (three round trips);
 - greedy output of the same prompts from the plain engine and the woken speculative one (speculative
   decoding is lossless: identical text expected), and again after a second wake;
-- the woken drafter's acceptance length after each wake (a drafter whose weights did not come back
+- the woken drafter's acceptance length after each wake, measured as the operator's check measures it (a drafter whose weights did not come back
   accepts next to nothing: vllm#52479's failure);
 - a flip under load: clients keep sending to the serving engine; the flip stops new requests (as the
   pod leaving its Service does), waits for the in-flight ones, switches and resumes on the other
@@ -40,7 +40,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specfleet.controller.standby_flips import EngineClient, SwitchError, switch_engines
+from specfleet.controller.standby_flips import EngineClient, SwitchError, acceptance_length, switch_engines
 from specfleet_runtime import standby
 from specfleet_runtime.names import ENGINE_PORT, STANDBY_SPECULATIVE_PORT
 from specfleet_runtime.vllm_args import EngineArgs, SpeculativeConfig, build_vllm_args
@@ -211,17 +211,8 @@ def run(args: argparse.Namespace) -> Figures:
             timed_switch(urls, "On", figures)
             figures.gpu_mib[f"speculative serving (wake {round_trip + 1})"] = gpu_memory_mib(args.emulate)
             spec_outs.append([complete(urls["On"], "model", p, args.max_tokens) for p in prompts])
-            before = EngineClient(urls["On"]).metrics()
-            for p in prompts:
-                complete(urls["On"], "model", p, args.max_tokens)
-            after = EngineClient(urls["On"]).metrics()
-            drafts = after.get("vllm:spec_decode_num_drafts_total", 0.0) - before.get(
-                "vllm:spec_decode_num_drafts_total", 0.0
-            )
-            accepted = after.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) - before.get(
-                "vllm:spec_decode_num_accepted_tokens_total", 0.0
-            )
-            figures.acceptance.append(1 + accepted / drafts if drafts > 0 else None)
+            # The operator's own check of a woken drafter (the same completions, the same counters).
+            figures.acceptance.append(acceptance_length(EngineClient(urls["On"]), "model"))
             timed_switch(urls, "Off", figures)
         figures.identical = (sum(a == b for a, b in zip(plain_out, spec_outs[0], strict=True)), len(prompts))
         figures.identical_after_rewake = (

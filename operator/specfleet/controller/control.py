@@ -244,6 +244,7 @@ class Controller:
         reconcile it renders one engine per pod and flips by restart. A pod that finished, or a pool
         that settled, refreshes status at once (its `settled`, which the policy's gates wait for)."""
         outcome = Outcome()
+        update: dict[str, Any] = {}
         for pod, seconds in tick.finished:
             message = (
                 f"{pool}: pod {pod} serves speculation {decided_plan(sd)[pool].mode} after {seconds:.1f} s"
@@ -251,12 +252,7 @@ class Controller:
             outcome.events.append(Event("Normal", reasons.EVENT_STANDBY_FLIPPED, message))
         if tick.finished:
             # The pool's flip measured: the newest replica's, from leaving its Service to serving again.
-            with self._lock(sd.namespace, sd.name):
-                body = self.cluster.get(resource_ref(sd.namespace, sd.name))
-                if not _gone(body) and body is not None:
-                    status = parse_status(body.get("status"))
-                    getattr(status.pools, pool).standby_flip_seconds = round(tick.finished[-1][1])
-                    self._write_status(body, status.to_wire(), outcome)
+            update["standby_flip_seconds"] = round(tick.finished[-1][1])
         if tick.reverted:
             pod, why = tick.reverted[0]
             message = (
@@ -264,14 +260,16 @@ class Controller:
                 "by restart until the spec changes"
             )
             outcome.events.append(Event("Warning", reasons.STANDBY_UNAVAILABLE, message))
+            update["standby"] = StandbyStatus(
+                available=False, message=message, observed_generation=sd.generation
+            )
+        if update:
             with self._lock(sd.namespace, sd.name):
                 body = self.cluster.get(resource_ref(sd.namespace, sd.name))
                 if not _gone(body) and body is not None:
-                    standby = StandbyStatus(
-                        available=False, message=message, observed_generation=sd.generation
-                    )
                     status = parse_status(body.get("status"))
-                    getattr(status.pools, pool).standby = standby
+                    for field_name, value in update.items():
+                        setattr(getattr(status.pools, pool), field_name, value)
                     self._write_status(body, status.to_wire(), outcome)
         if tick.reverted or tick.finished or tick.settled:
             refreshed = self.reconcile_object(sd.namespace, sd.name)

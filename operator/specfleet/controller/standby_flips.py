@@ -130,7 +130,7 @@ class SwitchResult:
     acceptance_length: float | None = None
 
 
-def _acceptance_length(engine: EngineClient, model: str) -> float | None:
+def acceptance_length(engine: EngineClient, model: str) -> float | None:
     """The woken engine's acceptance length over the check completions, sent at once (one batch: the
     check costs one completion's time, not four, while the pod is out of its Services)."""
     before = engine.metrics()
@@ -160,7 +160,7 @@ def switch_engines(
         target.wake()
         target.complete(model, 1)
         if to == "On":
-            length = _acceptance_length(target, model)
+            length = acceptance_length(target, model)
             if baseline_length is not None and baseline_length > 1:
                 floor = 1 + ACCEPTANCE_TOLERANCE * (baseline_length - 1)
                 if length is None or length < floor:
