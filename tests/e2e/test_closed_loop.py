@@ -70,7 +70,10 @@ def test_concurrency_turns_speculation_off_and_back_on_without_failed_requests(e
         stats = load.stop()
     history = env.sd(name)["status"]["history"]
     assert [(h["from"], h["to"]) for h in history] == [("On", "Off"), ("Off", "On")]
-    assert float(history[0]["observations"]["runningPerReplica"]) > 12
+    # The threshold compares the load expected when the flip takes effect (running + waiting,
+    # projected along the trend) with 12; the measured running count can sit below it.
+    seen = history[0]["observations"]
+    assert float(seen.get("expectedRunningPerReplica", seen["runningPerReplica"])) > 12
     assert stats.ok > 50
     assert stats.failed == 0, stats.errors
 

@@ -60,6 +60,7 @@ def _numbers(decision: PoolDecision) -> str:
     keys = (
         "acceptanceLength",
         "runningPerReplica",
+        "expectedRunningPerReplica",
         "predictedSpeedup",
         "acceptanceSource",
         # Memory-bound decisions (`specfleet.policy.predict.kv_cache`).

@@ -114,7 +114,8 @@ def threshold_wanted(
             return Wanted(
                 "Off",
                 r.CONCURRENCY_ABOVE_THRESHOLD,
-                f"{load:.1f} running requests per replica exceed {v.stop_concurrency:.0f}",
+                f"{load:.1f} running requests per replica expected (running + waiting, projected) exceed "
+                f"{v.stop_concurrency:.0f}",
                 numbers,
             )
         return Wanted(
@@ -125,7 +126,7 @@ def threshold_wanted(
         return Wanted(
             "Off",
             r.CONCURRENCY_STILL_HIGH,
-            f"{load:.1f} running requests per replica, resume below {v.resume_concurrency:.0f}",
+            f"{load:.1f} running requests per replica expected, resume below {v.resume_concurrency:.0f}",
             numbers,
         )
     if accept is None:
