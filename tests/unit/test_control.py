@@ -312,6 +312,10 @@ def test_new_numbers_are_written_a_few_evaluations_after_the_last_write(world):
     assert pool["acceptanceMeasuredAt"] != measured
     # The trend samples of the evaluations that wrote nothing were kept and are written along.
     assert [v.partition("=")[2] for v in pool["recentLoad"]] == ["4"] + ["6"] * MEASUREMENT_WRITE_EVALUATIONS
+    # And the served tokens' samples (the arrivals' trend), one per evaluation beside each load's.
+    assert [v.partition("=")[0] for v in pool["recentTokensPerSecond"]] == [
+        v.partition("=")[0] for v in pool["recentLoad"]
+    ]
 
 
 def test_a_restarted_operator_starts_from_the_written_measurements(world):

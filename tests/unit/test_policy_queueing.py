@@ -179,3 +179,42 @@ def test_a_rising_demand_turns_a_pool_off_before_its_engines_overflow():
     )
     fast = obs(1.5, 3 * small.capacity("K3", ACC) * 0.6)
     assert decide(POLICY, 3, {"latency": state}, {"latency": fast}, NOW, roomy)[0].target == "On"
+
+
+def _served(values: list[float]) -> tuple[tuple[datetime, float], ...]:
+    """Served tokens per second per replica at the evaluations before NOW, 15 s apart, oldest first."""
+    return tuple((NOW - timedelta(seconds=15 * (len(values) - i)), v) for i, v in enumerate(values))
+
+
+def test_the_served_tokens_rising_toward_the_drafters_capacity_turn_a_pool_off_before_it_queues():
+    cap = MODEL.capacity("K3", ACC)
+    # 1.5 requests per replica, level (the drafter's cache holds 3): the demand shows nothing yet.
+    level = tuple((NOW - timedelta(seconds=s), 1.5) for s in range(120, 0, -15))
+    now_served = 0.55 * cap
+
+    def decided(served: tuple[tuple[datetime, float], ...], flip: str = "Restart"):
+        state = PoolState(
+            mode="On",
+            last_transition=NOW - timedelta(days=1),
+            recent_load=level,
+            recent_tokens_per_second=served,
+            k=3,
+            flip=flip,
+        )
+        return decide(POLICY, 3, {"latency": state}, {"latency": obs(1.5, 3 * now_served)}, NOW, BIG)[0]
+
+    # The tokens served rose from 0.25 to 0.55 of the drafter's capacity over the last window: by the
+    # time a flip decided at the next evaluation would serve, the arrivals would near the capacity,
+    # where the drafter's engines hold more requests (a queue) than the engines without it.
+    rising = _served([cap * (0.25 + 0.3 * i / 8) for i in range(8)])
+    d = decided(rising)
+    assert (d.target, d.reason) == ("Off", r.GOODPUT_MEMORY_BOUND), d.message
+    assert "served tokens' trend" in d.message, d.message
+    assert float(d.observations["projectedTokensPerSecond"]) > now_served
+    # Level at the same rate, the drafter serves it with fewer requests in its engines: it stays on.
+    assert decided(_served([now_served] * 8)).target == "On"
+    # A Standby pool flips at once: overloaded, the engines serve at their capacity, so the flip's
+    # dip (one replica out for seconds) is priced against the capacities' ratio, not the closed-loop
+    # gain at today's demand.
+    standby = decided(rising, flip="Standby")
+    assert (standby.target, standby.reason) == ("Off", r.GOODPUT_MEMORY_BOUND), standby.message

@@ -131,6 +131,12 @@ class PoolStatus(StatusModel):
         description="Running requests per replica of the last evaluations, as 'RFC3339=value' (the "
         "policy's view of the load's trend).",
     )
+    recent_tokens_per_second: list[str] | None = Field(
+        default=None,
+        max_length=16,
+        description="Generated tokens per second per replica of the last evaluations, as 'RFC3339=value' "
+        "(the policy's view of the arrivals' trend).",
+    )
     last_transition_time: str | None = Field(default=None, description="When speculation last flipped.")
     reason: str | None = Field(default=None, description="Why the pool is in this mode.")
     message: str | None = Field(default=None, description="Details of the last decision.")

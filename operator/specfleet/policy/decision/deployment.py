@@ -100,7 +100,9 @@ def _dip_hold(policy: PolicySpec, p: Assessment) -> tuple[str, str] | None:
     else:
         waiting = (p.obs.waiting or 0.0) / max(1, p.obs.replicas_reporting)
         demand = max(p.loads) + waiting
-    if p.gains is not None:
+    if p.wanted.gain is not None:
+        gain = p.wanted.gain
+    elif p.gains is not None:
         g = p.gains[0]
         # The flip's throughput over the current setting's: the best K over no drafter when turning
         # on, no drafter over the current setting when turning off.

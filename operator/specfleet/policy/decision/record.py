@@ -93,16 +93,18 @@ def _recent(times: Sequence[str] | None, now: datetime) -> list[str]:
     return [*kept, rfc3339(now)][-MAX_CHANGES_PER_HOUR:]
 
 
+def _within(entry: str, now: datetime) -> bool:
+    """A trend sample ('RFC3339=value') taken within `LOAD_MEMORY` of now."""
+    t = parse_time(entry.partition("=")[0])
+    return t is not None and now - t <= LOAD_MEMORY
+
+
 def _with_measurements(ps: PoolStatus, obs: PoolObservation, now: datetime) -> PoolStatus:
     """The pool's status with this evaluation's load (and its trend's samples) and throughput."""
     update: dict[str, object] = {}
     if obs.running_per_replica is not None:
         update["running_per_replica"] = f"{obs.running_per_replica:.3g}"
-        kept = [
-            e
-            for e in ps.recent_load or []
-            if (t := parse_time(e.partition("=")[0])) and now - t <= LOAD_MEMORY
-        ]
+        kept = [e for e in ps.recent_load or [] if _within(e, now)]
         # Every evaluation's demand (running + waiting per replica): the trend needs them all (sparser
         # samples measurably delayed the down-ramp decision on the fleet simulator), at the cost of one
         # status write per evaluation; a queue that grows is the first sign of an overloaded setting.
@@ -110,6 +112,12 @@ def _with_measurements(ps: PoolStatus, obs: PoolObservation, now: datetime) -> P
         update["recent_load"] = [*kept, f"{rfc3339(now)}={demand:.4g}"][-LOAD_SAMPLES:]
     if obs.generation_tokens_per_second is not None:
         update["generation_tokens_per_second"] = f"{obs.generation_tokens_per_second:.4g}"
+        if obs.replicas_reporting >= 1:
+            # Served tokens per replica, for the arrivals' trend (`policy.rules.load_guards`): a rate
+            # rises along a ramp where the requests in the engines curve up as they near a capacity.
+            served = obs.generation_tokens_per_second / obs.replicas_reporting
+            recent = [e for e in ps.recent_tokens_per_second or [] if _within(e, now)]
+            update["recent_tokens_per_second"] = [*recent, f"{rfc3339(now)}={served:.4g}"][-LOAD_SAMPLES:]
     return ps.model_copy(update=update)
 
 

@@ -23,6 +23,7 @@ MEASUREMENT_FIELDS = (
     "running_per_replica",
     "generation_tokens_per_second",
     "recent_load",
+    "recent_tokens_per_second",
     "acceptance_length",
     "per_position_acceptance",
     "acceptance_measured_at",

@@ -197,6 +197,8 @@ class PoolState:
     rollout: PoolRolloutState | None = None
     # (when, running per replica) of the last evaluations, oldest first (for the load's trend).
     recent_load: tuple[tuple[datetime, float], ...] = field(default_factory=tuple)
+    # Generated tokens per second per replica of the last evaluations (the arrivals' trend).
+    recent_tokens_per_second: tuple[tuple[datetime, float], ...] = field(default_factory=tuple)
     # The pool's engines' --max-num-seqs (None: not set, vLLM's default).
     max_num_seqs: int | None = None
     # The pool's engines' --gpu-memory-utilization and --tensor-parallel-size, which size their KV

@@ -153,6 +153,7 @@ def pool_states(
             canary_replicas=ps.canary_replicas,
             rollout=_rollout(ps),
             recent_load=_loads(ps.recent_load),
+            recent_tokens_per_second=_loads(ps.recent_tokens_per_second),
             max_num_seqs=engine.max_num_seqs,
             gpu_memory_utilization=(
                 engine.gpu_memory_utilization_percent / 100

@@ -69,10 +69,11 @@ def demand_trend(
 
 
 @dataclass(frozen=True)
-class DemandFit:
-    """The demand's least-squares line over the last window of evaluations."""
+class TrendFit:
+    """A least-squares line over the last window of evaluations: the demand's (requests per replica)
+    or the served tokens' (tokens per second per replica)."""
 
-    slope: float  # requests per replica per second
+    slope: float  # per second
     fitted: float  # the line's value now
     stderr: float  # the slope's standard error, from the residuals
     span: float  # seconds from the oldest point to now
@@ -84,13 +85,29 @@ class DemandFit:
         return whole and self.slope > TREND_SIGNIFICANCE * self.stderr
 
 
-def demand_fit(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> DemandFit | None:
+def demand_fit(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> TrendFit | None:
     """`demand_trend` with the slope's standard error and the span of the points (None: fewer than
     three points)."""
-    load = measured_demand(obs)
+    return _line_fit(policy, state.recent_load, now, measured_demand(obs))
+
+
+def served_fit(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> TrendFit | None:
+    """The generated tokens per second per replica served, fitted over the last window of
+    evaluations as `demand_fit` (None: not measured, or fewer than three points). Along a ramp below
+    the pool's capacity what is served is what arrives, half a window late."""
+    gen = obs.generation_tokens_per_second
+    if gen is None or obs.replicas_reporting < 1:
+        return None
+    return _line_fit(policy, state.recent_tokens_per_second, now, gen / obs.replicas_reporting)
+
+
+def _line_fit(
+    policy: PolicySpec, recent: tuple[tuple[datetime, float], ...], now: datetime, value: float
+) -> TrendFit | None:
+    """The least-squares line through the samples of the last window and `value` now."""
     span = timedelta(seconds=TREND_SPAN_WINDOWS * policy.window_seconds + 1)
-    points = [(t, v) for t, v in state.recent_load if timedelta(0) < now - t <= span]
-    points.append((now, load))
+    points = [(t, v) for t, v in recent if timedelta(0) < now - t <= span]
+    points.append((now, value))
     if len(points) < 3:
         return None
     xs = [(t - now).total_seconds() for t, _ in points]
@@ -100,7 +117,7 @@ def demand_fit(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: 
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
     fitted = my - slope * mx
     residuals = sum((y - fitted - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
-    return DemandFit(slope, fitted, math.sqrt(residuals / (len(xs) - 2) / sxx), -min(xs))
+    return TrendFit(slope, fitted, math.sqrt(residuals / (len(xs) - 2) / sxx), -min(xs))
 
 
 def rollout_horizon(policy: PolicySpec, rollout: RolloutTime) -> float:

@@ -5,8 +5,8 @@ arrive on their own schedule, so three guards look at the queue (`against_load`,
 - a memory-bound speculating pool whose queue it serves with fewer requests in its engines than the
   engine without the drafter would need stays on (`_transient_queue`);
 - a speculating setting that cannot serve the tokens arriving is not kept or turned to (`_saturation`);
-- a speculating pool turns off before its demand, rising along its trend, would pass the batch it can
-  run within a rollout (`_overload_ahead`).
+- a speculating pool turns off before its demand or the tokens it serves, rising along their
+  trends, would pass the batch it can run or what it can serve within a rollout (`_overload_ahead`).
 
 The queueing physics is in `policy.predict.queueing`; the rules and their reasons in docs/policy.md.
 """
@@ -21,8 +21,15 @@ from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.policy.inputs.observation import PoolObservation, PoolState
 from specfleet.policy.inputs.settings import goodput_margin
-from specfleet.policy.predict.demand import demand_fit, demand_trend
-from specfleet.policy.predict.queueing import Arrivals, arrivals, overloaded, queued, serves_with_fewer
+from specfleet.policy.predict.demand import demand_fit, demand_trend, served_fit
+from specfleet.policy.predict.queueing import (
+    Arrivals,
+    arrivals,
+    in_system,
+    overloaded,
+    queued,
+    serves_with_fewer,
+)
 from specfleet.policy.predict.rollout_time import RolloutTime
 from specfleet.policy.predict.throughput import OFF, PoolModel, setting_name
 from specfleet.policy.rules.goodput import GoodputPrediction
@@ -78,20 +85,18 @@ def _transient_queue(case: LoadCase, wanted: Wanted) -> Wanted:
 
 
 def _overload_ahead(case: LoadCase, wanted: Wanted) -> Wanted:
-    """`wanted`, or Off where a speculating pool's demand, rising along its trend, would pass the batch
-    its setting can run (min(maxNumSeqs, what its KV cache holds)) before a rollout to the engine
+    """`wanted`, or Off where a speculating pool would be overloaded before a rollout to the engine
     without the drafter, which runs more and serves more by the margin, could finish: the queue
-    would build during the rollout that relieves it. Reason GoodputMemoryBound where the KV cache
-    is the limit, GoodputOverloaded where maxNumSeqs is."""
+    would build during the rollout that relieves it. Two projections over half a window (the
+    measurements' lag) plus the rollout, each along its trend: the demand past the batch the setting
+    can run (min(maxNumSeqs, what its KV cache holds)), or the served tokens past what the setting
+    can serve (its capacity). The second sees a ramp sooner: the tokens served rise with the
+    arrivals, while the requests in the engines stay few until the arrivals near the capacity and
+    then curve up (a queue). Reason GoodputMemoryBound where the KV cache is the limit,
+    GoodputOverloaded where maxNumSeqs is."""
     policy, state, observed, model, g = case.policy, case.state, case.observed, case.model, case.prediction
     if not (state.mode == "On" and wanted.mode == "On" and model.current):
         return wanted
-    fit = demand_fit(policy, state, observed, case.now)
-    # Projected over a whole rollout, a slope not told apart from noise would turn pools off on every
-    # fluctuation.
-    if fit is None or not fit.significant(policy):
-        return wanted
-    slope, fitted = fit.slope, fit.fitted
     margin = goodput_margin(policy)
     name = model.current
     top = min(model.max_num_seqs, model.settings[name].fits)
@@ -99,22 +104,73 @@ def _overload_ahead(case: LoadCase, wanted: Wanted) -> Wanted:
     cap, off = model.capacity(name, g.per_position), model.capacity(OFF, g.per_position)
     if top_off <= top * (1 + margin) or off <= cap * (1 + margin):
         return wanted
-    band = math.sqrt(max(fitted, 1.0) / max(1, observed.replicas_reporting))
-    rise = max(0.0, slope * (policy.window_seconds / 2 + case.rollout.seconds) - band)
-    ahead = (observed.demand_per_replica or 0.0) + rise
-    if ahead <= top:
-        return wanted
-    why = (
-        f"at the demand's trend {ahead:.1f} requests per replica arrive by the time a rollout "
-        f"({case.rollout.seconds:.0f} s) serves; with the drafter ({name}) the engines run {top:.0f} at once "
-        f"and serve at most {cap:.0f} tokens/s, without it {top_off:.0f} and {off:.0f}"
+    # A flip decided at the next evaluation serves after its interval and the rollout.
+    horizon = policy.window_seconds / 2 + policy.evaluation_interval_seconds + case.rollout.seconds
+    # The served tokens' trend is extrapolated at most a window past the measurements' lag, as far as
+    # it was fitted over.
+    served_horizon = policy.window_seconds / 2 + min(
+        float(policy.window_seconds), policy.evaluation_interval_seconds + case.rollout.seconds
     )
-    numbers = {**wanted.numbers, "projectedDemandPerReplica": f"{ahead:.3g}"}
+    ahead = _demand_ahead(case, horizon, top) or _served_ahead(case, served_horizon)
+    if ahead is None:
+        return wanted
+    what, numbers = ahead
+    why = (
+        f"at the {what} by the time a rollout ({case.rollout.seconds:.0f} s) serves; with the drafter ({name}) "
+        f"the engines run {top:.0f} at once and serve at most {cap:.0f} tokens/s, without it {top_off:.0f} "
+        f"and {off:.0f}"
+    )
+    numbers = {**wanted.numbers, **numbers}
+    # Overloaded, the engines serve at their capacity: the flip's gain is the capacities' ratio.
+    gain = off / cap if cap > 0 else None
     if model.memory_known and model.settings[name].fits < model.max_num_seqs:
-        # The KV cache, not maxNumSeqs, is what the demand would overflow: said as memory-bound.
-        numbers = {**numbers, **model.numbers(g.per_position, ahead)}
-        return Wanted("Off", r.GOODPUT_MEMORY_BOUND, f"memory-bound ahead: {why}", numbers, k=g.best)
-    return Wanted("Off", r.GOODPUT_OVERLOADED, why, numbers, k=g.best)
+        # The KV cache, not maxNumSeqs, is what the load would overflow: said as memory-bound.
+        demand = float(numbers.get("projectedDemandPerReplica", observed.demand_per_replica or 0.0))
+        numbers = {**numbers, **model.numbers(g.per_position, demand)}
+        return Wanted(
+            "Off", r.GOODPUT_MEMORY_BOUND, f"memory-bound ahead: {why}", numbers, k=g.best, gain=gain
+        )
+    return Wanted("Off", r.GOODPUT_OVERLOADED, why, numbers, k=g.best, gain=gain)
+
+
+def _demand_ahead(case: LoadCase, horizon: float, top: float) -> tuple[str, dict[str, str]] | None:
+    """The demand projected `horizon` seconds along its trend, where it passes `top` requests per
+    replica (what and the numbers to show; None: it does not)."""
+    fit = demand_fit(case.policy, case.state, case.observed, case.now)
+    # Projected over a whole rollout, a slope not told apart from noise would turn pools off on every
+    # fluctuation.
+    if fit is None or not fit.significant(case.policy):
+        return None
+    band = math.sqrt(max(fit.fitted, 1.0) / max(1, case.observed.replicas_reporting))
+    ahead = (case.observed.demand_per_replica or 0.0) + max(0.0, fit.slope * horizon - band)
+    if ahead <= top:
+        return None
+    return f"demand's trend {ahead:.1f} requests per replica arrive", {
+        "projectedDemandPerReplica": f"{ahead:.3g}"
+    }
+
+
+def _served_ahead(case: LoadCase, horizon: float) -> tuple[str, dict[str, str]] | None:
+    """The generated tokens per second per replica served, projected `horizon` seconds along their
+    trend (the slope taken one standard error low: a rise only as steep as its noise allows), where
+    the speculating setting would serve them with more requests in its engines than the engine
+    without the drafter by the margin (`policy.predict.queueing.in_system`: near its capacity a
+    setting's queue grows without bound). None: it would not."""
+    model, g, name = case.model, case.prediction, case.model.current
+    fit = served_fit(case.policy, case.state, case.observed, case.now)
+    if name is None or fit is None or not fit.significant(case.policy):
+        return None
+    ahead = fit.fitted + max(0.0, (fit.slope - fit.stderr) * horizon)
+    spec = in_system(model, name, g.per_position, ahead)
+    off = in_system(model, OFF, g.per_position, ahead)
+    if not spec > off * (1 + goodput_margin(case.policy)):
+        return None
+    held = "more than they can run" if math.isinf(spec) else f"{spec:.1f} requests per replica"
+    return (
+        f"served tokens' trend {ahead:.0f} tokens/s per replica arrive, which the engines serve with {held} "
+        f"in them (without the drafter {off:.1f})",
+        {"projectedTokensPerSecond": f"{ahead:.4g}"},
+    )
 
 
 def _saturation(case: LoadCase, wanted: Wanted) -> Wanted:
@@ -142,5 +198,7 @@ def _saturation(case: LoadCase, wanted: Wanted) -> Wanted:
         ),
     }
     if state.mode == "On":
-        return Wanted("Off", r.GOODPUT_OVERLOADED, why, numbers, k=g.best)
+        cap = model.capacity(name, g.per_position)
+        gain = model.capacity(OFF, g.per_position) / cap if cap > 0 else None
+        return Wanted("Off", r.GOODPUT_OVERLOADED, why, numbers, k=g.best, gain=gain)
     return Wanted("Off", r.GOODPUT_OVERLOADED, f"stays off: {why}", numbers)

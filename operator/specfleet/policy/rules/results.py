@@ -19,6 +19,10 @@ class Wanted:
     numbers: dict[str, str] = field(default_factory=dict)
     # K to run after a flip (Goodput: the best K; None keeps the pool's).
     k: int | None = None
+    # The flip's throughput over the current setting's where the ask prices it itself (an overload:
+    # the capacities' ratio, as the engines serve at their capacity); None: the prediction's at the
+    # demand.
+    gain: float | None = None
 
 
 @dataclass(frozen=True)
