@@ -89,12 +89,19 @@ def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
             raise _UsageError(f"--{name.replace('_', '-')} must be > 0")
     if not 0 <= args.k0_penalty < 10:
         raise _UsageError("--k0-penalty must be within [0, 10)")
+    for name in ("prefill_ms_per_token", "drafter_prefill_fraction"):
+        value = getattr(args, name)
+        if value is not None and not value >= 0:
+            raise _UsageError(f"--{name.replace('_', '-')} must be >= 0")
+    # The profile's own figures reach the simulated engines unless an option overrides them.
     options = SimOptions(
         seed=args.seed,
         acceptance=acceptance,
         startup_seconds=args.startup_seconds,
         scrape_interval=args.scrape_interval,
         k0_penalty=args.k0_penalty,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        drafter_prefill_fraction=args.drafter_prefill_fraction,
     )
     return sd, trace, options, profile
 
@@ -246,6 +253,18 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.10,
         help="step-time penalty of K=0 in a speculating engine, as a fraction",
+    )
+    parser.add_argument(
+        "--prefill-ms-per-token",
+        type=float,
+        default=None,
+        help="the target's prefill per prompt token, ms (default: the profile's prefillMsPerToken)",
+    )
+    parser.add_argument(
+        "--drafter-prefill-fraction",
+        type=float,
+        default=None,
+        help="the drafter's prefill as a share of the target's (default: the profile's drafterPrefillFraction)",
     )
 
 

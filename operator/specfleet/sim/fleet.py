@@ -50,9 +50,7 @@ class _Fleet:
         self.policy = sd.spec.policy
         self.bin = options.bin_seconds or float(self.policy.evaluation_interval_seconds)
         self.duration = max(workload.duration, self.bin)
-        prefill_ms = options.prefill_ms_per_token
-        if prefill_ms is None:
-            prefill_ms = profile.prefill_ms_per_token or DEFAULT_PREFILL_MS_PER_TOKEN
+        prefill_ms = options.prefill_ms_per_token_of(profile)
         self.events = Events()
         self.accounts = Accounts(self.duration, self.bin)
         self.prometheus = Prometheus()
