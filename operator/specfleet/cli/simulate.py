@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
 from specfleet.cli.common import InputError, load_documents, shown
 from specfleet.cli.progress import TerminalProgress
+from specfleet.reconcile.desired import spec_problems
 
 
 class _UsageError(Exception):
@@ -40,9 +40,9 @@ def _load_one_resource(path: str) -> Any:
         sd = parse_resource(docs[0])
     except InvalidResourceError as err:
         raise _UsageError("the SpeculativeDeployment is invalid: " + "; ".join(err.messages)) from None
-    problems = find_problems(sd.spec)
-    if problems:
-        raise _UsageError("the SpeculativeDeployment cannot work: " + "; ".join(problems))
+    unrunnable = spec_problems(sd.spec)
+    if unrunnable is not None:
+        raise _UsageError("the SpeculativeDeployment cannot work: " + "; ".join(unrunnable.problems))
     return sd
 
 
@@ -62,7 +62,7 @@ def _profile_file(path: str) -> Any:
 
 
 def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
-    from specfleet.sim.fleet import SimOptions
+    from specfleet.sim.fleet import SimOptions, simulated_engines_that_cannot_start
     from specfleet.sim.workload import WorkloadError, parse_acceptance, read_trace
     from specfleet_runtime.cost_profile import default_profile
 
@@ -103,6 +103,9 @@ def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         prefill_ms_per_token=args.prefill_ms_per_token,
         drafter_prefill_fraction=args.drafter_prefill_fraction,
     )
+    cannot_start = simulated_engines_that_cannot_start(sd.spec, options, profile)
+    if cannot_start:
+        raise _UsageError("the simulated engines cannot start: " + "; ".join(cannot_start))
     return sd, trace, options, profile
 
 
