@@ -588,7 +588,7 @@ def render(
         "`policy.goodput.engineSchedule`), "
         "published H100 Llama-3.1-8B step-time profile, engine start-up 60 s, scrape every 15 s, "
         "K=0 penalty of in-engine Dynamic SD 10%, a speculating engine's drafter prefilling every prompt "
-        f"token at {SimOptions().drafter_prefill_fraction:.1%} of the target's cost (priced by the "
+        f"token at {profile.drafter_prefill_fraction:.1%} of the target's cost (priced by the "
         "Goodput prediction too, with the prompt tokens per generated token measured), a draining engine "
         "killed after its "
         "terminationGracePeriodSeconds. The simulator and what it approximates: "

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from specfleet.cli.main import main
+from specfleet_runtime.cost_profile import default_profile
 
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "02-two-pools-routing-policy.yaml")
 
@@ -304,18 +305,86 @@ def test_no_progress_when_stderr_is_not_a_terminal(
 
 
 def test_plan_explains_a_memory_bound_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """With a profile whose engines with the drafter hold almost no KV cache, the plan judges the pool
-    as the policy does (throughput at the batch each setting holds) and says it is memory-bound."""
+    """With a profile whose engines with the drafter hold little more than one maxModelLen sequence (any
+    less and vLLM would not start them), the plan judges the pool as the policy does (throughput at the
+    batch each setting holds) and says it is memory-bound."""
     from specfleet.cli.profile import config_map
-    from specfleet_runtime.cost_profile import default_profile
 
     doc = default_profile().to_dict()
-    doc["memory"] = {"kvCacheTokens": 400000, "kvCacheTokensWithDrafter": 480}
+    doc["memory"] = {"kvCacheTokens": 400000, "kvCacheTokensWithDrafter": 1024}
     path = tmp_path / "cm.yaml"
     path.write_text(yaml.safe_dump(config_map("gpu-profile", "team-a", yaml.safe_dump(doc))))
+    resource = yaml.safe_load(Path(EXAMPLE).read_text())
+    resource["spec"]["engine"]["maxModelLen"] = 1024  # the trace's longest request is 748 tokens
+    (tmp_path / "sd.yaml").write_text(yaml.safe_dump(resource))
     trace = _trace(tmp_path / "t.csv", rows=300, gap=0.01)
-    argv = ["plan", "-f", EXAMPLE, "--trace", trace, "--profile", str(path), "-o", "json"]
+    argv = ["plan", "-f", str(tmp_path / "sd.yaml"), "--trace", trace, "--profile", str(path), "-o", "json"]
     assert main(argv) == 0
     latency = json.loads(capsys.readouterr().out)["pools"]["latency"]
     assert "memory-bound" in latency["why"], latency
-    assert "the KV cache holds 1 with the drafter" in latency["why"]
+    assert "the KV cache holds 2 with the drafter" in latency["why"]
+
+
+SEVENTY_B_FP8_ON_ONE_H100_AT_60 = {
+    "model": {"name": "RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8"},
+    "engine": {"gpuMemoryUtilizationPercent": 60, "maxModelLen": 4096},
+}
+
+
+def _resource(tmp_path: Path, spec: dict, gpu: str | None = None) -> str:
+    doc = yaml.safe_load(Path(EXAMPLE).read_text())
+    for key, value in spec.items():
+        doc["spec"][key] = {**doc["spec"].get(key, {}), **value}
+    # Example 02 names the H100 in its nodeSelector: the GPU named, or none.
+    doc["spec"]["engine"]["nodeSelector"] = {"nvidia.com/gpu.product": gpu} if gpu else {}
+    path = tmp_path / "sd.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["render", "simulate", "plan"])
+def test_engines_vllm_cannot_start_are_refused_where_the_gpu_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    resource = _resource(tmp_path, SEVENTY_B_FP8_ON_ONE_H100_AT_60, gpu="NVIDIA-H100-80GB-HBM3")
+    argv = [command, "-f", resource] + (
+        [] if command == "render" else ["--trace", _trace(tmp_path / "t.csv", 10)]
+    )
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "cannot work" in captured.err
+    assert "70.6 GB per GPU at tensorParallelSize 1" in captured.err
+    assert "No available memory for the cache blocks" in captured.err
+
+
+def test_simulate_refuses_engines_its_own_memory_cannot_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No GPU in the spec, but the profile measured this model on an H100 at 90%: at 60% the simulated
+    # engines would serve nothing, so the run is refused instead of printing 0 tokens/s.
+    resource = _resource(tmp_path, SEVENTY_B_FP8_ON_ONE_H100_AT_60)
+    profile = tmp_path / "profile.yaml"
+    memory = {
+        "kvCacheTokens": 12880,
+        "kvCacheTokensWithDrafter": 4256,
+        "model": "RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8",
+        "tensorParallelSize": 1,
+        "gpuMemoryUtilization": 0.9,
+    }
+    profile.write_text(yaml.safe_dump({**default_profile().to_dict(), "memory": memory}))
+    trace = _trace(tmp_path / "t.csv", 10)
+    assert main(["simulate", "-f", resource, "--trace", trace, "--profile", str(profile)]) == 1
+    err = capsys.readouterr().err
+    assert "error: the simulated engines cannot start" in err
+    assert "in the simulation (Llama-3.1-70B + EAGLE-3 on H100 80GB, the profile's memory section)" in err
+    assert "No available memory for the cache blocks" in err
+    # Given the share it was measured at, it runs.
+    fits = _resource(
+        tmp_path,
+        {
+            **SEVENTY_B_FP8_ON_ONE_H100_AT_60,
+            "engine": {"gpuMemoryUtilizationPercent": 90, "maxModelLen": 4096},
+        },
+    )
+    assert main(["simulate", "-f", fits, "--trace", trace, "--profile", str(profile), "-o", "json"]) == 0

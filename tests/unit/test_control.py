@@ -518,3 +518,21 @@ def test_a_standby_pool_is_settled_only_once_its_pods_serve_the_decided_mode(wor
         ] = "On"
     controller.reconcile_object("default", "llama")
     assert _status(cluster)["pools"]["latency"]["settled"] is True
+
+
+def test_engines_vllm_cannot_start_make_the_resource_degraded_with_nothing_created(world):
+    # Llama-3.1-70B in FP8 on one H100 given 60% of it: 70.6 GB of weights for 51.3 GB.
+    cluster, _, _, controller = world
+    doc = cluster.objects[KEY]
+    doc["spec"]["model"]["name"] = "RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8"
+    doc["spec"]["engine"] = {
+        "gpuMemoryUtilizationPercent": 60,
+        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    }
+    outcome = controller.reconcile_object("default", "llama")
+    degraded = _conditions(cluster)["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "InsufficientGPUMemory")
+    assert "No available memory for the cache blocks" in degraded["message"]
+    assert degraded["message"].endswith("troubleshooting/#insufficientgpumemory)")
+    assert [e.reason for e in outcome.events] == ["Degraded"]
+    assert not [key for key in cluster.objects if key[0] == "Deployment"]

@@ -34,6 +34,8 @@ ROLLING_OUT: Final = "RollingOut"
 ROLLOUT_COMPLETE: Final = "RolloutComplete"
 INVALID_SPEC: Final = "InvalidSpec"
 UNSUPPORTED_CONFIGURATION: Final = "UnsupportedConfiguration"
+# vLLM would refuse to start a pool's engines: the weights or one maxModelLen sequence do not fit.
+INSUFFICIENT_GPU_MEMORY: Final = "InsufficientGPUMemory"
 APPLY_FAILED: Final = "ApplyFailed"
 AS_EXPECTED: Final = "AsExpected"
 METRICS_OK: Final = "MetricsOK"
@@ -245,6 +247,17 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "the engine image's vLLM version does not support (examples/05-degraded-old-image.yaml), an `extraArgs` flag the operator sets itself, or fewer "
         "GPUs than `tensorParallelSize`. Nothing is created, and nothing is retried until the spec changes.",
         "Follow the message: a newer `engine.image`, the typed field instead of the flag, or more GPUs.",
+    ),
+    INSUFFICIENT_GPU_MEMORY: ReasonDoc(
+        "Degraded",
+        "vLLM would refuse to start a pool's engines: its weights (divided over `tensorParallelSize`) "
+        "leave no KV cache in the `gpuMemoryUtilizationPercent` share of the GPU, or the KV cache cannot "
+        "hold one sequence of `maxModelLen` tokens. The message quotes the error vLLM stops with. Checked "
+        "only where both are known: the model's name identifies it (Llama-3.1-8B or -70B, bf16 or FP8) "
+        "and the pool's `nodeSelector` names the GPU by `nvidia.com/gpu.product`. Nothing is created, and "
+        "nothing is retried until the spec changes.",
+        "Raise `gpuMemoryUtilizationPercent` or `tensorParallelSize` (with as many `resources.gpus`), "
+        "lower `maxModelLen`, or use a quantized checkpoint. `specfleet render -f FILE` runs the same check.",
     ),
     APPLY_FAILED: ReasonDoc(
         "Degraded",

@@ -17,7 +17,6 @@ from typing import Any
 
 from specfleet import __version__
 from specfleet.api.crd import crd_yaml
-from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
 from specfleet.cli.common import (
     CommandParser,
@@ -33,6 +32,7 @@ from specfleet.cli.simulate import add_parsers as add_simulation_parsers
 from specfleet.cli.status import add_parser as add_status_parser
 from specfleet.controller.logs import configure_json_logging
 from specfleet.reconcile import decided_plan
+from specfleet.reconcile.desired import spec_problems
 from specfleet.render import RenderOptions, render_children
 from specfleet.render.common import to_yaml
 
@@ -76,10 +76,10 @@ def _cmd_render(args: argparse.Namespace) -> int:
                 print(f"  * {message}", file=sys.stderr)
             failed = True
             continue
-        problems = find_problems(sd.spec)
-        if problems:
+        unrunnable = spec_problems(sd.spec)
+        if unrunnable is not None:
             print(f'error: SpeculativeDeployment "{name}" cannot work:', file=sys.stderr)
-            for problem in problems:
+            for problem in unrunnable.problems:
                 print(f"  * {problem}", file=sys.stderr)
             failed = True
             continue

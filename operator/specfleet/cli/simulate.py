@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from specfleet.api.semantics import find_problems
 from specfleet.api.validation import InvalidResourceError, parse_resource
 from specfleet.cli.common import InputError, load_documents, shown
 from specfleet.cli.progress import TerminalProgress
+from specfleet.reconcile.desired import spec_problems
 
 
 class _UsageError(Exception):
@@ -40,9 +40,9 @@ def _load_one_resource(path: str) -> Any:
         sd = parse_resource(docs[0])
     except InvalidResourceError as err:
         raise _UsageError("the SpeculativeDeployment is invalid: " + "; ".join(err.messages)) from None
-    problems = find_problems(sd.spec)
-    if problems:
-        raise _UsageError("the SpeculativeDeployment cannot work: " + "; ".join(problems))
+    unrunnable = spec_problems(sd.spec)
+    if unrunnable is not None:
+        raise _UsageError("the SpeculativeDeployment cannot work: " + "; ".join(unrunnable.problems))
     return sd
 
 
@@ -62,7 +62,7 @@ def _profile_file(path: str) -> Any:
 
 
 def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
-    from specfleet.sim.fleet import SimOptions
+    from specfleet.sim.fleet import SimOptions, simulated_engines_that_cannot_start
     from specfleet.sim.workload import WorkloadError, parse_acceptance, read_trace
     from specfleet_runtime.cost_profile import default_profile
 
@@ -89,13 +89,23 @@ def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
             raise _UsageError(f"--{name.replace('_', '-')} must be > 0")
     if not 0 <= args.k0_penalty < 10:
         raise _UsageError("--k0-penalty must be within [0, 10)")
+    for name in ("prefill_ms_per_token", "drafter_prefill_fraction"):
+        value = getattr(args, name)
+        if value is not None and not value >= 0:
+            raise _UsageError(f"--{name.replace('_', '-')} must be >= 0")
+    # The profile's own figures reach the simulated engines unless an option overrides them.
     options = SimOptions(
         seed=args.seed,
         acceptance=acceptance,
         startup_seconds=args.startup_seconds,
         scrape_interval=args.scrape_interval,
         k0_penalty=args.k0_penalty,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        drafter_prefill_fraction=args.drafter_prefill_fraction,
     )
+    cannot_start = simulated_engines_that_cannot_start(sd.spec, options, profile)
+    if cannot_start:
+        raise _UsageError("the simulated engines cannot start: " + "; ".join(cannot_start))
     return sd, trace, options, profile
 
 
@@ -246,6 +256,18 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.10,
         help="step-time penalty of K=0 in a speculating engine, as a fraction",
+    )
+    parser.add_argument(
+        "--prefill-ms-per-token",
+        type=float,
+        default=None,
+        help="the target's prefill per prompt token, ms (default: the profile's prefillMsPerToken)",
+    )
+    parser.add_argument(
+        "--drafter-prefill-fraction",
+        type=float,
+        default=None,
+        help="the drafter's prefill as a share of the target's (default: the profile's drafterPrefillFraction)",
     )
 
 

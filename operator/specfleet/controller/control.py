@@ -20,7 +20,6 @@ from typing import Any, Protocol
 
 from specfleet.api import reasons
 from specfleet.api.constants import API_VERSION, KIND, POOLS, PoolName
-from specfleet.api.semantics import find_problems
 from specfleet.api.status import SpeculativeDeploymentStatus, StandbyStatus
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource, parse_status
 from specfleet.controller.standby_flips import Tick
@@ -35,7 +34,7 @@ from specfleet.policy.decision.status_writes import (
 from specfleet.policy.inputs.profile_source import CostProfileError, profile_from_config_map
 from specfleet.policy.rules.results import PoolDecision
 from specfleet.reconcile import ApplyRejectedError, Cluster, Event, reconcile, status_patch
-from specfleet.reconcile.desired import decided_plan
+from specfleet.reconcile.desired import decided_plan, spec_problems
 from specfleet.render import RenderOptions
 from specfleet.render.retrain import render_retrain_job
 from specfleet.render.standby import standby_pool
@@ -116,7 +115,7 @@ def policy_schedule(body: Mapping[str, Any]) -> PolicySchedule:
     except InvalidResourceError:
         return PolicySchedule(IDLE_RETRY_SECONDS, None)
     interval = float(sd.spec.policy.evaluation_interval_seconds)
-    if find_problems(sd.spec):
+    if spec_problems(sd.spec) is not None:
         return PolicySchedule(interval, None)
     return PolicySchedule(interval, _target(sd))
 
@@ -203,7 +202,7 @@ class Controller:
             except InvalidResourceError:
                 return outcome
             outcome.next_seconds = float(sd.spec.policy.evaluation_interval_seconds)
-            if find_problems(sd.spec):
+            if spec_problems(sd.spec) is not None:
                 return outcome  # Degraded: nothing runs, nothing to decide.
             if _target(sd) != target:
                 outcome.next_seconds = 0.0

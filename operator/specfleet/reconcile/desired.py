@@ -6,15 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from specfleet.api import reasons
 from specfleet.api.conditions import set_condition
 from specfleet.api.constants import PoolName
 from specfleet.api.fields import SpeculationMode
 from specfleet.api.semantics import engine_schedules, find_problems
+from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.status import Condition, SpeculativeDeploymentStatus, StandbyStatus
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource, parse_status
+from specfleet.policy.predict.startup_memory import engines_that_cannot_start
 from specfleet.reconcile.result import Event, ReconcileResult
 from specfleet.render import POOLS, Manifest, PoolPlan, RenderOptions, render_children
 
@@ -49,6 +51,25 @@ def decided_plan(
             and not standby_unavailable(decided.standby, sd.generation),
         )
     return plan
+
+
+class SpecProblems(NamedTuple):
+    """Why a spec can never run: the Degraded reason and one sentence per problem."""
+
+    reason: str
+    problems: list[str]
+
+
+def spec_problems(spec: SpeculativeDeploymentSpec) -> SpecProblems | None:
+    """Why this spec can never run (None: it can): settings the engine image or the operator refuses,
+    else engines that vLLM would refuse to start for lack of GPU memory."""
+    problems = find_problems(spec)
+    if problems:
+        return SpecProblems(reasons.UNSUPPORTED_CONFIGURATION, problems)
+    problems = engines_that_cannot_start(spec)
+    if problems:
+        return SpecProblems(reasons.INSUFFICIENT_GPU_MEMORY, problems)
+    return None
 
 
 def standby_unavailable(standby: StandbyStatus | None, generation: int) -> bool:
@@ -123,10 +144,10 @@ def desired_state(
             degraded = _degraded_status(previous, generation, reasons.INVALID_SPEC, message, now)
             events = [] if was_degraded(previous) else [Event("Warning", reasons.EVENT_DEGRADED, message)]
             return DesiredState(generation, previous, stopped=ReconcileResult(degraded.to_wire(), events))
-    problems = find_problems(sd.spec)
-    if problems:
-        message = reasons.with_link("; ".join(problems), reasons.UNSUPPORTED_CONFIGURATION)
-        degraded = _degraded_status(previous, generation, reasons.UNSUPPORTED_CONFIGURATION, message, now)
+    unrunnable = spec_problems(sd.spec)
+    if unrunnable is not None:
+        message = reasons.with_link("; ".join(unrunnable.problems), unrunnable.reason)
+        degraded = _degraded_status(previous, generation, unrunnable.reason, message, now)
         same = any(c.type == reasons.DEGRADED and c.message == message for c in previous.conditions)
         events = [] if same else [Event("Warning", reasons.EVENT_DEGRADED, message)]
         return DesiredState(generation, previous, sd, stopped=ReconcileResult(degraded.to_wire(), events))

@@ -11,8 +11,10 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.inputs.status import auto_pools
+from specfleet.policy.predict.startup_memory import engine_problems
 from specfleet.sim.accounts import Accounts, RunResult, load_per_replica
 from specfleet.sim.engine import SimRequest
 from specfleet.sim.events import ARRIVAL, BIN, EVAL, KILL, POD_READY, REPLICA, SCRAPE, TICK, Events
@@ -50,9 +52,7 @@ class _Fleet:
         self.policy = sd.spec.policy
         self.bin = options.bin_seconds or float(self.policy.evaluation_interval_seconds)
         self.duration = max(workload.duration, self.bin)
-        prefill_ms = options.prefill_ms_per_token
-        if prefill_ms is None:
-            prefill_ms = profile.prefill_ms_per_token or DEFAULT_PREFILL_MS_PER_TOKEN
+        prefill_ms = options.prefill_ms_per_token_of(profile)
         self.events = Events()
         self.accounts = Accounts(self.duration, self.bin)
         self.prometheus = Prometheus()
@@ -173,6 +173,17 @@ class _Fleet:
             self.accounts.results[rep.pool].gpu_seconds += max(0.0, life_end - rep.created)
         control = self.control
         return self.accounts.result(self.strategy, control.changes, control.status, control.retrains)
+
+
+def simulated_engines_that_cannot_start(
+    spec: SpeculativeDeploymentSpec, options: SimOptions, profile: StepTimeProfile
+) -> list[str]:
+    """Every pool whose simulated engines vLLM would refuse to start with the memory the simulator gives
+    them (`SimOptions.memory_of`): a run of them would serve nothing."""
+    memory = options.memory_of(profile)
+    source = "the profile's memory section" if options.memory is None and profile.memory else "assumed"
+    where = f"in the simulation ({memory.name}, {source})"
+    return engine_problems(spec, lambda pool, settings: (memory, where))
 
 
 def simulate(

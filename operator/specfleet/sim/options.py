@@ -11,13 +11,10 @@ from datetime import UTC, datetime
 
 from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.validation import parse_spec
-from specfleet.policy.predict.kv_cache import CapacityModel, preset
+from specfleet.policy.predict.kv_cache import CapacityModel, preset, profile_capacity
 from specfleet.policy.predict.rollout_time import estimated_startup_seconds
 from specfleet_runtime import names
-from specfleet_runtime.cost_profile import (
-    EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION,
-    H100_LLAMA31_8B_PREFILL_MS_PER_TOKEN,
-)
+from specfleet_runtime.cost_profile import H100_LLAMA31_8B_PREFILL_MS_PER_TOKEN, StepTimeProfile
 
 POOLS: tuple[str, ...] = names.POOLS
 # How the simulated router picks an engine of a pool (`SimOptions.routing`; by default each pool's
@@ -47,24 +44,27 @@ class Strategy:
 
 @dataclass(frozen=True)
 class SimOptions:
-    """Simulation settings that are not in the resource."""
+    """Simulation settings that are not in the resource, and overrides of the cost profile's fields.
+
+    An override left None takes the profile's own value (`prefill_ms_per_token_of` and its siblings), so
+    a profile reaches the simulated engines whole unless a setting here says otherwise.
+    """
 
     seed: int = 0
     scrape_interval: float = 15.0
     # One engine's start-up (pod created to Ready); None: estimated from the resource's model size and
     # tensor parallel size (`specfleet.policy.predict.rollout_time`), resolved by `resolved`.
     startup_seconds: float | None = None
+    # The target's prefill per prompt token (None: the profile's; see `prefill_ms_per_token_of`).
     prefill_ms_per_token: float | None = None
     k0_penalty: float = 0.10
     acceptance: tuple[float, ...] = (0.68, 0.39, 0.20, 0.10, 0.05)
-    # The engines' memory where the profile has no `memory` section (with one: the preset its model
-    # names, calibrated by it); `policy.predict.kv_cache` sizes the KV cache from utilisation and TP.
+    # The engines' memory (None: the profile's `memory` section calibrating the preset its model names,
+    # else the 8B preset); `policy.predict.kv_cache` sizes the KV cache from utilisation and TP.
     memory: CapacityModel | None = None
-    # The drafter's pass over each prompt token, as a share of the target's (multiply-adds per token:
-    # EAGLE-3's 3h -> h fusion layer and its decoder layer against Llama-3.1-8B's 32 decoder layers;
-    # the LM heads run only on the last position). The published profile carries the same figure, so
-    # the policy prices what the simulated engines pay.
-    drafter_prefill_fraction: float = EAGLE3_LLAMA31_8B_DRAFTER_PREFILL_FRACTION
+    # The drafter's pass over each prompt token, as a share of the target's (None: the profile's
+    # drafterPrefillFraction, which the policy prices too, so it prices what the simulated engines pay).
+    drafter_prefill_fraction: float | None = None
     default_max_num_seqs: int = 256
     default_gpu_memory_utilization: float = 0.9
     # Bin width of the timeline and of the oracle's per-window choice (None: the evaluation interval).
@@ -78,6 +78,26 @@ class SimOptions:
         if self.startup_seconds is None:
             raise ValueError("SimOptions.startup_seconds is not resolved: see SimOptions.resolved")
         return self.startup_seconds
+
+    def prefill_ms_per_token_of(self, profile: StepTimeProfile) -> float:
+        """The target's prefill per prompt token: this option, else the profile's, else (a profile that
+        measured none) the published estimate."""
+        if self.prefill_ms_per_token is not None:
+            return self.prefill_ms_per_token
+        return profile.prefill_ms_per_token or DEFAULT_PREFILL_MS_PER_TOKEN
+
+    def drafter_prefill_fraction_of(self, profile: StepTimeProfile) -> float:
+        """The drafter's prefill as a share of the target's: this option, else the profile's."""
+        if self.drafter_prefill_fraction is not None:
+            return self.drafter_prefill_fraction
+        return profile.drafter_prefill_fraction
+
+    def memory_of(self, profile: StepTimeProfile) -> CapacityModel:
+        """The engines' memory: this option, else the preset the profile's `memory` section names,
+        calibrated by it, else the 8B preset."""
+        if self.memory is not None:
+            return self.memory
+        return profile_capacity(profile.memory) if profile.memory is not None else CapacityModel()
 
     def resolved(self, spec: SpeculativeDeploymentSpec) -> SimOptions:
         """These options with the start-up estimated for `spec`'s model where none is given."""

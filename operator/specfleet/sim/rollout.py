@@ -35,7 +35,6 @@ from typing import Any
 from specfleet.api.constants import LABEL_POOL, LABEL_TRACK, PoolName
 from specfleet.api.status import PoolStatus, SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.predict.kv_cache import CapacityModel, profile_capacity
 from specfleet.policy.predict.rollout_time import STANDBY_CHECK_SECONDS, standby_switch_seconds
 from specfleet.reconcile import decided_plan
 from specfleet.reconcile.apply import hand_over
@@ -56,9 +55,7 @@ from specfleet_runtime.vllm_args import LOOKAHEAD_METHODS, METHODS_WITH_DRAFTER_
 def switch_seconds(options: SimOptions, profile: StepTimeProfile, tensor_parallel_size: int) -> float:
     """One Standby replica's sleep + wake + check: the weights of the model the engines' KV cache is
     sized with (`engine_config`), per GPU, over the host link."""
-    measured = profile.memory
-    memory = options.memory or (profile_capacity(measured) if measured is not None else CapacityModel())
-    return standby_switch_seconds(memory, tensor_parallel_size) + STANDBY_CHECK_SECONDS
+    return standby_switch_seconds(options.memory_of(profile), tensor_parallel_size) + STANDBY_CHECK_SECONDS
 
 
 @functools.lru_cache(maxsize=256)
@@ -159,10 +156,7 @@ class Rollouts:
         speculative = spec is not None
         # The KV cache as vLLM sizes it for this engine's utilisation and TP (`policy.predict.kv_cache`): the
         # options' model where set, else the one the profile's memory section calibrates.
-        measured = self.profile.memory
-        memory = self.options.memory or (
-            profile_capacity(measured) if measured is not None else CapacityModel()
-        )
+        memory = self.options.memory_of(self.profile)
         capacity = memory.kv_tokens(util, engine.tensor_parallel_size, speculative)
         block_size = memory.block_size
         return EngineConfig(
@@ -176,7 +170,7 @@ class Rollouts:
             block_size=block_size,
             lookahead_tokens=spec.num_speculative_tokens if spec and spec.method in LOOKAHEAD_METHODS else 0,
             drafter_prefill_fraction=(
-                self.options.drafter_prefill_fraction
+                self.options.drafter_prefill_fraction_of(self.profile)
                 if spec and spec.method in METHODS_WITH_DRAFTER_MODEL
                 else 0.0
             ),

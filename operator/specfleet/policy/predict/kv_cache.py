@@ -39,6 +39,7 @@ unknown: then no batch is bound by memory.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -48,6 +49,9 @@ from specfleet_runtime.vllm_args import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 
 # What nvidia-smi reports for an H100 80GB HBM3: 81559 MiB.
 H100_80GB_BYTES: Final = 81559 * 2**20
+# GPU memory by product name, as nvidia-smi prints it (the node label nvidia.com/gpu.product writes
+# it with dashes): only the GPUs whose memory this project has seen measured.
+GPU_MEMORY_BYTES: Final[dict[str, float]] = {"NVIDIA H100 80GB HBM3": H100_80GB_BYTES}
 # vLLM's KV block size on GPUs where the engine does not say otherwise.
 DEFAULT_BLOCK_SIZE: Final = 16
 # A fitted model reproduces its measurement up to float noise: a block count within this of a whole
@@ -158,6 +162,33 @@ LLAMA31_70B_EAGLE3_H100: Final = CapacityModel(
 def preset(model: str | None) -> CapacityModel:
     """The preset for a model name: the 70B one where the name says 70B, else the 8B one."""
     return LLAMA31_70B_EAGLE3_H100 if model and "70b" in model.lower() else LLAMA31_8B_EAGLE3_H100
+
+
+# Names of quantized checkpoints whose weight bytes no preset knows (FP8 is known: one byte a parameter).
+_QUANTIZED: Final = re.compile(r"awq|gptq|int4|int8|w4a|w8a|nvfp4|mxfp4|gguf|bnb|4bit|8bit")
+_LLAMA31: Final = re.compile(r"llama-?3\.1-(8|70)b")
+
+
+def gpu_memory_bytes(product: str) -> float | None:
+    """The memory of a GPU product (nvidia-smi's name or the node label's dashed one); None: unknown."""
+    wanted = product.replace("-", " ").strip().lower()
+    return next((size for name, size in GPU_MEMORY_BYTES.items() if name.lower() == wanted), None)
+
+
+def known_preset(model: str) -> CapacityModel | None:
+    """The preset of a model its name identifies for certain (Llama-3.1-8B or -70B, in bf16 or FP8);
+    None for any other model, where `preset` would guess."""
+    name = model.lower()
+    match = _LLAMA31.search(name)
+    if match is None or _QUANTIZED.search(name):
+        return None
+    chosen = LLAMA31_70B_EAGLE3_H100 if match[1] == "70" else LLAMA31_8B_EAGLE3_H100
+    if "fp8" in name:
+        # FP8 weights: one byte a parameter (at least: some checkpoints keep embeddings in bf16).
+        return replace(
+            chosen, name=f"{chosen.name} (FP8)", target_weight_bytes=chosen.target_weight_bytes / 2
+        )
+    return chosen
 
 
 def profile_capacity(memory: MemoryProfile) -> CapacityModel:
