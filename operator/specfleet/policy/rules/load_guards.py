@@ -198,7 +198,7 @@ def _saturation(case: LoadCase, wanted: Wanted) -> Wanted:
         ),
     }
     if state.mode == "On":
-        cap = model.capacity(name, g.per_position)
+        cap = model.capacity(name, g.per_position) if name is not None else 0.0
         gain = model.capacity(OFF, g.per_position) / cap if cap > 0 else None
         return Wanted("Off", r.GOODPUT_OVERLOADED, why, numbers, k=g.best, gain=gain)
     return Wanted("Off", r.GOODPUT_OVERLOADED, f"stays off: {why}", numbers)
