@@ -271,13 +271,15 @@ def test_an_off_pool_stays_off_while_memory_bound_and_turns_on_once_demand_fits_
     # Memory-bound: the per-request speed at 11 running alone would turn it on.
     d = one(st("Off", last=LONG_AGO), big_obs(11.0, 24.0))
     assert (d.flip, d.target, d.reason) == (False, "Off", r.GOODPUT_MEMORY_BOUND)
-    # The demand falls to 3 per replica (fits the 3 the speculating cache holds): back on, once the
+    # The demand falls to 3 per replica (fits the 3 the speculating cache holds), served at the 400
+    # tokens/s per replica the engines without the drafter yield there (419 at most): back on, once the
     # dwell since the last flip has passed.
-    d = one(st("Off", last=flipped), big_obs(3.0, 3.0))
+    fits = replace(big_obs(3.0, 3.0), generation_tokens_per_second=800.0)
+    d = one(st("Off", last=flipped), fits)
     assert (d.flip, d.target, d.reason) == (False, "Off", r.MIN_DWELL)
     assert "GoodputAboveBreakEven" in d.message
     later = flipped + timedelta(seconds=max(GOODPUT.min_dwell_seconds, GOODPUT.cooldown_seconds) + 1)
-    d = one(st("Off", last=flipped), replace(big_obs(3.0, 3.0), at=later), now=later)
+    d = one(st("Off", last=flipped), replace(fits, at=later), now=later)
     assert (d.flip, d.target, d.reason) == (True, "On", r.GOODPUT_ABOVE_BREAK_EVEN)
 
 

@@ -218,3 +218,28 @@ def test_the_served_tokens_rising_toward_the_drafters_capacity_turn_a_pool_off_b
     # gain at today's demand.
     standby = decided(rising, flip="Standby")
     assert (standby.target, standby.reason) == ("Off", r.GOODPUT_MEMORY_BOUND), standby.message
+
+
+def test_an_off_pool_does_not_turn_on_where_the_drafter_would_hold_more_requests_than_it_does():
+    cap = MODEL.capacity("K3", ACC)
+    # 0.9 of what the drafter's engines serve at the 3 requests they hold: below their capacity (the
+    # saturation guard lets it pass), but random arrivals queue at that utilisation, more than at the
+    # engine without the drafter's (11 slots, well below its capacity).
+    near = obs(1.5, 3 * cap * 0.9)
+    assert in_system(MODEL, "K3", ACC, cap * 0.9) > in_system(MODEL, OFF, ACC, cap * 0.9)
+    d = _decide("Off", near)
+    assert (d.target, d.reason) == ("Off", r.GOODPUT_MEMORY_BOUND), d.message
+    assert d.message.startswith("stays off"), d.message
+    # At a third of the capacity the drafter serves the arrivals with fewer requests: it turns on.
+    assert in_system(MODEL, "K3", ACC, cap / 3) < in_system(MODEL, OFF, ACC, cap / 3)
+    assert _decide("Off", obs(1.5, cap)).target == "On"
+    # Falling, the arrivals are taken where they will be when the flip serves: a windowed rate trails.
+    falling = tuple((NOW - timedelta(seconds=15 * (8 - i)), cap * (1.6 - 0.1 * i)) for i in range(8))
+    state = PoolState(
+        mode="Off",
+        last_transition=NOW - timedelta(days=1),
+        recent_load=tuple((t, 1.5) for t, _ in falling),
+        recent_tokens_per_second=falling,
+        k=3,
+    )
+    assert decide(POLICY, 3, {"latency": state}, {"latency": near}, NOW, BIG)[0].target == "On"

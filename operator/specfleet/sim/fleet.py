@@ -69,7 +69,6 @@ class _Fleet:
             self.finish_done,
         )
         self.traffic = Traffic(sd, workload, options, self.events, self.accounts, self.rollouts, self.done)
-        self.rollouts.handback = self.traffic.resend
         self.control = PolicyLoop(sd, strategy, profile, self.rollouts, self.prometheus)
 
     def finish_done(self) -> None:

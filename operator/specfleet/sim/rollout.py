@@ -8,10 +8,9 @@ Either way an old pod stops taking requests and drains what it holds within its 
 
 A Standby pool (`rollout.flip: Standby`) flips without a restart: where the new template differs from a
 pod's only in whether the drafter is on, that pod is flipped in place, one replica at a time whatever
-the strategy. It leaves the endpoints, hands the requests queued in it that have not streamed a token
-back to the router (`handback`: sent to another engine, as the router retries what a killed engine had
-not started; a memory-bound engine's queue would otherwise drain at the slow setting for minutes) and
-finishes the ones it runs (within its grace period, as above), then its awake engine sleeps and the other wakes (`policy.predict.rollout_time.standby_switch_seconds`:
+the strategy. It leaves the endpoints and finishes the requests it holds, running and queued, as the
+operator's flip driver waits for both (vLLM has no way to hand a queued request back; within its grace
+period, as above), then its awake engine sleeps and the other wakes (`policy.predict.rollout_time.standby_switch_seconds`:
 the weights per GPU over the host link each way) and serves one check completion
 (`STANDBY_CHECK_SECONDS`); then it serves the other setting with an empty KV cache and a cold prefix
 cache (a new `Replica` on the same GPUs). The flip measured, from leaving the endpoints to serving
@@ -147,7 +146,6 @@ class Rollouts:
         self.flip_started: dict[int, float] = {}
         self.standby_flips: dict[str, list[float]] = {}
         # Where a draining Standby pod's unstarted requests go (the router's retry; set by the fleet).
-        self.handback: Callable[[list[SimRequest], float], None] = lambda reqs, now: None
 
     def engine_config(self, args: list[str], pool: str) -> EngineConfig:
         engine, _ = parse_vllm_args(args)
@@ -335,14 +333,14 @@ class Rollouts:
             floor = dep.replicas - unavailable
             retired = sorted(old, key=lambda p: p.serial)[: max(0, min(len(old), ready - floor))]
             for p in retired:
-                self.remove(p, now, handback=standby)
+                self.remove(p, now)
                 old.remove(p)
             if not created and not retired:
                 return
 
-    def remove(self, rep: Replica, now: float, handback: bool = False) -> None:
-        """Take a pod out of the endpoints: it drains what it holds (`handback`: what it runs; its
-        unstarted requests go back to the router) and is gone when idle or killed at its grace period."""
+    def remove(self, rep: Replica, now: float) -> None:
+        """Take a pod out of the endpoints: it drains what it holds and is gone when idle or killed at
+        its grace period."""
         self.endpoint_cache.clear()
         if rep.ready_at > now:
             rep.gone_at = now
@@ -351,8 +349,6 @@ class Rollouts:
         rep.advance_to(now, self.done)
         self.finish_done()
         rep.draining_since = now
-        if handback:
-            self.handback(rep.take_unstarted(), now)
         if rep.idle:
             self.gone(rep, max(now, rep.t))
         else:

@@ -84,6 +84,21 @@ class TrendFit:
         whole = self.span >= policy.window_seconds - policy.evaluation_interval_seconds
         return whole and self.slope > TREND_SIGNIFICANCE * self.stderr
 
+    def falling(self, policy: PolicySpec) -> bool:
+        """A fall told apart from noise, as `significant` a rise."""
+        whole = self.span >= policy.window_seconds - policy.evaluation_interval_seconds
+        return whole and -self.slope > TREND_SIGNIFICANCE * self.stderr
+
+    def ahead(self, policy: PolicySpec, seconds: float) -> float:
+        """The line's value `seconds` from now with its slope one standard error nearer zero (a rise
+        or a fall only as steep as the noise allows), or the fitted value where the trend is not told
+        apart from noise."""
+        if self.significant(policy):
+            return self.fitted + (self.slope - self.stderr) * seconds
+        if self.falling(policy):
+            return max(0.0, self.fitted + (self.slope + self.stderr) * seconds)
+        return self.fitted
+
 
 def demand_fit(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> TrendFit | None:
     """`demand_trend` with the slope's standard error and the span of the points (None: fewer than

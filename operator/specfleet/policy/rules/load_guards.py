@@ -1,10 +1,12 @@
 """The Goodput ask checked against the load that arrives (pure): Goodput's prediction compares
 settings at one demand, as if each request waited for another to finish (a closed loop); requests
-arrive on their own schedule, so three guards look at the queue (`against_load`, in this order):
+arrive on their own schedule, so four guards look at the queue (`against_load`, in this order):
 
 - a memory-bound speculating pool whose queue it serves with fewer requests in its engines than the
   engine without the drafter would need stays on (`_transient_queue`);
 - a speculating setting that cannot serve the tokens arriving is not kept or turned to (`_saturation`);
+- a pool that is off does not turn to a speculating setting that would serve the arrivals with more
+  requests in its engines than the engine without the drafter (`_holds_more_on`);
 - a speculating pool turns off before its demand or the tokens it serves, rising along their
   trends, would pass the batch it can run or what it can serve within a rollout (`_overload_ahead`).
 
@@ -51,9 +53,10 @@ class LoadCase:
 
 
 def against_load(case: LoadCase, wanted: Wanted) -> Wanted:
-    """`wanted` after the three load guards."""
+    """`wanted` after the four load guards."""
     wanted = _transient_queue(case, wanted)
     wanted = _saturation(case, wanted)
+    wanted = _holds_more_on(case, wanted)
     return _overload_ahead(case, wanted)
 
 
@@ -106,12 +109,7 @@ def _overload_ahead(case: LoadCase, wanted: Wanted) -> Wanted:
         return wanted
     # A flip decided at the next evaluation serves after its interval and the rollout.
     horizon = policy.window_seconds / 2 + policy.evaluation_interval_seconds + case.rollout.seconds
-    # The served tokens' trend is extrapolated at most a window past the measurements' lag, as far as
-    # it was fitted over.
-    served_horizon = policy.window_seconds / 2 + min(
-        float(policy.window_seconds), policy.evaluation_interval_seconds + case.rollout.seconds
-    )
-    ahead = _demand_ahead(case, horizon, top) or _served_ahead(case, served_horizon)
+    ahead = _demand_ahead(case, horizon, top) or _served_ahead(case, _served_horizon(case))
     if ahead is None:
         return wanted
     what, numbers = ahead
@@ -131,6 +129,15 @@ def _overload_ahead(case: LoadCase, wanted: Wanted) -> Wanted:
             "Off", r.GOODPUT_MEMORY_BOUND, f"memory-bound ahead: {why}", numbers, k=g.best, gain=gain
         )
     return Wanted("Off", r.GOODPUT_OVERLOADED, why, numbers, k=g.best, gain=gain)
+
+
+def _served_horizon(case: LoadCase) -> float:
+    """Seconds the served tokens' trend is projected: half a window (the measurements' lag), then to
+    when a flip decided at the next evaluation serves, at most a window (as far as it was fitted)."""
+    policy = case.policy
+    return policy.window_seconds / 2 + min(
+        float(policy.window_seconds), policy.evaluation_interval_seconds + case.rollout.seconds
+    )
 
 
 def _demand_ahead(case: LoadCase, horizon: float, top: float) -> tuple[str, dict[str, str]] | None:
@@ -160,7 +167,7 @@ def _served_ahead(case: LoadCase, horizon: float) -> tuple[str, dict[str, str]] 
     fit = served_fit(case.policy, case.state, case.observed, case.now)
     if name is None or fit is None or not fit.significant(case.policy):
         return None
-    ahead = fit.fitted + max(0.0, (fit.slope - fit.stderr) * horizon)
+    ahead = fit.ahead(case.policy, horizon)
     spec = in_system(model, name, g.per_position, ahead)
     off = in_system(model, OFF, g.per_position, ahead)
     if not spec > off * (1 + goodput_margin(case.policy)):
@@ -171,6 +178,46 @@ def _served_ahead(case: LoadCase, horizon: float) -> tuple[str, dict[str, str]] 
         f"in them (without the drafter {off:.1f})",
         {"projectedTokensPerSecond": f"{ahead:.4g}"},
     )
+
+
+def _holds_more_on(case: LoadCase, wanted: Wanted) -> Wanted:
+    """`wanted`, or Off where a pool that is off would turn to a speculating setting that serves the
+    arrivals with more requests in its engines than the engine without the drafter, which serves more
+    at its largest batch by the margin (`policy.predict.queueing.in_system`): near its capacity a
+    setting's queue grows without bound, so a pool that turns on there as the load falls queues at
+    the setting it just turned to. The mirror of `_transient_queue` (which keeps a speculating pool
+    on where it holds fewer), and of the served tokens' overload ahead (which turns it off where it
+    would hold more): a pool turns on only where it holds no more, with the margin between."""
+    state, model, g = case.state, case.model, case.prediction
+    if not (state.mode == "Off" and wanted.mode == "On"):
+        return wanted
+    name = setting_name(wanted.k or g.best)
+    if name not in model.settings:
+        return wanted
+    margin = goodput_margin(case.policy)
+    if model.capacity(OFF, g.per_position) <= model.capacity(name, g.per_position) * (1 + margin):
+        return wanted
+    arriving = _arrivals(case)
+    if arriving is None:
+        return wanted
+    rate = arriving.tokens_per_second
+    # Falling, the arrivals are projected to when the flip serves (a windowed rate trails a fall).
+    fit = served_fit(case.policy, state, case.observed, case.now)
+    if fit is not None and fit.falling(case.policy):
+        rate = min(rate, fit.ahead(case.policy, _served_horizon(case)))
+    spec, off = in_system(model, name, g.per_position, rate), in_system(model, OFF, g.per_position, rate)
+    if spec <= off:
+        return wanted
+    held = "more than they can run" if math.isinf(spec) else f"{spec:.1f}"
+    why = (
+        f"stays off: {rate:.0f} tokens/s per replica arrive; with the drafter ({name}) the engines would "
+        f"serve them with {held} requests per replica in them, without it {off:.1f}"
+    )
+    numbers = {**wanted.numbers, "arrivingTokensPerSecond": f"{rate:.4g}"}
+    # Memory-bound where the drafter's KV cache, not maxNumSeqs, limits its batch.
+    memory = model.memory_known and model.settings[name].fits < model.max_num_seqs
+    reason = r.GOODPUT_MEMORY_BOUND if memory else r.GOODPUT_OVERLOADED
+    return Wanted("Off", reason, why, numbers)
 
 
 def _saturation(case: LoadCase, wanted: Wanted) -> Wanted:
