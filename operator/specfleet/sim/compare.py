@@ -26,7 +26,13 @@ import numpy as np
 
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.predict.dynamic_sd import best_schedule
-from specfleet.sim.accounts import RunResult, histogram_percentile, load_per_replica, percentile
+from specfleet.sim.accounts import (
+    RunResult,
+    histogram_percentile,
+    load_per_replica,
+    percentile,
+    window_latency,
+)
 from specfleet.sim.bound import NAME as BOUND
 from specfleet.sim.bound import held_through, rollout_paying_oracle
 from specfleet.sim.fleet import simulate
@@ -228,6 +234,7 @@ class Comparison:
         """Per window: each pool's mode, K, replicas (canaries: speculating in an off pool), load and
         tokens/s, and the oracle's tokens/s."""
         loads = {pool: load_per_replica(run, pool) for pool in POOLS}
+        latency = {pool: window_latency(run, pool, 90) for pool in POOLS}
         rows = []
         for i, row in enumerate(run.timeline):
             entry: dict[str, Any] = {"timeSeconds": round(row["t"], 1)}
@@ -243,6 +250,9 @@ class Comparison:
                     "tokensPerSecond": round(float(run.bin_tokens[pool][i]) / self.bin_seconds, 1),
                     "oracleTokensPerSecond": round(float(self.oracle_tokens[pool][i]) / self.bin_seconds, 1),
                     "oracleSetting": self.oracle_choice[pool][i] or None,
+                    # Of the requests that finished in the window.
+                    "ttftP90Seconds": _round(latency[pool][i][0]),
+                    "tpotP90Seconds": _round(latency[pool][i][1]),
                 }
                 if "reason" in state:
                     # The policy's last evaluation of the pool up to this window: why it did what it did.
@@ -284,8 +294,13 @@ def _pool_json(run: RunResult, pool: str) -> dict[str, Any]:
         "tokensPerSecond": round(res.tokens / duration, 2),
         "requests": res.requests,
         "rejected": res.rejected,
+        "unfinished": res.unfinished,
         "ttftP50Seconds": _round(percentile(res.ttft, 50)),
+        "ttftP90Seconds": _round(percentile(res.ttft, 90)),
         "ttftP99Seconds": _round(percentile(res.ttft, 99)),
+        "tpotP50Seconds": _round(percentile(res.tpot, 50)),
+        "tpotP90Seconds": _round(percentile(res.tpot, 90)),
+        "tpotP99Seconds": _round(percentile(res.tpot, 99)),
         "itlP50Seconds": _round(histogram_percentile(res.itl, 50)),
         "itlP99Seconds": _round(histogram_percentile(res.itl, 99)),
         "gpuSeconds": round(res.gpu_seconds, 1),
