@@ -3,6 +3,7 @@ models and GPUs, the CLI's reader of the local Hugging Face cache, and an unknow
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,8 +12,10 @@ from typing import Any
 import pytest
 
 from specfleet.cli.local_models import architecture_of, local_architecture, model_directory
+from specfleet.policy import PoolObservation
 from specfleet.policy.predict.gpu_products import GPU_PRODUCTS, H100_80GB_BYTES, gpu_memory_bytes
 from specfleet.policy.predict.known_models import KNOWN_MODELS, known_architecture
+from specfleet.policy.predict.kv_cache import ASSUMED_MEMORY, capacities, models_memory, profile_capacity
 from specfleet.policy.predict.model_architecture import (
     ESTIMATED,
     SAFETENSORS_INDEX,
@@ -20,6 +23,7 @@ from specfleet.policy.predict.model_architecture import (
     eagle3_drafter_params,
     parse_model_config,
 )
+from specfleet_runtime.cost_profile import MemoryProfile, default_profile
 
 # meta-llama/Llama-3.1-8B-Instruct's config.json, whole (no head_dim: hidden_size / heads).
 LLAMA31_8B: dict[str, Any] = {
@@ -137,7 +141,7 @@ def test_an_eagle3_drafter_is_one_layer_and_its_draft_head() -> None:
     eight = known_architecture("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
     # 424.7e6 parameters in float16: the 0.85e9 B the published profile's engine assumes, unrounded.
     assert eight is not None
-    assert eight.weight_bytes == pytest.approx(0.85e9, rel=0.001)
+    assert eight.weight_bytes == pytest.approx(ASSUMED_MEMORY.drafter_weight_bytes, rel=0.001)
 
 
 # ---- the shipped tables -------------------------------------------------------------------------------
@@ -158,6 +162,17 @@ def test_every_shipped_model_parses_and_cites_its_source() -> None:
     assert known_architecture(None) is None
 
 
+def test_the_8b_in_the_table_is_the_published_engine_the_defaults_describe() -> None:
+    arch = known_architecture("meta-llama/Llama-3.1-8B-Instruct")
+    assert arch is not None
+    assert (arch.layers, arch.kv_heads, arch.head_dim) == (
+        ASSUMED_MEMORY.layers,
+        ASSUMED_MEMORY.kv_heads,
+        ASSUMED_MEMORY.head_dim,
+    )
+    assert arch.weight_bytes == pytest.approx(ASSUMED_MEMORY.target_weight_bytes, rel=1e-4)
+
+
 def test_gpus_by_nvidia_smi_name_and_by_node_label() -> None:
     assert gpu_memory_bytes("NVIDIA H200") == gpu_memory_bytes("NVIDIA-H200") == H200
     assert (
@@ -170,6 +185,44 @@ def test_gpus_by_nvidia_smi_name_and_by_node_label() -> None:
     assert gpu_memory_bytes("NVIDIA-A10G") is None
     assert gpu_memory_bytes(None) is None
     assert all(gpu.source for gpu in GPU_PRODUCTS.values())
+
+
+# ---- capacity from the model's own layers -------------------------------------------------------------
+
+
+def test_qwen3_32b_on_two_h200s_gets_its_own_kv_cache() -> None:
+    model = models_memory("Qwen/Qwen3-32B", None, "NVIDIA-H200")
+    assert model is not None
+    assert (model.layers, model.gpu_bytes) == (64, H200)
+    # blocks = floor((u x gpu - weights/TP - overhead) / (page x layers)), kv_cache.py's formula:
+    # 0.9 x 150,754,820,096 - 65,524,213,760 / 2 - 2 GiB = 100,769,747,558.4 B per rank; a page is
+    # 2 x 16 tokens x 8/2 heads x 128 x 2 B = 32,768 B, x 64 layers = 2,097,152 B a block:
+    # 48,050.76 -> 48,050 blocks, x 16 = 768,800 tokens.
+    free = 0.9 * H200 - 65_524_213_760 / 2 - 2 * 2**30
+    assert int(free // (32768 * 64)) == 48050
+    assert model.kv_tokens(0.9, 2, False) == 768_800
+    # TP 4: the 1.79M the issue expected from the config (the 8B's layers gave 1.66M).
+    assert model.kv_tokens(0.9, 4, False) == 1_787_568
+
+
+def test_an_unknown_model_has_no_capacity_beyond_its_measurement() -> None:
+    assert models_memory("acme/Mystery-7B", None, "NVIDIA H200") is None
+    assert models_memory("Qwen/Qwen3-32B", None, "NVIDIA-A10G") is None  # a GPU not in the table
+    measured = MemoryProfile(
+        kv_cache_tokens=100_000,
+        kv_cache_tokens_with_drafter=90_000,
+        model="acme/Mystery-7B",
+        gpu="NVIDIA H200",
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.9,
+    )
+    assert profile_capacity(measured) is None
+    profile = dataclasses.replace(default_profile(), memory=measured)
+    obs = PoolObservation(pool="latency", at=NOW, running_per_replica=2.0, waiting=0.0)
+    # At the setting it was measured at, the measurement; anywhere else nothing is memory-bound.
+    assert capacities(profile, obs) == ((100_000, "profile"), (90_000, "profile"))
+    assert capacities(profile, obs, 0.8, 1) is None
+    assert capacities(profile, obs, 0.9, 2) is None
 
 
 # ---- the CLI's reader of local files ------------------------------------------------------------------
