@@ -29,7 +29,8 @@ GPU, FP8 70B on one H100 and BF16 70B over two read 70.6 GB of weights a step ag
 GB, and do 4.4x its multiply-adds at FP8's or two GPUs' rate; the all-reduce of TP 2 is left out),
 prefill 0.178 ms per prompt token (2 x 70.6e9 FLOPs at 40% of 1,979 TFLOPS), the drafter's prefill
 share 1.5% (its fusion layer and one decoder layer against 80), and the KV caches from
-`specfleet.policy.predict.kv_cache` (FP8 weights on one GPU; the 70B preset over two) at 90% utilisation,
+`specfleet.policy.predict.kv_cache` (the shipped table's 70B and drafter, FP8 weights on one GPU, BF16
+over two) at 90% utilisation,
 entered as the profile's memory section as `specfleet profile` would measure them.
 """
 
@@ -44,7 +45,7 @@ import numpy as np
 import yaml
 
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
-from specfleet.policy.predict.kv_cache import LLAMA31_70B_EAGLE3_H100
+from specfleet.policy.predict.kv_cache import CapacityModel, models_memory
 from specfleet.policy.predict.rollout_time import estimated_startup_seconds
 from specfleet.policy.predict.throughput import OFF, setting_name
 from specfleet.sim.bound import NAME as BOUND
@@ -202,21 +203,32 @@ SCALE_70B = 70.6 / 16.06
 PREFILL_70B_MS = 2 * 70.6e9 / (1979e12 * 0.4) * 1000
 DRAFTER_PREFILL_70B = (3 * 8192 * 8192 + 855e6) / (80 * 855e6)
 MODEL_70B = "meta-llama/Llama-3.1-70B-Instruct"
-# The 70B preset with FP8 weights (one byte per parameter), as on one H100.
-FP8_70B = dataclasses.replace(LLAMA31_70B_EAGLE3_H100, target_weight_bytes=70.6e9)
 DRAFTER_70B = "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _table_70b() -> CapacityModel:
+    model = models_memory(MODEL_70B, DRAFTER_70B, H100)
+    assert model is not None, "the shipped table knows the 70B, its drafter and the H100"
+    return model
+
+
+# The 70B and its EAGLE-3 drafter on an H100 from the shipped table, with the weights this derivation
+# states (70.6e9 parameters, the checkpoint's 70.55e9 rounded): two bytes each in BF16, one in FP8.
+BF16_70B = dataclasses.replace(_table_70b(), target_weight_bytes=70.6e9 * 2)
+FP8_70B = dataclasses.replace(_table_70b(), target_weight_bytes=70.6e9)
 
 
 def profile_70b(tensor_parallel_size: int) -> StepTimeProfile:
     """The derived 70B profile on `tensor_parallel_size` H100s (FP8 weights on one, BF16 over more)."""
     base = default_profile()
-    capacity = FP8_70B if tensor_parallel_size == 1 else LLAMA31_70B_EAGLE3_H100
+    capacity = FP8_70B if tensor_parallel_size == 1 else BF16_70B
     memory = MemoryProfile(
         kv_cache_tokens=capacity.kv_tokens(0.9, tensor_parallel_size, False),
         kv_cache_tokens_with_drafter=capacity.kv_tokens(0.9, tensor_parallel_size, True),
         model=MODEL_70B,
         drafter=DRAFTER_70B,
-        gpu="H100 80GB",
+        gpu=H100,
         tensor_parallel_size=tensor_parallel_size,
         gpu_memory_utilization=0.9,
         block_size=capacity.block_size,
@@ -247,7 +259,7 @@ def scenarios() -> dict[str, MemoryScenario]:
     """Every scenario, each followed by its `-standby` variant (see the module docstring)."""
     edits: dict[str, tuple[Callable[[dict], None], StepTimeProfile, tuple[int, int], float | None]] = {
         "long-context-8b": (_long_context, default_profile(), (16384, 32768), None),
-        # The estimate reads the FP8 weights (the preset's are BF16).
+        # The estimate reads the FP8 weights (the table's checkpoint is BF16).
         "70b-one-gpu": (_seventy_b(1), profile_70b(1), (500, 1500), estimated_startup_seconds(FP8_70B, 1)),
         "70b-two-gpus": (_seventy_b(2), profile_70b(2), (500, 1500), None),
     }

@@ -470,7 +470,9 @@ def kv_cache_tokens() -> int:
     """Each engine's KV cache: the simulator's for the published profile at KV_UTILIZATION."""
     memory = default_profile().memory
     assert memory is not None
-    return profile_capacity(memory).kv_tokens(KV_UTILIZATION, 1, False)
+    model = profile_capacity(memory)
+    assert model is not None, "the published profile names a model and GPU the table knows"
+    return model.kv_tokens(KV_UTILIZATION, 1, False)
 
 
 async def start_engines(procs: rb.Processes, time_scale: float) -> tuple[list[str], list[int]]:

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from specfleet.cli.main import main
+from specfleet.policy.predict.known_models import KNOWN_MODELS
 from specfleet_runtime.cost_profile import default_profile
 
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "02-two-pools-routing-policy.yaml")
@@ -342,10 +343,24 @@ def _resource(tmp_path: Path, spec: dict, gpu: str | None = None) -> str:
     return str(path)
 
 
+def _fp8_70b_in_the_hub_cache(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FP8 70B checkpoint (not in the shipped table) in a local Hugging Face cache the CLI reads:
+    the 70B's config and an index of 70.6e9 B."""
+    snapshot = root / "models--RedHatAI--Meta-Llama-3.1-70B-Instruct-FP8" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    config = {**KNOWN_MODELS["meta-llama/Llama-3.1-70B-Instruct"].config, "quantization_config": {}}
+    (snapshot / "config.json").write_text(json.dumps(config))
+    (snapshot / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 70_600_000_000}})
+    )
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+
+
 @pytest.mark.parametrize("command", ["render", "simulate", "plan"])
 def test_engines_vllm_cannot_start_are_refused_where_the_gpu_is_named(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
+    _fp8_70b_in_the_hub_cache(tmp_path / "hub", monkeypatch)
     resource = _resource(tmp_path, SEVENTY_B_FP8_ON_ONE_H100_AT_60, gpu="NVIDIA-H100-80GB-HBM3")
     argv = [command, "-f", resource] + (
         [] if command == "render" else ["--trace", _trace(tmp_path / "t.csv", 10)]
@@ -377,7 +392,7 @@ def test_simulate_refuses_engines_its_own_memory_cannot_start(
     assert main(["simulate", "-f", resource, "--trace", trace, "--profile", str(profile)]) == 1
     err = capsys.readouterr().err
     assert "error: the simulated engines cannot start" in err
-    assert "in the simulation (Llama-3.1-70B + EAGLE-3 on H100 80GB, the profile's memory section)" in err
+    assert "in the simulation (RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8 (not in the table" in err
     assert "No available memory for the cache blocks" in err
     # Given the share it was measured at, it runs.
     fits = _resource(

@@ -17,14 +17,13 @@ from specfleet.api.validation import parse_resource
 from specfleet.policy import PoolObservation
 from specfleet.policy.inputs.status import pool_states
 from specfleet.policy.predict.kv_cache import (
-    LLAMA31_8B_EAGLE3_H100,
-    LLAMA31_70B_EAGLE3_H100,
+    ASSUMED_MEMORY,
     CapacityModel,
     capacities,
-    eagle3_drafter_params,
-    preset,
+    models_memory,
     profile_capacity,
 )
+from specfleet.policy.predict.model_architecture import eagle3_drafter_params
 from specfleet.policy.predict.throughput import OFF
 from specfleet.sim.accounts import Accounts
 from specfleet.sim.events import Events
@@ -39,11 +38,20 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "02-two-pools-routing-policy.
 # 0.9 x 81559 MiB (an H100 80GB as nvidia-smi reports it) = 76,968,728,985.6 B; the overhead 2 GiB.
 USABLE = 0.9 * 81559 * 2**20
 OVERHEAD = 2 * 2**30
-M8, M70 = LLAMA31_8B_EAGLE3_H100, LLAMA31_70B_EAGLE3_H100
+H100 = "NVIDIA H100 80GB HBM3"
+# The published profile's engine (Llama-3.1-8B + EAGLE-3, 16.06e9 B of weights, a 0.85e9 B drafter),
+# and Llama-3.1-70B with its EAGLE-3 drafter from the shipped table (the checkpoint's 141,107,412,992 B).
+M8 = ASSUMED_MEMORY
+_M70 = models_memory("meta-llama/Llama-3.1-70B-Instruct", "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B", H100)
+assert _M70 is not None
+M70 = _M70
+W70 = 141_107_412_992
 PUBLISHED_MEMORY = default_profile().memory
 assert PUBLISHED_MEMORY is not None
 # The model the published memory section calibrates (what the policy and the simulator predict with).
-CAL = profile_capacity(PUBLISHED_MEMORY)
+_CAL = profile_capacity(PUBLISHED_MEMORY)
+assert _CAL is not None
+CAL = _CAL
 
 
 # ---- hand-computed vLLM cases: blocks = floor(free per rank / (page x layers)) ----------------------
@@ -60,16 +68,16 @@ CAL = profile_capacity(PUBLISHED_MEMORY)
         # 8B, TP 2: half the weights per rank (8.03e9 B), 4 KV heads per rank (32,768 B a layer's block).
         (M8, 2, False, USABLE - 8.03e9 - OVERHEAD, 32768 * 32, 63697),
         (M8, 2, True, USABLE - 8.03e9 - OVERHEAD - 0.425e9, 32768 * 33, 61373),
-        # 70B, TP 2: 141.2e9 B of weights, 70.6e9 per rank, leave 4,221,245,337.6 B; 80 layers of 4
-        # heads per rank: 2,621,440 B a block.
-        (M70, 2, False, USABLE - 70.6e9 - OVERHEAD, 32768 * 80, 1610),
+        # 70B, TP 2: 141,107,412,992 B of weights, half per rank, leave 4,267,538,841.6 B; 80 layers of
+        # 4 heads per rank: 2,621,440 B a block.
+        (M70, 2, False, USABLE - W70 / 2 - OVERHEAD, 32768 * 80, 1627),
         # ... with its EAGLE-3 drafter: 1,402,994,688 parameters (attention 234.9e6, MLP 704.6e6, fusion
         # 201.3e6, 32k head 262.1e6), 2,805,989,376 B, half per rank.
-        (M70, 2, True, USABLE - 70.6e9 - OVERHEAD - 1_402_994_688, 32768 * 81, 1061),
+        (M70, 2, True, USABLE - W70 / 2 - OVERHEAD - 1_402_994_688, 32768 * 81, 1079),
         # 70B, TP 4: 2 KV heads per rank.
-        (M70, 4, True, USABLE - 35.3e9 - OVERHEAD - 701_497_344, 16384 * 81, 29251),
+        (M70, 4, True, USABLE - W70 / 4 - OVERHEAD - 701_497_344, 16384 * 81, 29268),
         # 70B on one GPU: its weights alone exceed the memory; vLLM would refuse to start.
-        (M70, 1, False, USABLE - 141.2e9 - OVERHEAD, 65536 * 80, 0),
+        (M70, 1, False, USABLE - W70 - OVERHEAD, 65536 * 80, 0),
     ],
 )
 def test_kv_capacity_against_hand_computed_vllm_cases(
@@ -97,14 +105,8 @@ def test_a_set_kv_budget_replaces_utilisation_as_on_vllm_cpu() -> None:
 def test_the_70b_drafter_is_one_decoder_layer_of_its_width() -> None:
     assert eagle3_drafter_params(8192, 28672, 8, 128, 32000) == 1_402_994_688
     assert M70.drafter_weight_bytes == 2 * 1_402_994_688
-    # The 8B preset's 0.85e9 B is the same arithmetic, rounded: 424.7e6 parameters in bf16.
+    # The published engine's 0.85e9 B is the same arithmetic, rounded: 424.7e6 parameters in bf16.
     assert eagle3_drafter_params(4096, 14336, 8, 128, 32000) * 2 == pytest.approx(0.85e9, rel=0.002)
-
-
-def test_presets_by_model_name() -> None:
-    assert preset("meta-llama/Llama-3.1-70B-Instruct") is M70
-    assert preset("meta-llama/Llama-3.1-8B-Instruct") is M8
-    assert preset(None) is M8
 
 
 def test_capacity_grows_with_utilisation_and_tensor_parallel() -> None:
@@ -127,6 +129,7 @@ def test_the_published_measurement_calibrates_the_model_to_itself() -> None:
     memory = default_profile().memory
     assert memory is not None
     model = profile_capacity(memory)
+    assert model is not None
     assert model.kv_tokens(0.9, 1, False) == memory.kv_cache_tokens == 448304
     assert model.kv_tokens(0.9, 1, True) == memory.kv_cache_tokens_with_drafter == 428432
     # Elsewhere it predicts what the uncalibrated model does (the published numbers are its own), but
@@ -146,11 +149,14 @@ def test_a_measurement_at_another_setting_predicts_the_truth_elsewhere() -> None
         kv_cache_tokens=truth.kv_tokens(0.85, 2, False),
         kv_cache_tokens_with_drafter=truth.kv_tokens(0.85, 2, True),
         model="meta-llama/Llama-3.1-8B-Instruct",
+        drafter="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        gpu=H100,
         tensor_parallel_size=2,
         gpu_memory_utilization=0.85,
         block_size=16,
     )
     model = profile_capacity(measured)
+    assert model is not None
     assert model.kv_tokens(0.85, 2, False) == measured.kv_cache_tokens
     assert model.kv_tokens(0.85, 2, True) == measured.kv_cache_tokens_with_drafter
     assert model.overhead_bytes == pytest.approx(truth.overhead_bytes, abs=2**21)

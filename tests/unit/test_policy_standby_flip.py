@@ -14,7 +14,7 @@ from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import parse_resource
 from specfleet.policy.inputs.observation import PoolObservation, PoolState
 from specfleet.policy.inputs.status import pool_states
-from specfleet.policy.predict.kv_cache import LLAMA31_70B_EAGLE3_H100, profile_capacity
+from specfleet.policy.predict.kv_cache import models_memory, profile_capacity
 from specfleet.policy.predict.rollout_time import (
     STANDBY_CHECK_SECONDS,
     RolloutTime,
@@ -28,8 +28,13 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "02-two-pools-routing-policy.
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 PROFILE = default_profile()
 GIB = 2**30
-# Llama-3.1-70B in FP8 (one byte per parameter) on one H100, its EAGLE-3 drafter in BF16.
-FP8_70B = dataclasses.replace(LLAMA31_70B_EAGLE3_H100, target_weight_bytes=70.6e9)
+H100 = "NVIDIA H100 80GB HBM3"
+# Llama-3.1-70B in BF16 (the shipped table's) and in FP8 (one byte per parameter, 70.6e9 of them) on
+# H100s, its EAGLE-3 drafter in 16 bits.
+_BF16_70B = models_memory("meta-llama/Llama-3.1-70B-Instruct", "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B", H100)
+assert _BF16_70B is not None
+BF16_70B = _BF16_70B
+FP8_70B = dataclasses.replace(BF16_70B, target_weight_bytes=70.6e9)
 
 
 def _obs(running: float = 0.0, waiting: float = 0.0, gen: float | None = None, out: float | None = None):
@@ -54,10 +59,9 @@ def test_70b_fp8_on_one_gpu_copies_about_70_gb_each_way_at_21_gib_per_second():
     sleep, wake = (70.6e9 + drafter) / rate, 70.6e9 / rate
     assert (round(sleep, 2), round(wake, 2)) == (3.20, 3.08)
     assert standby_switch_seconds(FP8_70B, 1) == pytest.approx(sleep + wake)
-    # In BF16 over two GPUs each GPU holds the same 70.6 GB (and half the drafter).
-    assert standby_switch_seconds(LLAMA31_70B_EAGLE3_H100, 2) == pytest.approx(
-        (70.6e9 + drafter / 2) / rate + 70.6e9 / rate
-    )
+    # In BF16 over two GPUs each GPU holds half the checkpoint, 70.55 GB (and half the drafter).
+    half = 141_107_412_992 / 2
+    assert standby_switch_seconds(BF16_70B, 2) == pytest.approx((half + drafter / 2) / rate + half / rate)
 
 
 def test_the_drain_is_a_whole_request_at_the_decode_rate_bounded_by_the_grace_period():
@@ -77,7 +81,7 @@ def test_a_standby_pool_flips_one_replica_at_a_time_from_the_estimate_never_the_
         mode="On", replicas=3, flip="Standby", startup_seconds=600, termination_grace_seconds=120
     )
     rollout = pool_rollout(state, _obs(4, 0, 300, 200), PROFILE)
-    # The 8B preset (16.06 GB + 0.85 GB drafter): 1.44 s of transfers, 8 s of drain, the check.
+    # The published 8B (16.06 GB + 0.85 GB drafter): 1.44 s of transfers, 8 s of drain, the check.
     per_replica = 8.0 + standby_switch_seconds(profile_capacity(PROFILE.memory), 1) + STANDBY_CHECK_SECONDS
     assert rollout == RolloutTime(pytest.approx(per_replica), 3, "standbyEstimate")
     assert rollout.standby
@@ -108,18 +112,21 @@ def test_status_and_spec_give_the_policy_the_flip_its_measurement_and_the_grace_
     assert (batch.flip, batch.standby_flip_seconds) == ("Restart", None)
 
 
-def test_a_profile_of_a_quantized_model_gives_the_weights_it_measured_not_the_presets():
-    # A 70B profile measured on one H100 (FP8: the BF16 preset's 141 GB cannot fit beside its cache):
+def test_a_profile_of_a_quantized_model_gives_the_weights_it_measured_not_the_configs():
+    # A 70B profile measured on one H100 (FP8: the BF16 checkpoint's 141 GB cannot fit beside its cache):
     # the weights come out as what the measurement leaves (an upper bound: 70.6 GB plus the overhead
     # the engine had and less than a block of rounding, 3% more), the KV cache as measured.
     memory = MemoryProfile(
         kv_cache_tokens=FP8_70B.kv_tokens(0.9, 1, False),
         kv_cache_tokens_with_drafter=FP8_70B.kv_tokens(0.9, 1, True),
         model="meta-llama/Llama-3.1-70B-Instruct",
+        drafter="yuhuili/EAGLE3-LLaMA3.3-Instruct-70B",
+        gpu=H100,
         tensor_parallel_size=1,
         gpu_memory_utilization=0.9,
     )
     model = profile_capacity(memory)
+    assert model is not None
     assert 70.6e9 <= model.target_weight_bytes <= 1.031 * 70.6e9
     assert model.kv_tokens(0.9, 1, False) == memory.kv_cache_tokens
     assert model.kv_tokens(0.9, 1, True) == memory.kv_cache_tokens_with_drafter

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
-from specfleet.policy.predict.kv_cache import LLAMA31_8B_EAGLE3_H100
+from specfleet.policy.predict.kv_cache import ASSUMED_MEMORY
 from specfleet.policy.predict.rollout_time import STANDBY_CHECK_SECONDS, standby_switch_seconds
 from specfleet.sim.fleet import SimOptions, Strategy, _Fleet, simulate
 from specfleet.sim.options import strategy_spec
@@ -50,14 +50,14 @@ def test_the_switch_is_the_weights_over_the_host_link_each_way_plus_the_check() 
     # Llama-3.1-8B (16.06 GB) with its EAGLE-3 drafter (0.85 GB) one way, without it the other, at
     # 64 GiB / 3 s (21.3 GiB/s): 0.738 + 0.701 s.
     expected = (16.06e9 + 0.85e9) / HOST_LINK_BYTES_PER_S + 16.06e9 / HOST_LINK_BYTES_PER_S
-    assert standby_switch_seconds(LLAMA31_8B_EAGLE3_H100) == pytest.approx(expected)
+    assert standby_switch_seconds(ASSUMED_MEMORY) == pytest.approx(expected)
     assert expected == pytest.approx(1.44, abs=0.01)
 
 
 def test_a_standby_flip_goes_replica_by_replica_each_down_only_for_its_switch() -> None:
     fleet = _fleet({"strategy": "Surge", "flip": "Standby"})
     run = fleet.result_  # type: ignore[attr-defined]
-    switch = standby_switch_seconds(LLAMA31_8B_EAGLE3_H100) + STANDBY_CHECK_SECONDS
+    switch = standby_switch_seconds(ASSUMED_MEMORY) + STANDBY_CHECK_SECONDS
     pods = sorted(fleet.rollouts.pool_pods("latency"), key=lambda p: p.serial)
     before = [p for p in pods if p.config.speculative]
     after = [p for p in pods if not p.config.speculative]

@@ -28,6 +28,7 @@ from specfleet.cli.common import (
     shown,
     write_output,
 )
+from specfleet.cli.local_models import architecture_of
 from specfleet.cli.simulate import add_parsers as add_simulation_parsers
 from specfleet.cli.status import add_parser as add_status_parser
 from specfleet.controller.logs import configure_json_logging
@@ -76,7 +77,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
                 print(f"  * {message}", file=sys.stderr)
             failed = True
             continue
-        unrunnable = spec_problems(sd.spec)
+        unrunnable = spec_problems(sd.spec, architecture_of)
         if unrunnable is not None:
             print(f'error: SpeculativeDeployment "{name}" cannot work:', file=sys.stderr)
             for problem in unrunnable.problems:

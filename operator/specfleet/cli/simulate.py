@@ -15,6 +15,7 @@ import yaml
 
 from specfleet.api.validation import InvalidResourceError, parse_resource
 from specfleet.cli.common import InputError, load_documents, shown
+from specfleet.cli.local_models import architecture_of
 from specfleet.cli.progress import TerminalProgress
 from specfleet.reconcile.desired import spec_problems
 
@@ -40,7 +41,7 @@ def _load_one_resource(path: str) -> Any:
         sd = parse_resource(docs[0])
     except InvalidResourceError as err:
         raise _UsageError("the SpeculativeDeployment is invalid: " + "; ".join(err.messages)) from None
-    unrunnable = spec_problems(sd.spec)
+    unrunnable = spec_problems(sd.spec, architecture_of)
     if unrunnable is not None:
         raise _UsageError("the SpeculativeDeployment cannot work: " + "; ".join(unrunnable.problems))
     return sd

@@ -16,6 +16,8 @@ from specfleet.api.semantics import engine_schedules, find_problems
 from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.status import Condition, SpeculativeDeploymentStatus, StandbyStatus
 from specfleet.api.validation import InvalidResourceError, SpeculativeDeployment, parse_resource, parse_status
+from specfleet.policy.predict.known_models import known_architecture
+from specfleet.policy.predict.kv_cache import ArchitectureOf
 from specfleet.policy.predict.startup_memory import engines_that_cannot_start
 from specfleet.reconcile.result import Event, ReconcileResult
 from specfleet.render import POOLS, Manifest, PoolPlan, RenderOptions, render_children
@@ -60,13 +62,16 @@ class SpecProblems(NamedTuple):
     problems: list[str]
 
 
-def spec_problems(spec: SpeculativeDeploymentSpec) -> SpecProblems | None:
+def spec_problems(
+    spec: SpeculativeDeploymentSpec, architecture_of: ArchitectureOf = known_architecture
+) -> SpecProblems | None:
     """Why this spec can never run (None: it can): settings the engine image or the operator refuses,
-    else engines that vLLM would refuse to start for lack of GPU memory."""
+    else engines that vLLM would refuse to start for lack of GPU memory (the models' architectures
+    from `architecture_of`: the shipped table, where the operator runs; the CLI also reads local files)."""
     problems = find_problems(spec)
     if problems:
         return SpecProblems(reasons.UNSUPPORTED_CONFIGURATION, problems)
-    problems = engines_that_cannot_start(spec)
+    problems = engines_that_cannot_start(spec, architecture_of)
     if problems:
         return SpecProblems(reasons.INSUFFICIENT_GPU_MEMORY, problems)
     return None

@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 
 from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.validation import parse_spec
-from specfleet.policy.predict.kv_cache import CapacityModel, preset, profile_capacity
+from specfleet.policy.predict.known_models import known_architecture
+from specfleet.policy.predict.kv_cache import ASSUMED_MEMORY, CapacityModel, engine_memory, profile_capacity
 from specfleet.policy.predict.rollout_time import estimated_startup_seconds
 from specfleet_runtime import names
 from specfleet_runtime.cost_profile import H100_LLAMA31_8B_PREFILL_MS_PER_TOKEN, StepTimeProfile
@@ -59,8 +60,8 @@ class SimOptions:
     prefill_ms_per_token: float | None = None
     k0_penalty: float = 0.10
     acceptance: tuple[float, ...] = (0.68, 0.39, 0.20, 0.10, 0.05)
-    # The engines' memory (None: the profile's `memory` section calibrating the preset its model names,
-    # else the 8B preset); `policy.predict.kv_cache` sizes the KV cache from utilisation and TP.
+    # The engines' memory (None: the profile's `memory` section calibrating the model it names, else
+    # the assumed engine); `policy.predict.kv_cache` sizes the KV cache from utilisation and TP.
     memory: CapacityModel | None = None
     # The drafter's pass over each prompt token, as a share of the target's (None: the profile's
     # drafterPrefillFraction, which the policy prices too, so it prices what the simulated engines pay).
@@ -93,18 +94,31 @@ class SimOptions:
         return profile.drafter_prefill_fraction
 
     def memory_of(self, profile: StepTimeProfile) -> CapacityModel:
-        """The engines' memory: this option, else the preset the profile's `memory` section names,
-        calibrated by it, else the 8B preset."""
+        """The engines' memory: this option, else the model, drafter and GPU the profile's `memory`
+        section names, calibrated by it; where it names none the table knows, the assumed engine
+        (`kv_cache.ASSUMED_MEMORY`), calibrated by the section where there is one, so that the simulated
+        engines hold what was measured at its own setting (a simulation needs some KV cache)."""
         if self.memory is not None:
             return self.memory
-        return profile_capacity(profile.memory) if profile.memory is not None else CapacityModel()
+        if profile.memory is None:
+            return ASSUMED_MEMORY
+        known = profile_capacity(profile.memory)
+        if known is not None:
+            return known
+        name = f"{profile.memory.model or 'the profiled model'} (not in the table: the published engine's layers)"
+        return replace(ASSUMED_MEMORY.calibrated(profile.memory), name=name)
 
     def resolved(self, spec: SpeculativeDeploymentSpec) -> SimOptions:
-        """These options with the start-up estimated for `spec`'s model where none is given."""
+        """These options with the start-up estimated for `spec`'s model where none is given (its weights
+        from the shipped table; the assumed engine's for a model not in it)."""
         if self.startup_seconds is not None:
             return self
         tp = spec.engine.tensor_parallel_size or 1
-        return replace(self, startup_seconds=estimated_startup_seconds(preset(spec.model.name), tp))
+        target = known_architecture(spec.model.name)
+        drafter = known_architecture(spec.drafter.model)
+        # The start-up reads the weights, whatever the GPU: the assumed engine's stands in for it.
+        known = engine_memory(target, drafter, ASSUMED_MEMORY.gpu_bytes, spec.model.name)
+        return replace(self, startup_seconds=estimated_startup_seconds(known or ASSUMED_MEMORY, tp))
 
 
 def strategy_spec(

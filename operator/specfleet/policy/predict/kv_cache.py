@@ -34,24 +34,29 @@ num_gpu_blocks x block_size), else what vLLM would size for the pool's own utili
 parallel (`CapacityModel` above, calibrated by the cost profile's `memory` section: kvCacheTokens without
 the drafter, kvCacheTokensWithDrafter with it, at the utilisation and TP it was measured with), else
 unknown: then no batch is bound by memory.
+
+Which model and GPU: the ones the `memory` section names (`model`, `drafter`, `gpu`), their layers, KV
+heads and weights from the model's own config (`model_architecture`; the policy reads the shipped table
+`known_models`, the CLI also a checkpoint's local files) and the GPU's memory from `gpu_products`.
+Where the model or the GPU is not known, the measurement holds at its own setting and no other.
 """
 
 from __future__ import annotations
 
 import math
-import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final
 
 from specfleet.policy.inputs.observation import PoolObservation
+from specfleet.policy.predict.gpu_products import H100_80GB_BYTES, gpu_memory_bytes
+from specfleet.policy.predict.known_models import known_architecture
+from specfleet.policy.predict.model_architecture import ModelArchitecture
 from specfleet_runtime.cost_profile import MemoryProfile, StepTimeProfile
 from specfleet_runtime.vllm_args import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 
-# What nvidia-smi reports for an H100 80GB HBM3: 81559 MiB.
-H100_80GB_BYTES: Final = 81559 * 2**20
-# GPU memory by product name, as nvidia-smi prints it (the node label nvidia.com/gpu.product writes
-# it with dashes): only the GPUs whose memory this project has seen measured.
-GPU_MEMORY_BYTES: Final[dict[str, float]] = {"NVIDIA H100 80GB HBM3": H100_80GB_BYTES}
+# Where a model's architecture comes from: a model id (or path) to its architecture, None if unknown.
+ArchitectureOf = Callable[[str], ModelArchitecture | None]
 # vLLM's KV block size on GPUs where the engine does not say otherwise.
 DEFAULT_BLOCK_SIZE: Final = 16
 # A fitted model reproduces its measurement up to float noise: a block count within this of a whole
@@ -59,18 +64,10 @@ DEFAULT_BLOCK_SIZE: Final = 16
 _WHOLE: Final = 1e-6
 
 
-def eagle3_drafter_params(hidden: int, intermediate: int, kv_heads: int, head_dim: int, vocab: int) -> float:
-    """Weights of an EAGLE-3 drafter for a Llama target: one decoder layer whose q, k, v read 2 x hidden
-    (embedding and fused hidden state), the 3 x hidden -> hidden fusion layer and the draft-vocabulary
-    head (the embedding is the target's)."""
-    kv = kv_heads * head_dim
-    attention = 2 * hidden * hidden + 2 * (2 * hidden * kv) + hidden * hidden
-    return attention + 3 * hidden * intermediate + 3 * hidden * hidden + vocab * hidden
-
-
 @dataclass(frozen=True)
 class CapacityModel:
-    """One model's memory on one GPU kind (defaults: Llama-3.1-8B with EAGLE-3 on an H100 80GB).
+    """One model's memory on one GPU kind (`models_memory` builds one from the models' architectures;
+    the defaults are the published cost profile's engine, Llama-3.1-8B with EAGLE-3 on an H100 80GB).
 
     - Target: 8.03e9 parameters in bf16; 32 layers of 8 KV heads x 128 head dim: 128 KiB of KV per
       token over all layers.
@@ -133,7 +130,7 @@ class CapacityModel:
         overhead = util * model.gpu_bytes - model.target_weight_bytes / tp - free_off
         drafter = max(0.0, free_off - free_on) * tp
         if overhead < 0:
-            # The preset's weights do not fit beside the measured cache: the engine loaded fewer bytes
+            # The model's weights do not fit beside the measured cache: the engine loaded fewer bytes
             # (a quantized checkpoint, e.g. a 70B in FP8 on one GPU). Its weights are then at most what
             # the measurement leaves, with no overhead: the same KV cache at this TP, and weights (which
             # a Standby flip copies) that are an upper bound rather than twice too many.
@@ -146,54 +143,52 @@ class CapacityModel:
         return replace(model, overhead_bytes=overhead, drafter_weight_bytes=drafter)
 
 
-LLAMA31_8B_EAGLE3_H100: Final = CapacityModel()
-
-# Llama-3.1-70B (80 layers, 8 KV heads of 128, hidden 8192, MLP 28672, 70.6e9 parameters in bf16)
-# with an EAGLE-3 drafter of its width (one decoder layer, 32k draft vocabulary: about 1.4e9
-# parameters), on H100 80GB GPUs: it needs TP 2 or more (140 GB of weights).
-LLAMA31_70B_EAGLE3_H100: Final = CapacityModel(
-    name="Llama-3.1-70B + EAGLE-3 on H100 80GB",
-    target_weight_bytes=70.6e9 * 2,
-    layers=80,
-    drafter_weight_bytes=eagle3_drafter_params(8192, 28672, 8, 128, 32000) * 2,
-)
+# What the simulator and the policy's time estimates assume where neither a profile's memory section
+# nor the model's config says anything: the published cost profile's engine (the defaults above).
+ASSUMED_MEMORY: Final = CapacityModel()
 
 
-def preset(model: str | None) -> CapacityModel:
-    """The preset for a model name: the 70B one where the name says 70B, else the 8B one."""
-    return LLAMA31_70B_EAGLE3_H100 if model and "70b" in model.lower() else LLAMA31_8B_EAGLE3_H100
-
-
-# Names of quantized checkpoints whose weight bytes no preset knows (FP8 is known: one byte a parameter).
-_QUANTIZED: Final = re.compile(r"awq|gptq|int4|int8|w4a|w8a|nvfp4|mxfp4|gguf|bnb|4bit|8bit")
-_LLAMA31: Final = re.compile(r"llama-?3\.1-(8|70)b")
-
-
-def gpu_memory_bytes(product: str) -> float | None:
-    """The memory of a GPU product (nvidia-smi's name or the node label's dashed one); None: unknown."""
-    wanted = product.replace("-", " ").strip().lower()
-    return next((size for name, size in GPU_MEMORY_BYTES.items() if name.lower() == wanted), None)
-
-
-def known_preset(model: str) -> CapacityModel | None:
-    """The preset of a model its name identifies for certain (Llama-3.1-8B or -70B, in bf16 or FP8);
-    None for any other model, where `preset` would guess."""
-    name = model.lower()
-    match = _LLAMA31.search(name)
-    if match is None or _QUANTIZED.search(name):
+def engine_memory(
+    target: ModelArchitecture | None, drafter: ModelArchitecture | None, gpu_bytes: float | None, name: str
+) -> CapacityModel | None:
+    """The memory model of an engine of `target` (with `drafter`, where known, else none) on a GPU of
+    `gpu_bytes`; None where the target's architecture, its weights or the GPU is unknown."""
+    if target is None or target.weight_bytes is None or gpu_bytes is None:
         return None
-    chosen = LLAMA31_70B_EAGLE3_H100 if match[1] == "70" else LLAMA31_8B_EAGLE3_H100
-    if "fp8" in name:
-        # FP8 weights: one byte a parameter (at least: some checkpoints keep embeddings in bf16).
-        return replace(
-            chosen, name=f"{chosen.name} (FP8)", target_weight_bytes=chosen.target_weight_bytes / 2
-        )
-    return chosen
+    known_drafter = drafter is not None and drafter.weight_bytes is not None
+    return CapacityModel(
+        name=name,
+        gpu_bytes=gpu_bytes,
+        target_weight_bytes=target.weight_bytes,
+        layers=target.layers,
+        kv_heads=target.kv_heads,
+        head_dim=target.head_dim,
+        dtype_bytes=target.dtype_bytes,
+        drafter_weight_bytes=(drafter.weight_bytes or 0.0) if known_drafter and drafter else 0.0,
+        drafter_layers=drafter.layers if known_drafter and drafter else 0,
+    )
 
 
-def profile_capacity(memory: MemoryProfile) -> CapacityModel:
-    """The model a profile's `memory` section calibrates (the preset its `model` names)."""
-    return preset(memory.model).calibrated(memory)
+def models_memory(
+    model: str | None,
+    drafter: str | None,
+    gpu_product: str | None,
+    architecture_of: ArchitectureOf = known_architecture,
+) -> CapacityModel | None:
+    """The memory model of `model` with `drafter` on `gpu_product`, their architectures from
+    `architecture_of` (the shipped table unless the caller can read a model's own files); None where
+    the model or the GPU is unknown."""
+    target = architecture_of(model) if model else None
+    helper = architecture_of(drafter) if drafter else None
+    name = f"{model}{f' + {drafter}' if drafter else ''} on {gpu_product}"
+    return engine_memory(target, helper, gpu_memory_bytes(gpu_product), name)
+
+
+def profile_capacity(memory: MemoryProfile) -> CapacityModel | None:
+    """The model a profile's `memory` section calibrates: the model, drafter and GPU it names, from
+    the shipped table; None where the model or the GPU is not known there."""
+    model = models_memory(memory.model, memory.drafter, memory.gpu)
+    return model.calibrated(memory) if model is not None else None
 
 
 # vLLM's --max-num-seqs where the spec leaves it unset (as the fleet simulator assumes).
@@ -214,9 +209,15 @@ def capacities(
     predicted: dict[bool, int] = {}
     if memory is not None:
         model = profile_capacity(memory)
-        util = gpu_memory_utilization or memory.gpu_memory_utilization or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
-        tp = tensor_parallel_size or memory.tensor_parallel_size or 1
-        predicted = {speculative: model.kv_tokens(util, tp, speculative) for speculative in (False, True)}
+        measured_util = memory.gpu_memory_utilization or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+        measured_tp = memory.tensor_parallel_size or 1
+        util = gpu_memory_utilization or measured_util
+        tp = tensor_parallel_size or measured_tp
+        if model is not None:
+            predicted = {speculative: model.kv_tokens(util, tp, speculative) for speculative in (False, True)}
+        elif math.isclose(util, measured_util) and tp == measured_tp:
+            # A model or GPU not known: the measurement holds at its own setting only.
+            predicted = {False: memory.kv_cache_tokens, True: memory.kv_cache_tokens_with_drafter}
     out = []
     for measured, speculative in ((obs.kv_capacity_tokens_off, False), (obs.kv_capacity_tokens_on, True)):
         if measured is not None and measured > 0:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from specfleet.policy.inputs.observation import PoolObservation, PoolState
-from specfleet.policy.predict.kv_cache import LLAMA31_8B_EAGLE3_H100, CapacityModel, profile_capacity
+from specfleet.policy.predict.kv_cache import ASSUMED_MEMORY, CapacityModel, profile_capacity
 from specfleet_runtime.cost_profile import StepTimeProfile
 from specfleet_runtime.sleep_mode import transfer_seconds
 
@@ -145,9 +145,9 @@ def rollout_time(
 
 def pool_model_weights(state: PoolState, profile: StepTimeProfile) -> tuple[CapacityModel, int]:
     """The model whose weights the pool's engines load (the one the profile's memory section
-    calibrates, the 8B preset without one) and the pool's tensor parallel size."""
+    calibrates, the assumed engine where it names no known model) and the pool's tensor parallel size."""
     memory = profile.memory
-    model = profile_capacity(memory) if memory is not None else LLAMA31_8B_EAGLE3_H100
+    model = (profile_capacity(memory) if memory is not None else None) or ASSUMED_MEMORY
     tp = state.tensor_parallel_size or (memory.tensor_parallel_size if memory else None) or 1
     return model, tp
 

@@ -2,7 +2,9 @@
 in its share of the GPU, or where the cache cannot hold one sequence of maxModelLen tokens (pure).
 
 vLLM checks both after loading the weights and profiling one forward pass (`kv_cache.CapacityModel`
-does the same arithmetic); this module says so before any pod is created, in vLLM's own words.
+does the same arithmetic); this module says so before any pod is created, in vLLM's own words. The
+model's and the drafter's layers and weights come from their own configs (`kv_cache.models_memory`:
+the shipped table, or the caller's reader of local files), the GPU from the pool's nodeSelector.
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ from typing import Final
 from specfleet.api.constants import POOLS, PoolName
 from specfleet.api.effective import PoolEngine, pool_engine
 from specfleet.api.spec import SpeculativeDeploymentSpec
-from specfleet.policy.predict.kv_cache import CapacityModel, gpu_memory_bytes, known_preset
+from specfleet.policy.predict.known_models import known_architecture
+from specfleet.policy.predict.kv_cache import ArchitectureOf, CapacityModel, models_memory
 from specfleet_runtime.vllm_args import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 
 # The node label (NVIDIA's GPU feature discovery) that names a node's GPU; a pool's nodeSelector that
 # sets it says which GPU its engines get.
 GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
-# vLLM flags that change the memory a preset assumes (weights, KV dtype or budget): with one, the
-# preset no longer knows the engine's memory.
+# vLLM flags that change the memory a model's config describes (weights, KV dtype or budget): with
+# one, the config no longer says the engine's memory.
 _MEMORY_FLAGS: Final = (
     "--quantization",
     "-q",
@@ -111,9 +114,9 @@ def engine_problems(
         if known is None or engine.pool in failed:
             continue
         model, where = known
-        if engine.speculative and spec.drafter.method != "eagle3":
-            # The presets' drafter is EAGLE-3's: another method's is counted as none, a lower bound (an
-            # engine that cannot start without a drafter cannot start with one either).
+        if engine.speculative and spec.drafter.model is None:
+            # A drafter without weights of its own (ngram, suffix, mtp): its memory is counted as none,
+            # a lower bound (an engine that cannot start without a drafter cannot start with one either).
             model = replace(model, drafter_weight_bytes=0.0, drafter_layers=0)
         problem = startup_memory_problem(
             model,
@@ -134,18 +137,20 @@ def engine_problems(
     ]
 
 
-def engines_that_cannot_start(spec: SpeculativeDeploymentSpec) -> list[str]:
-    """Every engine vLLM would refuse to start, where both the model (its name identifies a preset) and
-    the GPU (the pool's nodeSelector names it by `GPU_PRODUCT_LABEL`) are known. Nothing is refused where
-    either is unknown, or where the pool's extraArgs change the memory a preset assumes."""
-    model = known_preset(spec.model.name)
+def engines_that_cannot_start(
+    spec: SpeculativeDeploymentSpec, architecture_of: ArchitectureOf = known_architecture
+) -> list[str]:
+    """Every engine vLLM would refuse to start, where both the model (`architecture_of` knows it: the
+    shipped table by default) and the GPU (the pool's nodeSelector names it by `GPU_PRODUCT_LABEL`) are
+    known. Nothing is refused where either is unknown, or where the pool's extraArgs change the memory
+    the model's config describes. A drafter not known is counted as none (a lower bound)."""
 
     def memory_of(pool: PoolName, settings: PoolEngine) -> tuple[CapacityModel, str] | None:
         product = settings.node_selector.get(GPU_PRODUCT_LABEL)
-        gpu = gpu_memory_bytes(product) if product else None
         flags = {arg.split("=", 1)[0] for arg in settings.extra_args}
-        if model is None or gpu is None or flags.intersection(_MEMORY_FLAGS):
+        if flags.intersection(_MEMORY_FLAGS):
             return None
-        return replace(model, gpu_bytes=gpu), f"on {product}"
+        model = models_memory(spec.model.name, spec.drafter.model, product, architecture_of)
+        return (model, f"on {product}") if model is not None else None
 
     return engine_problems(spec, memory_of)
