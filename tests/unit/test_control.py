@@ -521,10 +521,10 @@ def test_a_standby_pool_is_settled_only_once_its_pods_serve_the_decided_mode(wor
 
 
 def test_engines_vllm_cannot_start_make_the_resource_degraded_with_nothing_created(world):
-    # Llama-3.1-70B in FP8 on one H100 given 60% of it: 70.6 GB of weights for 51.3 GB.
+    # Llama-3.1-70B in BF16 on one H100 given 60% of it: 141 GB of weights for 51.3 GB.
     cluster, _, _, controller = world
     doc = cluster.objects[KEY]
-    doc["spec"]["model"]["name"] = "RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8"
+    doc["spec"]["model"]["name"] = "meta-llama/Llama-3.1-70B-Instruct"
     doc["spec"]["engine"] = {
         "gpuMemoryUtilizationPercent": 60,
         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
