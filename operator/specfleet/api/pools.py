@@ -121,6 +121,51 @@ class RolloutSpec(ApiModel):
     )
 
 
+class LatencySlo(ApiModel):
+    """The pool's latency objective: the share of requests (`percentile`) that each target must hold for.
+
+    Measured from the engines' own histograms over the policy window (status.pools.<pool>
+    sloAttainmentPercent). The policy does not act on it yet: it reports attainment, it does not steer
+    speculation by it.
+    """
+
+    rules = (
+        Rule(
+            cel="has(self.timeToFirstTokenMilliseconds) || has(self.timePerOutputTokenMilliseconds)",
+            message="slo needs at least one target: timeToFirstTokenMilliseconds or "
+            "timePerOutputTokenMilliseconds",
+            check=lambda s: (
+                s.time_to_first_token_milliseconds is not None
+                or s.time_per_output_token_milliseconds is not None
+            ),
+        ),
+    )
+
+    time_to_first_token_milliseconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=600000,
+        description="Target time to first token (TTFT), in milliseconds: from the request's arrival at "
+        "the vLLM server to its first generated token, queueing and prefill included (vLLM's "
+        "vllm:time_to_first_token_seconds). Unset: no TTFT target.",
+    )
+    time_per_output_token_milliseconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=10000,
+        description="Target time per output token (TPOT), in milliseconds: a request's mean time per "
+        "generated token after the first, (last token - first token) / (tokens - 1) (vLLM's "
+        "vllm:request_time_per_output_token_seconds). Unset: no TPOT target.",
+    )
+    percentile: int = Field(
+        default=95,
+        ge=50,
+        le=99,
+        description="The percent of requests that must meet each target: the objective holds while "
+        "status.pools.<pool>.sloAttainmentPercent is at least this.",
+    )
+
+
 class PoolSpec(ApiModel):
     """One traffic pool: its size, its speculation setting and its engine overrides."""
 
@@ -197,6 +242,11 @@ class PoolSpec(ApiModel):
         default=None,
         description="Scale this pool with a HorizontalPodAutoscaler or a KEDA ScaledObject on a vLLM "
         "load metric; unset: `replicas` engines.",
+    )
+    slo: LatencySlo | None = Field(
+        default=None,
+        description="Latency objective of this pool (TTFT and/or TPOT targets at a percentile); the "
+        "operator reports its attainment in status. Unset: none measured.",
     )
 
     @property

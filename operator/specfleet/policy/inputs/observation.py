@@ -15,6 +15,9 @@ from datetime import datetime
 # A Dynamic SD schedule: (first batch size, last batch size, K) rows, sorted, covering 1..MAX_BATCH
 # (`policy.predict.dynamic_sd`).
 Schedule = tuple[tuple[int, int, int], ...]
+# A latency histogram over the window: (upper bound in seconds, cumulative requests per second) buckets
+# sorted by bound, the last one +Inf (every request); empty: not measured.
+Histogram = tuple[tuple[float, float], ...]
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,11 @@ class PoolObservation:
     # Share of the prompt tokens looked up that the engines' prefix caches held (vllm:prefix_cache_hits
     # over vllm:prefix_cache_queries in the window; None: no lookup counted, or not exported).
     prefix_hit_rate: float | None = None
+    # The pool's requests by time to first token and by time per output token (vLLM's
+    # vllm:time_to_first_token_seconds and vllm:request_time_per_output_token_seconds), summed over its
+    # engines: what a latency objective is measured from (`policy.inputs.slo_attainment`).
+    ttft_histogram: Histogram = ()
+    tpot_histogram: Histogram = ()
 
     @property
     def usable(self) -> bool:
