@@ -10,7 +10,18 @@ import pytest
 from specfleet_sandbox.processes import OperatorProcess, events_by_time
 
 # The printer columns of `kubectl get sd` (crds/), in order.
-PRINTER_COLUMNS = ["NAME", "LATENCY", "BATCH", "K", "BATCH-K", "READY", "PROGRESSING", "ACCEPTANCE", "AGE"]
+PRINTER_COLUMNS = [
+    "NAME",
+    "LATENCY",
+    "BATCH",
+    "K",
+    "BATCH-K",
+    "READY",
+    "PROGRESSING",
+    "ACCEPTANCE",
+    "SLO",
+    "AGE",
+]
 
 
 def print_if_failed(

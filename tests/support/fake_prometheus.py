@@ -60,7 +60,8 @@ def asked_namespaces(promql: str) -> list[str]:
 
 class FakePrometheus:
     """`values[(namespace, deployment, pool)]` holds: drafts, accepted, draft_tokens, per_pos (list),
-    running, replicas, age, ...; `set_pool` defaults to the namespace and deployment it was made for."""
+    running, replicas, age, ttft_buckets and tpot_buckets ({le text: cumulative rate}), ...; `set_pool`
+    defaults to the namespace and deployment it was made for."""
 
     def __init__(self, namespace: str, deployment: str, window: int) -> None:
         self.namespace, self.deployment, self.window = namespace, deployment, window
@@ -114,6 +115,8 @@ class FakePrometheus:
                         block_size=str(size),
                     )
                 ]
+            elif name in ("ttft_buckets", "tpot_buckets"):
+                out += [r for le, rate in v.get(name, {}).items() for r in vector(rate, **labels, le=le)]
             else:
                 out += vector(v.get(_VALUE_KEYS[name]), **labels)
         for sample in self.extra.get(name, []):

@@ -8,8 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from specfleet.api.status import SpeculativeDeploymentStatus
+from specfleet.api.validation import parse_status
 from specfleet.controller.control import Controller
-from specfleet.policy.decision.status_writes import MEASUREMENT_WRITE_EVALUATIONS
+from specfleet.policy.decision.status_writes import MEASUREMENT_WRITE_EVALUATIONS, shown_numbers_differ
 from specfleet.render import RenderOptions
 from support.fake_cluster import FakeCluster
 from support.fake_prometheus import FakePrometheus
@@ -200,6 +202,35 @@ def test_pinned_pools_are_not_evaluated(world):
     assert _conditions(cluster)["MetricsAvailable"]["status"] == "True"
 
 
+def test_slo_attainment_is_written_for_a_pool_with_an_slo_and_not_for_one_without(world):
+    cluster, prom, clock, controller = world
+    # On the batch pool, pinned Off: attainment is measured whatever the pool's speculation setting.
+    slo = {"timeToFirstTokenMilliseconds": 300, "timePerOutputTokenMilliseconds": 50}
+    cluster.objects[KEY]["spec"]["pools"]["batch"]["slo"] = slo
+    _rolled_out(cluster, controller)
+    histograms = {
+        "ttft_buckets": {"0.1": 2.0, "0.5": 6.0, "+Inf": 10.0},
+        "tpot_buckets": {"0.025": 1.0, "0.05": 8.0, "+Inf": 10.0},
+    }
+    prom.set_pool("latency", running=1.0, **histograms)
+    prom.set_pool("batch", running=1.0, **histograms)
+    controller.evaluate_policy("default", "llama")
+    pools = _status(cluster)["pools"]
+    batch = {k: v for k, v in pools["batch"].items() if k.endswith("AttainmentPercent")}
+    # TTFT 300 ms: 2 + (6 - 2) / 2 of 10 requests; TPOT 50 ms: 8 of 10; the SLO: the smaller.
+    assert batch == {
+        "ttftAttainmentPercent": "40.0",
+        "tpotAttainmentPercent": "80.0",
+        "sloAttainmentPercent": "40.0",
+    }
+    assert not [k for k in pools["latency"] if k.endswith("AttainmentPercent")]
+    # An SLO taken away takes its attainment with it (at the next write).
+    del cluster.objects[KEY]["spec"]["pools"]["batch"]["slo"]
+    clock.advance(60)
+    controller.evaluate_policy("default", "llama")
+    assert not [k for k in _status(cluster)["pools"]["batch"] if k.endswith("AttainmentPercent")]
+
+
 def test_degraded_resource_is_not_evaluated(world):
     cluster, prom, _, controller = world
     cluster.objects[KEY]["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.6.0"}
@@ -350,6 +381,15 @@ def test_a_jitter_in_the_last_digits_is_not_written(world):
             after = _status(cluster)
             raise AssertionError({k: (before[k], after[k]) for k in after if before.get(k) != after[k]})
     assert _status(cluster)["pools"]["latency"]["runningPerReplica"] == "40"
+
+
+def test_an_slo_attainment_moves_by_points_not_by_a_fraction_of_itself():
+    # 95 against 99.5 decides whether a 99% objective holds: a 5% fraction of itself would hide it.
+    def attaining(percent: str) -> SpeculativeDeploymentStatus:
+        return parse_status({"pools": {"latency": {"sloAttainmentPercent": percent}}})
+
+    assert shown_numbers_differ(attaining("99.5"), attaining("95.0"))
+    assert not shown_numbers_differ(attaining("99.5"), attaining("99.2"))
 
 
 # A profile under which drafting never pays: every K costs three times a plain step.

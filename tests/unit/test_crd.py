@@ -90,7 +90,7 @@ def test_printer_columns_and_names():
     names = crd["spec"]["names"]
     assert names["shortNames"] == ["specdeploy", "sd"]
     columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns == ["Latency", "Batch", "K", "Batch-K", "Ready", "Progressing", "Acceptance", "Age"]
+    assert columns == ["Latency", "Batch", "K", "Batch-K", "Ready", "Progressing", "Acceptance", "SLO", "Age"]
     assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import UTC, datetime
 
@@ -383,3 +384,59 @@ def test_a_slow_prometheus_is_reported_as_slow_and_a_closed_port_as_unreachable(
     with pytest.raises(QueryError) as refused:
         PrometheusQuerier("http://127.0.0.1:9", 1)("up")
     assert str(refused.value) == "cannot connect to http://127.0.0.1:9"
+
+
+def test_the_latency_histograms_are_asked_per_bucket_by_pool():
+    queries = fleet_queries(60, ["ns"])
+    by = "namespace, specfleet_io_deployment, specfleet_io_pool"
+    sel = 'namespace="ns",specfleet_io_deployment!="",specfleet_io_pool!=""'
+    assert queries["ttft_buckets"] == (
+        f"sum by ({by}, le) (rate(vllm:time_to_first_token_seconds_bucket{{{sel}}}[60s]))"
+    )
+    assert queries["tpot_buckets"] == (
+        f"sum by ({by}, le) (rate(vllm:request_time_per_output_token_seconds_bucket{{{sel}}}[60s]))"
+    )
+    # Counter rates need no filter of sleeping engines: a Standby round asks the same.
+    standby = fleet_queries(60, ["ns"], standby=True)
+    assert (standby["ttft_buckets"], standby["tpot_buckets"]) == (
+        queries["ttft_buckets"],
+        queries["tpot_buckets"],
+    )
+
+
+def test_the_latency_histograms_reach_the_observation_sorted_by_bound(prom):
+    prom.set_pool(
+        "latency",
+        ttft_buckets={"+Inf": 10.0, "0.5": 6.0, "0.1": 2.0},
+        tpot_buckets={"0.05": 8.0, "+Inf": 10.0},
+    )
+    prom.set_pool("batch")
+    answers = query_fleet(prom, 60, ["ns"])
+    assert answers.rejected == {}
+    obs = pool_observation(answers, SEL, 60, NOW)
+    assert obs.ttft_histogram == ((0.1, 2.0), (0.5, 6.0), (math.inf, 10.0))
+    assert obs.tpot_histogram == ((0.05, 8.0), (math.inf, 10.0))
+    # Engines that export no such histogram: not measured, and nothing else is affected.
+    batch = pool_observation(answers, PoolSelector("ns", "llama", "batch"), 60, NOW)
+    assert (batch.usable, batch.ttft_histogram, batch.tpot_histogram) == (True, (), ())
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({"metric": _labels(le="soon"), "value": [0, "1"]}, "bad_bucket"),
+        ({"metric": _labels(le="NaN"), "value": [0, "1"]}, "bad_bucket"),
+        ({"metric": _labels(), "value": [0, "1"]}, "bad_bucket"),  # no le at all
+        ({"metric": _labels(le="0.25"), "value": [0, "-1"]}, "negative"),
+        ({"metric": _labels(le="0.5"), "value": [0, "7"]}, "duplicate"),
+    ],
+)
+def test_a_histogram_with_a_bucket_rejected_is_not_measured_at_all(prom, extra, reason):
+    # One bucket fewer would move requests between buckets: the pool's whole histogram goes.
+    prom.set_pool("latency", ttft_buckets={"0.1": 2.0, "0.5": 6.0, "+Inf": 10.0})
+    prom.set_pool("batch", ttft_buckets={"0.1": 1.0, "+Inf": 2.0})
+    prom.extra = {"ttft_buckets": [extra]}
+    answers = query_fleet(prom, 60, ["ns"])
+    assert answers.rejected == {("ttft_buckets", reason): 1}
+    assert answers.histogram("ttft_buckets", SEL.key) == ()
+    assert answers.histogram("ttft_buckets", ("ns", "llama", "batch")) == ((0.1, 1.0), (math.inf, 2.0))

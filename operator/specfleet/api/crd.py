@@ -66,6 +66,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Mean acceptance length of the latency pool (tokens per step)",
         "jsonPath": ".status.pools.latency.acceptanceLength",
     },
+    {
+        "name": "SLO",
+        "type": "string",
+        "description": "Percent of the latency pool's requests within its SLO over the last policy window "
+        "(empty without spec.pools.latency.slo)",
+        "jsonPath": ".status.pools.latency.sloAttainmentPercent",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -125,6 +125,26 @@ class PoolStatus(StatusModel):
     generation_tokens_per_second: str | None = Field(
         default=None, description="Last observed generated tokens per second of the whole pool, as text."
     )
+    slo_attainment_percent: str | None = Field(
+        default=None,
+        description="Pools with an SLO: the percent of the pool's requests within it over the last policy "
+        "window, as text (rounded down to 0.1): the smaller of ttftAttainmentPercent and "
+        "tpotAttainmentPercent. The engines' histograms count each target apart, so the share meeting "
+        "both is at most this. Unset: no SLO, or a target without requests measured in the window.",
+    )
+    ttft_attainment_percent: str | None = Field(
+        default=None,
+        description="Pools with a TTFT target: the percent of the requests whose time to first token was "
+        "within it over the last policy window (from vllm:time_to_first_token_seconds, interpolated "
+        "within a bucket), as text. Unset: no target, or no request in the window.",
+    )
+    tpot_attainment_percent: str | None = Field(
+        default=None,
+        description="Pools with a TPOT target: the percent of the requests finished in the last policy "
+        "window whose mean time per output token was within it (from "
+        "vllm:request_time_per_output_token_seconds), as text. Unset: no target, or no request "
+        "finished in the window.",
+    )
     recent_load: list[str] | None = Field(
         default=None,
         max_length=16,

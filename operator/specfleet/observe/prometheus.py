@@ -31,6 +31,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from specfleet.policy.inputs.fleet_answers import (
+    BUCKET_BOUND,
     STALE_AFTER_SECONDS,
     FleetAnswers,
     PoolKey,
@@ -117,8 +118,12 @@ def fleet_queries(
     def mean_per_request(histogram: str) -> str:
         return f"{rate_sum(histogram + '_sum')} / {rate_sum(histogram + '_count')}"
 
+    def buckets(histogram: str) -> str:
+        """Each cumulative bucket's rate, summed over the pool's engines (one series per `le`)."""
+        return f"sum by ({by}, {BUCKET_BOUND}) (rate({histogram}_bucket{{{sel}}}[{w}]))"
+
     def itl_quantile(q: float) -> str:
-        return f"histogram_quantile({q}, sum by ({by}, le) (rate({vm.INTER_TOKEN_LATENCY}_bucket{{{sel}}}[{w}])))"
+        return f"histogram_quantile({q}, {buckets(vm.INTER_TOKEN_LATENCY)})"
 
     running = f"avg_over_time({vm.REQUESTS_RUNNING}{{{sel}}}[{w}])"
     kv_usage = f"avg_over_time({vm.KV_CACHE_USAGE}{{{sel}}}[{w}])"
@@ -159,6 +164,9 @@ def fleet_queries(
         # Share of prompt tokens the engines' prefix caches served: hits over lookups, both in tokens
         # (no lookup in the window is 0 / 0, NaN: not measured).
         "prefix_hit_rate": f"{rate_sum(vm.PREFIX_CACHE_HITS)} / {rate_sum(vm.PREFIX_CACHE_QUERIES)}",
+        # Requests by latency, for a pool's SLO attainment (each missing answer leaves it unmeasured).
+        "ttft_buckets": buckets(vm.TIME_TO_FIRST_TOKEN),
+        "tpot_buckets": buckets(vm.TIME_PER_OUTPUT_TOKEN),
     }
 
 

@@ -24,6 +24,7 @@ from specfleet.policy.inputs.fleet_answers import FleetAnswers, PoolSelector, po
 from specfleet.policy.inputs.observation import PoolObservation, PoolState
 from specfleet.policy.inputs.profile_source import profile_condition
 from specfleet.policy.inputs.scraping import ScrapeSetup
+from specfleet.policy.inputs.slo_attainment import SloAttainment, measure_attainment
 from specfleet.policy.inputs.status import auto_pools, parse_time, pool_states
 from specfleet.policy.predict.dynamic_sd import observed_under_schedule
 from specfleet.policy.rules.drift import RetrainTrigger, track_drift
@@ -110,7 +111,9 @@ def evaluate_policy(
             engine_schedule=schedules,
         )
     scrape = ScrapeSetup.of(sd, monitoring_labels)
-    recorded = record(previous, decisions, observations, sd.generation, now, scrape)
+    recorded = record(
+        previous, decisions, observations, sd.generation, now, scrape, attainment=slo_attainment(sd, answers)
+    )
     status, profile_events = profile_condition(
         recorded.status, spec.policy.goodput.cost_profile_config_map, profile_problem, sd.generation, now
     )
@@ -125,6 +128,19 @@ def evaluate_policy(
         retrain=drift.retrain,
         observations=observations,
     )
+
+
+def slo_attainment(sd: SpeculativeDeployment, answers: FleetAnswers) -> dict[str, SloAttainment]:
+    """Each pool with an SLO (whatever its speculation setting): the share of its requests within it
+    over the window, from its engines' TTFT and TPOT histograms (None shares where not measured)."""
+    out: dict[str, SloAttainment] = {}
+    for pool in POOLS:
+        slo = getattr(sd.spec.pools, pool).slo
+        if slo is not None:
+            key = PoolSelector(sd.namespace, sd.name, pool).key
+            ttft, tpot = answers.histogram("ttft_buckets", key), answers.histogram("tpot_buckets", key)
+            out[pool] = measure_attainment(slo, ttft, tpot)
+    return out
 
 
 def _keep_recent_measurement_times(

@@ -5,6 +5,7 @@ history entry with the numbers behind it, the MetricsAvailable condition and the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -32,6 +33,7 @@ from specfleet.policy.inputs.scraping import (
     not_scraping_message,
     unscraped_evaluations,
 )
+from specfleet.policy.inputs.slo_attainment import SloAttainment
 from specfleet.policy.inputs.status import parse_time, schedule_ranges, schedule_rows
 from specfleet.policy.predict.dynamic_sd import drafted_by
 from specfleet.policy.rules.results import PoolDecision
@@ -118,6 +120,23 @@ def _with_measurements(ps: PoolStatus, obs: PoolObservation, now: datetime) -> P
             served = obs.generation_tokens_per_second / obs.replicas_reporting
             recent = [e for e in ps.recent_tokens_per_second or [] if _within(e, now)]
             update["recent_tokens_per_second"] = [*recent, f"{rfc3339(now)}={served:.4g}"][-LOAD_SAMPLES:]
+    return ps.model_copy(update=update)
+
+
+def _percent_text(share: float | None) -> str | None:
+    """A share (0..1) as a percent rounded down to 0.1, so 99.96% never reads as 100.0."""
+    return None if share is None else f"{math.floor(share * 1000 + 1e-9) / 10:.1f}"
+
+
+def _with_attainment(ps: PoolStatus, measured: SloAttainment | None) -> PoolStatus:
+    """The pool's status with its SLO attainment over this window (None: no SLO; unmeasured shares are
+    cleared, never left over from an older window)."""
+    measured = measured or SloAttainment()
+    update = {
+        "slo_attainment_percent": _percent_text(measured.attainment),
+        "ttft_attainment_percent": _percent_text(measured.ttft),
+        "tpot_attainment_percent": _percent_text(measured.tpot),
+    }
     return ps.model_copy(update=update)
 
 
@@ -299,10 +318,13 @@ def record(
     generation: int,
     now: datetime,
     scrape: ScrapeSetup,
+    attainment: Mapping[str, SloAttainment] | None = None,
 ) -> Recorded:
     """Fold one evaluation into status: measurements, settled rollouts, acceptance memory, changes
     (with their history entries and Events), how long Prometheus has not scraped a pool's Ready pods,
-    and the MetricsAvailable condition (`scrape` says what should make it scrape them)."""
+    and the MetricsAvailable condition (`scrape` says what should make it scrape them).
+
+    `attainment`: each pool with an SLO, what share of its requests met it (any mode, Auto or not)."""
     pools = status.pools.model_copy(deep=True)
     for name in POOLS:
         ps = getattr(pools, name)
@@ -312,6 +334,8 @@ def record(
     for pool, obs in observations.items():
         if obs.decision_problem is None:
             setattr(pools, pool, _with_measurements(getattr(pools, pool), obs, now))
+    for pool in POOLS:
+        setattr(pools, pool, _with_attainment(getattr(pools, pool), (attainment or {}).get(pool)))
     for pool in POOLS:
         if (settled := _with_settled_rollout(getattr(pools, pool), now)) is not None:
             setattr(pools, pool, settled)

@@ -34,6 +34,10 @@ MEASUREMENT_FIELDS = (
     # The windows the acceptance baseline is being taken from (one per window until it is set; the
     # baseline itself is written when set). A restart starts collecting again.
     "acceptance_baseline_samples",
+    # Pools with an SLO: the share of requests within it over the window.
+    "slo_attainment_percent",
+    "ttft_attainment_percent",
+    "tpot_attainment_percent",
 )
 # The measured numbers themselves: a change in one of these is worth showing in status (eventually).
 # Times and the trend samples change at every evaluation and are kept in memory between writes.
@@ -42,7 +46,14 @@ SHOWN_FIELDS = (
     "generation_tokens_per_second",
     "acceptance_length",
     "per_position_acceptance",
+    "slo_attainment_percent",
+    "ttft_attainment_percent",
+    "tpot_attainment_percent",
 )
+# Percents of requests within an SLO move by points, not by a fraction of themselves: 95 against 99.5
+# is whether the objective holds.
+PERCENT_FIELDS = ("slo_attainment_percent", "ttft_attainment_percent", "tpot_attainment_percent")
+CHANGE_POINTS = 0.5
 # Measurements alone are written at most once per this many evaluation intervals.
 MEASUREMENT_WRITE_EVALUATIONS = 4
 # A shown number has moved when it changed by more than this fraction of itself (and this much at
@@ -90,13 +101,14 @@ def _numbers(text: Any) -> list[float] | None:
         return None
 
 
-def _moved(old: Any, new: Any) -> bool:
-    """A shown value (a number, or comma-separated numbers, as text) moved by more than noise."""
+def _moved(old: Any, new: Any, *, percent: bool = False) -> bool:
+    """A shown value (a number, or comma-separated numbers, as text) moved by more than noise
+    (`percent`: by more than CHANGE_POINTS)."""
     a, b = _numbers(old), _numbers(new)
     if a is None or b is None or len(a) != len(b):
         return bool(old != new)
     return any(
-        abs(x - y) > max(CHANGE_FRACTION * max(abs(x), abs(y)), CHANGE_FLOOR)
+        abs(x - y) > (CHANGE_POINTS if percent else max(CHANGE_FRACTION * max(abs(x), abs(y)), CHANGE_FLOOR))
         for x, y in zip(a, b, strict=True)
     )
 
@@ -105,7 +117,11 @@ def shown_numbers_differ(old: SpeculativeDeploymentStatus, new: SpeculativeDeplo
     """True when a measured number status shows has moved by more than noise (not only a time or a
     trend sample, not a jitter in the last digit of a rate)."""
     return any(
-        _moved(getattr(getattr(old.pools, pool), name), getattr(getattr(new.pools, pool), name))
+        _moved(
+            getattr(getattr(old.pools, pool), name),
+            getattr(getattr(new.pools, pool), name),
+            percent=name in PERCENT_FIELDS,
+        )
         for pool in POOLS
         for name in SHOWN_FIELDS
     )

@@ -2,8 +2,9 @@
 
 `FleetAnswers` indexes Prometheus' instant vectors (each number grouped by the pool's labels) by
 pool, range-checking every sample on the way (well-formed, finite, counts and rates >= 0, times not
-in the future, positions 0..n-1, no more accepted than drafted): a sample that fails is skipped and
-counted, and only the pool it names goes without that number. `pool_observation` picks one pool out and
+in the future, positions 0..n-1, bucket bounds numbers or +Inf, no more accepted than drafted): a
+sample that fails is skipped and counted, and only the pool it names goes without that number (a
+histogram with one bucket rejected goes whole). `pool_observation` picks one pool out and
 builds its `PoolObservation`, reporting every way data can be missing in `problem` (Prometheus
 unreachable, no samples, stale or partial samples, no load) and never as 0.
 The operator fills the answers from Prometheus (specfleet.observe.prometheus); the fleet simulator
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from specfleet.policy.inputs.observation import PoolObservation
+from specfleet.policy.inputs.observation import Histogram, PoolObservation
 from specfleet.policy.inputs.scraping import ready_pods
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.names import MIN_DRAFTS_IN_WINDOW as MIN_DRAFTS_FOR_ACCEPTANCE
@@ -45,6 +46,11 @@ class PoolSelector:
     def key(self) -> PoolKey:
         return (self.namespace, self.deployment, self.pool)
 
+
+# The label of a histogram bucket's upper bound ("+Inf" for the last, which counts everything).
+BUCKET_BOUND = "le"
+# The latency histograms the fleet queries ask for, one series per bucket.
+HISTOGRAM_QUERIES = ("ttft_buckets", "tpot_buckets")
 
 # Prometheus' evaluation time and the operator's clock may disagree by this much (NTP keeps them far
 # closer): a sample time, or a newest scrape, further in the future than this is rejected.
@@ -76,6 +82,8 @@ QUERY_KINDS: Mapping[str, str] = {
     "prompt_len": "mean",
     "output_len": "mean",
     "prefix_hit_rate": "ratio",
+    "ttft_buckets": "rate",
+    "tpot_buckets": "rate",
 }
 # Kinds whose NaN is Prometheus' answer for no data (a quantile of no observations, 0 / 0 requests).
 NAN_IS_NO_DATA = ("seconds", "mean", "ratio")
@@ -91,6 +99,7 @@ DUPLICATE = "duplicate"
 ACCEPTED_EXCEEDS_DRAFTED = "accepted_exceeds_drafted"
 ABOVE_ONE = "above_one"
 BAD_CACHE_CONFIG = "bad_cache_config"
+BAD_BUCKET = "bad_bucket"
 
 
 class _Rejected(Exception):
@@ -168,6 +177,18 @@ def _position(labels: Mapping[str, str]) -> int:
     return int(text)
 
 
+def _bucket_bound(labels: Mapping[str, str]) -> float:
+    """A bucket's upper bound in seconds: a number >= 0, or +Inf."""
+    text = labels.get(BUCKET_BOUND, "")
+    try:
+        bound = float(text)
+    except ValueError:
+        raise _Rejected(BAD_BUCKET, f"{BUCKET_BOUND}={text!r} is not a bucket bound") from None
+    if math.isnan(bound) or bound < 0:
+        raise _Rejected(BAD_BUCKET, f"{BUCKET_BOUND}={text!r} is not a bucket bound")
+    return bound
+
+
 def _key(labels: Mapping[str, str]) -> PoolKey:
     return (labels.get(POOL_LABELS[0], ""), labels.get(POOL_LABELS[1], ""), labels.get(POOL_LABELS[2], ""))
 
@@ -187,6 +208,8 @@ class FleetAnswers:
     per_position: Mapping[PoolKey, Mapping[int, float]] = field(default_factory=dict)
     # pool -> speculation setting ("On" / "Off") -> smallest KV cache (tokens) of an engine reporting it
     kv_capacity: Mapping[PoolKey, Mapping[str, int]] = field(default_factory=dict)
+    # histogram query name (HISTOGRAM_QUERIES) -> pool -> its cumulative buckets, sorted by bound
+    histograms: Mapping[str, Mapping[PoolKey, Histogram]] = field(default_factory=dict)
     # (query name, reason) -> samples rejected in this round
     rejected: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # (query name, pool) -> why that pool's sample was rejected
@@ -204,8 +227,12 @@ class FleetAnswers:
         values: dict[str, dict[PoolKey, float]] = {}
         per_position: dict[PoolKey, dict[int, float]] = {}
         kv_capacity: dict[PoolKey, dict[str, int]] = {}
+        buckets: dict[str, dict[PoolKey, dict[float, float]]] = {}
         tally = _Tally()
-        seen: set[tuple[str, PoolKey, int]] = set()
+        # (query, pool, position or bucket bound): one sample each
+        seen: set[tuple[str, PoolKey, float]] = set()
+        # (histogram query, pool) with a sample rejected: a histogram short of a bucket would mislead
+        broken: set[tuple[str, PoolKey | None]] = set()
         for name, samples in results.items():
             # An answer that is not a vector at all counts as one malformed sample.
             for sample in samples if isinstance(samples, list) else [samples]:
@@ -213,26 +240,34 @@ class FleetAnswers:
                 try:
                     key, number, labels = _parse(name, sample, now)
                     position = _position(labels) if name == "accepted_per_pos" else -1
+                    bound = _bucket_bound(labels) if name in HISTOGRAM_QUERIES else -1.0
                     if name == "kv_capacity":
                         setting, tokens = _cache_capacity(labels)
                 except _Rejected as err:
-                    tally.add(name, key or _loose_key(sample), err.reason, err.detail)
+                    key = key or _loose_key(sample)
+                    tally.add(name, key, err.reason, err.detail)
+                    if name in HISTOGRAM_QUERIES:
+                        broken.add((name, key))
                     continue
                 if name == "kv_capacity":
                     # One series per distinct cache config: the smallest bounds what the pool holds.
                     held = kv_capacity.setdefault(key, {})
                     held[setting] = min(tokens, held.get(setting, tokens))
                     continue
-                if (name, key, position) in seen:
+                series = (name, key, bound if name in HISTOGRAM_QUERIES else position)
+                if series in seen:
                     # Two answers for one series (grouping makes that impossible): neither is trusted.
                     tally.add(name, key, DUPLICATE, "two samples for one series")
                     values.get(name, {}).pop(key, None)
                     per_position.get(key, {}).pop(position, None)
+                    broken.add((name, key))
                     continue
-                seen.add((name, key, position))
+                seen.add(series)
                 if number is None:
                     continue
-                if name == "accepted_per_pos":
+                if name in HISTOGRAM_QUERIES:
+                    buckets.setdefault(name, {}).setdefault(key, {})[bound] = number
+                elif name == "accepted_per_pos":
                     per_position.setdefault(key, {})[position] = number
                 else:
                     values.setdefault(name, {})[key] = number
@@ -245,16 +280,25 @@ class FleetAnswers:
                 tally.add("accepted_per_pos", key, POSITION_GAP, f"position {n} missing", len(by_pos) - n)
                 per_position[key] = {i: by_pos[i] for i in range(n)}
         _cross_check(values, per_position, tally)
+        histograms = {
+            name: {key: tuple(sorted(b.items())) for key, b in by_pool.items() if (name, key) not in broken}
+            for name, by_pool in buckets.items()
+        }
         return cls(
             values=values,
             per_position=per_position,
             kv_capacity=kv_capacity,
+            histograms=histograms,
             rejected=tally.counts,
             rejected_for=tally.why,
         )
 
     def get(self, name: str, key: PoolKey) -> float | None:
         return self.values.get(name, {}).get(key)
+
+    def histogram(self, name: str, key: PoolKey) -> Histogram:
+        """A pool's cumulative buckets of histogram query `name` (empty: not measured)."""
+        return self.histograms.get(name, {}).get(key, ())
 
     def why_missing(self, name: str, key: PoolKey) -> str:
         """Why a pool has no `name` ("" when Prometheus simply had no sample)."""
@@ -403,4 +447,6 @@ def pool_observation(
         mean_prompt_tokens=answers.get("prompt_len", key),
         mean_output_tokens=answers.get("output_len", key),
         prefix_hit_rate=answers.get("prefix_hit_rate", key),
+        ttft_histogram=answers.histogram("ttft_buckets", key),
+        tpot_histogram=answers.histogram("tpot_buckets", key),
     )
