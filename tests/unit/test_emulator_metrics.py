@@ -156,3 +156,28 @@ async def test_matches_a_real_vllm_exposition(emulator: RunningEmulator) -> None
     for s in samples(await scrape(emulator.url)):
         if s.name in real_labels and not s.name.endswith("_created"):
             assert set(s.labels) == real_labels[s.name], s.name
+
+
+@pytest.mark.skipif(not REAL_EXPOSITION.exists(), reason="no real vLLM exposition captured yet")
+async def test_latency_histograms_have_the_buckets_of_real_vllm(emulator: RunningEmulator) -> None:
+    # A pool's SLO attainment interpolates within these buckets: the emulator must count as vLLM does.
+    def bounds(text: str, histogram: str) -> list[str]:
+        return [s.labels["le"] for s in samples(text) if s.name == f"{histogram}_bucket"]
+
+    real_text, ours = REAL_EXPOSITION.read_text(), await scrape(emulator.url)
+    for histogram in (
+        vm.TIME_TO_FIRST_TOKEN,
+        vm.TIME_PER_OUTPUT_TOKEN,
+        vm.INTER_TOKEN_LATENCY,
+        vm.E2E_REQUEST_LATENCY,
+    ):
+        assert bounds(ours, histogram) == bounds(real_text, histogram), histogram
+
+
+async def test_a_one_token_request_counts_a_time_per_output_token_of_zero(emulator: RunningEmulator) -> None:
+    # As vLLM: every finished request is counted, at 0 when it has no token after the first.
+    async with AsyncOpenAI(base_url=emulator.base_url, api_key="unused", max_retries=0) as c:
+        await c.completions.create(model=MODEL, prompt="one two three", max_tokens=1)
+    text = await scrape(emulator.url)
+    assert value(text, f"{vm.TIME_PER_OUTPUT_TOKEN}_count") == 1
+    assert value(text, f"{vm.TIME_PER_OUTPUT_TOKEN}_bucket", le="0.01") == 1

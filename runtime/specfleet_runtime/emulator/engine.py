@@ -516,8 +516,14 @@ class Engine:
         m = self.metrics
         m.request_success[reason].inc()
         m.e2e.observe(now - req.arrival_time)
-        if req.first_token_time is not None and len(req.tokens) > 1:
-            m.tpot.observe((now - req.first_token_time) / (len(req.tokens) - 1))
+        # As vLLM: every finished request counts, at 0 without a token after the first.
+        after_first = len(req.tokens) - 1
+        tpot = (
+            (now - req.first_token_time) / after_first
+            if req.first_token_time is not None and after_first > 0
+            else 0.0
+        )
+        m.tpot.observe(tpot)
         self._resolve(req, reason)
 
     def _resolve(self, req: EngineRequest, reason: str) -> None:
