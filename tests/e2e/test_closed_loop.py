@@ -248,9 +248,12 @@ def test_acceptance_drift_sets_the_condition_and_starts_one_retrain_job(env):
 
 def test_every_dashboard_panel_has_data_after_load(env):
     """Each panel's PromQL, with Grafana's variables set to this resource, returns data from the real
-    Prometheus (engines, router and the operator's own metrics) while load runs."""
+    Prometheus (engines, router and the operator's own metrics) while load runs; and the latency pool's
+    SLO attainment, measured from the engines' histograms through that Prometheus, reaches status."""
     assert env.prometheus is not None
-    name = _fleet(env, "dash")
+    # With an SLO: its attainment, read from the engines' histograms in the real Prometheus, reaches status.
+    slo = {"timeToFirstTokenMilliseconds": 1000, "timePerOutputTokenMilliseconds": 200}
+    name = _fleet(env, "dash", {"spec": {"pools": {"latency": {"slo": slo}}}})
     variables = {"$namespace": env.namespace, "$deployment": name, "$__rate_interval": "30s"}
     load = LoadGenerator(env.router_url(name), "llama", max_tokens=48).start(concurrency=4)
     missing: dict[str, list[str]] = {}
@@ -275,6 +278,14 @@ def test_every_dashboard_panel_has_data_after_load(env):
             wait_for("every dashboard panel has data", every_panel_has_data, timeout=90, interval=2)
         except AssertionError:
             pytest.fail("dashboard panels without data:\n" + json.dumps(missing, indent=1))
+        attained = wait_for(
+            "the latency pool's SLO attainment in status",
+            lambda: _latency(env, name).get("sloAttainmentPercent"),
+            timeout=60,
+        )
+        assert 0 <= float(attained) <= 100
+        assert 0 <= float(_latency(env, name)["ttftAttainmentPercent"]) <= 100
+        assert "sloAttainmentPercent" not in env.sd(name)["status"]["pools"]["batch"]  # no SLO there
     finally:
         stats = load.stop()
     assert stats.failed == 0, stats.errors
