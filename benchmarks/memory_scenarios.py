@@ -50,7 +50,7 @@ from specfleet.policy.predict.rollout_time import estimated_startup_seconds
 from specfleet.policy.predict.throughput import OFF, setting_name
 from specfleet.sim.bound import NAME as BOUND
 from specfleet.sim.bound import REACTIVE, rollout_paying_oracle
-from specfleet.sim.compare import SMOOTH, Comparison, compare
+from specfleet.sim.compare import ALL_REQUESTS, SMOOTH, TIME_WEIGHTED, Comparison, Shortfall, compare
 from specfleet.sim.fleet import SimOptions
 from specfleet.sim.plan import plan_model
 from specfleet.sim.workload import Trace, TraceRequest, read_trace
@@ -303,6 +303,16 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def shortfall_text(cell: Shortfall | None) -> str:
+    """One "policy minus best fixed setting" cell: the difference and which setting was best."""
+    return "-" if cell is None else f"{cell.gap:+.3f} ({cell.best})"
+
+
+def minus_best_fixed(comp: Comparison) -> str:
+    """The policy minus the best fixed setting, time-weighted / over all requests."""
+    return " / ".join(shortfall_text(comp.behind_best_fixed(m)) for m in (TIME_WEIGHTED, ALL_REQUESTS))
+
+
 def both(comp: Comparison, name: str) -> str:
     """`name`'s ratio to the per-level oracle, time-weighted / over all requests."""
     return f"{_fmt(comp.ratio(name))} / {_fmt(comp.request_ratio(name))}" if name in comp.runs else "-"
@@ -331,9 +341,9 @@ def section(comps: dict[tuple[str, str], Comparison]) -> list[str]:
         "",
         "| scenario | drafter | start-up (s) | policy | worst minute | rollout-paying bound | lagged bound | "
         "reactive bound | "
-        "alwaysOff | alwaysOnK1 | alwaysOnK3 | engineDynamicSD | oracle / alwaysOn | policy / alwaysOn | "
-        "preemptions | mean KV usage | flips | retunes | targets met |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "alwaysOff | alwaysOnK1 | alwaysOnK3 | engineDynamicSD | policy minus best fixed | oracle / alwaysOn | "
+        "policy / alwaysOn | preemptions | mean KV usage | flips | retunes | targets met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (name, drafter), comp in comps.items():
         policy_tw, policy_all = comp.ratio("policy"), comp.request_ratio("policy")
@@ -356,7 +366,8 @@ def section(comps: dict[tuple[str, str], Comparison]) -> list[str]:
             f"{_fmt(policy_tw)} / {_fmt(policy_all)} | "
             f"{_fmt(comp.worst_minute('policy'))} | {both(comp, BOUND)} | {both(comp, LAGGED)} | "
             f"{both(comp, REACTIVE)} | {both(comp, 'alwaysOff')} | {both(comp, 'alwaysOnK1')} | "
-            f"{both(comp, 'alwaysOnK3')} | {both(comp, 'engineDynamicSD')} | {_fmt(oracle_gain)} | {_fmt(policy_gain)} | "
+            f"{both(comp, 'alwaysOnK3')} | {both(comp, 'engineDynamicSD')} | {minus_best_fixed(comp)} | "
+            f"{_fmt(oracle_gain)} | {_fmt(policy_gain)} | "
             f"{latency.preemptions} | {_fmt(latency.mean_kv_usage)} | "
             f"{sum(1 for c in changes if c.kind == 'flip')} | {sum(1 for c in changes if c.kind == 'retune')} | "
             f"{'yes' if met else '**no**'} |"
@@ -421,8 +432,8 @@ def held_out_section(rows: list[tuple[HeldOut, Comparison]]) -> list[str]:
         "oracle, time-weighted / over all requests.",
         "",
         "| case | start-up (s) | policy | worst minute | rollout-paying bound | lagged bound | "
-        "reactive bound | alwaysOff | alwaysOnK3 | preemptions | flips | targets met |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "reactive bound | alwaysOff | alwaysOnK3 | policy minus best fixed | preemptions | flips | targets met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for case, comp in rows:
         tw, every = comp.ratio("policy"), comp.request_ratio("policy")
@@ -433,7 +444,7 @@ def held_out_section(rows: list[tuple[HeldOut, Comparison]]) -> list[str]:
             f"| {case.label} | {'-' if startup is None else f'{startup:.0f}'} | {_fmt(tw)} / {_fmt(every)} | "
             f"{_fmt(comp.worst_minute('policy'))} | {both(comp, BOUND)} | {both(comp, LAGGED)} | "
             f"{both(comp, REACTIVE)} | {both(comp, 'alwaysOff')} | {both(comp, 'alwaysOnK3')} | "
-            f"{comp.runs['policy'].pools['latency'].preemptions} | "
+            f"{minus_best_fixed(comp)} | {comp.runs['policy'].pools['latency'].preemptions} | "
             f"{sum(1 for c in changes if c.kind == 'flip')} | {'yes' if met else '**no**'} |"
         )
     return [*lines, ""]

@@ -1,6 +1,7 @@
 """Does adaptive speculation pay? The policy against static settings, in-engine Dynamic SD and oracles.
 
     python benchmarks/policy.py [--out docs/benchmarks] [--quick]      (make bench-policy)
+    python benchmarks/policy.py --out /tmp/bench --scenarios azure-code --held-out-seeds 103   (a part)
     python benchmarks/policy.py --policy-only [--scenarios ramp,acceptance-shift] [--held-out-seeds ...]
 
 Runs the fleet simulator (`specfleet.sim`) on example 02's resource over generated scenarios, for the
@@ -22,10 +23,11 @@ targets next to the measured ratios) and PNG timelines next to it. Scenarios are
   policy change that helps the rows above and hurts these is not a fix;
 - speed: one hour of 16 replicas at 200 running requests each (the policy run alone), wall time.
 
-Every number in the report comes from this one run (seed 0). `--policy-only` writes nothing: it runs
-only the policy against the per-level oracle (no bound, Threshold mode, stationary or speed runs) on
-the scenarios named and the held-out cases, a line each, in a few minutes: a check of a policy or
-rendering change before the full run.
+Every number in the report comes from this one run (seed 0). `--scenarios` and `--held-out-seeds`
+narrow the run to a part of the report (write it elsewhere than docs/ with `--out`). `--policy-only`
+writes nothing: it runs only the policy and the fixed settings (no bound, Threshold mode, stationary
+or speed runs) on the scenarios named and the held-out cases, a line each, in a few minutes: a check
+of a policy or rendering change before the full run.
 """
 
 from __future__ import annotations
@@ -48,7 +50,16 @@ from specfleet.api.semantics import engine_schedules
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.sim.bound import NAME as BOUND
 from specfleet.sim.bound import REACTIVE, rollout_paying_oracle
-from specfleet.sim.compare import SMOOTH, Comparison, compare, static_ks
+from specfleet.sim.compare import (
+    ALL_REQUESTS,
+    BEHIND_MARGIN,
+    SMOOTH,
+    TIME_WEIGHTED,
+    Comparison,
+    compare,
+    count_behind,
+    static_ks,
+)
 from specfleet.sim.fleet import DEFAULT_PREFILL_MS_PER_TOKEN, SimOptions, simulate
 from specfleet.sim.plan import crossing
 from specfleet.sim.plot import plot_timeline
@@ -57,6 +68,7 @@ from specfleet_runtime.cost_profile import default_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memory_scenarios
+from memory_scenarios import minus_best_fixed, shortfall_text
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "02-two-pools-routing-policy.yaml"
@@ -345,7 +357,7 @@ def main() -> None:
     parser.add_argument(
         "--scenarios",
         default=",".join((*SCENARIOS, *memory_scenarios.scenarios())),
-        help="with --policy-only: which (default %(default)s)",
+        help="which scenarios to run (default %(default)s); the held-out cases come from --held-out-seeds",
     )
     args = parser.parse_args()
     out = Path(args.out)
@@ -370,12 +382,16 @@ def main() -> None:
         return
     held_out: list[tuple[str, tuple[float, ...], Comparison]] = []
     seeds = tuple(int(x) for x in args.held_out_seeds.split(",") if x.strip())
+    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    memory = memory_scenarios.scenarios()
+    unknown = sorted(set(names) - set(SCENARIOS) - set(memory))
+    if unknown:
+        raise SystemExit(f"unknown scenarios {unknown} (known: {', '.join((*SCENARIOS, *memory))})")
     if args.policy_only:
-        names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
-        memory = memory_scenarios.scenarios()
-        unknown = sorted(set(names) - set(SCENARIOS) - set(memory))
-        if unknown:
-            raise SystemExit(f"unknown scenarios {unknown} (known: {', '.join((*SCENARIOS, *memory))})")
+        # The fixed settings run beside the policy (compare always runs the static ones), so that each
+        # line can say how far the policy is from the best of them.
+        only = ("policy", "engineDynamicSD")
+        rows: list[tuple[str, Comparison]] = []
         makers = scenario_makers(replicas, conv, code, conv_sizes)
         cases = [
             (
@@ -393,8 +409,9 @@ def main() -> None:
                     memory[name],
                     ACCEPTANCE_PROFILES[drafter],
                     lag_seconds=lag_seconds(memory[name].sd),
-                    only=("policy", BOUND),
+                    only=(*only, BOUND),
                 )
+                rows.append((f"{name} / {drafter}", comp))
                 bounds = " / ".join(
                     f"{fmt(comp.ratio(n))} ({fmt(comp.request_ratio(n))})"
                     for n in (BOUND, memory_scenarios.LAGGED, REACTIVE)
@@ -402,6 +419,7 @@ def main() -> None:
                 print(
                     f"{name} / {drafter}: {fmt(comp.ratio('policy'))} / worst minute "
                     f"{fmt(comp.worst_minute('policy'))} / all requests {fmt(comp.request_ratio('policy'))}"
+                    f" / minus best fixed {minus_best_fixed(comp)}"
                     f" [bounds, time-weighted (all requests): paying {bounds} lagged / reactive]",
                     flush=True,
                 )
@@ -410,7 +428,8 @@ def main() -> None:
             for seed, label, workload, drafter in held_out_cases(seeds, replicas, conv_sizes, code)
         ]
         for label, workload, options in cases:
-            comp = compare(sd, workload, options, profile, only=("policy",))
+            comp = compare(sd, workload, options, profile, only=only)
+            rows.append((label, comp))
             changes = "; ".join(
                 f"{c.time / 60:.1f} min {c.kind} {c.from_mode}/K{c.from_k} -> {c.to_mode}/K{c.to_k}"
                 + (" (schedule)" if c.schedule else "")
@@ -418,9 +437,11 @@ def main() -> None:
             )
             print(
                 f"{label}: {fmt(comp.ratio('policy'))} / worst minute {fmt(comp.worst_minute('policy'))}"
-                f" / all requests {fmt(comp.request_ratio('policy'))} [{changes}]",
+                f" / all requests {fmt(comp.request_ratio('policy'))}"
+                f" / minus best fixed {minus_best_fixed(comp)} [{changes}]",
                 flush=True,
             )
+        print(behind_summary(rows))
         return
     if not args.quick:
         for seed, label, workload, drafter in held_out_cases(seeds, replicas, conv_sizes, code):
@@ -431,9 +452,8 @@ def main() -> None:
         print("\n".join(held_out_table(held_out)))
         return
 
-    scenarios = scenario_makers(replicas, conv, code, conv_sizes)
-    if args.quick:
-        scenarios = {"ramp": scenarios["ramp"]}
+    makers = scenario_makers(replicas, conv, code, conv_sizes)
+    scenarios = {"ramp": makers["ramp"]} if args.quick else {n: m for n, m in makers.items() if n in names}
     drafters = ("published",) if args.quick else DRAFTERS
     comps: dict[tuple[str, str], Comparison] = {}
     workloads: dict[str, Trace | ClosedLoop] = {}
@@ -471,13 +491,15 @@ def main() -> None:
     # Memory-bound and long-context scenarios: each with its own resource, profile and trace.
     memory_comps: dict[tuple[str, str], Comparison] = {}
     if not args.quick:
-        for name, scenario in memory_scenarios.scenarios().items():
+        for name, scenario in memory.items():
+            if name not in names:
+                continue
             for drafter in drafters:
                 log(f"{name} / {drafter}")
                 memory_comps[(name, drafter)] = memory_scenarios.run(
                     scenario, ACCEPTANCE_PROFILES[drafter], lag_seconds=lag_seconds(scenario.sd)
                 )
-    memory_held_out = [] if args.quick else memory_held_out_rows(log)
+    memory_held_out = [] if args.quick else memory_held_out_rows(log, names)
 
     # How much of the c >= 128 targets prefill decides: the ramp again with prefill free (decode-only
     # physics), per-level oracle over always-on and over engine Dynamic SD in its c >= 128 windows.
@@ -524,8 +546,13 @@ def main() -> None:
     speed_cpu = time.process_time() - t0
     speed_wall = time.monotonic() - wall0
     log("writing report")
+    # Every row of the report, for the count of cells behind the best fixed setting.
+    rows = [(f"{s} / {d}", c) for (s, d), c in (*comps.items(), *memory_comps.items())]
+    rows += [(label, c) for label, _, c in held_out]
+    rows += [(case.label, c) for case, c in memory_held_out]
+    behind = behind_section(rows)
     report = render(
-        comps, stationary, speed_run, speed_cpu, speed_wall, profile, ks, sd, args.quick, held_out
+        comps, stationary, speed_run, speed_cpu, speed_wall, profile, ks, sd, args.quick, held_out, behind
     )
     if memory_comps:
         held = report.index("## Held-out cases") if "## Held-out cases" in report else len(report)
@@ -538,14 +565,17 @@ def main() -> None:
 
 
 def memory_held_out_rows(
-    log: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None, names: list[str] | None = None
 ) -> list[tuple[memory_scenarios.HeldOut, Comparison]]:
-    """Every held-out memory case (`memory_scenarios.held_out_cases`) run with its bounds."""
+    """Every held-out memory case (`memory_scenarios.held_out_cases`) run with its bounds (only those
+    of the scenarios in `names`, when given)."""
     scenarios = memory_scenarios.scenarios()
     rows = []
     for held in memory_scenarios.held_out_cases():
         # Each case as drawn, then its Standby variant.
         for case in (held, dataclasses.replace(held, variant="-standby")):
+            if names is not None and case.scenario + case.variant not in names:
+                continue
             if log:
                 log(f"held-out memory: {case.label}")
             scenario = scenarios[case.scenario + case.variant]
@@ -571,6 +601,7 @@ def render(
     sd: SpeculativeDeployment,
     quick: bool,
     held_out: list[tuple[str, tuple[float, ...], Comparison]],
+    behind: list[str],
 ) -> str:
     policy = sd.spec.policy
     lines = [
@@ -617,15 +648,17 @@ def render(
         f"{ACCEPTANCE_PROFILES['published']}, weak {ACCEPTANCE_PROFILES['weak']}, strong "
         f"{ACCEPTANCE_PROFILES['strong']}.",
         "",
+        *behind,
     ]
     scenario_names = sorted({s for s, _ in comps}, key=list(dict.fromkeys(s for s, _ in comps)).index)
     for scenario in scenario_names:
         lines += [f"## {scenario}", ""]
         lines.append(
             "| drafter | policy | worst minute | rollout-paying bound (worst minute) | Threshold mode | alwaysOff | alwaysOnK1 | alwaysOnK3 | engineDynamicSD | "
-            "bestStatic | oracle / bestStatic | flips | retunes | canary changes | policy tokens/s | load p5-p95 |"
+            "bestStatic | oracle / bestStatic | policy minus best fixed | flips | retunes | canary changes | "
+            "policy tokens/s | load p5-p95 |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for drafter in DRAFTERS:
             comp = comps.get((scenario, drafter))
             if comp is None:
@@ -641,7 +674,8 @@ def render(
                 f"{fmt(doc['alwaysOff']['ratioToPerLevelOracle'])} | {fmt(doc.get('alwaysOnK1', {}).get('ratioToPerLevelOracle'))} | "
                 f"{fmt(doc.get('alwaysOnK3', {}).get('ratioToPerLevelOracle'))} | "
                 f"{fmt(doc['engineDynamicSD']['ratioToPerLevelOracle'])} | {best['setting']} "
-                f"{fmt(best['ratioToPerLevelOracle'])} | {fmt(oracle_gain)} | {doc['policy']['flips']} | "
+                f"{fmt(best['ratioToPerLevelOracle'])} | {fmt(oracle_gain)} | "
+                f"{shortfall_text(comp.behind_best_fixed(TIME_WEIGHTED))} | {doc['policy']['flips']} | "
                 f"{doc['policy']['retunes']} | {doc['policy']['canaryChanges']} | "
                 f"{doc['policy']['tokensPerSecond']:.0f} | {load} |"
             )
@@ -757,13 +791,14 @@ def all_requests_table(comps: dict[tuple[str, str], Comparison], scenario: str) 
         "decision that builds a queue shows here):",
         "",
         "| drafter | policy | rollout-paying bound | Threshold mode | alwaysOff | alwaysOnK1 | alwaysOnK3 | "
-        "engineDynamicSD |",
-        "|---|---|---|---|---|---|---|---|",
+        "engineDynamicSD | policy minus best fixed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for drafter in DRAFTERS:
         comp = comps.get((scenario, drafter))
         if comp is not None:
             cells = [fmt(comp.request_ratio(n)) if n in comp.runs else "-" for n in names]
+            cells.append(shortfall_text(comp.behind_best_fixed(ALL_REQUESTS)))
             lines.append(f"| {drafter} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -984,6 +1019,50 @@ def both(comp: Comparison, name: str) -> str:
     return f"{fmt(comp.ratio(name))} ({fmt(comp.worst_minute(name))})"
 
 
+def behind_summary(rows: list[tuple[str, Comparison]]) -> str:
+    """The count of cells (rows x both measures) where the policy is behind the best fixed setting."""
+    cells = [comp.behind_best_fixed(m) for _, comp in rows for m in (TIME_WEIGHTED, ALL_REQUESTS)]
+    return (
+        f"Policy minus best fixed setting: {count_behind(cells)} of {len(cells)} cells below "
+        f"-{BEHIND_MARGIN:.2f} ({len(rows)} rows, time-weighted and over all requests)."
+    )
+
+
+def behind_section(rows: list[tuple[str, Comparison]]) -> list[str]:
+    """Every row's policy against the best fixed setting in hindsight, both measures: the count of
+    cells behind it by more than `BEHIND_MARGIN`, and each of those cells."""
+    lines = [
+        "## Never behind the best fixed setting",
+        "",
+        "A user who could not run the operator would launch every engine with one fixed setting: off, "
+        "one static K, or vLLM's in-engine Dynamic SD. Per row and measure, the policy's ratio to the "
+        "per-level oracle minus that of the fixed setting best on that measure in hindsight (named in "
+        "brackets; the tables below show it per row as `policy minus best fixed`).",
+        "",
+        behind_summary(rows),
+        "",
+    ]
+    behind = [
+        (label, measure, comp, cell)
+        for label, comp in rows
+        for measure in (TIME_WEIGHTED, ALL_REQUESTS)
+        if (cell := comp.behind_best_fixed(measure)) is not None and cell.gap < -BEHIND_MARGIN
+    ]
+    if behind:
+        lines += [
+            "| row | measure | policy | best fixed setting | policy minus best fixed |",
+            "|---|---|---|---|---|",
+        ]
+        for label, measure, comp, cell in behind:
+            ratio = comp.ratio if measure == TIME_WEIGHTED else comp.request_ratio
+            lines.append(
+                f"| {label} | {measure} | {fmt(ratio('policy'))} | {cell.best} {fmt(ratio(cell.best))} | "
+                f"{cell.gap:+.4f} |"  # a fourth digit: a cell at -0.010 may be just past the margin
+            )
+        lines.append("")
+    return lines
+
+
 def held_out_table(held_out: list[tuple[str, tuple[float, ...], Comparison]]) -> list[str]:
     if not held_out:
         return []
@@ -996,8 +1075,8 @@ def held_out_table(held_out: list[tuple[str, tuple[float, ...], Comparison]]) ->
         "them. Ratios to the per-level oracle; worst minute in brackets.",
         "",
         "| case | drafter | policy | rollout-paying bound | bestStatic | alwaysOff | alwaysOnK1 | alwaysOnK3 | "
-        "flips | retunes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "policy minus best fixed (time-weighted / over all requests) | flips | retunes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, drafter, comp in held_out:
         doc = comp.to_json()["results"]
@@ -1005,7 +1084,7 @@ def held_out_table(held_out: list[tuple[str, tuple[float, ...], Comparison]]) ->
             f"| {label} | {', '.join(f'{a:.2f}' for a in drafter)} | {both(comp, 'policy')} | "
             f"{both(comp, BOUND)} | "
             f"{comp.best_static} {fmt(comp.ratio('bestStatic'))} | {fmt(comp.ratio('alwaysOff'))} | "
-            f"{fmt(comp.ratio('alwaysOnK1'))} | {fmt(comp.ratio('alwaysOnK3'))} | "
+            f"{fmt(comp.ratio('alwaysOnK1'))} | {fmt(comp.ratio('alwaysOnK3'))} | {minus_best_fixed(comp)} | "
             f"{doc['policy']['flips']} | {doc['policy']['retunes']} |"
         )
     policy = [c.ratio("policy") or 0.0 for _, _, c in held_out]

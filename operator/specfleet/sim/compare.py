@@ -18,7 +18,7 @@ earliest time the policy can react on (one window plus one evaluation interval a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,38 @@ def strategies(profile: StepTimeProfile, drafter_k: int) -> list[Strategy]:
     out += [Strategy(f"alwaysOnK{k}", "static", "On", k) for k in static_ks(profile, drafter_k)]
     out.append(Strategy("engineDynamicSD", "engineDynamicSD", "On"))
     return out
+
+
+# The two measures every ratio is reported in (see the module docstring and `Comparison.request_ratio`).
+TIME_WEIGHTED = "time-weighted"
+ALL_REQUESTS = "over all requests"
+# How far below the best fixed setting a policy may fall before the benchmark counts the cell as behind.
+BEHIND_MARGIN = 0.01
+# The kinds of run a user could launch every engine with and keep: one static setting, or vLLM's
+# in-engine Dynamic SD (its own K per batch size), which needs no operator either.
+FIXED_KINDS = ("static", "engineDynamicSD")
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """The policy's ratio to the per-level oracle minus the best fixed setting's, on one measure."""
+
+    gap: float  # negative: the policy is behind that setting
+    best: str  # the fixed setting with the highest ratio on this measure
+
+
+def shortfall(policy: float | None, fixed: Mapping[str, float | None]) -> Shortfall | None:
+    """`policy` minus the highest of the `fixed` settings' ratios (None when either is unknown)."""
+    known = {name: value for name, value in fixed.items() if value is not None}
+    if policy is None or not known:
+        return None
+    best = max(known, key=lambda name: known[name])
+    return Shortfall(policy - known[best], best)
+
+
+def count_behind(cells: Iterable[Shortfall | None], margin: float = BEHIND_MARGIN) -> int:
+    """How many cells have the policy more than `margin` below the best fixed setting."""
+    return sum(1 for cell in cells if cell is not None and cell.gap < -margin)
 
 
 @dataclass
@@ -152,6 +184,16 @@ class Comparison:
         busy one), the requests that queued in a few busy windows weigh as much as they waited."""
         value, oracle = self.per_request(name), self.per_request("perLevelOracle")
         return value / oracle if value is not None and oracle else None
+
+    def fixed_settings(self) -> list[str]:
+        """The runs a user could have picked as one launch setting (`FIXED_KINDS`), in run order."""
+        return [name for name, run in self.runs.items() if run.strategy.kind in FIXED_KINDS]
+
+    def behind_best_fixed(self, measure: str) -> Shortfall | None:
+        """The policy against the best fixed setting in hindsight, on `measure` (each measure picks
+        its own best: the setting best over all requests need not be the time-weighted best)."""
+        ratio = self.ratio if measure == TIME_WEIGHTED else self.request_ratio
+        return shortfall(ratio("policy"), {name: ratio(name) for name in self.fixed_settings()})
 
     # -- report -------------------------------------------------------------------------------------
 

@@ -11,8 +11,10 @@ Aggregated (the approximation that makes an hour of a 16-replica fleet take seco
 two batch changes are simulated together. The accepted drafts of all requests of the same acceptance
 in that span are drawn at once (one multinomial), and each of those requests advances by their mean,
 so requests of one acceptance progress in lockstep rather than each with its own luck. A span ends at
-the step where the next request is expected to finish; a request that, by the draw, finishes a step
-or two earlier or later finishes at the step its share of the draw puts it. Chunked prefill is
+the step where the next request is expected to finish; where the draw has a request finish a step or
+two earlier (at the step its share of the draw puts it), the span ends there instead, its draws
+scaled to the steps it ran, so that the batch changes, and an engine left idle is free, when that
+request finishes; one that the draw leaves short runs on into the next span. Chunked prefill is
 approximated by admitting prompts per step up to `max_batched_tokens` (vLLM's
 max_num_batched_tokens), each whole prompt charged to the step that admits it; a speculating engine's
 drafter also runs over every prompt token (`drafter_prefill_fraction` of the target's prefill).
@@ -180,6 +182,26 @@ def itl_bin_seconds(index: int) -> float:
     return float(1e-4 * 10 ** ((index + 0.5) / _ITL_BINS_PER_DECADE))
 
 
+def _finish_step(need: float, gained: float, steps: int) -> int:
+    """The step of a span of `steps` in which a member that lacked `need` tokens has them, when each
+    member gains `gained` tokens over the span at an even pace."""
+    share = need / gained if gained > 0 else 1.0
+    return min(steps, max(1, math.ceil(share * steps - EPS)))
+
+
+def _first_finish(draws: list[tuple[_Group, np.ndarray | None, float]], steps: int) -> int:
+    """The step in which the first running request has all its tokens by the draws (`steps` if none
+    does in the span)."""
+    first = steps
+    for g, _, gained in draws:
+        heap = g.heap
+        while heap and heap[0][1] != heap[0][2].seq:
+            heapq.heappop(heap)  # preempted since
+        if heap and heap[0][0] <= g.level + gained + EPS:
+            first = min(first, _finish_step(heap[0][0] - g.level, gained, steps))
+    return first
+
+
 class Replica:
     """One engine pod's step loop, simulated span by span (see the module docstring)."""
 
@@ -211,6 +233,9 @@ class Replica:
         # When its terminationGracePeriodSeconds runs out once it drains (then the kubelet kills it).
         self.kill_at: float | None = None
         self.t = ready_at
+        # When its last step ended (none yet): an idle engine is free from then on, however far its
+        # clock was advanced since (a request arriving then starts at once).
+        self.free_at = -math.inf
         self.waiting: deque[SimRequest] = deque()
         self.running = 0
         self.outstanding = 0
@@ -286,7 +311,10 @@ class Replica:
 
     def submit(self, req: SimRequest, now: float) -> None:
         """Queue a request that arrives at `now` (the replica must have been advanced to `now`)."""
-        self.t = max(self.t, now)  # idle until now
+        if self.idle:
+            self.t = max(self.free_at, self.ready_at, now)
+        else:
+            self.t = max(self.t, now)  # it joins at the end of the step in progress
         req.replica = self.serial
         self.waiting.append(req)
         self.outstanding += 1
@@ -437,37 +465,25 @@ class Replica:
                     if g.heap:
                         _, m = g.distribution(k)
                         steps = min(steps, max(1, math.ceil((g.heap[0][0] - g.level) / m - EPS)))
-                if self.prefix_cache.free_blocks_cached:
-                    # The span's growth takes free blocks: evict down to what is free at its end.
-                    grown = self._growth_per_step(k) * steps / self.config.block_size
-                    self.prefix_cache.evict(self.kv_blocks - self._blocks_held(k) - grown)
-            end = t0 + steps * dt
+            # The batch changes at the first finish the draw realizes, which may come before the
+            # expected one: the span stops there, and the draws shrink to the steps it ran.
+            draws = self._draw(k, steps)
+            span = _first_finish(draws, steps)
+            cut = span / steps
+            if not admitted and self.prefix_cache.free_blocks_cached:
+                # The span's growth takes free blocks: evict down to what is free at its end.
+                grown = self._growth_per_step(k) * span / self.config.block_size
+                self.prefix_cache.evict(self.kv_blocks - self._blocks_held(k) - grown)
+            end = t0 + span * dt
             tokens = 0.0
             decoding = 0
-            for g in self.groups.values():
-                if g.size == 0:
-                    continue
+            for g, counts, drawn in draws:
                 decoding += g.size
+                if counts is not None:
+                    self._count_drafts(k, g.size * span, counts * cut)
                 before = g.level
-                if k > 0:
-                    probs, _ = g.distribution(k)
-                    draws = g.size * steps
-                    counts = self.rng.multinomial(draws, probs)
-                    accepted = float(np.dot(counts, np.arange(k + 1)))
-                    self.drafts += draws
-                    self.draft_tokens += draws * k
-                    self.accepted += accepted
-                    tail = float(draws)
-                    pos = self.accepted_pos
-                    if len(pos) < k:
-                        pos.extend([0.0] * (k - len(pos)))
-                    for i in range(k):
-                        tail -= counts[i]
-                        pos[i] += tail
-                    g.level += steps + accepted / g.size
-                else:
-                    g.level += steps
-                gained = g.level - before
+                gained = drawn * cut
+                g.level += gained
                 tokens += g.size * gained
                 heap = g.heap
                 while heap and heap[0][0] <= g.level + EPS:
@@ -476,8 +492,7 @@ class Replica:
                         continue  # preempted since
                     g.size -= 1
                     tokens -= g.level - line
-                    share = (line - before) / gained if gained > 0 else 1.0
-                    j = min(steps, max(1, math.ceil(share * steps - EPS)))
+                    j = _finish_step(line - before, gained, span)
                     self._finish(req, t0 + j * dt, done, req.prompt + req.tokens)
             self.kv_tokens += tokens
             for req in admitted:
@@ -504,9 +519,37 @@ class Replica:
             self.generation_tokens += tokens
             if decoding:
                 b = itl_bin(dt)
-                self.itl[b] = self.itl.get(b, 0.0) + decoding * steps
-            self.steps += steps
-            self.t = end
+                self.itl[b] = self.itl.get(b, 0.0) + decoding * span
+            self.steps += span
+            self.t = self.free_at = end
+
+    def _draw(self, k: int, steps: int) -> list[tuple[_Group, np.ndarray | None, float]]:
+        """Each decoding group's accepted drafts over `steps` steps at `k` (one multinomial draw of its
+        members' drafts; None without speculation) and the tokens each member gains by them."""
+        out: list[tuple[_Group, np.ndarray | None, float]] = []
+        for g in self.groups.values():
+            if g.size == 0:
+                continue
+            if k == 0:
+                out.append((g, None, float(steps)))
+                continue
+            probs, _ = g.distribution(k)
+            counts = self.rng.multinomial(g.size * steps, probs)
+            out.append((g, counts, steps + float(np.dot(counts, np.arange(k + 1))) / g.size))
+        return out
+
+    def _count_drafts(self, k: int, drafts: int, counts: np.ndarray) -> None:
+        """Add `drafts` drafts of `k` tokens to the vLLM counters, `counts[j]` of them accepting j."""
+        self.drafts += drafts
+        self.draft_tokens += drafts * k
+        self.accepted += float(np.dot(counts, np.arange(k + 1)))
+        pos = self.accepted_pos
+        if len(pos) < k:
+            pos.extend([0.0] * (k - len(pos)))
+        tail = float(drafts)  # drafts that accepted more than i tokens, for position i
+        for i in range(k):
+            tail -= counts[i]
+            pos[i] += tail
 
     def _finish(self, req: SimRequest, at: float, done: list[SimRequest], held: float) -> None:
         """`req` finished at `at`, giving back the `held` tokens of KV it had."""

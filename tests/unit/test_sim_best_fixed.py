@@ -1,0 +1,91 @@
+"""The policy benchmark's "policy minus best fixed setting" (`specfleet.sim.compare`): per measure the
+best of the settings a user could launch with, the policy's difference to it, and the count of cells
+behind it by more than the margin."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from specfleet.sim.compare import (
+    ALL_REQUESTS,
+    TIME_WEIGHTED,
+    Comparison,
+    Shortfall,
+    count_behind,
+    shortfall,
+)
+
+
+def test_shortfall_is_the_policy_minus_the_best_known_fixed_setting() -> None:
+    cell = shortfall(0.93, {"alwaysOff": 1.004, "alwaysOnK1": 0.96, "engineDynamicSD": None})
+    assert cell is not None
+    assert cell.best == "alwaysOff"
+    assert round(cell.gap, 3) == -0.074
+
+
+def test_shortfall_is_unknown_without_the_policy_or_any_fixed_setting() -> None:
+    assert shortfall(None, {"alwaysOff": 1.0}) is None
+    assert shortfall(0.9, {"alwaysOff": None}) is None
+    assert shortfall(0.9, {}) is None
+
+
+def test_only_cells_more_than_the_margin_behind_are_counted() -> None:
+    cells = [
+        Shortfall(-0.074, "alwaysOff"),
+        Shortfall(-0.01, "alwaysOff"),  # at the margin: not behind
+        Shortfall(-0.0101, "alwaysOnK1"),
+        Shortfall(0.02, "alwaysOnK3"),
+        None,  # a measure with no value
+    ]
+    assert count_behind(cells) == 2
+    assert count_behind(cells, margin=0.05) == 1
+
+
+def _run(kind: str, tokens: list[float], reqsec: list[float]) -> SimpleNamespace:
+    """A run as `Comparison` reads it: its kind and the latency pool's per-window sums."""
+    return SimpleNamespace(
+        strategy=SimpleNamespace(kind=kind),
+        bin_tokens={"latency": np.array(tokens)},
+        bin_request_seconds={"latency": np.array(reqsec)},
+    )
+
+
+def test_each_measure_picks_its_own_best_fixed_setting_and_ignores_other_runs() -> None:
+    # Two windows, the second busy (ten times the request-seconds): the oracle is 1.0 token per
+    # request-second in both. alwaysOff is best in the calm window, alwaysOnK1 in the busy one.
+    runs = {
+        "policy": _run("policy", [1.0, 8.0], [1.0, 10.0]),  # 1.0, 0.8
+        "alwaysOff": _run("static", [1.0, 7.0], [1.0, 10.0]),  # 1.0, 0.7
+        "alwaysOnK1": _run("static", [0.5, 9.0], [1.0, 10.0]),  # 0.5, 0.9
+        "engineDynamicSD": _run("engineDynamicSD", [0.6, 8.5], [1.0, 10.0]),  # 0.6, 0.85
+        # Not a setting a user launches with: never the best fixed one, however high.
+        "policyThreshold": _run("policy", [1.0, 10.0], [1.0, 10.0]),
+    }
+    oracle = {"latency": np.array([1.0, 10.0])}
+    comp = Comparison(
+        runs=runs,  # type: ignore[arg-type]
+        oracle_tokens=oracle,
+        oracle_reqsec=oracle,
+        oracle_choice={"latency": ["alwaysOff", "alwaysOnK1"]},
+        best_static="alwaysOff",
+        always_on="alwaysOnK1",
+        first_reaction=0.0,
+        bin_seconds=15.0,
+        duration=30.0,
+        schedule=(),
+    )
+    assert comp.fixed_settings() == ["alwaysOff", "alwaysOnK1", "engineDynamicSD"]
+    # Time-weighted (mean of window ratios): policy 0.90, alwaysOff 0.85, K1 0.70, Dynamic SD 0.725.
+    tw = comp.behind_best_fixed(TIME_WEIGHTED)
+    assert tw is not None
+    assert tw.best == "alwaysOff"
+    assert round(tw.gap, 3) == 0.05
+    # Over all requests (tokens over the 11 request-seconds every run spent, the oracle's 11 tokens):
+    # K1 9.5, Dynamic SD 9.1, policy 9.0, alwaysOff 8.0.
+    every = comp.behind_best_fixed(ALL_REQUESTS)
+    assert every is not None
+    assert every.best == "alwaysOnK1"
+    assert round(every.gap, 4) == round((9.0 - 9.5) / 11, 4)
+    assert count_behind([tw, every]) == 1
