@@ -242,7 +242,7 @@ def test_simulate_table_shows_a_dash_for_missing_values_and_says_what_ratios_are
     assert main(["simulate", "-f", minimal, "--trace", _trace(tmp_path / "t.csv", rows=50)]) == 0
     out = capsys.readouterr().out
     assert "None" not in out
-    assert "0 requests (0 rejected)  TTFT p50/p99 -/- s  ITL p50/p99 -/- s" in out
+    assert "0 requests (0 rejected)  TTFT p50/p99 -/- s  TPOT p50/p99 -/- s" in out
     assert "x oracle: generated tokens per request-second relative to the per-level oracle's" in out
 
 

@@ -139,8 +139,8 @@ def _simulation_table(doc: dict[str, Any]) -> str:
     for pool, p in policy["pools"].items():
         lines.append(
             f"  {pool:<8} {p['tokensPerSecond']:>9.1f} tokens/s  {p['requests']} requests ({p['rejected']} rejected)  "
-            f"TTFT p50/p99 {_num(p['ttftP50Seconds'])}/{_num(p['ttftP99Seconds'])} s  ITL p50/p99 "
-            f"{_num(p['itlP50Seconds'])}/{_num(p['itlP99Seconds'])} s  {p['gpuSeconds']:.0f} GPU-s"
+            f"TTFT p50/p99 {_num(p['ttftP50Seconds'])}/{_num(p['ttftP99Seconds'])} s  TPOT p50/p99 "
+            f"{_num(p['tpotP50Seconds'])}/{_num(p['tpotP99Seconds'])} s  {p['gpuSeconds']:.0f} GPU-s"
         )
     for change in policy.get("changes", []):
         lines.append(
