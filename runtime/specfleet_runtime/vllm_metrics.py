@@ -46,6 +46,34 @@ INTER_TOKEN_LATENCY: Final = "vllm:inter_token_latency_seconds"
 E2E_REQUEST_LATENCY: Final = "vllm:e2e_request_latency_seconds"
 TIME_PER_OUTPUT_TOKEN: Final = "vllm:request_time_per_output_token_seconds"
 
+# Bucket bounds (seconds) of vLLM's PrometheusStatLogger: TTFT, and every per-token latency (ITL, TPOT).
+# The emulator exports them; an SLO's alerts and dashboard panel pick their `le` from them.
+TIME_TO_FIRST_TOKEN_BUCKETS: Final = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+TOKEN_LATENCY_BUCKETS: Final = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+)  # fmt: skip
+
+
+def bucket_label(bound: float) -> str:
+    """A bucket's `le` as vLLM (prometheus_client) writes it: `0.05`, `1.0`, `2560.0`."""
+    return repr(float(bound))
+
+
+def stored_bucket_label(bound: float) -> str:
+    """A bucket's `le` as Prometheus 3 stores it (integral bounds lose their `.0`: `1`, `0.05`)."""
+    return bucket_label(bound).removesuffix(".0")
+
+
+def bucket_matcher(bound: float) -> str:
+    """A PromQL matcher for one bucket, whether Prometheus kept vLLM's `le` (2.x) or normalised it (3.x)."""
+    written, stored = bucket_label(bound), stored_bucket_label(bound)
+    return f'le="{written}"' if written == stored else f'le=~"{stored}|{stored}[.]0"'
+
+
 # Metric family name (as in `# TYPE` lines) -> Prometheus type.
 SPEC_DECODE_FAMILIES: Final[dict[str, str]] = {
     "vllm:spec_decode_num_drafts": "counter",

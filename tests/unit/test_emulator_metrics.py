@@ -172,6 +172,12 @@ async def test_latency_histograms_have_the_buckets_of_real_vllm(emulator: Runnin
         vm.E2E_REQUEST_LATENCY,
     ):
         assert bounds(ours, histogram) == bounds(real_text, histogram), histogram
+    # The operator's alerts select a bucket by the `le` string: written as vLLM writes it.
+    for histogram, shared in (
+        (vm.TIME_TO_FIRST_TOKEN, vm.TIME_TO_FIRST_TOKEN_BUCKETS),
+        (vm.TIME_PER_OUTPUT_TOKEN, vm.TOKEN_LATENCY_BUCKETS),
+    ):
+        assert [vm.bucket_label(b) for b in shared] + ["+Inf"] == bounds(real_text, histogram), histogram
 
 
 async def test_a_one_token_request_counts_a_time_per_output_token_of_zero(emulator: RunningEmulator) -> None:

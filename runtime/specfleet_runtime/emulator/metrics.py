@@ -25,15 +25,7 @@ FINISH_REASONS: Final = ("stop", "length", "abort", "error", "repetition")
 ENGINE_INDEX: Final = "0"
 METRICS_CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
-# Bucket boundaries copied from vLLM's PrometheusStatLogger.
-_TTFT_BUCKETS: Final = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
-_TOKEN_LATENCY_BUCKETS: Final = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
-)  # fmt: skip
+# Bucket boundaries copied from vLLM's PrometheusStatLogger (the latency ones shared with the operator).
 _REQUEST_LATENCY_BUCKETS: Final = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
@@ -172,10 +164,12 @@ class EngineMetrics:
         self.request_success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
 
         self.ttft = histogram(
-            vm.TIME_TO_FIRST_TOKEN, "Histogram of time to first token in seconds.", _TTFT_BUCKETS
+            vm.TIME_TO_FIRST_TOKEN,
+            "Histogram of time to first token in seconds.",
+            vm.TIME_TO_FIRST_TOKEN_BUCKETS,
         )
         self.itl = histogram(
-            vm.INTER_TOKEN_LATENCY, "Histogram of inter-token latency in seconds.", _TOKEN_LATENCY_BUCKETS
+            vm.INTER_TOKEN_LATENCY, "Histogram of inter-token latency in seconds.", vm.TOKEN_LATENCY_BUCKETS
         )
         self.e2e = histogram(
             vm.E2E_REQUEST_LATENCY,
@@ -185,7 +179,7 @@ class EngineMetrics:
         self.tpot = histogram(
             vm.TIME_PER_OUTPUT_TOKEN,
             "Histogram of time_per_output_token_seconds per request.",
-            _TOKEN_LATENCY_BUCKETS,
+            vm.TOKEN_LATENCY_BUCKETS,
         )
 
     def set_cache_config(self, labels: Mapping[str, str]) -> None:
