@@ -320,3 +320,100 @@ def test_rejected_draft_tokens_high_only_under_high_load(tmp_path, running, fire
         {"at": "10m", "alert": "SpecfleetRejectedDraftTokensHigh", "severity": "warning", "firing": firing}
     ]
     _run(sd, tmp_path, series, checks)
+
+
+# ---- SLO burn-rate alerts ------------------------------------------------------------------------
+
+TTFT = "vllm:time_to_first_token_seconds"
+TPOT = "vllm:request_time_per_output_token_seconds"
+
+
+def _histogram(name: str, pool: str, per_minute: dict[str, int], minutes: int = 80) -> list[dict[str, str]]:
+    """Cumulative bucket counters (and `_count`, the +Inf bucket) growing by `per_minute` requests a minute."""
+    labels = f'namespace="{NS}",specfleet_io_deployment="{NAME}",specfleet_io_pool="{pool}",pod="e0"'
+    series = [
+        {"series": f'{name}_bucket{{{labels},le="{le}"}}', "values": f"0+{n}x{minutes}"}
+        for le, n in per_minute.items()
+    ]
+    return [*series, {"series": f"{name}_count{{{labels}}}", "values": f"0+{per_minute['+Inf']}x{minutes}"}]
+
+
+@pytest.mark.parametrize(
+    ("missed", "fast", "slow"),
+    [(80, True, True), (10, False, True), (2, False, False)],
+    ids=["missed-often-pages", "missed-a-little-tickets", "met"],
+)
+def test_ttft_burn_rate_alerts_follow_the_share_of_requests_over_the_target(tmp_path, missed, fast, slow):
+    # 95%: a budget of 5%; the page needs 14.4 x 5% = 72% missing (1 h and 5 min), the ticket 5% (3 d, 6 h).
+    slo = {"timeToFirstTokenMilliseconds": 1000, "percentile": 95}
+    sd = _resource(pools={"latency": {"slo": slo}, "batch": {"slo": slo}})
+    series = [
+        # 100 requests a minute, `missed` of them over 1 s (vLLM writes the bound as "1.0").
+        *_histogram(TTFT, "latency", {"0.75": 50 - missed // 2, "1.0": 100 - missed, "+Inf": 100}),
+        # The batch pool's SLO sees no request: no attainment, no alert.
+        *_histogram(TTFT, "batch", {"1.0": 0, "+Inf": 0}),
+    ]
+    pool, ratio = _pool_alert("latency"), f"{missed}%"
+    fast_summary = (
+        f"latency pool of {NS}/{NAME} is spending its TTFT error budget fast: {ratio} of requests above "
+        "1.0 s (budget 5%)"
+    )
+    slow_summary = (
+        f"latency pool of {NS}/{NAME} is spending its TTFT error budget: {ratio} of requests above 1.0 s "
+        "(budget 5%) over 3 days"
+    )
+    checks = [
+        {
+            "at": "10m",
+            "alert": "SpecfleetTtftSloFastBurn",
+            "severity": "critical",
+            "firing": [(pool, fast_summary)] if fast else [],
+        },
+        {
+            "at": "70m",
+            "alert": "SpecfleetTtftSloSlowBurn",
+            "severity": "warning",
+            "firing": [(pool, slow_summary)] if slow else [],
+        },
+    ]
+    _run(sd, tmp_path, series, checks)
+
+
+def test_tpot_counts_a_target_between_buckets_at_the_bucket_under_it(tmp_path):
+    # A 60 ms target sits between the 50 and 75 ms buckets: the alert counts at 50 ms, so requests of
+    # 50-75 ms count as missing it (conservative). Half the requests there, 99%: the page fires.
+    sd = _resource(pools={"latency": {"slo": {"timePerOutputTokenMilliseconds": 60, "percentile": 99}}})
+    assert "above the 0.05 s bucket" in _description(sd, "SpecfleetTpotSloFastBurn")
+    series = _histogram(TPOT, "latency", {"0.05": 50, "0.075": 100, "+Inf": 100})
+    summary = (
+        f"latency pool of {NS}/{NAME} is spending its TPOT error budget fast: 50% of requests above "
+        "0.05 s (budget 1%)"
+    )
+    checks = [
+        {"at": "3m", "alert": "SpecfleetTtftSloFastBurn", "severity": "critical"},  # no TTFT target
+        {
+            "at": "10m",
+            "alert": "SpecfleetTpotSloFastBurn",
+            "severity": "critical",
+            "firing": [(_pool_alert("latency"), summary)],
+        },
+    ]
+    _run(sd, tmp_path, series, checks)
+
+
+@pytest.mark.parametrize("le", ["1.0", "1"], ids=["prometheus-2", "prometheus-3"])
+def test_an_integral_bucket_is_found_as_either_prometheus_stores_it(tmp_path, le):
+    # vLLM writes le="1.0"; Prometheus 3 stores it as "1". Every request over 1 s: the page fires.
+    sd = _resource(pools={"latency": {"slo": {"timeToFirstTokenMilliseconds": 1000}}})
+    series = _histogram(TTFT, "latency", {le: 0, "+Inf": 100})
+    summary = (
+        f"latency pool of {NS}/{NAME} is spending its TTFT error budget fast: 100% of requests above "
+        "1.0 s (budget 5%)"
+    )
+    firing = [(_pool_alert("latency"), summary)]
+    _run(
+        sd,
+        tmp_path,
+        series,
+        [{"at": "10m", "alert": "SpecfleetTtftSloFastBurn", "severity": "critical", "firing": firing}],
+    )

@@ -7,7 +7,13 @@ import math
 import pytest
 
 from specfleet.api.pools import LatencySlo
-from specfleet.policy.inputs.slo_attainment import measure_attainment, share_within
+from specfleet.policy.inputs.slo_attainment import (
+    TargetBucket,
+    measure_attainment,
+    share_within,
+    target_buckets,
+)
+from specfleet_runtime import vllm_metrics as vm
 
 INF = math.inf
 # 10 requests/s: 2 at or under 0.1 s, 6 at or under 0.5 s, 9 at or under 1 s, 1 slower.
@@ -72,3 +78,21 @@ def test_a_target_not_measured_leaves_the_attainment_unknown():
     assert measured.ttft == pytest.approx(0.6)
     assert measured.tpot is None
     assert measured.attainment is None
+
+
+def test_alerts_count_a_target_at_the_largest_bucket_at_or_under_it():
+    # On a bound: that bucket (50 ms is exactly 0.05 s). Between bounds: the one under it.
+    assert target_buckets(
+        LatencySlo(time_to_first_token_milliseconds=800, time_per_output_token_milliseconds=50)
+    ) == [
+        TargetBucket("ttft", vm.TIME_TO_FIRST_TOKEN, 800, 0.75),
+        TargetBucket("tpot", vm.TIME_PER_OUTPUT_TOKEN, 50, 0.05),
+    ]
+    assert [t.le for t in target_buckets(LatencySlo(time_per_output_token_milliseconds=74))] == [0.05]
+    assert [t.le for t in target_buckets(LatencySlo(time_to_first_token_milliseconds=600000))] == [160.0]
+
+
+def test_a_target_under_the_first_bucket_has_no_alert_bucket():
+    # TPOT's first bound is 10 ms: a 5 ms target cannot be counted at any bucket (status interpolates it).
+    assert target_buckets(LatencySlo(time_per_output_token_milliseconds=5)) == []
+    assert [t.target for t in target_buckets(LatencySlo(time_to_first_token_milliseconds=1))] == ["ttft"]

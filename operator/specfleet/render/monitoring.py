@@ -13,9 +13,11 @@ from specfleet.api.constants import (
     LABEL_TRACK,
     POOLS,
 )
+from specfleet.api.pools import LatencySlo
 from specfleet.api.reasons import DEGRADED, METRICS_AVAILABLE
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.observe.resource_metrics import CONDITION, POOL_READY_REPLICAS, POOL_REPLICAS, POOL_SPECULATING
+from specfleet.policy.inputs.slo_attainment import TargetBucket, target_buckets
 from specfleet.policy.rules.threshold import threshold_values
 from specfleet.render.common import Manifest, RenderOptions, metadata
 from specfleet.render.standby import SPECULATIVE_PORT_NAME, standby_pool
@@ -73,6 +75,91 @@ RECORD_RUNNING = "specfleet:pool_running_requests_per_replica"
 
 def _seconds(value: int) -> str:
     return f"{value}s"
+
+
+# The SRE workbook's multiwindow, multi-burn-rate alerts ("Alerting on SLOs", its table for a 30-day
+# SLO period): (long window, short window, burn rate). The short window makes an alert stop soon after
+# the burn does. A page when 2% of the budget goes in an hour or 5% in 6 hours; a ticket at 10% in 3 days.
+FAST_BURN = (("1h", "5m", 14.4), ("6h", "30m", 6.0))
+SLOW_BURN = (("3d", "6h", 1.0),)
+SLO_WINDOWS = ("5m", "30m", "1h", "6h", "3d")
+
+
+def slo_error_ratio_record(target: str, window: str) -> str:
+    """The recording rule with a pool's share of requests missing one SLO target over one window."""
+    return f"specfleet:pool_{target}_slo_errors:ratio_rate{window}"
+
+
+def _slo_error_ratios(pool_engines: str, tb: TargetBucket) -> list[dict[str, Any]]:
+    """Recording rules: the share of a pool's requests above one target's bucket, over each window."""
+
+    def rate_sum(series: str, window: str) -> str:
+        return f"sum by ({BY_POOL}) (rate({series}[{window}]))"
+
+    rules = []
+    for window in SLO_WINDOWS:
+        within = rate_sum(f"{tb.histogram}_bucket{{{pool_engines},{vm.bucket_matcher(tb.le)}}}", window)
+        total = rate_sum(f"{tb.histogram}_count{{{pool_engines}}}", window)
+        # No request in the window: 0 / 0, NaN, which no alert compares above its threshold.
+        rules.append({"record": slo_error_ratio_record(tb.target, window), "expr": f"1 - {within} / {total}"})
+    return rules
+
+
+def _burning(
+    pool_engines: str, tb: TargetBucket, budget: float, pairs: tuple[tuple[str, str, float], ...]
+) -> str:
+    """Burn rate above its threshold over both windows of any pair (error ratio > rate x budget)."""
+    return " or ".join(
+        f"({slo_error_ratio_record(tb.target, long)}{{{pool_engines}}} > {rate * budget:.6g}"
+        f" and {slo_error_ratio_record(tb.target, short)}{{{pool_engines}}} > {rate * budget:.6g})"
+        for long, short, rate in pairs
+    )
+
+
+def _slo_rules(sd: SpeculativeDeployment, pool: str, slo: LatencySlo) -> tuple[list[Any], list[Any]]:
+    """A pool's SLO error ratios (recording rules) and burn-rate alerts, for each target the SLO sets.
+
+    Error ratio: the share of the window's requests above the target's bucket (`target_buckets`).
+    Burn rate: that ratio over the error budget, 1 - percentile / 100.
+    """
+    ns, name = sd.namespace, sd.name
+    pool_engines = f'namespace="{ns}",{SERIES_DEPLOYMENT}="{name}",{SERIES_POOL}="{pool}"'
+    budget = 1 - slo.percentile / 100
+    recording: list[Any] = []
+    alerts: list[Any] = []
+    for tb in target_buckets(slo):
+        recording += _slo_error_ratios(pool_engines, tb)
+        target, bucket = tb.target.upper(), f"{vm.bucket_label(tb.le)} s"
+        missed = f"{{{{ $value | humanizePercentage }}}} of requests above {bucket} (budget {budget:.0%})"
+        counted = (
+            f"A request counts as missing the {tb.milliseconds} ms target when it is above the {bucket} "
+            "bucket, the largest of vLLM's bucket bounds at or under the target: conservative, requests "
+            "between the two count as missing it too."
+        )
+        alerts += [
+            _alert(
+                f"Specfleet{target.title()}SloFastBurn",
+                _burning(pool_engines, tb, budget, FAST_BURN),
+                # The short window already requires the burn to be current: no extra hold.
+                "0s",
+                "critical",
+                f"{pool} pool of {ns}/{name} is spending its {target} error budget fast: {missed}",
+                "The share of requests missing the target is more than 14.4 times the error budget "
+                "(1 - percentile/100) over both the last hour and 5 minutes, or 6 times over both 6 hours "
+                f"and 30 minutes: at that rate a 30-day budget lasts 2 or 5 days. {counted}",
+            ),
+            _alert(
+                f"Specfleet{target.title()}SloSlowBurn",
+                _burning(pool_engines, tb, budget, SLOW_BURN),
+                "0s",
+                "warning",
+                f"{pool} pool of {ns}/{name} is spending its {target} error budget: {missed} over 3 days",
+                "The share of requests missing the target is above the error budget (1 - percentile/100) "
+                "over both the last 3 days and 6 hours: if it goes on, the objective fails over a 30-day "
+                f"period. {counted}",
+            ),
+        ]
+    return recording, alerts
 
 
 def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
@@ -200,6 +287,12 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
             "per replica: verification of rejected drafts costs compute the batch needs.",
         ),
     ]
+    for pool in POOLS:
+        slo = getattr(spec.pools, pool).slo
+        if slo is not None:
+            slo_recording, slo_alerts = _slo_rules(sd, pool, slo)
+            recording += slo_recording
+            rules += slo_alerts
     for rule in rules:
         rule["labels"].update(ids)
     return [

@@ -8,6 +8,9 @@ falls in, the inverse of what Prometheus' `histogram_quantile` does.
 
 The two histograms are marginal: they say how many requests met each target, not how many met both.
 The share meeting both is at most the smaller of the two, which is what `attainment` reports.
+
+The alerts and the dashboard count in PromQL, where interpolating is awkward: `target_buckets` gives
+each target's bucket for them, the largest bound at or under the target.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 
 from specfleet.api.pools import LatencySlo
 from specfleet.policy.inputs.observation import Histogram
+from specfleet_runtime import vllm_metrics as vm
 
 MILLISECONDS = 1000.0
 
@@ -81,3 +85,39 @@ def measure_attainment(slo: LatencySlo, ttft: Histogram, tpot: Histogram) -> Slo
         tpot=shares.get("tpot"),
         attainment=min(measured) if measured and len(measured) == len(shares) else None,
     )
+
+
+@dataclass(frozen=True)
+class TargetBucket:
+    """One target of an SLO as PromQL counts it: a request meets it when it falls in bucket `le`."""
+
+    target: str  # "ttft" or "tpot", as in the status fields and the alerts' names
+    histogram: str  # the vLLM histogram, without `_bucket`
+    milliseconds: int  # the target as the spec states it
+    le: float  # seconds: the largest bucket bound at or under the target
+
+
+def target_buckets(slo: LatencySlo) -> list[TargetBucket]:
+    """Each target the SLO sets, with the histogram bucket the alerts and the dashboard count it at.
+
+    Conservative: requests between that bound and the target count as missing it (a target on a bound
+    is exact). A target under the histogram's first bound (a TPOT under 10 ms) has no such bucket and
+    is left out: only the interpolated attainment in status measures it.
+    """
+    found = []
+    for target, histogram, bounds, ms in (
+        (
+            "ttft",
+            vm.TIME_TO_FIRST_TOKEN,
+            vm.TIME_TO_FIRST_TOKEN_BUCKETS,
+            slo.time_to_first_token_milliseconds,
+        ),
+        ("tpot", vm.TIME_PER_OUTPUT_TOKEN, vm.TOKEN_LATENCY_BUCKETS, slo.time_per_output_token_milliseconds),
+    ):
+        if ms is None:
+            continue
+        # ms / 1000 rounds to the same double as the bound's literal when they are equal (50 -> 0.05).
+        under = [bound for bound in bounds if bound <= ms / MILLISECONDS]
+        if under:
+            found.append(TargetBucket(target, histogram, ms, under[-1]))
+    return found
