@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 
 from specfleet.observe.dashboard import dashboard, dashboard_json
 from specfleet_sandbox.prometheus import PrometheusProcess
+from specfleet_testbed import ensure_prometheus
 from support.manifests import ROOT
 
 COMMITTED = ROOT / "charts" / "specfleet" / "dashboards" / "specfleet.json"
@@ -24,7 +28,8 @@ GRAFANA_VARIABLES = {"$namespace": ".*", "$deployment": ".*", "$__rate_interval"
 def as_sent(expr: str) -> str:
     for name, value in GRAFANA_VARIABLES.items():
         expr = expr.replace(name, value)
-    assert "$" not in expr, f"unsubstituted variable in {expr}"
+    # `$1` is label_replace's capture group, which Grafana leaves alone (no variable has that name).
+    assert not re.search(r"\$(?!1\b)", expr), f"unsubstituted variable in {expr}"
     return expr
 
 
@@ -43,6 +48,7 @@ def test_panels_cover_the_fleet():
         "Running and waiting requests per replica",
         "KV-cache usage",
         "Time to first token p50 / p99",
+        "Share of requests within the SLO's TTFT / TPOT targets",
         "Inter-token latency p50 / p99",
         "Router requests by class and pool",
         "Acceptance the policy last measured",
@@ -98,3 +104,52 @@ def test_variable_queries_name_labels_the_panels_select_on():
         assert re.fullmatch(
             r"label_values\(.+, (namespace|specfleet_io_deployment)\)", variables[name]["definition"]
         )
+
+
+def test_the_slo_panel_counts_each_pool_at_its_targets_bucket(tmp_path: Path):
+    # promtool evaluates the panel's queries on engine buckets and the operator's gauge naming each
+    # target's bucket: TTFT counted at 1 s (vLLM writes "1.0", the gauge the stored "1"), TPOT at 0.2 s.
+    # Shares of 1/2 and 1/4, exact in floating point.
+    (panel,) = [p for p in dashboard()["panels"] if "SLO" in p["title"]]
+    ttft, tpot = "vllm:time_to_first_token_seconds", "vllm:request_time_per_output_token_seconds"
+
+    def engine(series: str, pool: str, le: str = "") -> str:
+        bound = f',le="{le}"' if le else ""
+        return f'{series}{{namespace="ns",specfleet_io_deployment="chat",specfleet_io_pool="{pool}"{bound}}}'
+
+    # Requests a minute at or under each bound, and in all (`_count`).
+    series = [
+        (engine(f"{ttft}_bucket", "latency", "0.75"), 30),
+        (engine(f"{ttft}_bucket", "latency", "1.0"), 50),
+        (engine(f"{ttft}_count", "latency"), 100),
+        (engine(f"{tpot}_bucket", "latency", "0.2"), 25),
+        (engine(f"{tpot}_count", "latency"), 100),
+        # The batch pool has no SLO, so no gauge: no series for it.
+        (engine(f"{ttft}_bucket", "batch", "1.0"), 10),
+        (engine(f"{ttft}_count", "batch"), 100),
+    ]
+    gauge = 'specfleet_pool_slo_target_bucket{namespace="ns",name="chat",pool="latency"'
+    input_series = [{"series": s, "values": f"0+{n}x10"} for s, n in series] + [
+        {"series": f'{gauge},target="ttft",le="1"}}', "values": "1x10"},
+        {"series": f'{gauge},target="tpot",le="0.2"}}', "values": "1x10"},
+    ]
+    labels = '{namespace="ns",specfleet_io_deployment="chat",specfleet_io_pool="latency"}'
+    tests = [
+        {"expr": as_sent(t["expr"]), "eval_time": "5m", "exp_samples": [{"labels": labels, "value": share}]}
+        for t, share in zip(panel["targets"], (0.5, 0.25), strict=True)
+    ]
+    (tmp_path / "rules.yaml").write_text("groups: []\n")
+    doc = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": input_series, "promql_expr_test": tests}],
+    }
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = subprocess.run(
+        [str(ensure_prometheus().promtool), "test", "rules", str(tmp_path / "tests.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

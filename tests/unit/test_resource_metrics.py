@@ -10,6 +10,7 @@ from specfleet.observe.resource_metrics import (
     POOL_ACCEPTANCE,
     POOL_K,
     POOL_REPLICAS,
+    POOL_SLO_BUCKET,
     POOL_SPECULATING,
     resource_samples,
 )
@@ -82,3 +83,17 @@ def test_an_autoscaled_pool_reports_the_count_its_autoscaler_set():
     got = {(s.name, s.labels): s.value for s in resource_samples(body)}
     assert got[(POOL_REPLICAS, ("inference", "assistant", "latency"))] == 6.0
     assert got[(POOL_REPLICAS, ("inference", "assistant", "batch"))] == 1.0
+
+
+def test_each_slo_target_names_the_bucket_it_is_counted_at():
+    # The dashboard's SLO panel joins the engines' buckets on this `le` (as Prometheus 3 stores it).
+    body = _body()
+    body["spec"]["pools"] = {
+        "latency": {"slo": {"timeToFirstTokenMilliseconds": 1000, "timePerOutputTokenMilliseconds": 60}},
+        "batch": {"slo": {"percentile": 90}},  # no target: invalid, so no series rather than a crash
+    }
+    got = {s.labels for s in resource_samples(body) if s.name == POOL_SLO_BUCKET}
+    assert got == {
+        ("inference", "assistant", "latency", "ttft", "1"),
+        ("inference", "assistant", "latency", "tpot", "0.05"),
+    }

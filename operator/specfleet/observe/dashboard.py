@@ -30,6 +30,22 @@ def _quantile(q: float, histogram: str) -> str:
     return f"histogram_quantile({q}, sum by ({BY_POOL}, le) (rate({histogram}_bucket{{{ENGINES}}}[{RATE}])))"
 
 
+def _share_within_slo_target(target: str, histogram: str) -> str:
+    """Per pool with an SLO: the share of requests in the bucket its `target` (ttft, tpot) is counted at.
+
+    The operator's `specfleet_pool_slo_target_bucket` names that bucket (the alerts' choice: the largest
+    bound at or under the target); the engines' bucket series are kept where their pool and `le` match it.
+    """
+    # The operator's gauges name the resource and pool `name` and `pool`; the engines' series otherwise.
+    chosen = f'{rm.POOL_SLO_BUCKET}{{{RESOURCES},target="{target}"}}'
+    chosen = f'label_replace({chosen}, "{SERIES_DEPLOYMENT}", "$1", "name", "(.*)")'
+    chosen = f'label_replace({chosen}, "{SERIES_POOL}", "$1", "pool", "(.*)")'
+    # vLLM writes le="1.0", Prometheus 3 stores "1" and so does the gauge: compare without the ".0".
+    buckets = f'label_replace(rate({histogram}_bucket{{{ENGINES}}}[{RATE}]), "le", "$1", "le", "(.+)[.]0")'
+    within = f"sum by ({BY_POOL}) (\n  {buckets}\n  and on ({BY_POOL}, le) {chosen}\n)"
+    return f"{within}\n/ {_rate_by_pool(histogram + '_count')}"
+
+
 def _target(expr: str, legend: str) -> dict[str, Any]:
     return {"expr": expr, "legendFormat": legend}
 
@@ -115,6 +131,18 @@ def panels() -> list[dict[str, Any]]:
                 _target(_quantile(0.99, vm.TIME_TO_FIRST_TOKEN), POOL_LEGEND + " p99"),
             ],
             unit="s",
+        ),
+        _panel(
+            "Share of requests within the SLO's TTFT / TPOT targets",
+            "Per pool with an SLO: the share of requests at or under the bucket each target is counted "
+            "at, the largest of vLLM's bucket bounds at or under it (as the burn-rate alerts count). "
+            "Between two bounds this is lower than status's sloAttainmentPercent, which interpolates; "
+            "each target apart, not the share meeting both.",
+            [
+                _target(_share_within_slo_target("ttft", vm.TIME_TO_FIRST_TOKEN), POOL_LEGEND + " TTFT"),
+                _target(_share_within_slo_target("tpot", vm.TIME_PER_OUTPUT_TOKEN), POOL_LEGEND + " TPOT"),
+            ],
+            unit="percentunit",
         ),
         _panel(
             "Inter-token latency p50 / p99",

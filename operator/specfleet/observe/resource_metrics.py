@@ -1,7 +1,8 @@
 """The operator's per-resource gauges, as a pure function of a SpeculativeDeployment (no I/O).
 
 These are the series the rendered PrometheusRule and the Grafana dashboard read for what only the
-operator knows: conditions, each pool's mode and K, replicas and the last measured acceptance.
+operator knows: conditions, each pool's mode and K, replicas, the last measured acceptance and the
+bucket each SLO target is counted at.
 `specfleet.observe.gauges` exports them with prometheus_client; both share the names below.
 
 Series carry `namespace` and `name` of the resource (kube-state-metrics' convention), so the
@@ -17,7 +18,10 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from specfleet.api.constants import POOLS
+from specfleet.api.pools import LatencySlo
 from specfleet.api.status import SpeculativeDeploymentStatus
+from specfleet.policy.inputs.slo_attainment import target_buckets
+from specfleet_runtime import vllm_metrics as vm
 
 CONDITION: Final = "specfleet_condition"
 POOL_SPECULATING: Final = "specfleet_pool_speculating"
@@ -27,6 +31,7 @@ POOL_READY_REPLICAS: Final = "specfleet_pool_ready_replicas"
 POOL_ACCEPTANCE: Final = "specfleet_pool_acceptance_length"
 POOL_ACCEPTANCE_BASELINE: Final = "specfleet_pool_acceptance_baseline_length"
 POOL_ACCEPTANCE_DRIFT: Final = "specfleet_pool_acceptance_drift_percent"
+POOL_SLO_BUCKET: Final = "specfleet_pool_slo_target_bucket"
 
 HELP: Final[dict[str, str]] = {
     CONDITION: "1 for the status a resource's condition has now, 0 for the other two (True, False, Unknown).",
@@ -39,6 +44,8 @@ HELP: Final[dict[str, str]] = {
     POOL_ACCEPTANCE_BASELINE: "The pool's acceptance baseline (tokens per step over its baseline's positions).",
     POOL_ACCEPTANCE_DRIFT: "Percent the pool's last measured acceptance length is below its baseline "
     "(negative: above).",
+    POOL_SLO_BUCKET: "1 for the vLLM histogram bucket (le, as Prometheus 3 stores it) at which a pool's SLO "
+    "target (ttft or tpot) is counted: the largest bound at or under the target.",
 }
 LABELS: Final[dict[str, tuple[str, ...]]] = {
     CONDITION: ("namespace", "name", "type", "status"),
@@ -49,6 +56,7 @@ LABELS: Final[dict[str, tuple[str, ...]]] = {
     POOL_ACCEPTANCE: ("namespace", "name", "pool"),
     POOL_ACCEPTANCE_BASELINE: ("namespace", "name", "pool"),
     POOL_ACCEPTANCE_DRIFT: ("namespace", "name", "pool"),
+    POOL_SLO_BUCKET: ("namespace", "name", "pool", "target", "le"),
 }
 CONDITION_STATUSES: Final = ("True", "False", "Unknown")
 
@@ -120,7 +128,21 @@ def resource_samples(body: Mapping[str, Any]) -> list[Sample]:
         drift = _float(pool_status.acceptance_drift_percent)
         if drift is not None and baseline is not None:
             samples.append(Sample(POOL_ACCEPTANCE_DRIFT, labels, drift))
+        # The dashboard's SLO panel selects the engines' bucket by this series' `le`.
+        slo = _latency_slo(pool_spec.get("slo"))
+        for tb in target_buckets(slo) if slo is not None else []:
+            samples.append(Sample(POOL_SLO_BUCKET, (*labels, tb.target, vm.stored_bucket_label(tb.le)), 1.0))
     return samples
+
+
+def _latency_slo(value: Any) -> LatencySlo | None:
+    """The pool's SLO, or None when it has none or it does not validate."""
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return LatencySlo.model_validate(value)
+    except ValidationError:
+        return None
 
 
 def _wanted_replicas(pool_spec: Mapping[str, Any], desired: int) -> int:
