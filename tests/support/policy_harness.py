@@ -252,7 +252,15 @@ def simulate(
             states = pool_states(sd.spec, sd.status, now)
             out = decide(policy, k_max, states, {pool: obs}, now, profile)
             decisions.append((t, out[0]))
-            recorded = record(sd.status, out, {pool: obs}, sd.generation, now, ScrapeSetup.of(sd))
+            recorded = record(
+                sd.status,
+                out,
+                {pool: obs},
+                sd.generation,
+                now,
+                ScrapeSetup.of(sd),
+                window_seconds=policy.window_seconds,
+            )
             sd = _replace_status(sd, recorded.status)
             if recorded.flipped:
                 d0 = recorded.flipped[0]

@@ -120,6 +120,41 @@ def test_high_load_flips_off_then_holds_then_back_on(world):
     assert len(_status(cluster)["history"]) == 2
 
 
+def test_a_flips_history_entry_gains_what_followed_once_its_rollout_settled_and_a_window_passed(world):
+    cluster, prom, clock, controller = world
+    _rolled_out(cluster, controller)
+    prom.set_pool("latency", drafts=10.0, accepted=14.0, per_pos=[8.0, 4.0, 2.0], running=80.0, gen=100.0)
+    assert controller.evaluate_policy("default", "llama").decisions[0].flip
+    prom.set_pool("latency", drafts=0.0, accepted=0.0, running=70.0, gen=130.0)
+    clock.advance(5)
+    controller.evaluate_policy("default", "llama")  # still rolling out
+    assert "realized" not in _status(cluster)["history"][-1]
+    cluster.roll_out()
+    controller.reconcile_object("default", "llama")
+    clock.advance(5)
+    controller.evaluate_policy("default", "llama")  # sees the pool settled: the window starts
+    settled = _status(cluster)["pools"]["latency"]["rollout"]["settledTime"]
+    clock.advance(25)
+    controller.evaluate_policy("default", "llama")
+    assert "realized" not in _status(cluster)["history"][-1]  # 25 s of a 30 s window
+    clock.advance(5)
+    controller.evaluate_policy("default", "llama")
+    realized = _status(cluster)["history"][-1]["realized"]
+    assert realized == {
+        "time": "2026-11-29T12:00:40Z",
+        "tokensPerSecondPerReplicaBefore": "50",
+        "tokensPerSecondPerReplicaAfter": "65",
+        "runningPerReplicaBefore": "80",
+        "runningPerReplicaAfter": "70",
+        "realizedSpeedup": "1.300",
+    }
+    assert settled == "2026-11-29T12:00:10Z"
+    prom.set_pool("latency", drafts=0.0, accepted=0.0, running=70.0, gen=200.0)
+    clock.advance(5)
+    controller.evaluate_policy("default", "llama")
+    assert _status(cluster)["history"][-1]["realized"] == realized  # told once
+
+
 @pytest.mark.parametrize(
     ("running", "why"),
     [

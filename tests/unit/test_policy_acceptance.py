@@ -127,7 +127,7 @@ def test_status_keeps_flip_times_memory_and_rollout_across_a_restart():
     states = pool_states(spec, status, NOW)
     decisions = decide(spec.policy, 3, states, {"latency": observation}, NOW, PROFILE)
     assert decisions[0].flip
-    recorded = record(status, decisions, {"latency": observation}, 1, NOW, SCRAPE)
+    recorded = record(status, decisions, {"latency": observation}, 1, NOW, SCRAPE, window_seconds=60)
     # Through the wire and back, as a restarted operator reads it.
     again = parse_status(recorded.status.to_wire())
     latency = again.pools.latency
@@ -148,7 +148,7 @@ def test_status_keeps_flip_times_memory_and_rollout_across_a_restart():
     later = NOW + timedelta(seconds=90)
     quiet = obs((), load=300, at=later)
     d = decide(spec.policy, 3, pool_states(spec, settled, later), {"latency": quiet}, later, PROFILE)
-    after = record(settled, d, {"latency": quiet}, 1, later, SCRAPE).status
+    after = record(settled, d, {"latency": quiet}, 1, later, SCRAPE, window_seconds=60).status
     assert after.pools.latency.rollout is not None
     assert after.pools.latency.rollout.settled_time == "2026-11-29T12:01:30Z"
 

@@ -67,7 +67,7 @@ def evaluate(spec, status, observation, now, k=3):
     """One evaluation through status: pool_states -> decide -> record (the pool then settles)."""
     states = pool_states(spec, status, now)
     decisions = decide(spec.policy, k, states, {observation.pool: observation}, now, PROFILE)
-    recorded = record(status, decisions, {observation.pool: observation}, 1, now, SCRAPE)
+    recorded = record(status, decisions, {observation.pool: observation}, 1, now, SCRAPE, window_seconds=60)
     return decisions[0], settled(recorded.status)
 
 

@@ -229,12 +229,14 @@ def test_record_keeps_the_schedule_in_status_and_drops_it_when_the_pool_turns_of
         "latency", "On", "On", False, "GoodputRetune", "new schedule", current_k=3, target_schedule=schedule
     )
     ob = observation(80, PUBLISHED)
-    status = record(status, [on], {"latency": ob}, 1, NOW, SCRAPE).status
+    status = record(status, [on], {"latency": ob}, 1, NOW, SCRAPE, window_seconds=60).status
     assert schedule_rows(status.pools.latency.dynamic_schedule) == schedule
     assert pool_states(spec, status, NOW)["latency"].schedule == schedule
     off = PoolDecision("latency", "On", "Off", True, "GoodputBelowBreakEven", "far", current_k=3, target_k=1)
     later = NOW + timedelta(minutes=10)
-    status = record(status, [off], {"latency": replace(ob, at=later)}, 1, later, SCRAPE).status
+    status = record(
+        status, [off], {"latency": replace(ob, at=later)}, 1, later, SCRAPE, window_seconds=60
+    ).status
     assert status.pools.latency.dynamic_schedule is None
     assert schedule_rows(status.pools.latency.rollout.from_dynamic_schedule) == schedule
     assert status.history[-1].observations["dynamicSchedule"].endswith("->none")

@@ -315,7 +315,7 @@ def test_memory_numbers_reach_the_event():
 
     ob = big_obs(2.4, 24.0)
     d = one(st("On"), ob)
-    rec = record(SpeculativeDeploymentStatus(), [d], {"latency": ob}, 1, NOW, SCRAPE)
+    rec = record(SpeculativeDeploymentStatus(), [d], {"latency": ob}, 1, NOW, SCRAPE, window_seconds=60)
     assert any("demandPerReplica=24" in message for _, _, message in rec.events)
     entry = rec.status.history[-1]
     assert entry.reason == r.GOODPUT_MEMORY_BOUND

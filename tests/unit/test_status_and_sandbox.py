@@ -79,6 +79,43 @@ def test_fleet_view_shows_mode_k_load_and_the_last_decision_per_pool() -> None:
     assert view.conditions == ("Ready=True (AllPoolsReady): all ready",)
 
 
+def test_status_shows_each_recent_change_with_its_predicted_and_realized_speedup() -> None:
+    resource = copy.deepcopy(RESOURCE)
+    goodput = {
+        "time": "2026-11-30T12:10:00Z",
+        "pool": "latency",
+        "from": "Off",
+        "to": "On",
+        "reason": "GoodputBetter",
+        "observations": {"runningPerReplica": "6", "predictedSpeedup": "1.400"},
+        "realized": {
+            "time": "2026-11-30T12:13:00Z",
+            "tokensPerSecondPerReplicaBefore": "300",
+            "tokensPerSecondPerReplicaAfter": "390",
+            "runningPerReplicaBefore": "6",
+            "runningPerReplicaAfter": "5.5",
+            "realizedSpeedup": "1.300",
+        },
+    }
+    retune = {**goodput, "time": "2026-11-30T12:20:00Z", "from": "On", "reason": "GoodputRetuned"}
+    retune["observations"] = {"numSpeculativeTokens": "3->2", "predictedSpeedup": "1.050"}
+    del retune["realized"]
+    resource["status"]["history"] += [goodput, retune]
+    view = fleet_view(resource)
+    assert view.changes == (
+        "2026-11-30T12:00:00Z batch On->Off ConcurrencyAboveThreshold: predicted -, realized -",
+        "2026-11-30T12:10:00Z latency Off->On GoodputBetter: predicted 1.400, realized 1.300 "
+        "(tok/s per replica 300 -> 390, running per replica 6 -> 5.5)",
+        "2026-11-30T12:20:00Z latency K 3->2 GoodputRetuned: predicted 1.050, realized -",
+    )
+    assert "realizedSpeedup" not in view.pools[0].decision  # the last one is not measured yet
+    resource["status"]["history"].pop()
+    assert "predictedSpeedup=1.400, realizedSpeedup=1.300" in fleet_view(resource).pools[0].decision
+    lines = plain_lines(view)
+    assert any(line.startswith("  recent changes") for line in lines)
+    assert lines.index("    " + view.changes[0]) < lines.index("  Ready=True (AllPoolsReady): all ready")
+
+
 def test_an_autoscaled_pool_shows_the_autoscalers_count_and_range() -> None:
     resource = copy.deepcopy(RESOURCE)
     resource["spec"]["pools"]["latency"]["autoscaling"] = {"minReplicas": 2, "maxReplicas": 8}

@@ -261,6 +261,36 @@ class PoolStatuses(StatusModel):
     batch: PoolStatus = Field(default_factory=PoolStatus, description="Batch pool.")
 
 
+class RealizedChange(StatusModel):
+    """What followed a flip or a retune: the pool's measured throughput per replica before it and over
+    the first whole policy window after its rollout settled."""
+
+    time: str = Field(description="When the window after the change was measured (its end, RFC 3339).")
+    tokens_per_second_per_replica_before: str = Field(
+        description="Generated tokens per second per reporting replica over the window the decision "
+        "acted on (its observations' generationTokensPerSecond / replicasReporting), as text."
+    )
+    tokens_per_second_per_replica_after: str = Field(
+        description="Generated tokens per second per reporting replica over the first whole policy "
+        "window after the change's rollout settled (status.pools.<pool>.rollout.settledTime), as text."
+    )
+    running_per_replica_before: str | None = Field(
+        default=None,
+        description="Running requests per replica over the window before, as text: with "
+        "runningPerReplicaAfter, how far the load moved between the two windows.",
+    )
+    running_per_replica_after: str | None = Field(
+        default=None, description="Running requests per replica over the window after, as text."
+    )
+    realized_speedup: str = Field(
+        description="tokensPerSecondPerReplicaAfter / tokensPerSecondPerReplicaBefore, as text, beside "
+        "the observations' predictedSpeedup (Goodput decisions). A before/after ratio under whatever "
+        "load came, not a controlled measurement: the load may have moved between the two windows "
+        "(compare runningPerReplicaBefore and runningPerReplicaAfter), and a pool serving all that "
+        "arrives produces the same tokens whatever its setting."
+    )
+
+
 class Decision(StatusModel):
     """One speculation flip, with the numbers that caused it."""
 
@@ -271,6 +301,12 @@ class Decision(StatusModel):
     reason: str = Field(description="CamelCase reason.")
     message: str = Field(default="", description="Human-readable explanation.")
     observations: dict[str, str] = Field(default_factory=dict, description="The observed values, as text.")
+    realized: RealizedChange | None = Field(
+        default=None,
+        description="Flips and retunes: the throughput per replica measured before and after, written "
+        "once, when a whole policy window has been measured after the change's rollout settled (unset: "
+        "not yet, superseded by a later change of the pool first, or not measured).",
+    )
 
 
 class SpeculativeDeploymentStatus(StatusModel):

@@ -20,7 +20,14 @@ from typing import Any
 
 from specfleet.api.constants import GROUP, KIND, PLURAL, VERSION
 from specfleet.cli.common import CredentialsError, cluster_client, credentials_tried
-from specfleet.cli.status_view import POOL_COLUMNS, FleetView, fleet_view, plain_lines, pool_cells
+from specfleet.cli.status_view import (
+    CHANGES_HEADING,
+    POOL_COLUMNS,
+    FleetView,
+    fleet_view,
+    plain_lines,
+    pool_cells,
+)
 
 Fetch = Callable[[], list[dict[str, Any]]]
 
@@ -66,6 +73,9 @@ def rich_renderable(views: list[FleetView]) -> Any:
             cells = pool_cells(row)
             table.add_row(*cells[:2], Text(cells[2], style=style), *cells[3:])
         parts.append(table)
+        if view.changes:
+            parts.append(Text(f"  {CHANGES_HEADING}"))
+            parts.extend(Text(f"    {c}") for c in view.changes)
         for condition in view.conditions:
             ok = "=True" in condition and not condition.startswith("Degraded")
             parts.append(Text("  " + condition, style="dim" if ok else "bold red"))

@@ -2,9 +2,10 @@
 
 Per pool: its mode and K, replicas ready/desired, the last measured acceptance length, running
 requests per replica, generated tokens per second, and the last decision with its reason and the
-numbers behind it; then the resource's conditions. `fleet_view` builds the rows (no I/O, no
-terminal); `plain_lines` prints them for logs and CI, and the CLI draws the same rows as a table
-when attached to a terminal.
+numbers behind it; then the recent flips and retunes, each with the speedup it predicted and the one
+measured after it (status.history's `realized`); then the resource's conditions. `fleet_view` builds
+the rows (no I/O, no terminal); `plain_lines` prints them for logs and CI, and the CLI draws the same
+rows as a table when attached to a terminal.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ _DECISION_NUMBERS = (
     "numSpeculativeTokens",
     "acceptanceSource",
 )
+# Flips and retunes listed with their predicted and realized speedups.
+RECENT_CHANGES = 5
+CHANGES_HEADING = "recent changes (speedup predicted, realized over a window after the rollout):"
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class FleetView:
     pools: tuple[PoolRow, ...]
     conditions: tuple[str, ...]  # "Type=Status (Reason): message"
     flips: int
+    # The last flips and retunes, oldest first: time, pool, change, reason, predicted vs realized.
+    changes: tuple[str, ...] = ()
 
 
 def _text(value: Any, default: str = "-") -> str:
@@ -66,15 +72,50 @@ def _wanted(pool_spec: Mapping[str, Any], pool_status: Mapping[str, Any]) -> str
     return str(pool_spec.get("replicas", 1))
 
 
+def _change(entry: Mapping[str, Any]) -> str:
+    """`On->Off`, or `K 3->1` / `schedule` for a retune."""
+    numbers = entry.get("observations") or {}
+    if entry.get("from") != entry.get("to"):
+        return f"{entry.get('from')}->{entry.get('to')}"
+    if "numSpeculativeTokens" in numbers:
+        return f"K {numbers['numSpeculativeTokens']}"
+    return "schedule" if "dynamicSchedule" in numbers else ""
+
+
+def _predicted_vs_realized(entry: Mapping[str, Any]) -> str:
+    """The speedup a change predicted beside the one measured after it, with the throughput and the
+    load of both windows (the load may have moved: a before/after ratio, not a controlled one)."""
+    predicted = _text((entry.get("observations") or {}).get("predictedSpeedup"))
+    realized = entry.get("realized")
+    if not isinstance(realized, Mapping):
+        return f"predicted {predicted}, realized -"
+    return (
+        f"predicted {predicted}, realized {_text(realized.get('realizedSpeedup'))} "
+        f"(tok/s per replica {_text(realized.get('tokensPerSecondPerReplicaBefore'))} -> "
+        f"{_text(realized.get('tokensPerSecondPerReplicaAfter'))}, running per replica "
+        f"{_text(realized.get('runningPerReplicaBefore'))} -> {_text(realized.get('runningPerReplicaAfter'))})"
+    )
+
+
+def _recent_changes(history: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    changes = [e for e in history if _change(e)][-RECENT_CHANGES:]
+    return tuple(
+        f"{e.get('time', '?')} {e.get('pool')} {_change(e)} {e.get('reason', '')}: {_predicted_vs_realized(e)}"
+        for e in changes
+    )
+
+
 def _last_decision(history: Sequence[Mapping[str, Any]], pool: str, status: Mapping[str, Any]) -> str:
     for entry in reversed(history):
         if entry.get("pool") != pool:
             continue
         numbers = entry.get("observations") or {}
-        shown = ", ".join(f"{k}={numbers[k]}" for k in _DECISION_NUMBERS if k in numbers)
-        change = f"{entry.get('from')}->{entry.get('to')}"
-        if "numSpeculativeTokens" in numbers and entry.get("from") == entry.get("to"):
-            change = f"K {numbers['numSpeculativeTokens']}"
+        shown_numbers = [f"{k}={numbers[k]}" for k in _DECISION_NUMBERS if k in numbers]
+        realized = entry.get("realized")
+        if isinstance(realized, Mapping) and realized.get("realizedSpeedup"):
+            shown_numbers.append(f"realizedSpeedup={realized['realizedSpeedup']}")
+        shown = ", ".join(shown_numbers)
+        change = _change(entry) or f"{entry.get('from')}->{entry.get('to')}"
         return f"{entry.get('time', '?')} {change} {entry.get('reason', '')}" + (
             f" [{shown}]" if shown else ""
         )
@@ -123,6 +164,7 @@ def fleet_view(obj: Mapping[str, Any]) -> FleetView:
         pools=tuple(rows),
         conditions=conditions,
         flips=sum(1 for h in history if h.get("from") != h.get("to")),
+        changes=_recent_changes(history),
     )
 
 
@@ -156,5 +198,8 @@ def plain_lines(view: FleetView) -> list[str]:
         lines.append(
             "  " + "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
         )
+    if view.changes:
+        lines.append(f"  {CHANGES_HEADING}")
+        lines.extend(f"    {c}" for c in view.changes)
     lines.extend(f"  {c}" for c in view.conditions)
     return lines

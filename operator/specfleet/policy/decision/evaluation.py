@@ -112,7 +112,14 @@ def evaluate_policy(
         )
     scrape = ScrapeSetup.of(sd, monitoring_labels)
     recorded = record(
-        previous, decisions, observations, sd.generation, now, scrape, attainment=slo_attainment(sd, answers)
+        previous,
+        decisions,
+        observations,
+        sd.generation,
+        now,
+        scrape,
+        attainment=slo_attainment(sd, answers),
+        window_seconds=window,
     )
     status, profile_events = profile_condition(
         recorded.status, spec.policy.goodput.cost_profile_config_map, profile_problem, sd.generation, now

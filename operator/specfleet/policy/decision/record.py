@@ -22,6 +22,7 @@ from specfleet.api.status import (
     PoolStatuses,
     SpeculativeDeploymentStatus,
 )
+from specfleet.policy.decision.realized import with_realized_changes
 from specfleet.policy.inputs.observation import (
     MeasuredAcceptance,
     PoolObservation,
@@ -319,12 +320,16 @@ def record(
     now: datetime,
     scrape: ScrapeSetup,
     attainment: Mapping[str, SloAttainment] | None = None,
+    *,
+    window_seconds: float,
 ) -> Recorded:
-    """Fold one evaluation into status: measurements, settled rollouts, acceptance memory, changes
-    (with their history entries and Events), how long Prometheus has not scraped a pool's Ready pods,
-    and the MetricsAvailable condition (`scrape` says what should make it scrape them).
+    """Fold one evaluation into status: measurements, settled rollouts, what followed earlier changes,
+    acceptance memory, changes (with their history entries and Events), how long Prometheus has not
+    scraped a pool's Ready pods, and the MetricsAvailable condition (`scrape` says what should make it
+    scrape them).
 
-    `attainment`: each pool with an SLO, what share of its requests met it (any mode, Auto or not)."""
+    `attainment`: each pool with an SLO, what share of its requests met it (any mode, Auto or not).
+    `window_seconds`: the policy window, the span measured after a change's rollout settled."""
     pools = status.pools.model_copy(deep=True)
     for name in POOLS:
         ps = getattr(pools, name)
@@ -343,7 +348,7 @@ def record(
         if (memory := decision.acceptance) is not None:
             setattr(pools, decision.pool, _with_acceptance(getattr(pools, decision.pool), memory))
     out = Recorded(status=status)
-    history = list(status.history)
+    history = with_realized_changes(status.history, pools, observations, window_seconds, now)
     for decision in decisions:
         if not decision.changes:
             continue
