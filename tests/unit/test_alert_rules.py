@@ -6,7 +6,6 @@ promtool is the real one (Debian's prometheus package, installed by `ensure_prom
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +16,11 @@ from specfleet.api.validation import parse_resource
 from specfleet.reconcile import decided_plan
 from specfleet.render import render_children
 from specfleet.render.monitoring import alert_groups
-from specfleet_testbed import ensure_prometheus
 from support.manifests import EXAMPLES, load_yaml, merge
+from support.promtool import promtool
 
 RENDERABLE = [p for p in EXAMPLES if "degraded" not in p.stem]
 NS, NAME = "inference", "assistant"
-
-
-def _promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(ensure_prometheus().promtool), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize("path", RENDERABLE, ids=lambda p: p.stem)
@@ -43,7 +32,7 @@ def test_every_rendered_rule_file_passes_promtool_check(path, tmp_path):
     assert rules[0]["metadata"]["labels"].items() >= sd.spec.monitoring.labels.items()
     rule_file = tmp_path / "rules.yaml"
     rule_file.write_text(yaml.safe_dump(rules[0]["spec"]))
-    result = _promtool("check", "rules", rule_file)
+    result = promtool("check", "rules", rule_file)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 11 rules found" in result.stdout
 
@@ -127,7 +116,7 @@ def _run(sd: Any, tmp_path: Path, series: list[dict[str, str]], checks: list[dic
         ],
     }
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests, sort_keys=False))
-    result = _promtool("test", "rules", tmp_path / "tests.yaml")
+    result = promtool("test", "rules", tmp_path / "tests.yaml")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -13,12 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from specfleet.observe.dashboard import dashboard, dashboard_json
 from specfleet_sandbox.prometheus import PrometheusProcess
-from specfleet_testbed import ensure_prometheus
 from support.manifests import ROOT
+from support.promtool import assert_rule_tests_pass
 
 COMMITTED = ROOT / "charts" / "specfleet" / "dashboards" / "specfleet.json"
 # What Grafana substitutes before a query reaches Prometheus ("All" selected for the variables).
@@ -144,12 +142,4 @@ def test_the_slo_panel_counts_each_pool_at_its_targets_bucket(tmp_path: Path):
         "evaluation_interval": "1m",
         "tests": [{"interval": "1m", "input_series": input_series, "promql_expr_test": tests}],
     }
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    result = subprocess.run(
-        [str(ensure_prometheus().promtool), "test", "rules", str(tmp_path / "tests.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_rule_tests_pass(tmp_path, doc)

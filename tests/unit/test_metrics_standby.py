@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from specfleet.api.validation import parse_resource
 from specfleet.controller.control import policy_schedule
@@ -24,8 +22,8 @@ from specfleet.render.monitoring import RECORD_RUNNING, alert_groups, render_pod
 from specfleet.sim import prom as sim_prom
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_sandbox.prometheus import scrape_config
-from specfleet_testbed import ensure_prometheus
 from support.manifests import ROOT, load_yaml, merge
+from support.promtool import assert_rule_tests_pass
 
 NS, NAME = "ns", "sd"
 POOL = {"namespace": NS, "specfleet_io_deployment": NAME}
@@ -142,15 +140,7 @@ def _promtool_eval(tmp_path: Path, tests: list[dict[str, Any]]) -> None:
         "evaluation_interval": "15s",
         "tests": [{"interval": "15s", "input_series": _input_series(), "promql_expr_test": tests}],
     }
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    result = subprocess.run(
-        [str(ensure_prometheus().promtool), "test", "rules", str(tmp_path / "tests.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_rule_tests_pass(tmp_path, doc)
 
 
 @pytest.mark.parametrize("standby", [True, False], ids=["standby-round", "plain-round"])
