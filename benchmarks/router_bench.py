@@ -633,27 +633,35 @@ async def run(args: argparse.Namespace) -> None:
             backends.append(f"http://127.0.0.1:{port}")
             await wait_healthy(f"{backends[-1]}/health", proc)
 
-        config = log_dir / "routing.json"
-        # Least outstanding: this measures the proxy, and prefix affinity (the default) would send every
-        # identical request to one backend on purpose.
-        least = {"latency": {"strategy": "LeastOutstanding"}}
-        config.write_text(
-            json.dumps(
-                {
-                    "servedModelName": MODEL,
-                    "pools": {"latency": {"staticUrls": backends}},
-                    "endpointSelection": least,
-                }
+        # Least outstanding by default: it measures the proxy alone. A target ending in ":prefix" runs the
+        # product's default, PrefixAffinity, on top (its prefix keys and shared placements; identical
+        # requests share a prefix, so its load bound, not the prefix, spreads them).
+        configs = {}
+        for selection, endpoint_selection in (
+            ("least", {"latency": {"strategy": "LeastOutstanding"}}),
+            ("prefix", {"latency": {"strategy": "PrefixAffinity"}}),
+        ):
+            configs[selection] = log_dir / f"routing-{selection}.json"
+            configs[selection].write_text(
+                json.dumps(
+                    {
+                        "servedModelName": MODEL,
+                        "pools": {"latency": {"staticUrls": backends}},
+                        "endpointSelection": endpoint_selection,
+                    }
+                )
             )
-        )
         targets = [("direct (backend 1)", backends[0], backend_pids[0])]
         for variant in args.routers.split(","):
             loop, _, rest = variant.partition(":")
-            workers, _, build = rest.partition(":")
+            workers, _, rest = rest.partition(":")
+            build, _, selection = rest.partition(":")
             workers = workers or "1"
+            selection = selection or "least"
+            config = configs[selection]
             ours = f"http://127.0.0.1:{free_port()}"
             proc = procs.start(
-                f"specfleet-router-{loop}-{workers}-{build or 'python'}",
+                f"specfleet-router-{loop}-{workers}-{build or 'python'}-{selection}",
                 [
                     sys.executable, "-m", "specfleet_runtime.router", "--config-file", str(config),
                     "--host", "127.0.0.1", "--port", ours.rsplit(":", 1)[1], "--log-level", "warning",
@@ -667,7 +675,8 @@ async def run(args: argparse.Namespace) -> None:
             targets.append(
                 (
                     f"specfleet-router ({loop}, {workers} worker{'s' if workers != '1' else ''}"
-                    f"{', compiled' if build == 'native' else ''})",
+                    f"{', compiled' if build == 'native' else ''}"
+                    f"{', PrefixAffinity' if selection == 'prefix' else ''})",
                     ours,
                     proc.pid,
                 )
@@ -762,8 +771,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--routers",
         default="uvloop:1,uvloop:1:native,uvloop:2:native",
-        help="specfleet-router targets as EVENT_LOOP:WORKERS[:native], comma-separated (--event-loop, "
-        "--workers; native: the mypyc-compiled build of scripts/compile-router.sh, as the image ships it)",
+        help="specfleet-router targets as EVENT_LOOP:WORKERS[:BUILD[:prefix]], comma-separated (--event-loop, "
+        "--workers; BUILD native: the mypyc-compiled build of scripts/compile-router.sh, as the image ships "
+        "it, or empty for Python; prefix: PrefixAffinity, the default endpoint selection, instead of "
+        "LeastOutstanding)",
     )
     parser.add_argument("--no-install", action="store_true", help="do not pip install vllm-router")
     parser.add_argument(
