@@ -20,7 +20,9 @@ from specfleet.policy.predict.rollout_time import (
     RolloutTime,
     estimated_startup_seconds,
     pool_rollout,
+    restart_rollout,
     rollout_time,
+    standby_startup_seconds,
 )
 from specfleet.sim.options import SimOptions
 from specfleet_runtime.cost_profile import default_profile
@@ -48,6 +50,18 @@ def test_the_estimate_is_a_fixed_part_and_the_weights_each_gpu_reads():
     # Without the drafter its weights are not read.
     off = estimated_startup_seconds(ASSUMED_MEMORY, drafter=False)
     assert off == pytest.approx(FIXED_STARTUP_SECONDS + 16.06e9 / CACHE_READ_BYTES_PER_SECOND)
+
+
+def test_a_standby_pools_restart_is_priced_at_two_engines_start_up():
+    # A retune or scale-up of a Standby pool starts pods that start both engines and check the sleep.
+    standby = PoolState(mode="On", replicas=2, flip="Standby")
+    restart = restart_rollout(standby, _obs(2), PROFILE)
+    one = estimated_startup_seconds(ASSUMED_MEMORY)
+    assert restart.batch_seconds == pytest.approx(standby_startup_seconds(one, ASSUMED_MEMORY), abs=0.01)
+    assert 2 * one < restart.batch_seconds < 2 * one + 3
+    # Measured (pod created to Ready, both engines included), the measurement is what counts.
+    measured = restart_rollout(dataclasses.replace(standby, startup_seconds=130), _obs(2), PROFILE)
+    assert measured.batch_seconds == 130
 
 
 def test_a_rollout_takes_its_batches_of_start_ups():

@@ -12,7 +12,11 @@ import yaml
 
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.policy.predict.kv_cache import ASSUMED_MEMORY
-from specfleet.policy.predict.rollout_time import STANDBY_CHECK_SECONDS, standby_switch_seconds
+from specfleet.policy.predict.rollout_time import (
+    STANDBY_CHECK_SECONDS,
+    standby_startup_seconds,
+    standby_switch_seconds,
+)
 from specfleet.sim.fleet import SimOptions, Strategy, _Fleet, simulate
 from specfleet.sim.options import strategy_spec
 from specfleet.sim.workload import Trace, TraceRequest
@@ -84,8 +88,17 @@ def test_a_standby_flip_goes_replica_by_replica_each_down_only_for_its_switch() 
     flips = [new.ready_at - old.draining_since for old, new in zip(before, after, strict=True)]
     status = fleet.rollouts.observed_status(run.status, 600.0).pools.latency
     assert status.standby_flip_seconds == round(sorted(flips)[1])
-    # The start-up is still the restart's.
-    assert status.startup_seconds == round(STARTUP)
+    # The start-up, as the operator measures it (pod created to Ready), is a Standby pod's: two engines'
+    # and the supervisor's sleep check.
+    assert status.startup_seconds == round(standby_startup_seconds(STARTUP, ASSUMED_MEMORY))
+
+
+def test_a_standby_pod_starts_two_engines_and_checks_the_sleep() -> None:
+    # One engine's start-up twice, and sleep + wake + sleep of the engine with the drafter
+    # (16.91 GB at 64 GiB / 3 s: 0.738 s each way): 2 x 60 + 2.21 s.
+    expected = 2 * STARTUP + 3 * (16.06e9 + 0.85e9) / HOST_LINK_BYTES_PER_S
+    assert standby_startup_seconds(STARTUP, ASSUMED_MEMORY) == pytest.approx(expected)
+    assert expected == pytest.approx(122.2, abs=0.05)
 
 
 def test_a_standby_flip_never_dips_below_one_engine_out() -> None:

@@ -34,7 +34,12 @@ from specfleet.api.effective import pool_engine
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.inputs.observation import PoolObservation, PoolState
 from specfleet.policy.predict.dynamic_sd import best_schedule
-from specfleet.policy.predict.rollout_time import pool_model_weights, restart_rollout, standby_rollout
+from specfleet.policy.predict.rollout_time import (
+    pool_model_weights,
+    restart_rollout,
+    standby_rollout,
+    standby_startup_seconds,
+)
 from specfleet.policy.predict.throughput import PoolModel, pool_model, setting_name
 from specfleet.policy.rules.threshold import threshold_values
 from specfleet.sim.accounts import load_per_replica
@@ -176,8 +181,11 @@ def standby_plan(
     per_pod = weights.target_weight_bytes + weights.drafter_weight_bytes
     pods_per_node = max(1, GPUS_PER_NODE // gpus)
     pays = flips and standby.seconds < restart.seconds
+    # A new pod (a scale-up, a retune, a spec change) starts both engines and checks the sleep.
+    standby_startup = standby_startup_seconds(restart.batch_seconds, weights, engine.tensor_parallel_size)
     return {
         "flipSeconds": {"restart": round(restart.seconds), "standby": round(standby.seconds)},
+        "podStartupSeconds": {"restart": round(restart.batch_seconds), "standby": round(standby_startup)},
         "perReplicaSeconds": round(standby.batch_seconds, 1),
         "pays": pays,
         "why": (
@@ -185,6 +193,7 @@ def standby_plan(
             f"{standby.batch_seconds:.1f} s each to drain, sleep, wake and check) against "
             f"{restart.seconds:.0f} s restarting them"
             + ("; the pool flips (Auto), so it pays" if pays else "; the pool does not flip here")
+            + f"; a new pod starts in {standby_startup:.0f} s with both engines against {restart.batch_seconds:.0f} s"
         ),
         "hostMemoryPerPodGB": round(per_pod / 1e9, 1),
         "podsPerNode": pods_per_node,

@@ -34,7 +34,11 @@ from typing import Any
 from specfleet.api.constants import LABEL_POOL, LABEL_TRACK, PoolName
 from specfleet.api.status import PoolStatus, SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment
-from specfleet.policy.predict.rollout_time import STANDBY_CHECK_SECONDS, standby_switch_seconds
+from specfleet.policy.predict.rollout_time import (
+    STANDBY_CHECK_SECONDS,
+    standby_startup_seconds,
+    standby_switch_seconds,
+)
 from specfleet.reconcile import decided_plan
 from specfleet.reconcile.apply import hand_over
 from specfleet.render import PoolPlan, RenderOptions, render_children
@@ -55,6 +59,12 @@ def switch_seconds(options: SimOptions, profile: StepTimeProfile, tensor_paralle
     """One Standby replica's sleep + wake + check: the weights of the model the engines' KV cache is
     sized with (`engine_config`), per GPU, over the host link."""
     return standby_switch_seconds(options.memory_of(profile), tensor_parallel_size) + STANDBY_CHECK_SECONDS
+
+
+def standby_pod_startup(options: SimOptions, profile: StepTimeProfile, tensor_parallel_size: int) -> float:
+    """A Standby pod's start-up: two engines' and the supervisor's sleep check (`standby_startup_seconds`
+    from the simulated one engine's `options.startup`)."""
+    return standby_startup_seconds(options.startup, options.memory_of(profile), tensor_parallel_size)
 
 
 @functools.lru_cache(maxsize=256)
@@ -101,6 +111,8 @@ class SimDeployment:
     # wake + check) after its drain.
     standby: bool = False
     switch_seconds: float = 0.0
+    # A Standby pod's start-up (two engines and a sleep check), used in place of one engine's.
+    startup_seconds: float | None = None
 
     def active(self) -> list[Replica]:
         return [p for p in self.pods if p.draining_since is None and p.gone_at is None]
@@ -213,13 +225,11 @@ class Rollouts:
                 dep.grace_seconds = float(dspec["template"]["spec"].get("terminationGracePeriodSeconds", 30))
                 dep.standby = standby
                 if dep.standby:
-                    dep.switch_seconds = self.switch_seconds(args)
+                    engine, _ = parse_vllm_args(args)
+                    tp = engine.tensor_parallel_size
+                    dep.switch_seconds = switch_seconds(self.options, self.profile, tp)
+                    dep.startup_seconds = standby_pod_startup(self.options, self.profile, tp)
                 self.sync(dep, now, initial)
-
-    def switch_seconds(self, args: list[str]) -> float:
-        """One Standby replica's sleep + wake + check for engines started with `args`."""
-        engine, _ = parse_vllm_args(args)
-        return switch_seconds(self.options, self.profile, engine.tensor_parallel_size)
 
     def live_manifest(
         self, desired: dict[str, Any], now: float, plan: Mapping[PoolName, PoolPlan]
@@ -274,8 +284,10 @@ class Rollouts:
         startup = self.options.startup
         if standby:
             startup = dep.switch_seconds
-        elif dep.standby and dep.config.speculative:
-            startup += dep.switch_seconds
+        elif dep.standby:
+            startup = dep.startup_seconds or startup
+            if dep.config.speculative:
+                startup += dep.switch_seconds
         if dep.max_surge == 0 or standby:
             freeing = [
                 p
@@ -446,7 +458,15 @@ class Rollouts:
                         ),
                         "settled": all(d.settled(now) for d in deps),
                         # As the operator measures it from the pods (pod created to Ready).
-                        "startup_seconds": max(1, round(self.options.startup)),
+                        "startup_seconds": max(
+                            1,
+                            round(
+                                max(
+                                    (d.startup_seconds or self.options.startup for d in deps),
+                                    default=self.options.startup,
+                                )
+                            ),
+                        ),
                     }
                 ),
             )

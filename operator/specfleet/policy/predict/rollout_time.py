@@ -39,8 +39,9 @@ One replica at a time because the flip's cost is the capacity it takes out (one 
 while the whole flip is short next to a policy window; more at once would halve a few seconds at the
 price of a deeper dip. What the operator measures of the pool's own flips (one replica's, from leaving
 the Service to serving again: `status.pools.<pool>.standbyFlipSeconds`) replaces the estimate. A
-Standby pool never pays a restart's start-up for a flip (it still does for a spec change or a
-scale-up, which start new pods).
+Standby pool never pays a restart's start-up for a flip. It still does for a spec change, a retune
+or a scale-up, which start new pods, and a Standby pod's start-up is two engines' and a sleep check
+(`standby_startup_seconds`): about twice a Restart pod's.
 """
 
 from __future__ import annotations
@@ -77,6 +78,19 @@ def standby_switch_seconds(model: CapacityModel, tensor_parallel_size: int = 1) 
     tp = max(1, tensor_parallel_size)
     with_drafter = (model.target_weight_bytes + model.drafter_weight_bytes) / tp
     return transfer_seconds(with_drafter) + transfer_seconds(model.target_weight_bytes / tp)
+
+
+def standby_startup_seconds(one_engine: float, model: CapacityModel, tensor_parallel_size: int = 1) -> float:
+    """A Standby pod's start-up from one engine's (`one_engine`): its supervisor starts the engine that
+    will be parked, checks that it can sleep (sleep, wake, sleep again: three copies of its weights per
+    GPU over the host link, the engine with the drafter's as the bound) and only then starts the one
+    that serves (vLLM sizes its KV cache from the memory free at start). Each engine's start-up is taken
+    as `one_engine`: the drafter is a few percent of the weights, and the second engine reads the same
+    files (from the node's page cache if its RAM still holds them, which the parked weights compete
+    for: not assumed)."""
+    tp = max(1, tensor_parallel_size)
+    with_drafter = (model.target_weight_bytes + model.drafter_weight_bytes) / tp
+    return 2 * one_engine + 3 * transfer_seconds(with_drafter)
 
 
 def standby_drain_seconds(obs: PoolObservation, grace_seconds: float) -> float:
@@ -178,6 +192,8 @@ def restart_rollout(state: PoolState, obs: PoolObservation, profile: StepTimePro
         last_seconds = (last.settled_at - last.at).total_seconds()
     model, tp = pool_model_weights(state, profile)
     estimate = estimated_startup_seconds(model, tp)
+    if state.flip == STANDBY:
+        estimate = standby_startup_seconds(estimate, model, tp)
     return rollout_time(max(1, replicas), per_batch, state.startup_seconds, last_seconds, estimate)
 
 
