@@ -1,6 +1,7 @@
 """The capacity dip of a Replace rollout or a Standby flip (`policy.rules.dip`): the remaining engines must
-carry the load (a Standby flip: only where none remain), and the flip's gain over its dwell must repay
-the capacity it removes for the rollout's duration."""
+carry the load (a Standby flip: only where none remain), and the flip's (or a retune's) gain over its
+dwell must repay the capacity it removes for the rollout's duration; and a Standby pool's flip during a
+retune's rollout (`policy.rules.gates`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, dec
 from specfleet.policy.inputs.observation import PoolRolloutState
 from specfleet.policy.predict.rollout_time import pool_rollout
 from specfleet.policy.rules.dip import Dip, flip_dip, replace_gate
+from specfleet.policy.rules.gates import flip_gate, flips_during_restart
 from specfleet_runtime.cost_profile import default_profile
 from support.manifests import CLASSIC_THRESHOLDS
 
@@ -162,3 +164,26 @@ def test_a_memory_bound_standby_pool_turns_off_under_load_a_replace_pool_holds()
     assert (held.flip, held.reason) == (False, r.REPLACE_WOULD_OVERLOAD)
     flips = _one(THRESHOLD, replace(st, flip="Standby"), obs(60))
     assert (flips.flip, flips.target) == (True, "Off"), flips.message
+
+
+def test_a_retune_restarts_the_engines_so_on_replace_it_must_repay_its_dip():
+    # A weak drafter at 8 per replica: K 1 predicts more than K 3 by more than the retune margin.
+    weak = replace(obs(8, accept=1.5), per_position=(0.4, 0.1, 0.02))
+    surge = _one(GOODPUT, state("On", "Surge", k=3), weak)
+    assert (surge.reason, surge.target_k) == (r.GOODPUT_RETUNE, 1), surge.message
+    # On Replace the same retune stops one engine of three for each of three start-ups: its 1.13x
+    # over the dwell does not repay that, so it holds.
+    held = _one(GOODPUT, state("On", k=3), weak)
+    assert (held.reason, held.target_k) == (r.REPLACE_DIP_NOT_REPAID, None)
+    assert "the retune's 1.130x" in held.message
+
+
+def test_a_standby_pool_may_flip_while_a_retune_rolls_out_not_while_a_flip_does():
+    retuned = state("Off", "Surge", flip="Standby", settled=False, last_retune=NOW - timedelta(minutes=5))
+    assert flips_during_restart(retuned)
+    assert flip_gate(GOODPUT, retuned, NOW, None, False) is None
+    # Its own flip still settling, or a Restart pool's rollout: the gate holds.
+    flipping = replace(retuned, last_transition=NOW - timedelta(minutes=1))
+    assert flip_gate(GOODPUT, flipping, NOW, None, False)[0] == r.ROLLOUT_IN_PROGRESS
+    restart = replace(retuned, flip="Restart")
+    assert flip_gate(GOODPUT, restart, NOW, None, False)[0] == r.ROLLOUT_IN_PROGRESS

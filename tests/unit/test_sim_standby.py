@@ -118,3 +118,38 @@ def test_restart_pools_simulate_as_before() -> None:
     assert plain.status.pools.latency.standby_flip_seconds is None
     # And a Restart flip still pays the start-up: a surge pod starts and replaces one engine a minute.
     assert max(row["latency"]["replicas"] for row in restart.timeline) == 4
+
+
+def test_a_standby_pod_still_starting_when_the_pool_flips_is_not_restarted() -> None:
+    # A retune at 30 s (K 3 -> 1) starts new pods (two engines each); the flip Off at 60 s meets them
+    # starting. The template is the same whatever the mode, so they come up when they would have, now
+    # serving without the drafter, instead of starting over.
+    retune_then_flip = Strategy(
+        "retune-then-flip",
+        "schedule",
+        schedule=((0.0, "latency", "On", 3), (30.0, "latency", "On", 1), (60.0, "latency", "Off", None)),
+    )
+    sd = _resource({"strategy": "Surge", "flip": "Standby"})
+    options = SimOptions(startup_seconds=STARTUP).resolved(sd.spec)
+    fleet = _Fleet(
+        dataclasses.replace(sd, spec=strategy_spec(sd.spec, retune_then_flip)),
+        retune_then_flip,
+        TRACE,
+        options,
+        default_profile(),
+    )
+    run = fleet.run()
+    startup = standby_startup_seconds(STARTUP, ASSUMED_MEMORY)
+    pods = sorted(fleet.rollouts.pool_pods("latency"), key=lambda p: p.serial)
+    started = [p for p in pods if 30.0 <= p.created < 60.0]
+    assert started, "the retune started pods"
+    for p in started:
+        if p.gone_at is not None and p.gone_at <= 60.0 and p.ready_at > 60.0:
+            # Replaced at the flip by a pod of the new mode, created when it was and Ready as it would be.
+            twin = next(q for q in pods if q.created == p.created and q is not p)
+            assert not twin.config.speculative
+            assert twin.ready_at == pytest.approx(p.created + startup)
+    assert not any(
+        p.created >= 60.0 and not p.config.speculative and p.ready_at - p.created > startup / 2 for p in pods
+    )
+    assert run.failed == 0

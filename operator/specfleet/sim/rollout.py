@@ -324,10 +324,17 @@ class Rollouts:
         # one at a time (each new pod is the drained one's other engine).
         standby = bool(old) and dep.standby and all(standby_flip(p.template, dep.template) for p in old)
         surge, unavailable = (0, 1) if standby else (dep.max_surge, dep.max_unavailable)
-        # Old pods that are not ready yet serve nobody: remove them at once.
+        # Old pods that are not ready yet serve nobody: remove them at once. A Standby pod still starting
+        # is not restarted by a flip (the template is the same whatever the mode): it comes up and the
+        # driver wakes the engine of the new mode, so it serves that one from when it would have been
+        # Ready, plus a switch if it must speculate (pods start serving without the drafter).
         for p in [p for p in old if p.ready_at > now]:
             self.remove(p, now)
             old.remove(p)
+            if standby and p.ready_at < math.inf:
+                ready_at = p.created + (dep.startup_seconds or self.options.startup)
+                ready_at += dep.switch_seconds if dep.config.speculative else 0.0
+                new.append(self.new_pod(dep, p.created, max(now, ready_at)))
         # Too many new pods (scaled down): remove starting ones first, then ready ones.
         excess = len(new) - dep.replicas
         if excess > 0:

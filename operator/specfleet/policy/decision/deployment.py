@@ -15,6 +15,7 @@ from specfleet.policy.decision.pool import Assessment, assess
 from specfleet.policy.inputs.observation import PoolObservation, PoolState, Schedule
 from specfleet.policy.predict.dynamic_sd import best_schedule, observed_under_schedule
 from specfleet.policy.predict.kv_cache import DEFAULT_MAX_NUM_SEQS
+from specfleet.policy.predict.rollout_time import RolloutTime, restart_rollout
 from specfleet.policy.predict.throughput import OFF
 from specfleet.policy.rules.canaries import active_canaries, canary_target, far_past_break_even
 from specfleet.policy.rules.dip import flip_dip, replace_gate
@@ -83,16 +84,20 @@ def _flip(
     )
 
 
-def _dip_hold(policy: PolicySpec, p: Assessment) -> tuple[str, str] | None:
-    """Why a flip of a pool that rolls out by Replace or flips Standby engines may not start now
-    (`policy.rules.dip`), or None."""
-    if p.rollout is None:
+def _dip_hold(
+    policy: PolicySpec, p: Assessment, rollout: RolloutTime | None = None, gain: float | None = None
+) -> tuple[str, str] | None:
+    """Why a change that takes capacity out may not start now (`policy.rules.dip`), or None: a flip of a
+    pool that rolls out by Replace or flips Standby engines (`rollout` None: the pool's next flip), or a
+    retune, which restarts the engines (`rollout`: that restart; `gain`: its throughput over now's)."""
+    change = "flip" if rollout is None else "retune"
+    rollout = rollout or p.rollout
+    if rollout is None:
         return None
-    dip = flip_dip(p.state, p.obs, p.rollout)
+    dip = flip_dip(p.state, p.obs, rollout)
     if dip is None:
         return None
     per_engine = float(p.state.max_num_seqs or DEFAULT_MAX_NUM_SEQS)
-    gain = None
     if p.model is not None:
         demand = max(p.model.demand, p.demand or 0.0)
         if p.model.memory_known:
@@ -100,14 +105,14 @@ def _dip_hold(policy: PolicySpec, p: Assessment) -> tuple[str, str] | None:
     else:
         waiting = (p.obs.waiting or 0.0) / max(1, p.obs.replicas_reporting)
         demand = max(p.loads) + waiting
-    if p.wanted.gain is not None:
+    if change == "flip" and p.wanted.gain is not None:
         gain = p.wanted.gain
-    elif p.gains is not None:
+    elif change == "flip" and p.gains is not None:
         g = p.gains[0]
         # The flip's throughput over the current setting's: the best K over no drafter when turning
         # on, no drafter over the current setting when turning off.
         gain = g.gain_best if p.wanted.mode == "On" else 1.0 / (g.gain_now or g.gain_best)
-    return replace_gate(policy, dip, demand, per_engine, gain)
+    return replace_gate(policy, dip, demand, per_engine, gain, change)
 
 
 def _adjust(
@@ -118,13 +123,14 @@ def _adjust(
     schedule: Schedule | None = None
     retune = None if p.schedules else retune_k(policy, p.state, p.current_k, p.wanted, g)
     by_schedule = retune_schedule(policy, p.state, k, p.wanted, g, p.model, p.demand) if p.schedules else None
+    gain: float | None = None
     if by_schedule is not None:
-        top, schedule, message = by_schedule
+        top, schedule, message, gain = by_schedule
         target_k = top if top != p.current_k else None
         what, reason = "new Dynamic SD schedule", r.GOODPUT_RETUNE
         canaries = None
     elif retune is not None:
-        target_k, why = retune
+        target_k, why, gain = retune
         what, reason, message = f"K {p.current_k} -> {target_k}", r.GOODPUT_RETUNE, why
         canaries = None
     else:
@@ -137,6 +143,9 @@ def _adjust(
         canaries, reason, message = canary
         what = f"canaries -> {canaries}"
     gate = adjust_gate(policy, p.state, now, other_busy)
+    if gate is None and gain is not None:
+        # A retune restarts the pool's engines (a Standby pool's too: both of each pod's).
+        gate = _dip_hold(policy, p, restart_rollout(p.state, p.obs, profile), gain)
     if gate is not None:
         held, why_held = gate
         return p.decision(held, f"wants {what} ({reason}: {message}) but holds: {why_held}")

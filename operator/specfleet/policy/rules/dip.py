@@ -22,6 +22,11 @@ asked only of a pool of one replica (no engine is left to queue on: it flips onl
 engines left, what they cannot carry waits seconds, and the capacity that costs is what the repay
 question prices (the whole drain counted as lost, though the draining replica still serves).
 
+A retune (a new K or Dynamic SD schedule) restarts the pool's engines, a Standby pool's too (both of
+each pod's: about twice a Restart pod's start-up). Where that rollout is Replace, the retune asks the
+same two questions with the restart's duration and the retune's predicted gain over the current
+setting's: a retune worth a few percent rarely repays taking an engine out for minutes.
+
 Surge rollouts of Restart pools (the default) never dip capacity: this module answers None for them.
 """
 
@@ -73,11 +78,12 @@ def replace_gate(
     demand: float,
     per_engine: float,
     gain: float | None,
+    change: str = "flip",
 ) -> tuple[str, str] | None:
-    """The reason and message a flip holds for, or None when it may start.
+    """The reason and message a flip (or a retune: `change`) holds for, or None when it may start.
 
     `demand` is running + waiting requests per replica measured, `per_engine` the requests one engine
-    runs at once (the current setting's), `gain` the flip's predicted throughput over the current
+    runs at once (the current setting's), `gain` the change's predicted throughput over the current
     setting's at the demand it is decided for (None: not predicted, Threshold mode).
     """
     if dip is None:
@@ -104,7 +110,7 @@ def replace_gate(
     if payoff <= cost:
         return (
             not_repaid,
-            f"the flip's {gain:.3f}x over {dwell}s repays {payoff:.0f} engine-seconds per engine, not the "
+            f"the {change}'s {gain:.3f}x over {dwell}s repays {payoff:.0f} engine-seconds per engine, not the "
             f"{dip.share:.0%} of capacity {what} removes for "
             f"{dip.seconds:.0f}s ({cost:.0f})",
         )

@@ -12,6 +12,17 @@ from specfleet.api.policy import PolicySpec
 from specfleet.policy.inputs.observation import PoolState
 
 
+def flips_during_restart(state: PoolState) -> bool:
+    """Whether a Standby pool's rollout in progress is a restart (a retune or spec change: its last
+    change came after its last flip). Its flips need no rollout: the template is the same whatever the
+    mode, the flip driver switches the engines of the pods that are Ready, and a pod still starting
+    comes up and is switched in turn. For a restart of a large model that takes minutes per pod, holding
+    the flip would hold it for the whole rollout."""
+    if state.flip != "Standby" or state.last_change is None:
+        return False
+    return state.last_transition is None or state.last_change > state.last_transition
+
+
 def flip_gate(
     policy: PolicySpec,
     state: PoolState,
@@ -19,8 +30,9 @@ def flip_gate(
     last_flip_any: datetime | None,
     other_pool_busy: bool,
 ) -> tuple[str, str] | None:
-    """The first closed gate for a flip (reason, message), or None when it may proceed."""
-    if not state.settled:
+    """The first closed gate for a flip (reason, message), or None when it may proceed. A Standby pool
+    may flip while a retune or spec change rolls out (`flips_during_restart`)."""
+    if not state.settled and not flips_during_restart(state):
         return r.ROLLOUT_IN_PROGRESS, "the pool's last rollout has not finished"
     if state.last_transition is not None:
         dwell = timedelta(seconds=policy.min_dwell_seconds)
