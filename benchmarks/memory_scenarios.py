@@ -418,6 +418,42 @@ def standby_section(comps: dict[tuple[str, str], Comparison]) -> list[str]:
     return [*lines, ""]
 
 
+# More traces of each scenario for the Standby against Restart comparison: a ratio moves by about 0.01
+# with when a decision falls (the same policy on two traces of one shape), so one trace cannot say
+# whether Standby is behind.
+STANDBY_SEEDS = (0, 1, 2)
+
+
+def standby_seeds_section(
+    pairs: dict[tuple[str, str], list[tuple[int, Comparison, Comparison]]],
+) -> list[str]:
+    """Standby against Restart over `STANDBY_SEEDS` traces of each scenario and drafter: per trace, the
+    policy's two ratios with each flip, and the mean difference (Standby minus Restart)."""
+    lines = [
+        "### Standby against Restart over more traces",
+        "",
+        f"The policy on {len(STANDBY_SEEDS)} traces (seeds {', '.join(map(str, STANDBY_SEEDS))}) of each "
+        "scenario and drafter with each flip: Restart -> Standby, time-weighted / over all requests, "
+        "then the mean of Standby minus Restart over the traces for each measure.",
+        "",
+        "| scenario | drafter | "
+        + " | ".join(f"seed {s}" for s in STANDBY_SEEDS)
+        + " | mean Standby minus Restart |",
+        "|---|---|" + "---|" * len(STANDBY_SEEDS) + "---|",
+    ]
+    for (base, drafter), runs in pairs.items():
+        cells, tw, every = [], [], []
+        for _, restart, standby in runs:
+            cells.append(f"{both(restart, 'policy')} -> {both(standby, 'policy')}")
+            for out, measure in ((tw, "ratio"), (every, "request_ratio")):
+                a, b = getattr(restart, measure)("policy"), getattr(standby, measure)("policy")
+                if a is not None and b is not None:
+                    out.append(b - a)
+        means = " / ".join(f"{sum(d) / len(d):+.3f}" if d else "-" for d in (tw, every))
+        lines.append(f"| {base} | {drafter} | " + " | ".join(cells) + f" | {means} |")
+    return [*lines, ""]
+
+
 def held_out_section(rows: list[tuple[HeldOut, Comparison]]) -> list[str]:
     """The held-out memory cases: both measures for the policy and the bounds."""
     lines = [

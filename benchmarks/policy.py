@@ -500,6 +500,28 @@ def main() -> None:
                     scenario, ACCEPTANCE_PROFILES[drafter], lag_seconds=lag_seconds(scenario.sd)
                 )
     memory_held_out = [] if args.quick else memory_held_out_rows(log, names)
+    # Standby against Restart on more traces (seed 0's runs are the table's above).
+    standby_pairs: dict[tuple[str, str], list[tuple[int, Comparison, Comparison]]] = {}
+    for (name, drafter), standby_comp in memory_comps.items():
+        base = name.removesuffix("-standby")
+        restart_comp = memory_comps.get((base, drafter))
+        if base == name or restart_comp is None:
+            continue
+        runs = [(0, restart_comp, standby_comp)]
+        for seed in memory_scenarios.STANDBY_SEEDS[1:]:
+            log(f"{base} / {drafter}, seed {seed}: Restart and Standby")
+            runs.append(
+                (
+                    seed,
+                    *(
+                        memory_scenarios.run(
+                            memory[n], ACCEPTANCE_PROFILES[drafter], seed=seed, only=("policy",)
+                        )
+                        for n in (base, name)
+                    ),
+                )
+            )
+        standby_pairs[(base, drafter)] = runs
 
     # How much of the c >= 128 targets prefill decides: the ramp again with prefill free (decode-only
     # physics), per-level oracle over always-on and over engine Dynamic SD in its c >= 128 windows.
@@ -556,7 +578,11 @@ def main() -> None:
     )
     if memory_comps:
         held = report.index("## Held-out cases") if "## Held-out cases" in report else len(report)
-        memory = [*memory_scenarios.section(memory_comps), *memory_scenarios.standby_section(memory_comps)]
+        memory = [
+            *memory_scenarios.section(memory_comps),
+            *memory_scenarios.standby_section(memory_comps),
+            *memory_scenarios.standby_seeds_section(standby_pairs),
+        ]
         report = report[:held] + "\n".join(memory) + "\n" + report[held:]
     if memory_held_out:
         report += "\n" + "\n".join(memory_scenarios.held_out_section(memory_held_out))
