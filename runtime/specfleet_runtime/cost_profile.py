@@ -207,11 +207,11 @@ class StepTimeProfile:
     does work per running request (more in an engine with the drafter) and compute in proportion to
     the tokens it verifies, batch x (1 + K):
 
-        roofline(b, K) = floor(K) + (b - b_min) x (a + s x [K > 0] + c x (1 + K))
+        roofline(b, K) = floor(K) + (b - b_min) x (a + s x min(K, 1) + c x (1 + K))
 
     with a, s and c >= 0 fitted by least squares over every point of the table. Past the edge the
     time is the table's value at the nearest edge point plus the roofline's growth from there, so it
-    is continuous at the edge, grows by a + s [K > 0] + c (1 + K) per request beyond the largest batch, and
+    is continuous at the edge, grows by a + s min(K, 1) + c (1 + K) per request beyond the largest batch, and
     is monotone in batch and K wherever the table is. On the published table the fit is a 0.0044,
     s 0.0180 and c 0.0262 ms (16 GFLOP a verified token of Llama-3.1-8B at about 610 TFLOPS); it is
     within 3% of the batch-256 row and over-predicts the batch-64 row (9-29%: the step is partly

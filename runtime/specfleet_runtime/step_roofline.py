@@ -8,10 +8,11 @@ whatever K (reading its KV cache, sampling), and in an engine started with the d
 running request (the drafter's passes over it, its KV, the rejection sampler; vLLM's K=0 inside a
 speculating engine is slower than a plain engine, the more so the more requests run):
 
-    step_ms(b, K) = floor(K) + (b - b_min) x (a + s x [K > 0] + c x (1 + K))
+    step_ms(b, K) = floor(K) + (b - b_min) x (a + s x min(K, 1) + c x (1 + K))
 
-`floor(K)` is the smallest batch's row of the table (linear between its K values; beyond the largest K
-one more draft costs the row's mean cost per draft, one more drafter pass). `a`, `s` (ms per request)
+(min(K, 1): 1 for every drafting K, and linear between K 0 and 1 as the table is.) `floor(K)` is the
+smallest batch's row of the table (linear between its K values; beyond the largest K one more draft
+costs the row's mean cost per draft, one more drafter pass). `a`, `s` (ms per request)
 and `c` (ms per verified token) are the least-squares fit over every point of the table, each held at
 or above 0 so the roofline is monotone in batch and in K. A table whose step grows with the batch the
 same at every K says verification is free (c and s 0); one whose growth is in proportion to 1 + K
@@ -54,7 +55,7 @@ class Roofline:
     def step_ms(self, batch: float, k: float) -> float:
         """Milliseconds of one step of `batch` requests verifying `k` drafts each."""
         more = max(0.0, batch - self.min_batch)
-        speculating = self.ms_per_speculating_request if k > 0 else 0.0
+        speculating = self.ms_per_speculating_request * min(k, 1.0)
         return self.floor(k) + more * (self.ms_per_request + speculating + self.ms_per_token * (1.0 + k))
 
     @classmethod
@@ -66,7 +67,7 @@ class Roofline:
     ) -> Roofline:
         """Fit to a table (`step_ms[i][j]` at `batch_sizes[i]`, `ks[j]`; both increasing).
 
-        Each point's time less the floor at its K is `a u + s u [K > 0] + c u (1 + K)` with
+        Each point's time less the floor at its K is `a u + s u min(K, 1) + c u (1 + K)` with
         u = b - b_min; (a, s, c) minimize the squared error over all points with each >= 0. All are
         0 where the table has one batch size.
         """
@@ -79,7 +80,7 @@ class Roofline:
         for b, row in zip(batch_sizes, step_ms, strict=True):
             for k, t, base in zip(k_values, row, floor, strict=True):
                 u = b - b_min
-                rows.append((u, u if k > 0 else 0.0, u * (1.0 + k)))
+                rows.append((u, u * min(k, 1.0), u * (1.0 + k)))
                 targets.append(t - base)
         a, s, c = _nonnegative_least_squares(rows, targets)
         return cls(

@@ -89,7 +89,7 @@ def test_interpolation_is_linear_between_table_points() -> None:
 
 
 def test_extrapolation_beyond_the_table() -> None:
-    # Beyond the largest batch: the fitted roofline's growth per request, a + s [K > 0] + c (1 + K).
+    # Beyond the largest batch: the fitted roofline's growth per request, a + s min(K, 1) + c (1 + K).
     r = P.roofline
     assert P.step_time_ms(512, 0) == pytest.approx(14.49 + 256 * (r.ms_per_request + r.ms_per_token))
     per_request_k3 = r.ms_per_request + r.ms_per_speculating_request + 4 * r.ms_per_token

@@ -64,6 +64,15 @@ def test_continuous_at_the_largest_batch(k: float) -> None:
     assert P.step_time_ms(256 - 1e-9, k) == pytest.approx(edge, abs=1e-6)
 
 
+@pytest.mark.parametrize("b", [300, 1000])
+@pytest.mark.parametrize("k", [0, 0.5, 1, 3])
+def test_continuous_in_k_past_the_largest_batch(b: float, k: float) -> None:
+    at = P.step_time_ms(b, k)
+    assert P.step_time_ms(b, k + 1e-9) == pytest.approx(at, abs=1e-6)
+    if k > 0:
+        assert P.step_time_ms(b, k - 1e-9) == pytest.approx(at, abs=1e-6)
+
+
 @pytest.mark.parametrize("b", [1, 10, 64, 200, 256, 300, 1000])
 def test_continuous_at_the_largest_k(b: float) -> None:
     edge = P.step_time_ms(b, 5)
@@ -91,7 +100,7 @@ def test_the_fit_recovers_a_true_roofline(a: float, s: float, c: float) -> None:
     batches = (2, 16, 128, 512)
 
     def truth(b: int, k: int) -> float:
-        return floor[k] + (b - 2) * (a + (s if k > 0 else 0.0) + c * (1 + k))
+        return floor[k] + (b - 2) * (a + s * min(k, 1) + c * (1 + k))
 
     table = tuple(tuple(truth(b, k) for k in floor) for b in batches)
     profile = StepTimeProfile(batch_sizes=batches, speculative_tokens=tuple(floor), step_ms=table)
