@@ -4,7 +4,13 @@ Runs with the Python of a vLLM installation (it imports vllm and the standard li
 run inside the vLLM image or venv without specfleet installed); `specfleet profile` launches it and
 writes the result in the profile format `StepTimeProfile.from_dict` reads::
 
-    python vllm_profile.py --model M [--method eagle3 --drafter D] --ks 0,1,3 --batch-sizes 1,8,32
+    python vllm_profile.py --model M [--method eagle3 --drafter D] --ks 0,1,3 --batch-sizes 1,8,32 \
+        --max-num-seqs 256
+
+The batches measured reach the largest the engine admits (`--max-num-seqs`, the serving engines'
+--max-num-seqs, which every engine here starts with): it is added to `--batch-sizes`, and sizes above
+it are left out (the engine would queue them, not run them at once). A profile measured so covers
+every batch its engines run, and the step-time model never extrapolates for them.
 
 For each K one engine is started (K=0: no --speculative-config, a true non-speculative engine, as the
 operator runs a pool that is off). For each batch size it generates `--tokens` and `2 x --tokens`
@@ -33,6 +39,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 DRAFTS_METRIC = "vllm:spec_decode_num_drafts"
@@ -91,6 +98,17 @@ def _device_name() -> str:
     return "cpu"
 
 
+def batch_sizes(requested: Sequence[int], max_num_seqs: int | None) -> list[int]:
+    """The batches to measure: those of `requested` the engine admits at once (at most
+    `max_num_seqs`) and `max_num_seqs` itself, increasing; without a cap, `requested` (the largest of
+    it is then the engine's cap)."""
+    if max_num_seqs is None:
+        return sorted(set(requested))
+    if max_num_seqs < 1:
+        raise SystemExit(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
+    return sorted({b for b in requested if 1 <= b <= max_num_seqs} | {max_num_seqs})
+
+
 def _generate(llm: Any, batch: int, tokens: int, prompt_len: int) -> tuple[float, float]:
     """Seconds to generate `tokens` for `batch` requests at once, and the drafts the engine counted."""
     from vllm import SamplingParams
@@ -108,7 +126,10 @@ def _generate(llm: Any, batch: int, tokens: int, prompt_len: int) -> tuple[float
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from vllm import LLM
 
-    ks, batches = sorted(set(args.ks)), sorted(set(args.batch_sizes))
+    ks, batches = sorted(set(args.ks)), batch_sizes(args.batch_sizes, args.max_num_seqs)
+    left_out = sorted(b for b in set(args.batch_sizes) if b not in batches)
+    if left_out:
+        _log(f"batch sizes {left_out} left out: above --max-num-seqs {args.max_num_seqs}")
     if not ks or ks[0] != 0:
         raise SystemExit("--ks must include 0 (the non-speculative baseline)")
     if (
@@ -208,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafter", default=None, help="drafter model (eagle3, eagle, draft_model, medusa)")
     parser.add_argument("--ks", type=_ints, default=[0, 1, 3, 5], help="K values, comma-separated (0 first)")
     parser.add_argument("--batch-sizes", type=_ints, default=[1, 8, 32, 64, 128, 256])
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="the engines' --max-num-seqs: measured too, the largest batch (default: the largest batch size)",
+    )
     parser.add_argument("--tokens", type=int, default=32, help="decode steps of the short run")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per point (median)")
     parser.add_argument("--prompt-len", type=int, default=16)

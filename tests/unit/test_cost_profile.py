@@ -89,13 +89,18 @@ def test_interpolation_is_linear_between_table_points() -> None:
 
 
 def test_extrapolation_beyond_the_table() -> None:
-    # Beyond the largest batch: the last segment's slope continues.
-    slope = (14.49 - 7.77) / (256 - 64)
-    assert P.step_time_ms(512, 0) == pytest.approx(14.49 + slope * 256)
+    # Beyond the largest batch: the fitted roofline's growth per request, a + s min(K, 1) + c (1 + K).
+    r = P.roofline
+    assert P.step_time_ms(512, 0) == pytest.approx(14.49 + 256 * (r.ms_per_request + r.ms_per_token))
+    per_request_k3 = r.ms_per_request + r.ms_per_speculating_request + 4 * r.ms_per_token
+    assert P.step_time_ms(512, 3) == pytest.approx(41.85 + 256 * per_request_k3)
     # Below the smallest batch: clamped.
     assert P.step_time_ms(0.5, 0) == 6.52
-    # Beyond the largest K: the last K segment's slope continues.
-    assert P.step_time_ms(1, 7) == pytest.approx(10.33 + (10.33 - 8.84))
+    # Beyond the largest K: one more drafter pass each (the smallest batch's mean cost per draft) and
+    # the compute of the extra verified tokens.
+    per_draft = (10.33 - 6.52) / 5
+    assert P.step_time_ms(1, 7) == pytest.approx(10.33 + 2 * per_draft)
+    assert P.step_time_ms(256, 7) == pytest.approx(57.40 + 2 * (per_draft + 255 * r.ms_per_token))
     # Never decreasing beyond the table, even if the table's last segment decreases.
     odd = StepTimeProfile(batch_sizes=(1, 2), speculative_tokens=(0,), step_ms=((5.0,), (4.0,)))
     assert odd.step_time_ms(10, 0) == 4.0
@@ -180,7 +185,8 @@ def test_break_even_concurrency_of_the_published_profile():
     assert speedup(profile, c, 1, published) == pytest.approx(1.0, abs=1e-6)
     assert 160 < c < 175  # the measurement: about 169
     assert concurrency_at_speedup(profile, 3, (0.0, 0.0, 0.0), 1.0) == 0.0
-    # Even perfect acceptance stops paying once verifying doubles the step (K=1 at about 343 here) ...
+    # Even perfect acceptance stops paying once verifying more than doubles the step (K=1 at about 392
+    # here: past the table a request costs K=1 more than twice what it costs K=0) ...
     assert 300 < concurrency_at_speedup(profile, 1, (1.0,), 1.0) < 400
     # ... while free verification pays at any load.
     flat = StepTimeProfile(batch_sizes=(1, 256), speculative_tokens=(0, 1), step_ms=((5.0, 5.0), (9.0, 9.0)))

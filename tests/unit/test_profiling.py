@@ -143,3 +143,93 @@ def test_publish_refuses_a_measurement_that_is_not_a_profile(
     out.write_text("INFO vllm crashed\n")
     assert main(["profile", "--publish", str(out), "--config-map", "c", "-n", "ns"]) == 1
     assert "printed no profile" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("requested", "cap", "measured"),
+    [
+        # The cap is measured too: the table reaches the largest batch the engine runs.
+        ([1, 8, 32, 64, 128, 256], 512, [1, 8, 32, 64, 128, 256, 512]),
+        ([1, 8, 32, 64, 128, 256], 256, [1, 8, 32, 64, 128, 256]),
+        # Sizes the engine would queue rather than run at once are left out.
+        ([1, 64, 256], 100, [1, 64, 100]),
+        ([64, 1, 64], 1, [1]),
+        # No cap: what was asked for, its largest the engine's cap.
+        ([64, 1, 8], None, [1, 8, 64]),
+    ],
+)
+def test_the_batches_measured_reach_max_num_seqs(requested, cap, measured):
+    from specfleet_runtime.vllm_profile import batch_sizes
+
+    assert batch_sizes(requested, cap) == measured
+
+
+def test_the_measurement_runs_to_max_num_seqs(monkeypatch: pytest.MonkeyPatch):
+    """With a stand-in for vllm: every engine starts with --max-num-seqs and runs that batch."""
+    import types
+
+    from specfleet_runtime import vllm_profile
+
+    engines: list[dict] = []
+    batches: list[int] = []
+    clock = [0.0]  # seconds: each generated token of a request takes 1 ms
+    monkeypatch.setattr(vllm_profile, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    class Metric:
+        def __init__(self, name: str, value: float = 0.0, labels: dict | None = None) -> None:
+            self.name, self.value, self.labels = name, value, labels or {}
+
+    class LLM:
+        def __init__(self, **kwargs) -> None:
+            engines.append(kwargs)
+            self.drafts = 0.0
+            self.k = (kwargs.get("speculative_config") or {}).get("num_speculative_tokens", 0)
+            config = types.SimpleNamespace(
+                model_config=types.SimpleNamespace(max_model_len=4096),
+                parallel_config=types.SimpleNamespace(tensor_parallel_size=1),
+            )
+            self.llm_engine = types.SimpleNamespace(vllm_config=config)
+
+        def get_metrics(self) -> list[Metric]:
+            info = {"engine": "0", "kv_cache_size_tokens": "1000", "block_size": "16"}
+            return [
+                Metric("vllm:cache_config_info", 1.0, info),
+                Metric("vllm:spec_decode_num_drafts", self.drafts),
+            ]
+
+        def generate(self, prompts, params, use_tqdm=False) -> None:
+            batches.append(len(prompts))
+            clock[0] += params.max_tokens / 1000
+            self.drafts += len(prompts) * params.max_tokens / 2 if self.k else 0.0
+
+    fake = types.SimpleNamespace(LLM=LLM, SamplingParams=types.SimpleNamespace)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    args = vllm_profile.build_parser().parse_args(
+        [
+            "--model",
+            "m",
+            "--drafter",
+            "d",
+            "--ks",
+            "0,1",
+            "--batch-sizes",
+            "1,64,256,1024",
+            "--max-num-seqs",
+            "384",
+        ]
+    )
+    doc = vllm_profile.measure(args)
+    assert doc["batchSizes"] == [1, 64, 256, 384]
+    assert [e["max_num_seqs"] for e in engines] == [384, 384]
+    assert max(batches) == 384
+    assert StepTimeProfile.from_dict(doc).batch_sizes[-1] == 384
+
+
+def test_profile_passes_max_num_seqs_to_the_measurement(capsys: pytest.CaptureFixture[str]):
+    args = _job(capsys, "--max-num-seqs", "512")["Job"]["spec"]["template"]["spec"]["initContainers"][0][
+        "args"
+    ]
+    assert args[args.index("--max-num-seqs") + 1] == "512"
+    # Unset: the batch cap the operator assumes of an engine whose spec leaves maxNumSeqs unset.
+    args = _job(capsys)["Job"]["spec"]["template"]["spec"]["initContainers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "256"

@@ -32,7 +32,7 @@ def test_profile_measures_a_table_the_policy_reads(
     argv = ["profile", "--vllm-python", str(vllm_python), "--model", str(tiny.target)]
     argv += ["--method", "eagle3", "--drafter", str(tiny.eagle3), "--ks", "0,1,3", "--batch-sizes", "1,4"]
     argv += ["--tokens", "16", "--repeats", "1", "--load-format", "auto", "--dtype", "float32"]
-    argv += ["--max-model-len", "256"]
+    argv += ["--max-model-len", "256", "--max-num-seqs", "4"]
     argv += ["--enforce-eager", "--name", "tiny-cpu", "-o", str(out), "--timeout-seconds", "1500"]
     assert main(argv) == 0
     profile = load_profile(out)

@@ -32,6 +32,7 @@ from specfleet.cli.local_models import architecture_of
 from specfleet.cli.simulate import add_parsers as add_simulation_parsers
 from specfleet.cli.status import add_parser as add_status_parser
 from specfleet.controller.logs import configure_json_logging
+from specfleet.policy.predict.kv_cache import DEFAULT_MAX_NUM_SEQS
 from specfleet.reconcile import decided_plan
 from specfleet.reconcile.desired import spec_problems
 from specfleet.render import RenderOptions, render_children
@@ -248,6 +249,7 @@ def _measure_options(args: argparse.Namespace) -> list[str]:
     """The measurement script's options from `specfleet profile`'s."""
     options = ["--model", args.model, "--method", args.method, "--name", args.name]
     options += ["--ks", args.ks, "--batch-sizes", args.batch_sizes, "--tokens", str(args.tokens)]
+    options += ["--max-num-seqs", str(args.max_num_seqs)]
     options += ["--repeats", str(args.repeats), "--load-format", args.load_format]
     options += ["--engine-args", args.engine_args]
     if args.max_model_len:
@@ -389,6 +391,14 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--ks", default="0,1,3,5", help="K values, comma-separated, 0 first")
     profile.add_argument(
         "--batch-sizes", default="1,8,32,64,128,256", help="batch sizes to measure, comma-separated"
+    )
+    profile.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=DEFAULT_MAX_NUM_SEQS,
+        help="the serving engines' --max-num-seqs (engine.maxNumSeqs; unset there: "
+        f"{DEFAULT_MAX_NUM_SEQS}): measured too, as the largest batch, so the profile covers every batch "
+        "they run",
     )
     profile.add_argument("--tokens", type=int, default=32, help="decode steps of the short run")
     profile.add_argument("--repeats", type=int, default=3, help="measurements per point (median)")
