@@ -384,7 +384,12 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "The retraining Job could not be created; the message has the apiserver's answer.",
         "Fix `drafter.retrain.template` or the operator's RBAC for Jobs.",
     ),
-    ROLLOUT_IN_PROGRESS: ReasonDoc("Decision (hold)", "The pool's last change is still rolling out.", _WAIT),
+    ROLLOUT_IN_PROGRESS: ReasonDoc(
+        "Decision (hold)",
+        "The pool's last change is still rolling out. A Standby pool is not held by a retune's or spec "
+        "change's rollout (its flips need none), only by its own flip still settling.",
+        _WAIT,
+    ),
     MIN_DWELL: ReasonDoc(
         "Decision (hold)",
         "The pool changed less than `policy.minDwellSeconds` ago; it stays put so it does not flap.",
@@ -466,7 +471,8 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
     ),
     REPLACE_DIP_NOT_REPAID: ReasonDoc(
         "Decision (hold)",
-        "The pool rolls out by `rollout.strategy: Replace`, and the flip's predicted gain over "
+        "The pool rolls out by `rollout.strategy: Replace`, and the flip's (or a retune's: it restarts "
+        "the engines too) predicted gain over "
         "`policy.minDwellSeconds` (at least one window) is smaller than the capacity share the rollout "
         "removes times its duration (its batches of `maxUnavailable` engines times their start-up: "
         "`status.pools.<pool>.startupSeconds` measured, else an estimate for the model's size).",
