@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specfleet.sim.itl import itl_bin
 from specfleet.sim.prefix_cache import PrefixCache
 from specfleet_runtime.cost_profile import StepTimeProfile
 
@@ -168,18 +169,6 @@ class _Group:
             cached = (probs, 1.0 + sum(p[1 : k + 1]))
             self.pmf[k] = cached
         return cached
-
-
-# Log-spaced bins for the step-time (inter-token latency) histogram: 40 bins per decade from 0.1 ms.
-_ITL_BINS_PER_DECADE = 40
-
-
-def itl_bin(seconds: float) -> int:
-    return max(0, int(math.log10(max(seconds, 1e-4) / 1e-4) * _ITL_BINS_PER_DECADE))
-
-
-def itl_bin_seconds(index: int) -> float:
-    return float(1e-4 * 10 ** ((index + 0.5) / _ITL_BINS_PER_DECADE))
 
 
 def _finish_step(need: float, gained: float, steps: int) -> int:
