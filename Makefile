@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint docs docs-reference docs-figures crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy bench-prefix
+.PHONY: help venv deps lint docs docs-reference docs-figures crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy bench-prefix bench-fidelity
 
 help:
 	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
@@ -25,6 +25,7 @@ help:
 	@echo "make docs-figures  regenerate the command outputs the README and the guide show (plan, simulate)"
 	@echo "make bench-policy  simulate the policy against static settings and oracles (docs/benchmarks/policy.md)"
 	@echo "make bench-prefix  five routers on a shared-prefix workload over four emulators (docs/benchmarks/prefix-routing.md)"
+	@echo "make bench-fidelity the simulator beside published GPU measurements (docs/benchmarks/fidelity.md)"
 	@echo "make dashboard     regenerate the chart's Grafana dashboard JSON"
 	@echo "make image         build the image with docker, podman or buildah (IMAGE=repo:tag names it)"
 
@@ -115,6 +116,10 @@ bench-policy:
 # simulator on the same traces (~11 minutes; vllm-router from PyPI into its own venv on first use).
 bench-prefix:
 	$(PY) benchmarks/prefix_routing.py --out docs/benchmarks/prefix-routing.md
+
+# The simulator beside published real-GPU speculative-decoding runs: writes docs/benchmarks/fidelity.md.
+bench-fidelity:
+	$(PY) benchmarks/fidelity.py --out docs/benchmarks/fidelity.md
 
 demo:
 	bash scripts/demo.sh
