@@ -80,3 +80,27 @@ def test_a_simulated_pool_past_its_capacity_misses_a_ttft_target_it_meets_at_low
     met, done = window_counts(run, "latency", targets)
     assert met[0] == done[0] > 0
     assert attainment(run, "latency", targets) < 0.5
+
+
+def test_the_simulated_engines_export_vllms_latency_histograms_and_status_reads_attainment_from_them():
+    # The same resource with an SLO on its latency pool: the simulated Prometheus answers the fleet's
+    # TTFT and TPOT bucket queries from each engine's histograms, and the policy's evaluation writes the
+    # pool's attainment into status as the operator does from real engines.
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["pools"]["latency"]["replicas"] = 2
+    doc["spec"]["pools"]["latency"]["slo"] = {
+        "timeToFirstTokenMilliseconds": 500,
+        "timePerOutputTokenMilliseconds": 50,
+        "percentile": 90,
+    }
+    doc["spec"]["policy"] = {**doc["spec"].get("policy", {}), "reentry": {"canaryReplicas": 0}}
+    sd = parse_resource(doc)
+    calm = [TraceRequest(arrival=i / 4, prompt_tokens=500, output_tokens=100) for i in range(2400)]
+    run = simulate(
+        sd, Trace(tuple(calm)), Strategy("policy", "policy"), SimOptions(seed=0), default_profile()
+    )
+    status = run.status.pools.latency
+    # A calm pool of an 8B: every request well within both targets, by the histograms and by the run.
+    assert status.slo_attainment_percent is not None
+    assert float(status.slo_attainment_percent) == pytest.approx(100.0, abs=1.0)
+    assert attainment(run, "latency", Targets(0.5, 0.05)) == pytest.approx(1.0, abs=0.01)

@@ -16,7 +16,7 @@ import numpy as np
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.policy.rules.drift import RetrainTrigger
 from specfleet.sim.engine import Replica, SimRequest
-from specfleet.sim.itl import itl_bin_seconds
+from specfleet.sim.histograms import itl_bin_seconds
 from specfleet.sim.options import POOLS, Strategy
 
 

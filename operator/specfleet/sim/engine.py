@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specfleet.sim.itl import itl_bin
+from specfleet.sim.histograms import LatencyCounts, itl_bin
 from specfleet.sim.prefix_cache import PrefixCache
 from specfleet_runtime.cost_profile import StepTimeProfile
 
@@ -250,6 +250,7 @@ class Replica:
         self.finished = 0
         self.finished_prompt_tokens = 0.0
         self.finished_output_tokens = 0.0
+        self.latency = LatencyCounts()
         self.prefix_cache = PrefixCache(config.block_size)
         # vllm:prefix_cache_queries / vllm:prefix_cache_hits (tokens).
         self.prefix_queries = 0.0
@@ -555,6 +556,8 @@ class Replica:
         self.finished += 1
         self.finished_prompt_tokens += req.prompt
         self.finished_output_tokens += req.tokens
+        tpot = (at - req.first_token) / (req.tokens - 1) if req.tokens > 1 else None
+        self.latency.observe(req.first_token - req.arrival, tpot)
         done.append(req)
 
     def take_waiting(self) -> list[SimRequest]:

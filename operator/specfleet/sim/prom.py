@@ -16,8 +16,10 @@ The memory series are there too: KV cache usage (mean of the window's samples), 
 counter), each engine's `vllm:cache_config_info` (its speculation label, blocks and block size), and the
 mean prompt and output length of the requests finished in the window, and the prefix cache's hit rate
 (the rate of vllm:prefix_cache_hits over that of vllm:prefix_cache_queries, summed over the pool's
-engines; no lookup in the window is no answer). Inter-token latency quantiles
-are not simulated (None), as the policy only reports them.
+engines; no lookup in the window is no answer), and the TTFT and TPOT histograms' buckets (each
+engine's requests counted when they finish, at vLLM's bucket bounds; a pool's SLO attainment is read
+from them as the operator reads it). Inter-token latency quantiles are not simulated (None), as the
+policy only reports them.
 
 Each sample also says whether its engine is awake (vllm:engine_sleep_state): as the fleet queries of a
 Standby round do, the replica count, the KV usage mean and the cache configs take only the engines
@@ -33,9 +35,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from specfleet.policy.inputs.fleet_answers import FleetAnswers, PoolSelector, pool_observation
+from specfleet.policy.inputs.fleet_answers import BUCKET_BOUND, FleetAnswers, PoolSelector, pool_observation
 from specfleet.policy.inputs.observation import PoolObservation
 from specfleet.sim.engine import Replica
+from specfleet.sim.histograms import LatencyCounts
 from specfleet_runtime import vllm_metrics as vm
 from specfleet_runtime.names import POOL_LABELS
 from specfleet_runtime.names import SERIES_SPECULATION as SPECULATION_LABEL
@@ -64,6 +67,9 @@ class Sample:
     prefix_hits: float = 0.0
     # vllm:engine_sleep_state{sleep_state="awake"}: False while a Standby pod's engine is parked.
     awake: bool = True
+    # The TTFT and TPOT histograms' cumulative buckets (vLLM's bounds, then +Inf).
+    ttft: tuple[float, ...] = ()
+    tpot: tuple[float, ...] = ()
 
 
 @dataclass
@@ -217,8 +223,33 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
     out["waiting"] = _vector(waiting if live else None, t)
     out["itl_p50"] = []
     out["itl_p99"] = []
+    out["ttft_buckets"] = _buckets(live, "ttft", vm.TIME_TO_FIRST_TOKEN_BUCKETS, t, window)
+    out["tpot_buckets"] = _buckets(live, "tpot", vm.TOKEN_LATENCY_BUCKETS, t, window)
     out["sample_age"] = _vector(t - newest if live else None, t)
     return out
+
+
+def _buckets(
+    live: Sequence[Series], attr: str, bounds: Sequence[float], t: float, window: float
+) -> list[dict[str, Any]]:
+    """`sum by (le) (rate(<histogram>_bucket[w]))` over the engines: one sample per bucket bound that
+    some engine's window has a rate for."""
+    sums: dict[int, float] = {}
+    for s in live:
+        win = _window(s.samples, t, window)
+        for i in range(len(bounds) + 1):
+            r = extrapolated_rate(
+                [(x.t, getattr(x, attr)[i]) for x in win if len(getattr(x, attr)) > i], t, window
+            )
+            if r is not None:
+                sums[i] = sums.get(i, 0.0) + r
+    return [
+        {
+            "metric": {BUCKET_BOUND: "+Inf" if i == len(bounds) else repr(float(bounds[i]))},
+            "value": [t, repr(v)],
+        }
+        for i, v in sorted(sums.items())
+    ]
 
 
 class Prometheus:
@@ -256,6 +287,8 @@ class Prometheus:
                 finished=float(rep.finished),
                 prefix_queries=rep.prefix_queries,
                 prefix_hits=rep.prefix_hits,
+                ttft=LatencyCounts.cumulative(rep.latency.ttft),
+                tpot=LatencyCounts.cumulative(rep.latency.tpot),
             )
         )
 
