@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint docs docs-reference docs-figures crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy bench-prefix bench-fidelity
+.PHONY: help venv deps lint docs docs-reference docs-figures crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy bench-prefix bench-fidelity bench-slo
 
 help:
 	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench-policy  simulate the policy against static settings and oracles (docs/benchmarks/policy.md)"
 	@echo "make bench-prefix  five routers on a shared-prefix workload over four emulators (docs/benchmarks/prefix-routing.md)"
 	@echo "make bench-fidelity the simulator beside published GPU measurements (docs/benchmarks/fidelity.md)"
+	@echo "make bench-slo     latency SLO attainment of the policy and every fixed setting (docs/benchmarks/slo.md)"
 	@echo "make dashboard     regenerate the chart's Grafana dashboard JSON"
 	@echo "make image         build the image with docker, podman or buildah (IMAGE=repo:tag names it)"
 
@@ -120,6 +121,9 @@ bench-prefix:
 # The simulator beside published real-GPU speculative-decoding runs: writes docs/benchmarks/fidelity.md.
 bench-fidelity:
 	$(PY) benchmarks/fidelity.py --out docs/benchmarks/fidelity.md
+
+bench-slo:
+	$(PY) benchmarks/slo.py --out docs/benchmarks
 
 demo:
 	bash scripts/demo.sh
