@@ -403,3 +403,23 @@ def test_simulate_refuses_engines_its_own_memory_cannot_start(
         },
     )
     assert main(["simulate", "-f", fits, "--trace", trace, "--profile", str(profile), "-o", "json"]) == 0
+
+
+def test_simulate_reports_each_strategys_slo_attainment_for_a_pool_with_an_slo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = yaml.safe_load(Path(EXAMPLE).read_text())
+    doc["spec"]["pools"]["latency"]["slo"] = {"timeToFirstTokenMilliseconds": 300, "percentile": 90}
+    resource = tmp_path / "slo.yaml"
+    resource.write_text(yaml.safe_dump(doc))
+    trace = _trace(tmp_path / "t.csv")
+    assert main(["simulate", "-f", str(resource), "--trace", trace, "-o", "json"]) == 0
+    slo = json.loads(capsys.readouterr().out)["sloAttainment"]
+    # Only the pool with an SLO, for every strategy and the SLO's own per-level oracle.
+    assert set(slo) == {"latency"}
+    assert slo["latency"]["targets"] == "TTFT 300 ms"
+    shares = slo["latency"]["byStrategy"]
+    assert {"policy", "alwaysOff", "alwaysOnK3", "perLevelOracle"} <= set(shares)
+    assert all(0.0 <= v <= 1.0 for v in shares.values() if v is not None)
+    assert main(["simulate", "-f", str(resource), "--trace", trace]) == 0
+    assert "SLO attainment, latency (TTFT 300 ms, promised to 90%):" in capsys.readouterr().out

@@ -147,6 +147,7 @@ def _simulation_table(doc: dict[str, Any]) -> str:
             f"  t={change['timeSeconds']:>7.0f}s {change['pool']:<8} {change['kind']:<6} "
             f"{change['from']} -> {change['to']} ({change['reason']})"
         )
+    lines += _slo_lines(doc.get("sloAttainment", {}))
     lines.append("")
     lines += textwrap.wrap(
         "x oracle: generated tokens per request-second relative to the per-level oracle's (1.000 = as good "
@@ -158,6 +159,41 @@ def _simulation_table(doc: dict[str, Any]) -> str:
         width=100,
     )
     return "\n".join(lines) + "\n"
+
+
+def _slo_attainment(sd: Any, comparison: Any) -> dict[str, Any]:
+    """Per pool with an SLO: the share of its requests that met both targets in each strategy's run
+    and in the SLO's per-level oracle (`specfleet.sim.slo`)."""
+    from specfleet.api.constants import POOLS
+    from specfleet.sim.compare import SMOOTH
+    from specfleet.sim.slo import Targets, attainment, oracle_attainment
+
+    out: dict[str, Any] = {}
+    statics = [n for n, r in comparison.runs.items() if r.strategy.kind == "static"]
+    for pool in POOLS:
+        slo = getattr(sd.spec.pools, pool).slo
+        if slo is None:
+            continue
+        targets = Targets.of(slo)
+        shares = {name: attainment(run, pool, targets) for name, run in comparison.runs.items()}
+        shares["perLevelOracle"] = oracle_attainment(
+            comparison.runs, statics, pool, targets, SMOOTH
+        ).attainment
+        out[pool] = {
+            "targets": targets.text(),
+            "percentile": slo.percentile,
+            "byStrategy": {name: None if v is None else round(v, 4) for name, v in shares.items()},
+        }
+    return out
+
+
+def _slo_lines(slo: dict[str, Any]) -> list[str]:
+    lines = []
+    for pool, entry in slo.items():
+        shares = "  ".join(f"{name} {_num(v, '.3f')}" for name, v in entry["byStrategy"].items())
+        lines += ["", f"SLO attainment, {pool} ({entry['targets']}, promised to {entry['percentile']}%):"]
+        lines += textwrap.wrap(shares, width=100, initial_indent="  ", subsequent_indent="  ")
+    return lines
 
 
 def _compared(args: argparse.Namespace) -> tuple[Any, ...] | None:
@@ -188,6 +224,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         }
     )
     doc = comparison.to_json()
+    slo = _slo_attainment(sd, comparison)
+    if slo:
+        doc["sloAttainment"] = slo
     if args.plot:
         from specfleet.sim.plot import PlotUnavailableError, plot_timeline
 
