@@ -115,6 +115,13 @@ class RequestResult:
     pool: PoolName
     error: str = "none"
 
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(self, status: int, pool: PoolName, error: str = "none") -> None:
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "pool", pool)
+        object.__setattr__(self, "error", error)
+
 
 @dataclass(frozen=True, slots=True)
 class _EngineRequest:
@@ -129,6 +136,24 @@ class _EngineRequest:
     classification: Classification
     # The request's arrival, to time its first byte; None where that time is not observed.
     started: float | None
+
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(
+        self,
+        request: Request,
+        target: str,
+        body: bytes,
+        headers: list[tuple[str, str]],
+        classification: Classification,
+        started: float | None,
+    ) -> None:
+        object.__setattr__(self, "request", request)
+        object.__setattr__(self, "target", target)
+        object.__setattr__(self, "body", body)
+        object.__setattr__(self, "headers", headers)
+        object.__setattr__(self, "classification", classification)
+        object.__setattr__(self, "started", started)
 
 
 class _Stalled(Exception):
