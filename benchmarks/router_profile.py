@@ -2,16 +2,20 @@
 
     python benchmarks/router_profile.py [--target router|reference] [--seconds 4] [--rounds 3]
                                         [--concurrency 8] [--cprofile FILE] [--native]
+                                        [--endpoint-selection LeastOutstanding|PrefixAffinity] [--workers 1]
 
 Starts two fast backends (`router_bench.py --serve-fast-backend`) and one target over both on
-127.0.0.1: the specfleet router (one uvloop worker) or the bare httptools reference proxy of
-`router_bench.py --references` (the floor). Then --rounds closed-loop rounds of --seconds at
+127.0.0.1: the specfleet router (uvloop, --workers worker processes) or the bare httptools reference
+proxy of `router_bench.py --references` (the floor). Then --rounds closed-loop rounds of --seconds at
 --concurrency, each printing requests/s and the target's user and system CPU time per request
-(/proc/PID/stat), and the median. User time is the Python work per request, the part the router's own
-code decides; system time is mostly the socket calls both targets make. With --cprofile FILE the
-router runs under cProfile (much slower; for where the time goes, not for how much) and the top
-functions by own time are printed per request. Every process it starts is stopped by PID. Not a
-comparison with vllm-router: that is `router_bench.py`.
+(/proc/PID/stat; a router's supervisor and workers together), and the median. The router picks
+endpoints by least outstanding requests, as `router_bench.py` measures the proxy alone, or with
+`--endpoint-selection PrefixAffinity` by the product's default (its prefix keys and shared placements
+on top). User time is the Python work per request, the part the router's own code decides; system
+time is mostly the socket calls both targets make. With --cprofile FILE the router runs under
+cProfile (much slower; for where the time goes, not for how much; with several workers it profiles
+only the supervisor, so use one) and the top functions by own time are printed per request. Every
+process it starts is stopped by PID. Not a comparison with vllm-router: that is `router_bench.py`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import time
 from pathlib import Path
 
 import aiohttp
-from router_bench import free_port, router_env, wait_healthy
+from router_bench import free_port, process_tree, router_env, wait_healthy
 
 HERE = Path(__file__).resolve().parent
 BODY = json.dumps({"model": "bench", "prompt": "hello", "max_tokens": 4}).encode()
@@ -38,8 +42,13 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_ticks(pid: int) -> tuple[int, int]:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]), int(fields[12])
+    """User and system CPU ticks of a process and its children (a router's supervisor and workers)."""
+    user = system = 0
+    for member in process_tree(pid):
+        fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        user += int(fields[11])
+        system += int(fields[12])
+    return user, system
 
 
 async def closed_loop(url: str, pid: int, seconds: float, concurrency: int) -> tuple[float, float, float]:
@@ -89,13 +98,12 @@ async def run(args: argparse.Namespace) -> None:
             await wait_healthy(f"http://127.0.0.1:{port}/health", proc)
         else:
             config = work / "routing.json"
-            # Least outstanding, as router_bench.py measures the proxy: its requests are identical.
             config.write_text(
                 json.dumps(
                     {
                         "servedModelName": "bench",
                         "pools": {"latency": {"staticUrls": backends}},
-                        "endpointSelection": {"latency": {"strategy": "LeastOutstanding"}},
+                        "endpointSelection": {"latency": {"strategy": args.endpoint_selection}},
                     }
                 )
             )
@@ -104,7 +112,7 @@ async def run(args: argparse.Namespace) -> None:
                 [
                     sys.executable, *profiler, "-m", "specfleet_runtime.router", "--config-file", str(config),
                     "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-                    "--event-loop", "uvloop", "--workers", "1",
+                    "--event-loop", "uvloop", "--workers", str(args.workers),
                 ],
                 env=router_env("native" if args.native else ""),
             )  # fmt: skip
@@ -158,6 +166,15 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument(
         "--native", action="store_true", help="the mypyc-compiled router (scripts/compile-router.sh)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="router worker processes (CPU summed with the supervisor's)"
+    )
+    parser.add_argument(
+        "--endpoint-selection",
+        choices=["LeastOutstanding", "PrefixAffinity"],
+        default="LeastOutstanding",
+        help="the router's strategy: the proxy alone, or the product's default on top of it",
     )
     asyncio.run(run(parser.parse_args()))
 

@@ -27,7 +27,8 @@ done
 
 # The modules every request passes through. Not compiled: serving.py (an async generator, which mypyc does not
 # implement), __main__, and what runs only at start-up or on config changes (kube, sources, workers).
-modules=(app server message proxy classify upstream intake body body_scan body_fields admission backends endpoints affinity paths errors
+modules=(app server message proxy stall classify upstream intake body body_scan body_fields admission backends endpoints affinity
+  conversations paths errors
   reply metrics configuration)
 
 if [ -z "$out" ]; then

@@ -75,6 +75,13 @@ class PrefixKeys:
     conversation: tuple[int, ...] = ()
     size: int = 1
 
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(self, leading: int, conversation: tuple[int, ...] = (), size: int = 1) -> None:
+        object.__setattr__(self, "leading", leading)
+        object.__setattr__(self, "conversation", conversation)
+        object.__setattr__(self, "size", size)
+
 
 def prefix_keys(
     text: str, turns: tuple[str, ...] = (), first_user: int = 0, size: int = 1
@@ -104,6 +111,13 @@ class Limits:
     ring: int  # a leading text spilled or placed by the ring
     home: int  # a leading text going to the engine that holds it
     conversation: int  # a turn going back to its conversation's engine
+
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(self, ring: int, home: int, conversation: int) -> None:
+        object.__setattr__(self, "ring", ring)
+        object.__setattr__(self, "home", home)
+        object.__setattr__(self, "conversation", conversation)
 
 
 def load_limits(
@@ -151,6 +165,13 @@ class Choice:
     url: str
     how: str
     placed: bool = False  # its leading text was new: the caller records where it went
+
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(self, url: str, how: str, placed: bool = False) -> None:
+        object.__setattr__(self, "url", url)
+        object.__setattr__(self, "how", how)
+        object.__setattr__(self, "placed", placed)
 
 
 class Placements:

@@ -60,6 +60,9 @@ class Backends:
         self.clock = clock
         self.slice_watch_factory = slice_watch_factory
         self.config: RoutingConfig | None = None
+        # The load bound of each pool that picks by prefix affinity (from the config, read once per
+        # change rather than per request).
+        self._affinity_bounds: dict[str, int] = {}
         self._watches: dict[WatchKey, EndpointWatch] = {}
         self._discovered: dict[WatchKey, tuple[str, ...]] = {}
         self.pool_endpoints: dict[str, tuple[str, ...]] = dict.fromkeys(POOLS, ())
@@ -89,6 +92,11 @@ class Backends:
     def apply_config(self, config: RoutingConfig) -> None:
         """Start and stop watches for the pools' Services and recompute every pool's endpoints."""
         self.config = config
+        self._affinity_bounds = {
+            name: selection.bound_percent
+            for name in POOLS
+            if (selection := config.endpoint_selection.of(name)).strategy == "PrefixAffinity"
+        }
         wanted: set[WatchKey] = set()
         for pool, backend in config.pools.items():
             for listed in backend.services():  # a pool's endpoints: the union of its Services' ones
@@ -245,11 +253,10 @@ class Backends:
         by the pool's strategy, the least loaded one or, for a request with `prefix` keys, its
         conversation's or its prefix's endpoint under the load bound."""
         endpoints = self.pool_endpoints.get(pool, ())
-        config = self.config
-        if prefix is not None and config is not None:
-            selection = config.endpoint_selection.of(pool)
-            if selection.strategy == "PrefixAffinity":
-                return self._pick_by_prefix(pool, endpoints, tried, prefix, selection.bound_percent)
+        if prefix is not None:
+            bound_percent = self._affinity_bounds.get(pool)
+            if bound_percent is not None:
+                return self._pick_by_prefix(pool, endpoints, tried, prefix, bound_percent)
         self._turn += 1
         if self.ejected_until:
             now = self.clock()
@@ -276,7 +283,7 @@ class Backends:
             choice = self.affinity.pick(ring, prefix, self.outstanding, tried, bound_percent)
         if choice is None:
             return None
-        self.metrics.prefix_choices.labels(pool, choice.how).inc()
+        self.metrics.value(self.metrics.prefix_choices, pool, choice.how).inc()
         return choice.url
 
     def acquire(self, url: str) -> None:

@@ -23,6 +23,7 @@ errors, a chat's leading text).
 from __future__ import annotations
 
 import json
+from json.scanner import make_scanner
 from typing import Any, Final
 
 from specfleet_runtime.router.body_fields import (
@@ -133,6 +134,27 @@ def _prefix_fields(doc: dict[str, Any]) -> BodyFields:
 # ---- small bodies: json's C parser, with the checks it lacks --------------------------------------
 
 _DECODER = json.JSONDecoder(parse_float=finite_float, parse_constant=not_finite)
+# The decoder's scanner (json's C one), called directly for the usual body: `JSONDecoder.decode` wraps
+# it in a Python frame and two regular expression matches for the whitespace around the document.
+_SCAN = make_scanner(_DECODER)  # type: ignore[arg-type]  # a decoder is the context a scanner reads
+# What JSON counts as whitespace (RFC 8259).
+_JSON_SPACE: Final = " \t\n\r"
+
+
+def _decode(text: str) -> Any:
+    """`_DECODER.decode(text)`: the same document, or the same error. A text that opens an object is
+    scanned directly; anything else, or anything the scan does not take whole, goes through `decode`."""
+    if text[:1] == "{":
+        try:
+            doc, end = _SCAN(text, 0)
+        except InvalidRequest:
+            raise
+        except (ValueError, StopIteration, RecursionError):
+            pass  # `decode` raises it again, with its message
+        else:
+            if end == len(text) or not text[end:].strip(_JSON_SPACE):
+                return doc
+    return _DECODER.decode(text)
 
 
 def _parse_whole(body: bytes, prefix: bool) -> BodyFields:
@@ -143,7 +165,7 @@ def _parse_whole(body: bytes, prefix: bool) -> BodyFields:
     if text.startswith("\ufeff"):
         text = text[1:]
     try:
-        doc = _DECODER.decode(text)
+        doc = _decode(text)
     except InvalidRequest:
         raise
     except (ValueError, RecursionError) as err:

@@ -54,6 +54,22 @@ class BodyFields:
     turns: tuple[str, ...] = ()
     first_user: int = 0
 
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(
+        self,
+        fields: dict[str, Any],
+        prompts: int = 1,
+        prefix: str = "",
+        turns: tuple[str, ...] = (),
+        first_user: int = 0,
+    ) -> None:
+        object.__setattr__(self, "fields", fields)
+        object.__setattr__(self, "prompts", prompts)
+        object.__setattr__(self, "prefix", prefix)
+        object.__setattr__(self, "turns", turns)
+        object.__setattr__(self, "first_user", first_user)
+
 
 # ---- the errors ---------------------------------------------------------------------------------------
 

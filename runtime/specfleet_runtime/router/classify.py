@@ -88,6 +88,30 @@ class RequestFacts:
     # Not for classification: its prefix and conversation keys, for a pool with prefix affinity.
     prefix: PrefixKeys | None = None
 
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(
+        self,
+        client_id: str,
+        pool_header: PoolName | None = None,
+        tenant: str | None = None,
+        api_key_sha256: str | None = None,
+        stream: bool = False,
+        max_tokens: int | None = None,
+        unbounded: bool = False,
+        choices: int = 1,
+        prefix: PrefixKeys | None = None,
+    ) -> None:
+        object.__setattr__(self, "client_id", client_id)
+        object.__setattr__(self, "pool_header", pool_header)
+        object.__setattr__(self, "tenant", tenant)
+        object.__setattr__(self, "api_key_sha256", api_key_sha256)
+        object.__setattr__(self, "stream", stream)
+        object.__setattr__(self, "max_tokens", max_tokens)
+        object.__setattr__(self, "unbounded", unbounded)
+        object.__setattr__(self, "choices", choices)
+        object.__setattr__(self, "prefix", prefix)
+
 
 # vLLM's default `max_tokens` for /v1/completions (a chat request's default is the rest of the context).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -262,6 +286,13 @@ class _ClientState:
     segmented: bool = False
     # Monotonic time since which in_flight has stayed at or below the threshold (None: above it).
     calm_since: float | None = None
+
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(self, in_flight: int = 0, segmented: bool = False, calm_since: float | None = None) -> None:
+        self.in_flight = in_flight
+        self.segmented = segmented
+        self.calm_since = calm_since
 
 
 @dataclass(frozen=True)

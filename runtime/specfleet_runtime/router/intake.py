@@ -47,6 +47,14 @@ class BodyHold:
     held: int = 0
     shed: bool = False
 
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(self, request: Request, last: float, held: int = 0, shed: bool = False) -> None:
+        self.request = request
+        self.last = last
+        self.held = held
+        self.shed = shed
+
 
 class ByteBudget:
     """Request body bytes that arrived and are held by all requests together, against a cap (0: none).

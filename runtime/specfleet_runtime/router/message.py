@@ -148,17 +148,53 @@ class Request:
     http11: bool
     content_length: int | None
     expect_continue: bool = False
-    complete: bool = False  # the whole message (body included) arrived
-    too_large: bool = False
-    error: str | None = None
-    started: bool = False  # the response head went out
-    finished: bool = False  # the response is complete
-    close_after: bool = False
-    _chunks: list[bytes] = field(default_factory=list)
-    _buffered: int = 0
-    _waiter: asyncio.Future[None] | None = None
-    _chunked_out: bool = False
-    _head_only: bool = False
+    # The request's state as it is served, never given to the constructor.
+    complete: bool = field(default=False, init=False)  # the whole message (body included) arrived
+    too_large: bool = field(default=False, init=False)
+    error: str | None = field(default=None, init=False)
+    started: bool = field(default=False, init=False)  # the response head went out
+    finished: bool = field(default=False, init=False)  # the response is complete
+    close_after: bool = field(default=False, init=False)
+    _chunks: list[bytes] = field(default_factory=list, init=False)
+    _buffered: int = field(default=0, init=False)
+    _waiter: asyncio.Future[None] | None = field(default=None, init=False)
+    _chunked_out: bool = field(default=False, init=False)
+    _head_only: bool = field(default=False, init=False)
+
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(
+        self,
+        connection: RequestConnection,
+        method: str,
+        target: str,
+        headers: Headers,
+        remote: str | None,
+        keep_alive: bool,
+        http11: bool,
+        content_length: int | None,
+        expect_continue: bool = False,
+    ) -> None:
+        self.connection = connection
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.remote = remote
+        self.keep_alive = keep_alive
+        self.http11 = http11
+        self.content_length = content_length
+        self.expect_continue = expect_continue
+        self.complete = False
+        self.too_large = False
+        self.error = None
+        self.started = False
+        self.finished = False
+        self.close_after = False
+        self._chunks = []
+        self._buffered = 0
+        self._waiter = None
+        self._chunked_out = False
+        self._head_only = False
 
     # ---- from the connection ---------------------------------------------------------------------
 

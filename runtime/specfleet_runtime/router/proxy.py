@@ -2,7 +2,7 @@
 
 Retries happen only while nothing has reached the client: on a refused connection, a dropped
 connection (on another engine while one is left), or a stalled engine (no byte for `stall_seconds` and then no answer to a health probe
-either; a busy engine still answers the probe, a frozen or wedged one does not). A stalled or refusing
+either, watched by `stall`; a busy engine still answers the probe, a frozen or wedged one does not). A stalled or refusing
 engine is ejected. Once the status line is sent, a broken engine ends the response with an SSE error
 event (streams) or a dropped connection (anything else), and the request is counted as an error.
 
@@ -30,6 +30,7 @@ from specfleet_runtime.router.errors import error_response, sse_error_event
 from specfleet_runtime.router.message import Headers, Request
 from specfleet_runtime.router.metrics import RouterMetrics
 from specfleet_runtime.router.reply import Reply
+from specfleet_runtime.router.stall import StallWatch, StallWatches
 from specfleet_runtime.router.upstream import (
     Client,
     ConnectFailed,
@@ -114,6 +115,13 @@ class RequestResult:
     pool: PoolName
     error: str = "none"
 
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(self, status: int, pool: PoolName, error: str = "none") -> None:
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "pool", pool)
+        object.__setattr__(self, "error", error)
+
 
 @dataclass(frozen=True, slots=True)
 class _EngineRequest:
@@ -129,99 +137,27 @@ class _EngineRequest:
     # The request's arrival, to time its first byte; None where that time is not observed.
     started: float | None
 
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(
+        self,
+        request: Request,
+        target: str,
+        body: bytes,
+        headers: list[tuple[str, str]],
+        classification: Classification,
+        started: float | None,
+    ) -> None:
+        object.__setattr__(self, "request", request)
+        object.__setattr__(self, "target", target)
+        object.__setattr__(self, "body", body)
+        object.__setattr__(self, "headers", headers)
+        object.__setattr__(self, "classification", classification)
+        object.__setattr__(self, "started", started)
+
 
 class _Stalled(Exception):
     """The engine gave no byte for stall_seconds and failed its health probe."""
-
-
-class _StallWatch:
-    """Probes an engine that has not answered for `stall_seconds`; cancels the waiting task if it fails.
-
-    No timer of its own: the watch is entered in its proxy's `_StallWatches` with its deadline, and
-    the probe task exists only once a wait got long.
-    """
-
-    __slots__ = ("_probe", "proxy", "stalled", "task", "url")
-
-    def __init__(self, proxy: Proxy, url: str, task: asyncio.Task[None] | None) -> None:
-        self.proxy = proxy
-        self.url = url
-        self.task = task
-        self.stalled = False
-        self._probe: asyncio.Task[None] | None = None
-        proxy.watches.add(self)
-
-    def _fire(self) -> None:
-        self._probe = self.proxy.watches.loop.create_task(self._run_probe())
-
-    async def _run_probe(self) -> None:
-        healthy = await self.proxy.probe(self.url)
-        self._probe = None
-        if healthy:
-            self.proxy.watches.add(self)
-        elif self.task is not None:
-            self.stalled = True
-            self.task.cancel()
-
-    def stop(self) -> None:
-        self.proxy.watches.discard(self)
-        if self._probe is not None:
-            self._probe.cancel()
-            self._probe = None
-
-
-class _StallWatches:
-    """Every running stall watch with its deadline, under one timer for the earliest of them.
-
-    All deadlines are `stall_seconds` from when a watch was (re-)entered, so insertion order is
-    deadline order: the timer is armed for the first entry's deadline; when it fires, every watch
-    whose deadline passed fires (a probe), and the timer is re-armed for the next one. Entering and
-    leaving a watch is a dict insert and delete instead of a timer created and cancelled per request.
-    """
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self._deadlines: dict[_StallWatch, float] = {}
-        self._timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        return self._loop
-
-    def add(self, watch: _StallWatch) -> None:
-        loop = self.loop
-        deadline = loop.time() + self.seconds
-        self._deadlines.pop(watch, None)
-        self._deadlines[watch] = deadline
-        if self._timer is None:
-            self._timer = loop.call_at(deadline, self._check)
-
-    def discard(self, watch: _StallWatch) -> None:
-        self._deadlines.pop(watch, None)
-
-    def _check(self) -> None:
-        self._timer = None
-        deadlines = self._deadlines
-        now = self.loop.time()
-        due = []
-        for watch, deadline in deadlines.items():
-            if deadline > now:
-                self._timer = self.loop.call_at(deadline, self._check)
-                break
-            due.append(watch)
-        for watch in due:
-            del deadlines[watch]
-            watch._fire()
-
-    def close(self) -> None:
-        self._deadlines.clear()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._loop = None
 
 
 def forward_headers(headers: Headers, remote: str | None) -> list[tuple[str, str]]:
@@ -260,7 +196,7 @@ class Proxy:
         self._session: aiohttp.ClientSession | None = None
         self._client: Client | None = None
         self._probe_timeout = aiohttp.ClientTimeout(total=settings.probe_timeout)
-        self.watches = _StallWatches(settings.stall_seconds)
+        self.watches = StallWatches(settings.stall_seconds, self.probe)
         self._suspicions: set[asyncio.Task[None]] = set()
 
     def open(self) -> None:
@@ -420,7 +356,7 @@ class Proxy:
         request = sent.request
         # The task serving this request is its connection's (the server's); asked there, not of asyncio.
         task = request.connection.task
-        watch = _StallWatch(self, base, task)
+        watch = StallWatch(self.watches, base, task)
         first: bytes | None = None
         upstream: Response | None = None
         try:
@@ -482,7 +418,7 @@ class Proxy:
         return response, RequestResult(upstream.status, pool)
 
     async def _whole_failed(
-        self, err: UpstreamError, pool: PoolName, base: str, watch: _StallWatch
+        self, err: UpstreamError, pool: PoolName, base: str, watch: StallWatch
     ) -> tuple[Reply, RequestResult]:
         """A small answer that broke while it was read, before any of it reached the client.
 

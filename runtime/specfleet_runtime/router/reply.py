@@ -19,6 +19,24 @@ class Reply:
     close: bool = False
     content_type: str | None = "application/json"  # None: it is among `headers`
 
+    # Written out so that mypyc compiles it (a dataclass's own runs as interpreted Python on every
+    # request); test_router_dataclass_init checks that it takes the fields.
+    def __init__(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: Sequence[tuple[str, str]] | Mapping[str, str] = (),
+        reason: str | None = None,
+        close: bool = False,
+        content_type: str | None = "application/json",
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers = headers
+        self.reason = reason
+        self.close = close
+        self.content_type = content_type
+
 
 def json_reply(
     doc: Any, status: int = 200, headers: Mapping[str, str] | None = None, close: bool = False
