@@ -11,6 +11,7 @@ from datetime import datetime
 
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
+from specfleet.api.pools import LatencySlo
 from specfleet.policy.decision.pool import Assessment, assess
 from specfleet.policy.inputs.observation import PoolObservation, PoolState, Schedule
 from specfleet.policy.predict.dynamic_sd import best_schedule, observed_under_schedule
@@ -160,12 +161,14 @@ def decide(
     now: datetime,
     profile: StepTimeProfile,
     engine_schedule: bool = False,
+    slos: Mapping[str, LatencySlo] | None = None,
 ) -> list[PoolDecision]:
     """Decisions for the given (Auto) pools, in order; at most one of them changes its pool.
 
     `k` is the drafter's K (spec.drafter.numSpeculativeTokens), the most a pool may draft;
     `engine_schedule` lets Goodput give speculating pools Dynamic SD schedules
-    (`specfleet.api.semantics.engine_schedules`; see `specfleet.policy.predict.dynamic_sd`).
+    (`specfleet.api.semantics.engine_schedules`; see `specfleet.policy.predict.dynamic_sd`);
+    `slos`: the pools whose latency objective the policy steers by (`policy.rules.slo`).
     """
     schedules = engine_schedule and policy.mode == "Goodput"
     last_flip_any = max((s.last_transition for s in states.values() if s.last_transition), default=None)
@@ -184,7 +187,15 @@ def decide(
             out.append(PoolDecision(pool, state.mode, state.mode, False, r.METRICS_UNAVAILABLE, problem))
             continue
         p = assess(
-            policy, k, pool, state, observed_under_schedule(obs, state, schedules), now, profile, schedules
+            policy,
+            k,
+            pool,
+            state,
+            observed_under_schedule(obs, state, schedules),
+            now,
+            profile,
+            schedules,
+            (slos or {}).get(pool),
         )
         other_busy = changed or (busy and state.settled)
         if p.wanted.mode != state.mode:
