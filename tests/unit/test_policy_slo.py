@@ -98,7 +98,10 @@ def test_without_an_slo_or_its_histograms_the_decision_is_goodputs():
 
 
 def _shares(off: float, on: float) -> list[SettingShares]:
-    return [SettingShares(OFF, 0, {"TTFT": off}, 100.0), SettingShares("K3", 3, {"TTFT": on}, 120.0)]
+    return [
+        SettingShares(OFF, 0, {"TTFT": off}, 100.0, off),
+        SettingShares("K3", 3, {"TTFT": on}, 120.0, on),
+    ]
 
 
 def test_a_flip_only_the_slo_asks_for_must_cut_the_missed_share_by_the_margin():
@@ -116,3 +119,17 @@ def test_a_flip_only_the_slo_asks_for_must_cut_the_missed_share_by_the_margin():
     tie = slo_wanted(POLICY, state, "K3", _shares(0.90, 0.90), keep)
     assert replace(tie, numbers={}) == keep
     assert tie.numbers["predictedSloAttainmentOff"] == "0.900"
+
+
+def test_no_canaries_serve_a_pool_the_slo_keeps_off():
+    policy = PolicySpec.model_validate({"reentry": {"canaryReplicas": 1}})
+    on = PoolState(mode="On", last_transition=NOW - timedelta(days=1), k=3)
+    slos = {"latency": TTFT_TIGHT}
+    flip = decide(policy, 3, {"latency": on}, {"latency": _obs(48.0)}, NOW, PROFILE, slos=slos)[0]
+    assert (flip.target, flip.reason, flip.canary_replicas) == ("Off", r.SLO_TTFT_BOUND, 0)
+    # Off with its canaries up (policy.reentry.canaryReplicas), the SLO still preferring off: down.
+    off = PoolState(mode="Off", last_transition=NOW - timedelta(days=1), k=3, canary_replicas=1)
+    held = decide(policy, 3, {"latency": off}, {"latency": _obs(16.0)}, NOW, PROFILE, slos=slos)[0]
+    assert (held.target, held.reason, held.canary_replicas) == ("Off", r.CANARIES_SCALED_DOWN, 0)
+    plain = decide(policy, 3, {"latency": off}, {"latency": _obs(16.0)}, NOW, PROFILE)[0]
+    assert plain.target == "On"  # without the SLO, throughput turns it on

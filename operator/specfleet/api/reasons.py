@@ -535,7 +535,7 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "the same model as its tokens per second, the tail from the pool's measured histograms. The "
         "numbers give each mode's predicted share (`predictedSloAttainmentOff`, `predictedSloAttainmentOn` "
         "at `predictedSloAttainmentBestK`). A flip only the SLO asks for must cut the share of requests "
-        "that miss by more than `marginPercent`.",
+        "that miss by more than `marginPercent`. A pool the SLO keeps off runs no canaries.",
         "Nothing if expected. An SLO no setting meets: more replicas, or a looser target.",
     ),
     SLO_TPOT_BOUND: ReasonDoc(

@@ -65,10 +65,15 @@ def _flip(
         far = far_past_break_even(policy, k, p.loads, p.gains, profile) or far_past_break_even(
             policy, k, p.loads, p.gains, profile, at=0
         )
-        canaries = 0 if far else policy.reentry.canary_replicas
-        message += (
-            "; canaries stay to measure acceptance" if not far else "; no canaries: far past break-even"
-        )
+        by_slo = wanted.reason in (r.SLO_TTFT_BOUND, r.SLO_TPOT_BOUND)
+        canaries = 0 if far or by_slo else policy.reentry.canary_replicas
+        if by_slo:
+            # Canaries would serve part of the pool's requests with the drafter the SLO turned off.
+            message += "; no canaries: the SLO turned the drafter off"
+        else:
+            message += (
+                "; canaries stay to measure acceptance" if not far else "; no canaries: far past break-even"
+            )
     target_k = wanted.k if policy.mode == "Goodput" else None
     schedule = None
     if wanted.mode == "On" and p.schedules and p.gains is not None:

@@ -164,7 +164,10 @@ def assess(
             reason = r.GOODPUT_MEMORY_BOUND if why else wanted.reason
             wanted = replace(wanted, reason=reason, message=why + wanted.message, numbers=shown)
         if slo is not None:
-            shares = setting_shares(slo, observed, model, g_commit.per_position, demand, k, schedules)
+            # Over the flip's commit path, as Goodput's gain (the demands `path` projects).
+            # At the demand measured, as the histograms were: scaling their tail to a projected demand
+            # would compound the projection's error with the tail's.
+            shares = setting_shares(slo, observed, model, g_commit.per_position, [model.demand], k, schedules)
             if shares is not None:
                 wanted = slo_wanted(policy, state, model.current or OFF, shares, wanted)
         case = LoadCase(policy, state, observed, now, model, g_commit, rollout)

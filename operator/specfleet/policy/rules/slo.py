@@ -44,11 +44,17 @@ class SettingShares:
     k: int  # the K a flip to it runs (0: off)
     by_target: dict[str, float]  # TTFT / TPOT -> share within it
     tokens_per_second: float
+    # Share within every target, the targets' shares taken as independent (their product).
+    attainment: float
 
-    @property
-    def attainment(self) -> float:
-        """Share within every target, the targets' shares taken as independent."""
-        return math.prod(self.by_target.values())
+
+def _mean(shares: Sequence[SettingShares]) -> SettingShares:
+    """One setting's shares averaged over the demands of a path."""
+    n = len(shares)
+    first = shares[0]
+    by_target = {t: sum(s.by_target[t] for s in shares) / n for t in first.by_target}
+    tokens = sum(s.tokens_per_second for s in shares) / n
+    return SettingShares(first.name, first.k, by_target, tokens, sum(s.attainment for s in shares) / n)
 
 
 def _targets(slo: LatencySlo) -> list[tuple[str, float]]:
@@ -65,13 +71,31 @@ def setting_shares(
     obs: PoolObservation,
     model: PoolModel,
     per_position: Sequence[float],
+    demands: Sequence[float],
+    max_k: int,
+    schedules: bool,
+) -> list[SettingShares] | None:
+    """Each setting's predicted shares within the SLO's targets averaged over `demands` (running + waiting
+    requests per replica); None when the prediction cannot tell at one of them (`_shares_at`)."""
+    each = [_shares_at(slo, obs, model, per_position, d, max_k, schedules) for d in demands]
+    if not each or any(e is None for e in each):
+        return None
+    per_demand = [e for e in each if e is not None]
+    return [_mean([e[i] for e in per_demand]) for i in range(len(per_demand[0]))]
+
+
+def _shares_at(
+    slo: LatencySlo,
+    obs: PoolObservation,
+    model: PoolModel,
+    per_position: Sequence[float],
     demand: float,
     max_k: int,
     schedules: bool,
 ) -> list[SettingShares] | None:
-    """Each setting's predicted shares within the SLO's targets at `demand` (running + waiting requests per
-    replica); None when the prediction cannot tell: no histogram or request sizes measured, or the current
-    setting does not serve the arrivals (what it measured is a queue's growth, no scale for another)."""
+    """Each setting's predicted shares at `demand`; None when the prediction cannot tell: no histogram or
+    request sizes measured, or the current setting does not serve the arrivals (what it measured is a
+    queue's growth, no scale for another)."""
     prompt, output = obs.mean_prompt_tokens, obs.mean_output_tokens
     if prompt is None or not output or output <= 0:
         return None
@@ -117,7 +141,8 @@ def setting_shares(
             if share is None:
                 return None
             by_target[target] = share
-        out.append(SettingShares(name, kk, by_target, m.tokens_per_second(name, per_position, demand)))
+        tokens = m.tokens_per_second(name, per_position, demand)
+        out.append(SettingShares(name, kk, by_target, tokens, math.prod(by_target.values())))
     return out
 
 
@@ -161,6 +186,14 @@ def slo_wanted(
     mode = "Off" if best is off else "On"
     flip_throughput_skips = mode != state.mode and throughput.mode == state.mode
     margin = goodput_margin(policy)
+    if state.mode == throughput.mode == mode == "Off" and best.attainment - best_on.attainment > TIE:
+        # Both keep the pool off; the SLO says so, which keeps canaries (the drafter) off its requests.
+        why = f"{off.attainment:.3f} off against {best_on.attainment:.3f} {_setting_text(best_on)}"
+        target = _binding(off, best_on)
+        reason = r.SLO_TTFT_BOUND if target == TTFT else r.SLO_TPOT_BOUND
+        return Wanted(
+            "Off", reason, f"stays Off: predicted share within the SLO {why} ({target} decides)", numbers
+        )
     if (
         best.attainment - asked.attainment <= TIE
         or (mode == state.mode and throughput.mode == state.mode)
