@@ -107,11 +107,10 @@ def _shares(off: float, on: float) -> list[SettingShares]:
 def test_a_flip_only_the_slo_asks_for_must_cut_the_missed_share_by_the_margin():
     state = PoolState(mode="On", last_transition=NOW - timedelta(days=1), k=3)
     keep = Wanted("On", r.GOODPUT_WITHIN_MARGIN, "keeps", {})
-    # 0.500 -> 0.504: a tie; 0.50 -> 0.51 cuts the missed share by 2%, inside the 5% margin: throughput's
+    # 0.500 -> 0.5005: a tie; 0.50 -> 0.51 cuts the missed share by 2%, inside the 5% margin: throughput's
     # hold stands; 0.50 -> 0.55 cuts it by 10%: the pool turns off.
-    assert slo_wanted(POLICY, state, "K3", _shares(0.504, 0.50), keep) == replace(
-        keep, numbers=slo_wanted(POLICY, state, "K3", _shares(0.504, 0.50), keep).numbers
-    )
+    tied = slo_wanted(POLICY, state, "K3", _shares(0.5005, 0.50), keep)
+    assert tied == replace(keep, numbers=tied.numbers)
     assert slo_wanted(POLICY, state, "K3", _shares(0.51, 0.50), keep).reason == r.GOODPUT_WITHIN_MARGIN
     flipped = slo_wanted(POLICY, state, "K3", _shares(0.55, 0.50), keep)
     assert (flipped.mode, flipped.reason) == ("Off", r.SLO_TTFT_BOUND)

@@ -29,9 +29,10 @@ from specfleet.policy.predict.throughput import OFF, SCHEDULE, PoolModel, settin
 from specfleet.policy.rules.goodput import candidate_ks
 from specfleet.policy.rules.results import Wanted
 
-# Predicted shares closer than this are a tie, which throughput decides: the histograms' buckets and
-# the prediction's means do not tell settings apart more finely.
-TIE = 0.005
+# Predicted shares closer than this (0.1 point) are a tie, which throughput decides. Small on purpose: the
+# drafter's share of the prefill moves TTFT by a few percent, which a share within a wide vLLM bucket
+# reflects only as a small difference, yet a steady one; the margin on a flip keeps the pool from flapping.
+TIE = 0.001
 TTFT = "TTFT"
 TPOT = "TPOT"
 
