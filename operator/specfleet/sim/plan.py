@@ -19,6 +19,9 @@ without: one replica at a time, its drain at the pool's p95 load plus sleep, wak
 Standby pays where the pool flips (Auto) and the flip is shorter. The host memory it needs: each pod
 parks the sleeping engine's weights (target + drafter, across its GPUs), and a node holds as many pods
 as its GPUs fit (`GPUS_PER_NODE`, an 8-GPU node, unless the engines ask for more GPUs than that).
+
+A pool with an SLO gets `slo`: the replicas each setting needs to meet it at the trace's p95 load, the
+GPUs speculation saves or costs, and the setting the policy would run (`specfleet.sim.slo_replicas`).
 """
 
 from __future__ import annotations
