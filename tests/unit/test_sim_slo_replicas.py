@@ -130,3 +130,10 @@ def test_plan_gives_the_capacity_answer_only_for_a_pool_with_an_slo(
     assert slo["policySetting"]["setting"] in slo["replicasForSlo"]
     assert isinstance(slo["gpusSavedBySpeculation"], int)
     assert "slo" not in pools["batch"]
+
+
+def test_a_pool_the_policy_does_not_steer_by_its_slo_gets_replicas_but_no_setting() -> None:
+    """The batch pool's SLO is measured, never steered by: its replicas, no `policySetting`."""
+    doc = slo_replicas(_slo(tpot=20), _candidates(), ACC, HIGH, gpus_per_replica=1, steered=False)
+    assert doc["replicasForSlo"]["off"] is not None
+    assert "policySetting" not in doc
