@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint docs docs-reference docs-figures crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy bench-prefix bench-fidelity bench-slo
+.PHONY: help venv deps lint docs docs-reference docs-figures crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy bench-prefix bench-fidelity bench-slo bench-prediction
 
 help:
 	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench-policy  simulate the policy against static settings and oracles (docs/benchmarks/policy.md)"
 	@echo "make bench-prefix  five routers on a shared-prefix workload over four emulators (docs/benchmarks/prefix-routing.md)"
 	@echo "make bench-fidelity the simulator beside published GPU measurements (docs/benchmarks/fidelity.md)"
+	@echo "make bench-prediction the policy's prediction beside the simulated engines (docs/benchmarks/prediction.md)"
 	@echo "make bench-slo     latency SLO attainment of the policy and every fixed setting (docs/benchmarks/slo.md)"
 	@echo "make dashboard     regenerate the chart's Grafana dashboard JSON"
 	@echo "make image         build the image with docker, podman or buildah (IMAGE=repo:tag names it)"
@@ -124,6 +125,9 @@ bench-fidelity:
 
 bench-slo:
 	$(PY) benchmarks/slo.py --out docs/benchmarks
+
+bench-prediction:
+	$(PY) benchmarks/prediction.py --out docs/benchmarks/prediction.md
 
 demo:
 	bash scripts/demo.sh
