@@ -6,9 +6,10 @@ batch pool by the resource's tenant rule) and records cumulative counters at eve
 `summary_lines` turns that and the resource's decision history into the end-of-run report (pure).
 
 The default ("demo", about 5 minutes): calm interactive traffic; a batch tenant's surge pushes the
-batch pool past its concurrency threshold (speculation Off); calm again (the batch pool turns
-speculation back on after its dwell); then a content shift lowers the latency pool's acceptance
-(speculation Off there, AcceptanceBelowThreshold).
+batch pool past the break-even the Goodput policy predicts from the sandbox's measured profile
+(speculation Off, GoodputBelowBreakEven); calm again (the batch pool turns speculation back on after
+its dwell, GoodputAboveBreakEven); then a content shift lowers the latency pool's acceptance until
+drafting no longer pays even at its light load (speculation Off there, GoodputBelowBreakEven).
 """
 
 from __future__ import annotations
@@ -56,15 +57,22 @@ class Scenario:
 def _demo(scale: float) -> tuple[Phase, ...]:
     return (
         Phase("calm", 45 * scale, 2, 1, BASELINE_ACCEPTANCE, "both pools speculate"),
-        Phase("batch surge", 90 * scale, 2, 40, None, "batch pool: On -> Off (ConcurrencyAboveThreshold)"),
-        Phase("calm again", 80 * scale, 2, 1, None, "batch pool: Off -> On after its dwell"),
+        Phase("batch surge", 90 * scale, 2, 40, None, "batch pool: On -> Off (GoodputBelowBreakEven)"),
+        Phase(
+            "calm again",
+            80 * scale,
+            2,
+            1,
+            None,
+            "batch pool: Off -> On after its dwell (GoodputAboveBreakEven)",
+        ),
         Phase(
             "content shift",
             70 * scale,
             2,
             1,
             SHIFTED_ACCEPTANCE,
-            "latency pool: On -> Off (AcceptanceBelowThreshold)",
+            "latency pool: On -> Off (GoodputBelowBreakEven)",
         ),
     )
 
