@@ -10,10 +10,10 @@
 scheduler; kwok plays three GPU nodes), an agent that plays the pods (one engine emulator per engine
 pod, started from that pod's own rendered arguments, and the router process fed by EndpointSlices
 from the apiserver) and serves pod discovery to Prometheus, Debian's Prometheus, and the operator;
-then measures the engines' cost profile with `specfleet profile` (specfleet_sandbox.profiling), applies it
-as the ConfigMap the fleet's Goodput policy reads, applies the sandbox fleet (specfleet_sandbox.fleet)
-and waits until it is Ready. Every process
-is recorded by PID and start time in DIR/sandbox.json and stopped exactly by `down`.
+then measures the engines' cost profile with `specfleet profile` (specfleet_sandbox.profiling),
+applies it as the ConfigMap the fleet's Goodput policy reads, applies the sandbox fleet
+(specfleet_sandbox.fleet) and waits until it is Ready. Every process is recorded by PID and start
+time in DIR/sandbox.json and stopped exactly by `down`.
 """
 
 from __future__ import annotations
