@@ -4,7 +4,7 @@ Everything is the real thing the README's `make demo` starts (its own control pl
 Prometheus, the operator, the router and emulated engines as processes, load through the official
 openai client); the scenario is the demo at 60% of its length. `up` measures the engines' cost
 profile with `specfleet profile` and the Goodput policy decides on it: the scenario must produce the
-three expected Goodput decisions, in order, with zero failed requests, and `down` must leave none of
+four expected Goodput decisions (the memory-bound one included), in order, with zero failed requests, and `down` must leave none of
 its processes behind.
 """
 
@@ -80,11 +80,12 @@ def test_demo_scenario_flips_the_expected_pools_without_failed_requests(tmp_path
         for move in (
             ("batch", "On", "Off", "GoodputBelowBreakEven"),
             ("batch", "Off", "On", "GoodputAboveBreakEven"),
+            ("batch", "On", "Off", "GoodputMemoryBound"),
             ("latency", "On", "Off", "GoodputBelowBreakEven"),
         ):
             assert move in remaining, f"{move} missing (in order) from {moves}\n{report}"
         # The summary reports the same decisions with their numbers.
-        assert summary.count(" -> ") >= 3
+        assert summary.count(" -> ") >= 4
     finally:
         recorded = (
             json.loads((work / "sandbox.json").read_text())["processes"]

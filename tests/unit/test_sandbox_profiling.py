@@ -7,7 +7,9 @@ speedup, and so break-even, depends on step-time ratios, which the time scale le
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -18,8 +20,10 @@ from specfleet.api.validation import parse_resource
 from specfleet.cli.profile import PROFILE_KEY
 from specfleet.policy.inputs.profile_source import profile_from_config_map
 from specfleet_runtime.cost_profile import load_profile
+from specfleet_runtime.emulator.text import Prompt
 from specfleet_sandbox import emulated_vllm
 from specfleet_sandbox.fleet import sandbox_fleet
+from specfleet_sandbox.load import LoadGenerator
 from specfleet_sandbox.profiling import (
     DEVICE_PROFILE,
     PROFILE_CONFIG_MAP,
@@ -30,7 +34,7 @@ from specfleet_sandbox.profiling import (
     measure_profile,
     profile_command,
 )
-from specfleet_sandbox.scenario import BASELINE_ACCEPTANCE, SCENARIOS
+from specfleet_sandbox.scenario import BASELINE_ACCEPTANCE, SCENARIOS, run_scenario
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -102,3 +106,18 @@ def test_a_profile_measured_on_emulators_puts_break_even_inside_the_demo_load(tm
     phases = {p.name: p for p in SCENARIOS["demo"].phases}
     assert phases["calm"].batch < point.on_below < point.off_above < phases["batch surge"].batch
     assert point.off_above < 64  # within what one engine runs at once
+    # The long-prompt phase: fewer batch streams than the device's break-even (what this short
+    # measurement finds varies more), so short prompts would speculate, but more than the KV cache
+    # holds with the drafter and no more than it holds without. A request holds its prompt as the
+    # engines count it, half its output and K lookahead slots, in whole blocks.
+    long = phases["long prompts"]
+    assert long.batch < break_even(device, BASELINE_ACCEPTANCE, 3, 5).off_above
+    tenant = LoadGenerator("http://127.0.0.1:1", "m", name="batch-tenant")
+    tenant.prompt_words = long.batch_prompt_words
+    prompt = Prompt.from_chat([("user", tenant.message(1000))]).num_tokens
+    output = inspect.signature(run_scenario).parameters["max_tokens"].default
+    blocks = math.ceil((prompt + output / 2 + 3) / 16)
+    assert profile.memory is not None
+    with_drafter = profile.memory.kv_cache_tokens_with_drafter // 16 // blocks
+    without = profile.memory.kv_cache_tokens // 16 // blocks
+    assert with_drafter < long.batch <= without, (prompt, with_drafter, without)
