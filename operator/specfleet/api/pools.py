@@ -125,8 +125,8 @@ class LatencySlo(ApiModel):
     """The pool's latency objective: the share of requests (`percentile`) that each target must hold for.
 
     Measured from the engines' own histograms over the policy window (status.pools.<pool>
-    sloAttainmentPercent). The policy does not act on it yet: it reports attainment, it does not steer
-    speculation by it.
+    sloAttainmentPercent). In Goodput mode the latency pool's speculation follows it: the setting predicted to
+    meet it for the most requests (`specfleet.policy.rules.slo`); the batch pool's is only measured.
     """
 
     rules = (
@@ -246,7 +246,8 @@ class PoolSpec(ApiModel):
     slo: LatencySlo | None = Field(
         default=None,
         description="Latency objective of this pool (TTFT and/or TPOT targets at a percentile); the "
-        "operator reports its attainment in status. Unset: none measured.",
+        "operator reports its attainment in status, and in Goodput mode steers the latency pool's "
+        "speculation by it (the setting predicted to meet it for the most requests). Unset: none measured.",
     )
 
     @property

@@ -106,6 +106,8 @@ GOODPUT_WITHIN_MARGIN: Final = "GoodputWithinMargin"
 GOODPUT_RETUNE: Final = "GoodputRetune"
 GOODPUT_MEMORY_BOUND: Final = "GoodputMemoryBound"
 GOODPUT_OVERLOADED: Final = "GoodputOverloaded"
+SLO_TTFT_BOUND: Final = "SloTtftBound"
+SLO_TPOT_BOUND: Final = "SloTpotBound"
 
 # Condition type present only while a pool is autoscaled: whether its autoscaler can scale (reads its
 # metric), and its reasons (a failing autoscaler's own reason is used as it is).
@@ -523,6 +525,26 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "Decision (Goodput mode)",
         "Another K (or a new Dynamic SD schedule) beats the current one by `retuneMarginPercent`.",
         _NOTHING,
+    ),
+    SLO_TTFT_BOUND: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The pool's SLO chose its setting, and its time-to-first-token target decided: the setting chosen "
+        "(off, a K, or a Dynamic SD table) is predicted to have more requests within every target than "
+        "the one the throughput rule asks for, mostly by meeting the TTFT target more often (the drafter's "
+        "share of the prefill and the queue's wait add to TTFT). Each setting's mean TTFT and TPOT come from "
+        "the same model as its tokens per second, the tail from the pool's measured histograms. The "
+        "numbers give each mode's predicted share (`predictedSloAttainmentOff`, `predictedSloAttainmentOn` "
+        "at `predictedSloAttainmentBestK`). A flip only the SLO asks for must cut the share of requests "
+        "that miss by more than `marginPercent`. A pool the SLO keeps off runs no canaries.",
+        "Nothing if expected. An SLO no setting meets: more replicas, or a looser target.",
+    ),
+    SLO_TPOT_BOUND: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The pool's SLO chose its setting, and its time-per-output-token target decided: the setting "
+        "chosen is predicted to have more requests within every target than the one the throughput rule "
+        "asks for, mostly by meeting the TPOT target more often (speculation yields more tokens per step; "
+        "at a large batch its steps cost more than they yield). Predicted as for `SloTtftBound`.",
+        "Nothing if expected. An SLO no setting meets: more replicas, or a looser target.",
     ),
     GOODPUT_MEMORY_BOUND: ReasonDoc(
         "Decision (Goodput mode)",

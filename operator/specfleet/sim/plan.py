@@ -19,6 +19,9 @@ without: one replica at a time, its drain at the pool's p95 load plus sleep, wak
 Standby pays where the pool flips (Auto) and the flip is shorter. The host memory it needs: each pod
 parks the sleeping engine's weights (target + drafter, across its GPUs), and a node holds as many pods
 as its GPUs fit (`GPUS_PER_NODE`, an 8-GPU node, unless the engines ask for more GPUs than that).
+
+A pool with an SLO gets `slo`: the replicas each setting needs to meet it at the trace's p95 load, the
+GPUs speculation saves or costs, and the setting the policy would run (`specfleet.sim.slo_replicas`).
 """
 
 from __future__ import annotations
@@ -40,11 +43,12 @@ from specfleet.policy.predict.rollout_time import (
     standby_rollout,
     standby_startup_seconds,
 )
-from specfleet.policy.predict.throughput import PoolModel, pool_model, setting_name
+from specfleet.policy.predict.throughput import OFF, SCHEDULE, PoolModel, pool_model, setting_name
 from specfleet.policy.rules.threshold import threshold_values
 from specfleet.sim.accounts import load_per_replica
 from specfleet.sim.compare import Comparison, static_ks
 from specfleet.sim.options import POOLS
+from specfleet.sim.slo_replicas import SloCandidate, SloLoad, slo_replicas
 from specfleet_runtime.cost_profile import StepTimeProfile, break_even_concurrency, speedup
 from specfleet_runtime.vllm_args import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 
@@ -211,6 +215,55 @@ def pool_load(comparison: Comparison, pool: str) -> dict[str, float] | None:
     return {q: round(float(np.percentile(arr, p)), 1) for q, p in (("p5", 5), ("p50", 50), ("p95", 95))}
 
 
+def pool_p95_tokens_per_second(comparison: Comparison, pool: str) -> float:
+    """The pool's generated tokens per second in its 95th-percentile window, all replicas together: the
+    most any fixed setting served there (the one that kept up best, the closest to what arrived)."""
+    return max(
+        float(np.percentile(run.bin_tokens[pool] / run.bin_seconds, 95)) if len(run.bin_tokens[pool]) else 0.0
+        for run in (comparison.runs[name] for name in comparison.fixed_settings())
+    )
+
+
+def slo_plan(
+    sd: SpeculativeDeployment,
+    pool: str,
+    comparison: Comparison,
+    model: PoolModel,
+    acceptance: Sequence[float],
+    ks: Sequence[int],
+    schedule: Sequence[tuple[int, int, int]],
+    request_tokens: tuple[float, float],
+) -> dict[str, Any]:
+    """The replicas `pool` needs for its SLO per setting, the GPUs speculation saves, and the setting the
+    policy would run (`specfleet.sim.slo_replicas`), each setting's tail from its own fixed run."""
+    spec = sd.spec
+    slo = getattr(spec.pools, pool).slo
+    assert slo is not None
+
+    def samples(run_name: str) -> list[tuple[float, float | None]]:
+        run = comparison.runs.get(run_name) or comparison.runs["alwaysOff"]
+        return [x for window in run.bin_latency[pool] for x in window]
+
+    candidates = [SloCandidate("off", model, OFF, samples("alwaysOff"))]
+    candidates += [
+        SloCandidate(setting_name(k), model, setting_name(k), samples(f"alwaysOnK{k}")) for k in ks
+    ]
+    if max((k for _, _, k in schedule), default=0) > 0:
+        table = model.with_schedule(tuple(schedule))
+        candidates.append(SloCandidate("dynamicSchedule", table, SCHEDULE, samples("engineDynamicSD")))
+    engine = pool_engine(spec, pool)  # type: ignore[arg-type]
+    load = SloLoad(pool_p95_tokens_per_second(comparison, pool), *request_tokens)
+    doc = slo_replicas(
+        slo,
+        candidates,
+        acceptance,
+        load,
+        max(1, engine.resources.gpus, engine.tensor_parallel_size),
+        steered=pool == "latency",
+    )
+    return {"p95TokensPerSecond": round(load.tokens_per_second, 1), **doc}
+
+
 def plan(
     sd: SpeculativeDeployment,
     comparison: Comparison,
@@ -288,6 +341,10 @@ def plan(
             },
             **({"standby": standby} if standby is not None else {}),
         }
+        if getattr(spec.pools, pool).slo is not None and request_tokens is not None:
+            pools[pool]["slo"] = slo_plan(
+                sd, pool, comparison, model, acceptance, ks, schedule, request_tokens
+            )
     results = comparison.to_json()["results"]
 
     def gain(a: str, b: str) -> float | None:

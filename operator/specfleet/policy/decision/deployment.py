@@ -11,6 +11,7 @@ from datetime import datetime
 
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
+from specfleet.api.pools import LatencySlo
 from specfleet.policy.decision.pool import Assessment, assess
 from specfleet.policy.inputs.observation import PoolObservation, PoolState, Schedule
 from specfleet.policy.predict.dynamic_sd import best_schedule, observed_under_schedule
@@ -64,10 +65,15 @@ def _flip(
         far = far_past_break_even(policy, k, p.loads, p.gains, profile) or far_past_break_even(
             policy, k, p.loads, p.gains, profile, at=0
         )
-        canaries = 0 if far else policy.reentry.canary_replicas
-        message += (
-            "; canaries stay to measure acceptance" if not far else "; no canaries: far past break-even"
-        )
+        by_slo = wanted.reason in (r.SLO_TTFT_BOUND, r.SLO_TPOT_BOUND)
+        canaries = 0 if far or by_slo else policy.reentry.canary_replicas
+        if by_slo:
+            # Canaries would serve part of the pool's requests with the drafter the SLO turned off.
+            message += "; no canaries: the SLO turned the drafter off"
+        else:
+            message += (
+                "; canaries stay to measure acceptance" if not far else "; no canaries: far past break-even"
+            )
     target_k = wanted.k if policy.mode == "Goodput" else None
     schedule = None
     if wanted.mode == "On" and p.schedules and p.gains is not None:
@@ -160,12 +166,14 @@ def decide(
     now: datetime,
     profile: StepTimeProfile,
     engine_schedule: bool = False,
+    slos: Mapping[str, LatencySlo] | None = None,
 ) -> list[PoolDecision]:
     """Decisions for the given (Auto) pools, in order; at most one of them changes its pool.
 
     `k` is the drafter's K (spec.drafter.numSpeculativeTokens), the most a pool may draft;
     `engine_schedule` lets Goodput give speculating pools Dynamic SD schedules
-    (`specfleet.api.semantics.engine_schedules`; see `specfleet.policy.predict.dynamic_sd`).
+    (`specfleet.api.semantics.engine_schedules`; see `specfleet.policy.predict.dynamic_sd`);
+    `slos`: the pools whose latency objective the policy steers by (`policy.rules.slo`).
     """
     schedules = engine_schedule and policy.mode == "Goodput"
     last_flip_any = max((s.last_transition for s in states.values() if s.last_transition), default=None)
@@ -184,7 +192,15 @@ def decide(
             out.append(PoolDecision(pool, state.mode, state.mode, False, r.METRICS_UNAVAILABLE, problem))
             continue
         p = assess(
-            policy, k, pool, state, observed_under_schedule(obs, state, schedules), now, profile, schedules
+            policy,
+            k,
+            pool,
+            state,
+            observed_under_schedule(obs, state, schedules),
+            now,
+            profile,
+            schedules,
+            (slos or {}).get(pool),
         )
         other_busy = changed or (busy and state.settled)
         if p.wanted.mode != state.mode:

@@ -15,6 +15,7 @@ from datetime import datetime
 
 from specfleet.api import reasons as r
 from specfleet.api.constants import POOLS, PoolName
+from specfleet.api.pools import LatencySlo
 from specfleet.api.semantics import engine_schedules
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment
@@ -109,6 +110,7 @@ def evaluate_policy(
             now,
             profile,
             engine_schedule=schedules,
+            slos=steering_slos(sd),
         )
     scrape = ScrapeSetup.of(sd, monitoring_labels)
     recorded = record(
@@ -135,6 +137,13 @@ def evaluate_policy(
         retrain=drift.retrain,
         observations=observations,
     )
+
+
+def steering_slos(sd: SpeculativeDeployment) -> dict[str, LatencySlo]:
+    """The pools whose speculation the policy steers by their SLO: the latency pool's, where it has one.
+    The batch pool serves for throughput, so an SLO there is measured, never steered by."""
+    slo = sd.spec.pools.latency.slo
+    return {} if slo is None else {"latency": slo}
 
 
 def slo_attainment(sd: SpeculativeDeployment, answers: FleetAnswers) -> dict[str, SloAttainment]:

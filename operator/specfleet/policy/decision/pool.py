@@ -10,6 +10,7 @@ from datetime import datetime
 
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
+from specfleet.api.pools import LatencySlo
 from specfleet.policy.inputs.observation import MeasuredAcceptance, PoolObservation, PoolState, Schedule
 from specfleet.policy.inputs.settings import goodput_margin, pool_k
 from specfleet.policy.predict.acceptance import Estimate, acceptance_moving, estimate_for, newest_acceptance
@@ -20,11 +21,12 @@ from specfleet.policy.predict.demand import (
 )
 from specfleet.policy.predict.kv_cache import DEFAULT_MAX_NUM_SEQS
 from specfleet.policy.predict.rollout_time import RolloutTime, pool_rollout
-from specfleet.policy.predict.throughput import PoolModel, pool_model
+from specfleet.policy.predict.throughput import OFF, PoolModel, pool_model
 from specfleet.policy.rules.canaries import active_canaries, settling
 from specfleet.policy.rules.goodput import GoodputPrediction, candidate_ks, goodput_prediction, goodput_wanted
 from specfleet.policy.rules.load_guards import LoadCase, against_load
 from specfleet.policy.rules.results import PoolDecision, Wanted
+from specfleet.policy.rules.slo import setting_shares, slo_wanted
 from specfleet.policy.rules.threshold import threshold_wanted
 from specfleet_runtime.cost_profile import StepTimeProfile
 
@@ -93,8 +95,11 @@ def assess(
     now: datetime,
     profile: StepTimeProfile,
     schedules: bool = False,
+    slo: LatencySlo | None = None,
 ) -> Assessment:
-    """What one pool's numbers ask for, and everything the gates, retunes and canaries need to know."""
+    """What one pool's numbers ask for, and everything the gates, retunes and canaries need to know.
+    A pool with a latency objective (`slo`) asks for the setting predicted to meet it most
+    (`policy.rules.slo`), throughput breaking ties."""
     current_k = pool_k(policy, state, k)
     schedule = state.schedule if schedules and state.mode == "On" else None
     est = estimate_for(policy, state, observed, now, k)
@@ -158,6 +163,13 @@ def assess(
             shown = {**wanted.numbers, **model.numbers(g_commit.per_position)}
             reason = r.GOODPUT_MEMORY_BOUND if why else wanted.reason
             wanted = replace(wanted, reason=reason, message=why + wanted.message, numbers=shown)
+        if slo is not None:
+            # Over the flip's commit path, as Goodput's gain (the demands `path` projects).
+            # At the demand measured, as the histograms were: scaling their tail to a projected demand
+            # would compound the projection's error with the tail's.
+            shares = setting_shares(slo, observed, model, g_commit.per_position, [model.demand], k, schedules)
+            if shares is not None:
+                wanted = slo_wanted(policy, state, model.current or OFF, shares, wanted)
         case = LoadCase(policy, state, observed, now, model, g_commit, rollout)
         wanted = against_load(case, wanted)
     else:

@@ -89,6 +89,11 @@ def canary_target(
         if active < spec:
             return spec, r.CANARIES_SCALED_UP, "acceptance is unknown: the canaries measure it"
         return None
+    if wanted.reason in (r.SLO_TTFT_BOUND, r.SLO_TPOT_BOUND):
+        # The SLO holds the pool off: canaries would serve part of its requests with the drafter.
+        return (
+            (0, r.CANARIES_SCALED_DOWN, "the SLO holds the pool off: " + wanted.message) if active else None
+        )
     if active > 0:
         far = far_past_break_even(policy, k, loads, gains, profile)
         return None if far is None else (0, r.CANARIES_SCALED_DOWN, far)

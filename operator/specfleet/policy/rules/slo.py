@@ -1,0 +1,220 @@
+"""What a pool's latency objective asks for (pure): among off, each K and the Dynamic SD table, the setting
+predicted to have the most requests within every target of the SLO (`slo_wanted`).
+
+Each setting's share comes from `policy.predict.latency`: its mean TTFT and TPOT from the same continuous
+model as Goodput's throughput (step time at its batch, tokens per step, the prefill with the drafter's
+share, Erlang C's queue over its batch slots) at the tokens per second the current setting serves at the
+demand, its tail read from the histograms measured under the current setting. Throughput's rule stays
+the tie-break: where no setting's share differs from Goodput's choice by more than `TIE`, Goodput's ask
+stands unchanged. A flip the SLO asks for must cut the share of requests that miss by more than the
+Goodput margin (the same hysteresis as the throughput rule), so the pool does not flap between two
+settings the prediction barely tells apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from specfleet.api import reasons as r
+from specfleet.api.policy import PolicySpec
+from specfleet.api.pools import LatencySlo
+from specfleet.policy.inputs.observation import PoolObservation, PoolState
+from specfleet.policy.inputs.settings import goodput_margin
+from specfleet.policy.inputs.slo_attainment import MILLISECONDS
+from specfleet.policy.predict.dynamic_sd import best_schedule
+from specfleet.policy.predict.latency import Latency, predict_latency, scaled_share
+from specfleet.policy.predict.throughput import OFF, SCHEDULE, PoolModel, setting_name
+from specfleet.policy.rules.goodput import candidate_ks
+from specfleet.policy.rules.results import Wanted
+
+# Predicted shares closer than this (0.1 point) are a tie, which throughput decides. Small on purpose: the
+# drafter's share of the prefill moves TTFT by a few percent, which a share within a wide vLLM bucket
+# reflects only as a small difference, yet a steady one; the margin on a flip keeps the pool from flapping.
+TIE = 0.001
+TTFT = "TTFT"
+TPOT = "TPOT"
+
+
+@dataclass(frozen=True)
+class SettingShares:
+    """One setting's predicted share of requests within each target of the SLO, and its tokens/s."""
+
+    name: str
+    k: int  # the K a flip to it runs (0: off)
+    by_target: dict[str, float]  # TTFT / TPOT -> share within it
+    tokens_per_second: float
+    # Share within every target, the targets' shares taken as independent (their product).
+    attainment: float
+
+
+def _mean(shares: Sequence[SettingShares]) -> SettingShares:
+    """One setting's shares averaged over the demands of a path."""
+    n = len(shares)
+    first = shares[0]
+    by_target = {t: sum(s.by_target[t] for s in shares) / n for t in first.by_target}
+    tokens = sum(s.tokens_per_second for s in shares) / n
+    return SettingShares(first.name, first.k, by_target, tokens, sum(s.attainment for s in shares) / n)
+
+
+def _targets(slo: LatencySlo) -> list[tuple[str, float]]:
+    out = []
+    if slo.time_to_first_token_milliseconds is not None:
+        out.append((TTFT, slo.time_to_first_token_milliseconds / MILLISECONDS))
+    if slo.time_per_output_token_milliseconds is not None:
+        out.append((TPOT, slo.time_per_output_token_milliseconds / MILLISECONDS))
+    return out
+
+
+def setting_shares(
+    slo: LatencySlo,
+    obs: PoolObservation,
+    model: PoolModel,
+    per_position: Sequence[float],
+    demands: Sequence[float],
+    max_k: int,
+    schedules: bool,
+) -> list[SettingShares] | None:
+    """Each setting's predicted shares within the SLO's targets averaged over `demands` (running + waiting
+    requests per replica); None when the prediction cannot tell at one of them (`_shares_at`)."""
+    each = [_shares_at(slo, obs, model, per_position, d, max_k, schedules) for d in demands]
+    if not each or any(e is None for e in each):
+        return None
+    per_demand = [e for e in each if e is not None]
+    return [_mean([e[i] for e in per_demand]) for i in range(len(per_demand[0]))]
+
+
+def _shares_at(
+    slo: LatencySlo,
+    obs: PoolObservation,
+    model: PoolModel,
+    per_position: Sequence[float],
+    demand: float,
+    max_k: int,
+    schedules: bool,
+) -> list[SettingShares] | None:
+    """Each setting's predicted shares at `demand`; None when the prediction cannot tell: no histogram or
+    request sizes measured, or the current setting does not serve the arrivals (what it measured is a
+    queue's growth, no scale for another)."""
+    prompt, output = obs.mean_prompt_tokens, obs.mean_output_tokens
+    if prompt is None or not output or output <= 0:
+        return None
+    histograms = {TTFT: obs.ttft_histogram, TPOT: obs.tpot_histogram}
+    targets = _targets(slo)
+    if not targets or any(not histograms[t] for t, _ in targets):
+        return None
+    current = model.current or OFF
+    rate = model.tokens_per_second(current, per_position, demand)
+    candidates: list[tuple[PoolModel, str, int]] = [(model, OFF, 0)]
+    if schedules:
+        # A speculating pool follows a Dynamic SD table: the table a flip would give it, or its own.
+        table = (
+            model
+            if model.schedule is not None
+            else model.with_schedule(best_schedule(model.profile, per_position, max_k))
+        )
+        assert table.schedule is not None
+        top = max((kk for _, _, kk in table.schedule), default=0)
+        if top > 0:
+            candidates.append((table, SCHEDULE, top))
+    else:
+        candidates += [(model, setting_name(kk), kk) for kk in candidate_ks(model.profile, max_k)]
+    if current not in {n for _, n, _ in candidates} and current in model.settings:
+        candidates.append((model, current, model.settings[current].lookahead))
+    candidates = [(m, n, kk) for m, n, kk in candidates if n in m.settings]
+
+    def latency(m: PoolModel, name: str) -> Latency:
+        return predict_latency(m, name, per_position, rate, prompt, output)
+
+    now = latency(model, current)
+    if not (math.isfinite(now.ttft) and math.isfinite(now.tpot) and now.ttft > 0 and now.tpot > 0):
+        return None
+    out = []
+    for m, name, kk in candidates:
+        other = latency(m, name)
+        means = {TTFT: (now.ttft, other.ttft), TPOT: (now.tpot, other.tpot)}
+        by_target = {}
+        for target, seconds in targets:
+            mean_now, mean_other = means[target]
+            scale = mean_other / mean_now if math.isfinite(mean_other) else math.inf
+            share = scaled_share(histograms[target], seconds, scale)
+            if share is None:
+                return None
+            by_target[target] = share
+        tokens = m.tokens_per_second(name, per_position, demand)
+        out.append(SettingShares(name, kk, by_target, tokens, math.prod(by_target.values())))
+    return out
+
+
+def _binding(chosen: SettingShares, other: SettingShares) -> str:
+    """The target whose share most separates the chosen setting from the other (the one that decided)."""
+    return max(chosen.by_target, key=lambda t: chosen.by_target[t] - other.by_target[t])
+
+
+def slo_wanted(
+    policy: PolicySpec,
+    state: PoolState,
+    current: str,
+    shares: list[SettingShares],
+    throughput: Wanted,
+) -> Wanted:
+    """What the SLO asks for, given each setting's predicted `shares`, the setting the pool runs now
+    (`current`) and what Goodput asks for (`throughput`): the setting with the most requests within the
+    SLO, unless it ties (within `TIE`) with the setting throughput asks for, or is a flip throughput does
+    not ask for that does not cut the missed share by more than the Goodput margin. A better K in the
+    mode the pool keeps is the retune's to find (throughput's)."""
+    by_name = {s.name: s for s in shares}
+    off = by_name[OFF]
+    on = [s for s in shares if s.name != OFF]
+    if not on or current not in by_name:
+        return throughput
+    best_on = max(on, key=lambda s: (s.attainment, s.tokens_per_second))
+    mine = by_name[current]
+    if throughput.mode == state.mode:
+        asked = mine
+    elif throughput.mode == "Off":
+        asked = off
+    else:
+        asked = next((s for s in on if s.k == throughput.k), best_on)
+    numbers = {
+        **throughput.numbers,
+        "predictedSloAttainmentOff": f"{off.attainment:.3f}",
+        "predictedSloAttainmentOn": f"{best_on.attainment:.3f}",
+        "predictedSloAttainmentBestK": str(best_on.k),
+    }
+    best = max((off, best_on), key=lambda s: (s.attainment, s.tokens_per_second))
+    mode = "Off" if best is off else "On"
+    flip_throughput_skips = mode != state.mode and throughput.mode == state.mode
+    margin = goodput_margin(policy)
+    if state.mode == throughput.mode == mode == "Off" and best.attainment - best_on.attainment > TIE:
+        # Both keep the pool off; the SLO says so, which keeps canaries (the drafter) off its requests.
+        why = f"{off.attainment:.3f} off against {best_on.attainment:.3f} {_setting_text(best_on)}"
+        target = _binding(off, best_on)
+        reason = r.SLO_TTFT_BOUND if target == TTFT else r.SLO_TPOT_BOUND
+        return Wanted(
+            "Off", reason, f"stays Off: predicted share within the SLO {why} ({target} decides)", numbers
+        )
+    if (
+        best.attainment - asked.attainment <= TIE
+        or (mode == state.mode and throughput.mode == state.mode)
+        # A flip only the SLO asks for must cut the missed share by more than the margin, as Goodput's
+        # speedup must pass it: no flapping between settings the prediction barely tells apart.
+        or (flip_throughput_skips and 1 - best.attainment >= (1 - mine.attainment) * (1 - margin))
+    ):
+        return replace(throughput, numbers=numbers)
+    target = _binding(best, asked)
+    reason = r.SLO_TTFT_BOUND if target == TTFT else r.SLO_TPOT_BOUND
+    why = (
+        f"predicted share within the SLO {best.attainment:.3f} {_setting_text(best)} against "
+        f"{asked.attainment:.3f} {_setting_text(asked)} ({target} decides)"
+    )
+    if mode == state.mode:
+        return Wanted(mode, reason, f"stays {mode}: {why}", numbers)
+    return Wanted(mode, reason, why, numbers, k=best.k if mode == "On" else throughput.k)
+
+
+def _setting_text(s: SettingShares) -> str:
+    if s.name == OFF:
+        return "off"
+    return f"with K up to {s.k}" if s.name == SCHEDULE else f"at K {s.k}"

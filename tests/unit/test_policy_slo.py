@@ -1,0 +1,134 @@
+"""A pool with a latency objective (`policy.rules.slo`): the setting predicted to have the most requests within
+every target, from the throughput model's means and the measured histograms' tail; throughput breaks ties,
+and without an SLO or histograms the decision is Goodput's, unchanged."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from specfleet.api import reasons as r
+from specfleet.api.policy import PolicySpec
+from specfleet.api.pools import LatencySlo
+from specfleet.policy import PoolObservation, PoolState, decide
+from specfleet.policy.inputs.observation import Histogram
+from specfleet.policy.rules.results import Wanted
+from specfleet.policy.rules.slo import OFF, SettingShares, slo_wanted
+from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, default_profile
+
+NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+ACC = tuple(PUBLISHED_ACCEPTANCE[:3])
+PROFILE = default_profile()
+POLICY = PolicySpec.model_validate({})
+# Measured under the current setting: TTFT spread over 0.1-1 s, TPOT over 5-25 ms, so that a target in
+# the middle of either is met by a share that moves with the predicted means.
+TTFT: Histogram = ((0.1, 0.0), (0.25, 3.0), (0.5, 8.0), (0.75, 9.5), (1.0, 10.0), (math.inf, 10.0))
+TPOT: Histogram = ((0.005, 0.0), (0.01, 2.0), (0.015, 6.0), (0.02, 9.0), (0.025, 10.0), (math.inf, 10.0))
+TTFT_TIGHT = LatencySlo.model_validate({"timeToFirstTokenMilliseconds": 300})
+TPOT_TIGHT = LatencySlo.model_validate({"timePerOutputTokenMilliseconds": 12})
+
+
+def _obs(running: float, histograms: bool = True) -> PoolObservation:
+    return PoolObservation(
+        pool="latency",
+        at=NOW,
+        acceptance_length=1 + sum(ACC),
+        per_position=ACC,
+        acceptance_source="pool",
+        running_per_replica=running,
+        waiting=0.0,
+        replicas_reporting=2,
+        mean_prompt_tokens=1000.0,
+        mean_output_tokens=200.0,
+        ttft_histogram=TTFT if histograms else (),
+        tpot_histogram=TPOT if histograms else (),
+    )
+
+
+def _decide(mode: str, running: float, slo: LatencySlo | None, histograms: bool = True):
+    state = PoolState(mode=mode, last_transition=NOW - timedelta(days=1), k=3)
+    slos = None if slo is None else {"latency": slo}
+    return decide(
+        POLICY, 3, {"latency": state}, {"latency": _obs(running, histograms)}, NOW, PROFILE, slos=slos
+    )[0]
+
+
+def test_a_ttft_tight_slo_turns_a_busy_speculating_pool_off_where_throughput_keeps_it_on():
+    # Throughput alone keeps the drafter: it still yields more tokens per second at this load.
+    assert _decide("On", 48.0, None).target == "On"
+    d = _decide("On", 48.0, TTFT_TIGHT)
+    # The drafter's share of each prompt's prefill and its longer step cost TTFT, which the SLO binds.
+    assert (d.target, d.reason) == ("Off", r.SLO_TTFT_BOUND)
+    assert float(d.observations["predictedSloAttainmentOff"]) > float(
+        d.observations["predictedSloAttainmentOn"]
+    )
+    # Nor does a pool that is off turn on for the throughput.
+    assert _decide("Off", 16.0, None).target == "On"
+    held = _decide("Off", 16.0, TTFT_TIGHT)
+    assert (held.target, held.reason) == ("Off", r.SLO_TTFT_BOUND)
+
+
+def test_a_tpot_tight_slo_turns_speculation_on_where_throughput_holds_off():
+    assert _decide("Off", 96.0, None).target == "Off"
+    d = _decide("Off", 96.0, TPOT_TIGHT)
+    # More tokens per step at the batch serves each token sooner: the TPOT target decides.
+    assert (d.target, d.reason) == ("On", r.SLO_TPOT_BOUND)
+    assert d.target_k is not None
+    assert d.target_k >= 1
+
+
+def test_without_an_slo_or_its_histograms_the_decision_is_goodputs():
+    for mode, running in (("On", 48.0), ("Off", 16.0), ("Off", 96.0), ("On", 128.0)):
+        plain = _decide(mode, running, None)
+        for slo in (TTFT_TIGHT, TPOT_TIGHT):
+            assert _decide(mode, running, slo, histograms=False) == plain
+        # An SLO on a pool the policy does not steer by (the batch pool here) changes nothing either.
+        state = PoolState(mode=mode, last_transition=NOW - timedelta(days=1), k=3)
+        other = decide(
+            POLICY,
+            3,
+            {"latency": state},
+            {"latency": _obs(running)},
+            NOW,
+            PROFILE,
+            slos={"batch": TTFT_TIGHT},
+        )[0]
+        assert other == plain
+
+
+def _shares(off: float, on: float) -> list[SettingShares]:
+    return [
+        SettingShares(OFF, 0, {"TTFT": off}, 100.0, off),
+        SettingShares("K3", 3, {"TTFT": on}, 120.0, on),
+    ]
+
+
+def test_a_flip_only_the_slo_asks_for_must_cut_the_missed_share_by_the_margin():
+    state = PoolState(mode="On", last_transition=NOW - timedelta(days=1), k=3)
+    keep = Wanted("On", r.GOODPUT_WITHIN_MARGIN, "keeps", {})
+    # 0.500 -> 0.5005: a tie; 0.50 -> 0.51 cuts the missed share by 2%, inside the 5% margin: throughput's
+    # hold stands; 0.50 -> 0.55 cuts it by 10%: the pool turns off.
+    tied = slo_wanted(POLICY, state, "K3", _shares(0.5005, 0.50), keep)
+    assert tied == replace(keep, numbers=tied.numbers)
+    assert slo_wanted(POLICY, state, "K3", _shares(0.51, 0.50), keep).reason == r.GOODPUT_WITHIN_MARGIN
+    flipped = slo_wanted(POLICY, state, "K3", _shares(0.55, 0.50), keep)
+    assert (flipped.mode, flipped.reason) == ("Off", r.SLO_TTFT_BOUND)
+    # Throughput's ask stands on a tie, with the predicted shares shown.
+    tie = slo_wanted(POLICY, state, "K3", _shares(0.90, 0.90), keep)
+    assert replace(tie, numbers={}) == keep
+    assert tie.numbers["predictedSloAttainmentOff"] == "0.900"
+
+
+def test_no_canaries_serve_a_pool_the_slo_keeps_off():
+    policy = PolicySpec.model_validate({"reentry": {"canaryReplicas": 1}})
+    on = PoolState(mode="On", last_transition=NOW - timedelta(days=1), k=3)
+    slos = {"latency": TTFT_TIGHT}
+    flip = decide(policy, 3, {"latency": on}, {"latency": _obs(48.0)}, NOW, PROFILE, slos=slos)[0]
+    assert (flip.target, flip.reason, flip.canary_replicas) == ("Off", r.SLO_TTFT_BOUND, 0)
+    # Off with its canaries up (policy.reentry.canaryReplicas), the SLO still preferring off: down.
+    off = PoolState(mode="Off", last_transition=NOW - timedelta(days=1), k=3, canary_replicas=1)
+    held = decide(policy, 3, {"latency": off}, {"latency": _obs(16.0)}, NOW, PROFILE, slos=slos)[0]
+    assert (held.target, held.reason, held.canary_replicas) == ("Off", r.CANARIES_SCALED_DOWN, 0)
+    plain = decide(policy, 3, {"latency": off}, {"latency": _obs(16.0)}, NOW, PROFILE)[0]
+    assert plain.target == "On"  # without the SLO, throughput turns it on
