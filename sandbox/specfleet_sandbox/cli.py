@@ -10,8 +10,10 @@
 scheduler; kwok plays three GPU nodes), an agent that plays the pods (one engine emulator per engine
 pod, started from that pod's own rendered arguments, and the router process fed by EndpointSlices
 from the apiserver) and serves pod discovery to Prometheus, Debian's Prometheus, and the operator;
-then applies the sandbox fleet (specfleet_sandbox.fleet) and waits until it is Ready. Every process
-is recorded by PID and start time in DIR/sandbox.json and stopped exactly by `down`.
+then measures the engines' cost profile with `specfleet profile` (specfleet_sandbox.profiling),
+applies it as the ConfigMap the fleet's Goodput policy reads, applies the sandbox fleet
+(specfleet_sandbox.fleet) and waits until it is Ready. Every process is recorded by PID and start
+time in DIR/sandbox.json and stopped exactly by `down`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from specfleet.cli.common import CommandParser
 from specfleet_runtime.names import ENGINE_PORT, ROUTER_PORT
 from specfleet_sandbox.fleet import DEFAULT_NAMESPACE, SERVED_MODEL, sandbox_fleet
 from specfleet_sandbox.processes import Detached, OperatorProcess
+from specfleet_sandbox.profiling import break_even, emulator_args, measure_profile
 from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config
 from specfleet_sandbox.scenario import BASELINE_ACCEPTANCE, SCENARIOS, Phase, run_scenario, summary_lines
 from specfleet_testbed import Cluster, ClusterError, ensure_binaries, local_address
@@ -48,8 +51,6 @@ DEFAULT_DIR = Path(tempfile.gettempdir()) / "specfleet-demo"
 STATE = "sandbox.json"
 ACCEPTANCE_FILE = "acceptance.json"
 FLEET_NAME = "assistant"
-# Emulated engines run 10x slower than the H100 profile so a few dozen clients saturate one.
-EMULATOR_ARGS = ["--time-scale", "10"]
 ROUTER_ARGS = ["--endpoint-address-map", "10.0.0.0/8=127.0.0.0/8", "--log-level", "warning"]
 CRD = Path(__file__).resolve().parents[2] / "crds" / "specfleet.io_speculativedeployments.yaml"
 
@@ -185,9 +186,10 @@ def up(work: Path, namespace: str) -> dict[str, Any]:
         state["processes"].append(asdict(Detached.of("operator", operator.pid, work / "operator.log")))
         _write_state(work, state)
 
-        _say(f"applying the sandbox fleet {namespace}/{FLEET_NAME} (examples/02, adapted)")
         fleet = sandbox_fleet(namespace, prometheus.url)
         fleet["metadata"]["name"] = FLEET_NAME
+        _measure(work, cluster, fleet, namespace)
+        _say(f"applying the sandbox fleet {namespace}/{FLEET_NAME} (examples/02, adapted)")
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(fleet))
         _wait(
             f"{FLEET_NAME} Ready",
@@ -202,6 +204,31 @@ def up(work: Path, namespace: str) -> dict[str, Any]:
         raise
     _say(f"sandbox up in {time.monotonic() - started:.0f}s; router at {state['router_url']}")
     return state
+
+
+def _measure(work: Path, cluster: Cluster, fleet: dict[str, Any], namespace: str) -> None:
+    """`specfleet profile` against emulated engines; its ConfigMap applied where the fleet names it."""
+    _say("measuring the engines' cost profile with `specfleet profile` (about a minute)")
+    started = time.monotonic()
+    try:
+        measured = measure_profile(work, fleet, namespace, BASELINE_ACCEPTANCE)
+    except RuntimeError as err:
+        raise SandboxError(
+            f"measuring the cost profile failed (log: {work / 'profile.log'}): {err}"
+        ) from None
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(measured.config_map))
+    policy = fleet["spec"]["policy"]
+    point = break_even(
+        measured.profile,
+        BASELINE_ACCEPTANCE,
+        int(fleet["spec"]["drafter"]["numSpeculativeTokens"]),
+        int(policy.get("goodput", {}).get("marginPercent", 5)),
+    )
+    _say(
+        f"profile measured in {time.monotonic() - started:.0f}s, applied as configmap/"
+        f"{measured.config_map['metadata']['name']}; the policy predicts speculation stops paying above "
+        f"{point.off_above:.0f} running requests per replica and pays again below {point.on_below:.0f}"
+    )
 
 
 def _condition(cluster: Cluster, namespace: str, type_: str) -> str | None:
@@ -263,7 +290,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         kubeconfig,
         args.namespace,
         args.dir / "pods",
-        emulator_args=[*EMULATOR_ARGS, "--acceptance", ",".join(map(str, BASELINE_ACCEPTANCE))],
+        emulator_args=[*emulator_args(), "--acceptance", ",".join(map(str, BASELINE_ACCEPTANCE))],
         router_args=ROUTER_ARGS,
         router_pythonpath=compiled_router(),
         acceptance_file=args.dir / ACCEPTANCE_FILE,

@@ -1,15 +1,17 @@
 """The sandbox's SpeculativeDeployment: examples/02-two-pools-routing-policy.yaml, adapted to a laptop.
 
-What changes and why (everything else is the example as a user would apply it):
+What changes and why (everything else is the example as a user would apply it, Goodput mode and its
+margin included):
 - one replica per pool, no canaries, `maxNumSeqs` 64: each engine is a local emulator process;
 - no node selector, model cache volume or HF token: the test bed's fake GPU nodes need none;
 - Prometheus is the sandbox's own;
 - policy timings shortened about 10x (evaluate every 2 s over 10 s windows, 30 s dwell, 10 s
   cooldown) so a flip and its way back fit in minutes;
-- Threshold mode with a concurrency threshold of 12 running requests per replica: the emulated
-  engines run 10x slower than an H100, and a couple of cores can only drive a few dozen streams, so
-  the real break-even point (well above 100 per replica for this drafter, see `specfleet plan`) is out
-  of reach here; the threshold stands in for it.
+- `policy.goodput.costProfileConfigMap` names the profile the sandbox measured on its own engines
+  before applying this (specfleet_sandbox.profiling): they play a device whose verification turns
+  compute-bound at a few dozen running requests, so the break-even the policy predicts from the
+  measurement lies within the load two cores can drive, where the published H100 profile's lies
+  beyond the engines' 64-request cap.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from specfleet_sandbox.profiling import PROFILE_CONFIG_MAP
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "02-two-pools-routing-policy.yaml"
@@ -54,16 +58,10 @@ def sandbox_fleet(namespace: str, prometheus_url: str) -> dict[str, Any]:
                 },
                 "routing": {"router": {"replicas": 1}},
                 "policy": {
-                    "mode": "Threshold",
                     "prometheus": {"url": prometheus_url, "timeoutSeconds": 2},
                     "evaluationIntervalSeconds": 2,
                     "windowSeconds": 10,
-                    "thresholds": {
-                        "stopBelowAcceptanceLengthMilli": 1400,
-                        "resumeAboveAcceptanceLengthMilli": 1700,
-                        "stopAboveConcurrencyPerReplica": 12,
-                        "resumeBelowConcurrencyPerReplica": 4,
-                    },
+                    "goodput": {"costProfileConfigMap": PROFILE_CONFIG_MAP},
                     "minDwellSeconds": 30,
                     "cooldownSeconds": 10,
                     "maxFlipsPerHour": 20,

@@ -69,6 +69,9 @@ class LoadGenerator:
         # send the request again elsewhere when an engine goes away).
         self.stream = stream
         self.stats = LoadStats()
+        # Words of filler after each request's own opening (one token each to the emulator's tokenizer):
+        # 0 for a short question; the opening differs per request, so no two share a KV block.
+        self.prompt_words = 0
         self._concurrency = 0
         self._clients = 0  # client loops running now; changed only on the generator's event loop
         self._stop = threading.Event()
@@ -94,8 +97,11 @@ class LoadGenerator:
         return self._clients
 
     def message(self, n: int) -> str:
-        """The user message of this generator's request number `n` (from 1)."""
-        return f"{self.name} request {n}: tell me a story"
+        """The user message of this generator's request number `n` (from 1), `prompt_words` long plus
+        its opening."""
+        opening = f"{self.name} request {n}: tell me a story"
+        words = self.prompt_words
+        return opening if words <= 0 else opening + " about" + " the long document" * (words // 3)
 
     def snapshot(self) -> LoadStats:
         """A consistent copy of the counters so far."""

@@ -5,10 +5,13 @@ per kind of client (interactive clients go to the default pool, the batch tenant
 batch pool by the resource's tenant rule) and records cumulative counters at every phase boundary.
 `summary_lines` turns that and the resource's decision history into the end-of-run report (pure).
 
-The default ("demo", about 5 minutes): calm interactive traffic; a batch tenant's surge pushes the
-batch pool past its concurrency threshold (speculation Off); calm again (the batch pool turns
-speculation back on after its dwell); then a content shift lowers the latency pool's acceptance
-(speculation Off there, AcceptanceBelowThreshold).
+The default ("demo", about 6 minutes): calm interactive traffic; a batch tenant's surge pushes the
+batch pool past the break-even the Goodput policy predicts from the sandbox's measured profile
+(speculation Off, GoodputBelowBreakEven); calm again (the batch pool turns speculation back on after
+its dwell, GoodputAboveBreakEven); long prompts from the batch tenant, fewer streams than break-even,
+but more than the KV cache holds with the drafter's share taken out (speculation Off,
+GoodputMemoryBound); then a content shift lowers the latency pool's acceptance until drafting no
+longer pays even at its light load (speculation Off there, GoodputBelowBreakEven).
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ TENANT_HEADER = "x-specfleet-tenant"
 # and after the content shift (a drafter that no longer fits the traffic).
 BASELINE_ACCEPTANCE = (0.68, 0.39, 0.2)
 SHIFTED_ACCEPTANCE = (0.05, 0.01, 0.0)
+# The batch tenant's long-prompt phase: 20 streams of about 1450-token prompts. Each request then holds
+# about 94 KV blocks of 16 tokens; the device's cache (device-profile.yaml) holds 21 of them without
+# the drafter and 13 with it, while 20 short ones would still speculate (break-even is 25 to 30).
+LONG_PROMPT_STREAMS = 20
+LONG_PROMPT_WORDS = 1450
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,7 @@ class Phase:
     batch: int
     latency_acceptance: tuple[float, ...] | None = None
     expect: str = ""
+    batch_prompt_words: int = 0  # the batch tenant's prompts: 0 short, else about this many tokens
 
 
 @dataclass(frozen=True)
@@ -56,21 +65,39 @@ class Scenario:
 def _demo(scale: float) -> tuple[Phase, ...]:
     return (
         Phase("calm", 45 * scale, 2, 1, BASELINE_ACCEPTANCE, "both pools speculate"),
-        Phase("batch surge", 90 * scale, 2, 40, None, "batch pool: On -> Off (ConcurrencyAboveThreshold)"),
-        Phase("calm again", 80 * scale, 2, 1, None, "batch pool: Off -> On after its dwell"),
+        Phase("batch surge", 90 * scale, 2, 40, None, "batch pool: On -> Off (GoodputBelowBreakEven)"),
+        Phase(
+            "calm again",
+            80 * scale,
+            2,
+            1,
+            None,
+            "batch pool: Off -> On after its dwell (GoodputAboveBreakEven)",
+        ),
+        Phase(
+            "long prompts",
+            80 * scale,
+            2,
+            LONG_PROMPT_STREAMS,
+            None,
+            "batch pool: On -> Off, the drafter's KV share binds (GoodputMemoryBound)",
+            batch_prompt_words=LONG_PROMPT_WORDS,
+        ),
         Phase(
             "content shift",
             70 * scale,
             2,
             1,
             SHIFTED_ACCEPTANCE,
-            "latency pool: On -> Off (AcceptanceBelowThreshold)",
+            "latency pool: On -> Off (GoodputBelowBreakEven)",
         ),
     )
 
 
 SCENARIOS: dict[str, Scenario] = {
-    "demo": Scenario("demo", "calm, batch surge, calm, content shift (about 5 minutes)", _demo(1.0)),
+    "demo": Scenario(
+        "demo", "calm, batch surge, calm, long prompts, content shift (about 6 minutes)", _demo(1.0)
+    ),
     "short": Scenario("short", "the demo at about 60% of its length (the e2e tier runs it)", _demo(0.6)),
     "surge": Scenario(
         "surge",
@@ -165,6 +192,7 @@ def run_scenario(
                 set_acceptance("latency", phase.latency_acceptance)
             interactive.set_concurrency(phase.interactive)
             batch.set_concurrency(phase.batch)
+            batch.prompt_words = phase.batch_prompt_words
             started = time.monotonic()
             while (elapsed := time.monotonic() - started) < phase.seconds:
                 if on_tick is not None:

@@ -193,7 +193,7 @@ def test_every_scenario_starts_from_a_known_acceptance_and_is_minutes_long() -> 
     for scenario in SCENARIOS.values():
         assert scenario.phases[0].latency_acceptance is not None
         assert 60 <= scenario.seconds <= 400
-    assert 240 <= SCENARIOS["demo"].seconds <= 330
+    assert 240 <= SCENARIOS["demo"].seconds <= 380  # about six minutes, the long-prompt phase included
 
 
 def test_sandbox_cli_refuses_an_unknown_scenario_and_a_missing_sandbox(
