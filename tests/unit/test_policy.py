@@ -301,3 +301,18 @@ def test_goodput_turning_on_starts_at_best_k():
     memory = MeasuredAcceptance(2.3, (0.68, 0.39, 0.2), NOW - timedelta(minutes=5))
     d = one(GOODPUT, state("Off", memory=memory), obs(accept=None, load=1), k=5)
     assert (d.flip, d.target, d.target_k) == (True, "On", 3)
+
+
+def test_a_change_records_its_own_predicted_speedup_over_the_setting_it_leaves():
+    off = one(GOODPUT, state("On"), obs(load=256))
+    assert off.flip and off.target == "Off"
+    # Turning off: no drafter over the current setting, the inverse of speculation's speedup.
+    assert float(off.observations["predictedChangeSpeedup"]) == pytest.approx(
+        1 / float(off.observations["predictedSpeedup"]), rel=0.01
+    )
+    memory = MeasuredAcceptance(2.3, (0.68, 0.39, 0.2), NOW - timedelta(minutes=5))
+    on = one(GOODPUT, state("Off", memory=memory), obs(accept=None, load=2))
+    assert on.flip and on.observations["predictedChangeSpeedup"] == on.observations["bestKSpeedup"]
+    held = one(GOODPUT, state("On"), obs(load=4))
+    assert not held.changes and "predictedChangeSpeedup" not in held.observations
+    assert "predictedChangeSpeedup" not in one(THRESHOLD, state("On"), obs(load=60)).observations

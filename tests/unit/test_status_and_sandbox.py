@@ -114,6 +114,13 @@ def test_status_shows_each_recent_change_with_its_predicted_and_realized_speedup
     lines = plain_lines(view)
     assert any(line.startswith("  recent changes") for line in lines)
     assert lines.index("    " + view.changes[0]) < lines.index("  Ready=True (AllPoolsReady): all ready")
+    # A flip off predicted speculation at 0.800x: the change itself, no drafter over it, 1.250x.
+    off = {**goodput, "time": "2026-11-30T12:30:00Z", "from": "On", "to": "Off"}
+    off["observations"] = {"predictedSpeedup": "0.800", "predictedChangeSpeedup": "1.250"}
+    resource["status"]["history"].append(off)
+    assert fleet_view(resource).changes[-1].startswith(
+        "2026-11-30T12:30:00Z latency On->Off GoodputBetter: predicted 1.250, realized 1.300"
+    )
 
 
 def test_an_autoscaled_pool_shows_the_autoscalers_count_and_range() -> None:

@@ -284,7 +284,8 @@ class RealizedChange(StatusModel):
     )
     realized_speedup: str = Field(
         description="tokensPerSecondPerReplicaAfter / tokensPerSecondPerReplicaBefore, as text, beside "
-        "the observations' predictedSpeedup (Goodput decisions). A before/after ratio under whatever "
+        "the observations' predictedChangeSpeedup (Goodput decisions: the change's predicted throughput "
+        "over the setting it left). A before/after ratio under whatever "
         "load came, not a controlled measurement: the load may have moved between the two windows "
         "(compare runningPerReplicaBefore and runningPerReplicaAfter), and a pool serving all that "
         "arrives produces the same tokens whatever its setting."

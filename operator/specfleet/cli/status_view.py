@@ -84,8 +84,12 @@ def _change(entry: Mapping[str, Any]) -> str:
 
 def _predicted_vs_realized(entry: Mapping[str, Any]) -> str:
     """The speedup a change predicted beside the one measured after it, with the throughput and the
-    load of both windows (the load may have moved: a before/after ratio, not a controlled one)."""
-    predicted = _text((entry.get("observations") or {}).get("predictedSpeedup"))
+    load of both windows (the load may have moved: a before/after ratio, not a controlled one). The
+    prediction is the change's own (its throughput over the setting it left: `predictedChangeSpeedup`),
+    where the decision recorded one, else speculation's over no drafter (`predictedSpeedup`, which for a
+    flip off is the inverse of what the realized ratio measures)."""
+    numbers = entry.get("observations") or {}
+    predicted = _text(numbers.get("predictedChangeSpeedup", numbers.get("predictedSpeedup")))
     realized = entry.get("realized")
     if not isinstance(realized, Mapping):
         return f"predicted {predicted}, realized -"

@@ -6,7 +6,9 @@ at most one pool of a deployment changes per evaluation. The rules are explained
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 
 from specfleet.api import reasons as r
@@ -85,9 +87,33 @@ def _flip(
             message += f"; K up to {top} by batch size (Dynamic SD schedule)"
         else:
             schedule = None
-    return p.decision(
+    return _with_change_gain(p, _flip_gain(p)).decision(
         wanted.reason, message, target=wanted.mode, target_k=target_k, canaries=canaries, schedule=schedule
     )
+
+
+# The observation a flip or a retune records its predicted throughput over the current setting in: the
+# number its realized speedup (status.history's realized, after over before) is set beside.
+CHANGE_GAIN = "predictedChangeSpeedup"
+
+
+def _with_change_gain(p: Assessment, gain: float | None) -> Assessment:
+    """`p` with the change's predicted throughput over the current setting among its numbers."""
+    if gain is None or not math.isfinite(gain) or gain <= 0:
+        return p
+    return replace(p, numbers={**p.numbers, CHANGE_GAIN: f"{gain:.3f}"})
+
+
+def _flip_gain(p: Assessment) -> float | None:
+    """A flip's predicted throughput over the current setting's (None: not predicted, Threshold mode):
+    the rule's own where it priced the flip (an overload: the capacities' ratio), else the best K over
+    no drafter when turning on, no drafter over the current setting when turning off."""
+    if p.wanted.gain is not None:
+        return p.wanted.gain
+    if p.gains is None:
+        return None
+    g = p.gains[0]
+    return g.gain_best if p.wanted.mode == "On" else 1.0 / (g.gain_now or g.gain_best)
 
 
 def _dip_hold(
@@ -111,13 +137,8 @@ def _dip_hold(
     else:
         waiting = (p.obs.waiting or 0.0) / max(1, p.obs.replicas_reporting)
         demand = max(p.loads) + waiting
-    if change == "flip" and p.wanted.gain is not None:
-        gain = p.wanted.gain
-    elif change == "flip" and p.gains is not None:
-        g = p.gains[0]
-        # The flip's throughput over the current setting's: the best K over no drafter when turning
-        # on, no drafter over the current setting when turning off.
-        gain = g.gain_best if p.wanted.mode == "On" else 1.0 / (g.gain_now or g.gain_best)
+    if change == "flip":
+        gain = _flip_gain(p)
     return replace_gate(policy, dip, demand, per_engine, gain, change)
 
 
@@ -155,7 +176,9 @@ def _adjust(
     if gate is not None:
         held, why_held = gate
         return p.decision(held, f"wants {what} ({reason}: {message}) but holds: {why_held}")
-    return p.decision(reason, f"{what}: {message}", target_k=target_k, canaries=canaries, schedule=schedule)
+    return _with_change_gain(p, gain).decision(
+        reason, f"{what}: {message}", target_k=target_k, canaries=canaries, schedule=schedule
+    )
 
 
 def decide(
