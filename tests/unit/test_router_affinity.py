@@ -188,7 +188,7 @@ def test_remembered_leading_texts_give_the_keys_hashed_afresh() -> None:
             if i >= first_user:
                 conversation.append(int.from_bytes(digest.copy().digest(), "big"))
         leading = int.from_bytes(
-            hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big"
         )
         return PrefixKeys(leading, tuple(conversation), 10)
 

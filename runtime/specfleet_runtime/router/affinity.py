@@ -86,8 +86,10 @@ class PrefixKeys:
 # Leading texts repeat (a tenant's system prompt opens each of its requests), so the request path
 # remembers, for the most recent of them, a leading text's ring position and the hash state after a chat's
 # first message: a dict lookup (Python's string hash, several times faster than blake2b) instead of a
-# blake2b over up to PREFIX_CHARS characters. Forgotten all at once past MEMO_TEXTS of each.
-MEMO_TEXTS: Final = 1024
+# blake2b over up to PREFIX_CHARS characters. Forgotten all at once past MEMO_TEXTS of each: at most
+# 512 leading texts and first messages of up to 2 * PREFIX_CHARS characters, 3 MiB of ASCII a process
+# (12 MiB at four bytes a character).
+MEMO_TEXTS: Final = 512
 _leading_keys: dict[str, int] = {}
 _first_turns: dict[str, hashlib.blake2b] = {}
 
