@@ -3,6 +3,7 @@ and the pool config that turns it on."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections import Counter
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from specfleet_runtime.router.affinity import (
+    MEMO_TEXTS,
     VIRTUAL_NODES,
     Affinity,
     Limits,
@@ -171,6 +173,31 @@ def test_a_chat_keys_every_message_boundary_from_its_first_user_message_on() -> 
     a = keys({"messages": [{"role": "user", "content": "ab"}, {"role": "user", "content": "c"}]})
     b = keys({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "bc"}]})
     assert a.conversation[-1] != b.conversation[-1]
+
+
+def test_remembered_leading_texts_give_the_keys_hashed_afresh() -> None:
+    """The request path remembers recent leading texts and first messages; the keys stay the blake2b
+    of the text and of each turn's length and bytes, whatever the memo holds or has forgotten."""
+
+    def afresh(text: str, turns: tuple[str, ...], first_user: int) -> PrefixKeys:
+        digest = hashlib.blake2b(digest_size=8)
+        conversation = []
+        for i, turn in enumerate(turns):
+            data = turn.encode("utf-8", "surrogatepass")
+            digest.update(len(data).to_bytes(4, "big") + data)
+            if i >= first_user:
+                conversation.append(int.from_bytes(digest.copy().digest(), "big"))
+        leading = int.from_bytes(
+            hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big"
+        )
+        return PrefixKeys(leading, tuple(conversation), 10)
+
+    system = "tenant rules \ud800 " * 50
+    asked = [("system" + system, ("system" + system, "user\x1fq1", "assistant\x1fa1", "user\x1fq2"), 1)]
+    asked += [(f"p{i}", (), 0) for i in range(MEMO_TEXTS + 5)]  # past the memo's size: forgotten
+    asked += [asked[0], ("system" + system, ("system" + system, "user\x1fother"), 0)]
+    for text, turns, first_user in asked + asked[:3]:
+        assert prefix_keys(text, turns, first_user, 10) == afresh(text, turns, first_user)
 
 
 # ---- the conversation table ----------------------------------------------------------------------

@@ -55,6 +55,8 @@ TABLE_FILE: Final = "prefix-affinity-conversations"
 ROWS: Final = 64
 SLOTS: Final = 255
 _ROW_SIZE: Final = 8 * (1 + 2 * SLOTS)
+# Every row's count in one read (the rest of each row skipped as padding).
+_COUNTS: Final = struct.Struct("<" + f"Q{_ROW_SIZE - 8}x" * (ROWS - 1) + "Q")
 PLACEMENTS_FILE: Final = "prefix-affinity-placements"
 
 
@@ -88,9 +90,48 @@ def _mapped(path: str | None, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+# Endpoint hashes by URL, each computed once rather than on every record and publish; forgotten past
+# this many (pods come and go with new addresses).
+_HASHES_MAX: Final = 4096
+_hashes: dict[str, int] = {}
+
+
 def endpoint_hash(url: str) -> int:
     """An endpoint as the table stores it (never 0: 0 marks an empty entry)."""
-    return int.from_bytes(hashlib.blake2b(url.encode(), digest_size=8).digest(), "big") or 1
+    found = _hashes.get(url)
+    if found is None:
+        if len(_hashes) >= _HASHES_MAX:
+            _hashes.clear()
+        found = int.from_bytes(hashlib.blake2b(url.encode(), digest_size=8).digest(), "big") or 1
+        _hashes[url] = found
+    return found
+
+
+class _ByHash:
+    """The endpoints of the last lookup by their hash, rebuilt only when the endpoints change (a pool's
+    tuple is the same object from one request to the next)."""
+
+    def __init__(self) -> None:
+        self._known: Collection[str] = ()
+        self._by_hash: dict[int, str] = {}
+
+    def of(self, endpoints: Collection[str]) -> dict[int, str]:
+        if self._known is not endpoints and self._known != endpoints:
+            self._by_hash = {endpoint_hash(url): url for url in endpoints}
+            self._known = endpoints
+        return self._by_hash
+
+
+def _way_to_write(values: tuple[int, ...], key: int) -> int:
+    """The way of a set (its `_SET` values) to write `key` into: the one holding it, else the set's
+    oldest (an empty one is oldest of all; the first among equals)."""
+    oldest = 0
+    for way in range(WAYS):
+        if values[3 * way] == key:
+            return way
+        if values[3 * way + 2] < values[3 * oldest + 2]:
+            oldest = way
+    return oldest
 
 
 class ConversationTable:
@@ -100,7 +141,7 @@ class ConversationTable:
     def __init__(self, path: str | None = None, sets: int = SETS) -> None:
         self.sets = sets
         self._map = _mapped(path, sets * _SET.size)
-        self._urls: tuple[Collection[str], dict[int, str]] = ((), {})
+        self._endpoints = _ByHash()
 
     def _slot(self, key: int) -> int:
         return (key % self.sets) * _SET.size
@@ -111,15 +152,8 @@ class ConversationTable:
         values = _SET.unpack_from(self._map, self._slot(key))
         for way in range(WAYS):
             if values[3 * way] == key:
-                return self._by_hash(endpoints).get(values[3 * way + 1])
+                return self._endpoints.of(endpoints).get(values[3 * way + 1])
         return None
-
-    def _by_hash(self, endpoints: Collection[str]) -> dict[int, str]:
-        known, by_hash = self._urls
-        if known is not endpoints and known != endpoints:
-            by_hash = {endpoint_hash(url): url for url in endpoints}
-            self._urls = (endpoints, by_hash)
-        return by_hash
 
     def longest(
         self,
@@ -144,10 +178,7 @@ class ConversationTable:
         for given in keys:
             key = given or 1
             offset = self._slot(key)
-            values = _SET.unpack_from(self._map, offset)
-            way = next((w for w in range(WAYS) if values[3 * w] == key), None)
-            if way is None:  # the set's oldest entry (an empty one is oldest of all)
-                way = min(range(WAYS), key=lambda w: values[3 * w + 2])
+            way = _way_to_write(_SET.unpack_from(self._map, offset), key)
             _ENTRY.pack_into(self._map, offset + way * _ENTRY.size, key, served, now)
 
     def close(self) -> None:
@@ -161,6 +192,7 @@ class PlacedBoard:
     def __init__(self, path: str | None, row: int) -> None:
         self.row = row % ROWS
         self._map = _mapped(path, ROWS * _ROW_SIZE)
+        self._endpoints = _ByHash()
         self.publish({})  # what an earlier process of this index left is not this one's
 
     def publish(self, held: Mapping[str, int]) -> None:
@@ -179,15 +211,12 @@ class PlacedBoard:
 
     def others(self, endpoints: Collection[str]) -> dict[str, int]:
         """What the other workers' rows say each of `endpoints` holds (0 for none)."""
-        by_hash = {endpoint_hash(url): url for url in endpoints}
+        by_hash = self._endpoints.of(endpoints)
         totals = dict.fromkeys(endpoints, 0)
-        for row in range(ROWS):
-            if row == self.row:
+        for row, count in enumerate(_COUNTS.unpack_from(self._map, 0)):
+            if not count or row == self.row:
                 continue
             offset = row * _ROW_SIZE
-            (count,) = struct.unpack_from("<Q", self._map, offset)
-            if not count:
-                continue
             values = struct.unpack_from(f"<{2 * min(count, SLOTS)}Q", self._map, offset + 8)
             for i in range(0, len(values), 2):
                 url = by_hash.get(values[i])
