@@ -305,14 +305,17 @@ def test_goodput_turning_on_starts_at_best_k():
 
 def test_a_change_records_its_own_predicted_speedup_over_the_setting_it_leaves():
     off = one(GOODPUT, state("On"), obs(load=256))
-    assert off.flip and off.target == "Off"
+    assert off.flip
+    assert off.target == "Off"
     # Turning off: no drafter over the current setting, the inverse of speculation's speedup.
     assert float(off.observations["predictedChangeSpeedup"]) == pytest.approx(
         1 / float(off.observations["predictedSpeedup"]), rel=0.01
     )
     memory = MeasuredAcceptance(2.3, (0.68, 0.39, 0.2), NOW - timedelta(minutes=5))
     on = one(GOODPUT, state("Off", memory=memory), obs(accept=None, load=2))
-    assert on.flip and on.observations["predictedChangeSpeedup"] == on.observations["bestKSpeedup"]
+    assert on.flip
+    assert on.observations["predictedChangeSpeedup"] == on.observations["bestKSpeedup"]
     held = one(GOODPUT, state("On"), obs(load=4))
-    assert not held.changes and "predictedChangeSpeedup" not in held.observations
+    assert not held.changes
+    assert "predictedChangeSpeedup" not in held.observations
     assert "predictedChangeSpeedup" not in one(THRESHOLD, state("On"), obs(load=60)).observations

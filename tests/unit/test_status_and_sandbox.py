@@ -118,8 +118,10 @@ def test_status_shows_each_recent_change_with_its_predicted_and_realized_speedup
     off = {**goodput, "time": "2026-11-30T12:30:00Z", "from": "On", "to": "Off"}
     off["observations"] = {"predictedSpeedup": "0.800", "predictedChangeSpeedup": "1.250"}
     resource["status"]["history"].append(off)
-    assert fleet_view(resource).changes[-1].startswith(
-        "2026-11-30T12:30:00Z latency On->Off GoodputBetter: predicted 1.250, realized 1.300"
+    assert (
+        fleet_view(resource)
+        .changes[-1]
+        .startswith("2026-11-30T12:30:00Z latency On->Off GoodputBetter: predicted 1.250, realized 1.300")
     )
 
 
