@@ -9,7 +9,7 @@ import markdown
 import pytest
 import yaml
 
-from specfleet.api import constants, reasons
+from specfleet.api import constants, reason_docs, reasons
 from specfleet.cli import docs_reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,21 +30,21 @@ def _constants() -> dict[str, str]:
 
 
 def test_every_reason_has_a_meaning_and_an_action():
-    condition_types = set(reasons.CONDITION_DOCS)
+    condition_types = set(reason_docs.CONDITION_DOCS)
     undocumented = sorted(
         f"{name} = {value!r}"
         for name, value in _constants().items()
-        if value not in reasons.REASON_DOCS and value not in condition_types
+        if value not in reason_docs.REASON_DOCS and value not in condition_types
     )
-    assert undocumented == [], "add them to REASON_DOCS or CONDITION_DOCS in api/reasons.py"
-    for value, doc in reasons.REASON_DOCS.items():
+    assert undocumented == [], "add them to REASON_DOCS or CONDITION_DOCS in api/reason_docs.py"
+    for value, doc in reason_docs.REASON_DOCS.items():
         assert all(doc), value
 
 
 def test_every_documented_name_is_a_real_reason():
     values = set(_constants().values())
-    assert set(reasons.REASON_DOCS) <= values
-    assert set(reasons.CONDITION_DOCS) <= values
+    assert set(reason_docs.REASON_DOCS) <= values
+    assert set(reason_docs.CONDITION_DOCS) <= values
 
 
 def test_reference_shows_types_defaults_enums_units_and_rules():
@@ -69,7 +69,7 @@ def test_values_reference_lists_every_value_with_a_description_and_its_default()
 
 def test_troubleshooting_lists_every_reason_under_its_own_heading():
     page = docs_reference.troubleshooting()
-    for value in reasons.REASON_DOCS:
+    for value in reason_docs.REASON_DOCS:
         assert f"\n### {value}\n" in page
 
 
@@ -82,7 +82,7 @@ def _heading_ids(page: Path) -> set[str]:
 def test_every_reason_link_in_a_message_lands_on_its_heading():
     ids = _heading_ids(ROOT / "docs" / "troubleshooting.md")
     page = f"{constants.DOCS_URL}troubleshooting/#"
-    for reason in reasons.REASON_DOCS:
+    for reason in reason_docs.REASON_DOCS:
         url = reasons.troubleshooting_url(reason)
         assert url.startswith(page), url
         assert url.removeprefix(page) in ids, f"{url}: no such heading in docs/troubleshooting.md"
@@ -94,7 +94,7 @@ def test_every_reason_the_reconciler_links_is_documented():
     for source in (ROOT / "operator" / "specfleet").rglob("*.py"):
         linked |= set(re.findall(r"with_link\(.*?, reasons\.([A-Z_]+)\)", source.read_text(), re.DOTALL))
     assert linked, "no linked message found: the pattern no longer matches the code"
-    assert {getattr(reasons, name) for name in linked} <= set(reasons.REASON_DOCS)
+    assert {getattr(reasons, name) for name in linked} <= set(reason_docs.REASON_DOCS)
 
 
 def test_the_docs_site_url_is_the_one_messages_link_to():

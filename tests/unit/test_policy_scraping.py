@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from specfleet.api import reasons
+from specfleet.api import reason_docs, reasons
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.controller.control import Controller
@@ -222,7 +222,9 @@ def test_series_again_clear_the_condition_and_the_count():
 
 def test_the_troubleshooting_entry_says_how_many_evaluations():
     assert NOT_SCRAPING_EVALUATIONS == 3
-    assert "for three evaluations in a row" in reasons.REASON_DOCS[reasons.PROMETHEUS_NOT_SCRAPING].meaning
+    assert (
+        "for three evaluations in a row" in reason_docs.REASON_DOCS[reasons.PROMETHEUS_NOT_SCRAPING].meaning
+    )
 
 
 # --- the operator ------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Generate the guide's reference pages from their sources of truth.
 
 `docs/reference.md` comes from the CRD schema (itself generated from the models: types, defaults, enums,
-bounds, CEL rules, descriptions), `docs/troubleshooting.md` from `api/reasons.py` and `docs/values.md`
+bounds, CEL rules, descriptions), `docs/troubleshooting.md` from `api/reason_docs.py` and `docs/values.md`
 from the chart's values.schema.json (with the defaults of its values.yaml). All are committed;
 `make docs-reference` rewrites them and a unit test fails when they drift, as for the CRD.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from specfleet.api import reasons
+from specfleet.api import reason_docs
 from specfleet.api.constants import API_VERSION, KIND
 from specfleet.api.crd import build_crd
 
@@ -163,9 +163,9 @@ def field_reference() -> str:
 
 
 def troubleshooting() -> str:
-    """Every condition type and reason, with what it means and what to do, from `api/reasons.py`."""
+    """Every condition type and reason, with what it means and what to do, from `api/reason_docs.py`."""
     out = [
-        _HEADER.format(source="specfleet.cli.docs_reference from operator/specfleet/api/reasons.py"),
+        _HEADER.format(source="specfleet.cli.docs_reference from operator/specfleet/api/reason_docs.py"),
         "# Troubleshooting\n",
         "Start with `kubectl describe sd NAME` (or `specfleet status NAME`): each condition carries a "
         "reason and a message, and every policy decision is an Event and an entry in `status.history`. "
@@ -179,9 +179,9 @@ def troubleshooting() -> str:
         "| Condition | True means |",
         "|---|---|",
     ]
-    out += [f"| `{name}` | {_cell(text)} |" for name, text in reasons.CONDITION_DOCS.items()]
+    out += [f"| `{name}` | {_cell(text)} |" for name, text in reason_docs.CONDITION_DOCS.items()]
     out += ["", "## Reasons\n"]
-    for name, doc in reasons.REASON_DOCS.items():
+    for name, doc in reason_docs.REASON_DOCS.items():
         out += [
             f"### {name}\n",
             f"*Where:* {doc.where}.\n",

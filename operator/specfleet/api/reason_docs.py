@@ -1,0 +1,571 @@
+"""What each condition type and reason (`api/reasons.py`) means and what to do about it: the one home of
+the troubleshooting page (`make docs-reference` writes docs/troubleshooting.md from these; a test checks
+every reason is here)."""
+
+from __future__ import annotations
+
+from typing import Final, NamedTuple
+
+from specfleet.api.reasons import (
+    ACCEPTANCE_BELOW_BASELINE,
+    ACCEPTANCE_BELOW_THRESHOLD,
+    ACCEPTANCE_DRIFT,
+    ACCEPTANCE_NEAR_BASELINE,
+    ACCEPTANCE_STILL_LOW,
+    ALL_POOLS_READY,
+    APPLY_FAILED,
+    AS_EXPECTED,
+    AUTOSCALER_INACTIVE,
+    AUTOSCALER_PENDING,
+    AUTOSCALERS_ACTIVE,
+    AUTOSCALING_ACTIVE,
+    CANARIES_SCALED_DOWN,
+    CANARIES_SCALED_UP,
+    CONCURRENCY_ABOVE_THRESHOLD,
+    CONCURRENCY_STILL_HIGH,
+    CONDITIONS_RECOVERED,
+    CONTAINER_CONFIG_ERROR,
+    COOLDOWN,
+    COST_PROFILE_DEFAULT,
+    COST_PROFILE_FROM_CONFIG_MAP,
+    COST_PROFILE_LOADED,
+    COST_PROFILE_UNAVAILABLE,
+    CRASH_LOOP,
+    DEGRADED,
+    DRAFTER_INCOMPATIBLE,
+    EVENT_ACCEPTANCE_BASELINE,
+    EVENT_ACCEPTANCE_DRIFT,
+    EVENT_ACCEPTANCE_RECOVERED,
+    EVENT_APPLIED,
+    EVENT_CANARIES_SCALED,
+    EVENT_DEGRADED,
+    EVENT_POOL_FAILING,
+    EVENT_PRUNED,
+    EVENT_RECOVERED,
+    EVENT_RESTORED,
+    EVENT_RETRAIN_CREATED,
+    EVENT_RETRAIN_FAILED,
+    EVENT_SPECULATION_OFF,
+    EVENT_SPECULATION_ON,
+    EVENT_SPECULATION_RETUNED,
+    EVENT_STANDBY_FLIPPED,
+    FLIP_BUDGET_EXHAUSTED,
+    GATEWAY_ACCEPTED,
+    GOODPUT_ABOVE_BREAK_EVEN,
+    GOODPUT_BELOW_BREAK_EVEN,
+    GOODPUT_MEMORY_BOUND,
+    GOODPUT_OVERLOADED,
+    GOODPUT_RETUNE,
+    GOODPUT_WITHIN_MARGIN,
+    IMAGE_PULL_FAILED,
+    INSUFFICIENT_GPU_MEMORY,
+    INVALID_SPEC,
+    METRICS_AVAILABLE,
+    METRICS_OK,
+    METRICS_UNAVAILABLE,
+    MIN_DWELL,
+    MIN_RETUNE_INTERVAL,
+    NO_AUTO_POOLS,
+    OOM_KILLED,
+    OTHER_POOL_FLIPPING,
+    POOLS_NOT_READY,
+    POOLS_SETTLED,
+    POOLS_TRANSITIONING,
+    PROBE_ACCEPTANCE,
+    PROGRESS_DEADLINE_EXCEEDED,
+    PROGRESSING,
+    PROMETHEUS_NOT_SCRAPING,
+    READY,
+    REPLACE_DIP_NOT_REPAID,
+    REPLACE_WOULD_OVERLOAD,
+    RETUNE_BUDGET_EXHAUSTED,
+    ROLLING_OUT,
+    ROLLOUT_COMPLETE,
+    ROLLOUT_FAILED,
+    ROLLOUT_IN_PROGRESS,
+    ROUTES_ACCEPTED,
+    ROUTES_NOT_ACCEPTED,
+    ROUTES_PENDING,
+    SLO_TPOT_BOUND,
+    SLO_TTFT_BOUND,
+    SPECULATION_PAYS,
+    SPECULATION_SETTLED,
+    STANDBY_DIP_NOT_REPAID,
+    STANDBY_UNAVAILABLE,
+    STANDBY_WOULD_OVERLOAD,
+    UNSCHEDULABLE,
+    UNSUPPORTED_CONFIGURATION,
+)
+
+CONDITION_DOCS: Final[dict[str, str]] = {
+    READY: "Every pool has as many ready engines as it asks for, and every child was applied.",
+    PROGRESSING: "A rollout is under way: a spec change, a speculation flip or a new K.",
+    DEGRADED: "The operator cannot make what the spec asks for; the reason says why.",
+    METRICS_AVAILABLE: "Prometheus answered with fresh numbers for every Auto pool; False holds every pool.",
+    SPECULATION_SETTLED: "No pool is changing its speculation mode or K.",
+    ACCEPTANCE_DRIFT: "A pool's measured acceptance length is below its own baseline (policy.acceptanceDrift).",
+    COST_PROFILE_LOADED: "The cost profile named in policy.goodput.costProfileConfigMap was read and is valid.",
+    AUTOSCALING_ACTIVE: "Present while a pool is autoscaled: whether its autoscalers can read their metric.",
+    GATEWAY_ACCEPTED: "Present in gateway mode: whether every Gateway accepted the HTTPRoute and the "
+    "InferencePools and resolved their references; the message also names the routing rules a route "
+    "cannot express.",
+}
+
+
+class ReasonDoc(NamedTuple):
+    """Where a reason appears, what it means, what to do."""
+
+    where: str
+    meaning: str
+    action: str
+
+
+_NOTHING = "Nothing: this is the normal state."
+_WAIT = "Nothing: the policy decides again once the gate opens."
+
+REASON_DOCS: Final[dict[str, ReasonDoc]] = {
+    ALL_POOLS_READY: ReasonDoc("Ready", "Every pool has its ready replicas.", _NOTHING),
+    POOLS_NOT_READY: ReasonDoc(
+        "Ready",
+        "Some pool has fewer ready engines than it asks for, or some child could not be applied. The message "
+        "lists the ready/desired count per pool.",
+        "Usually engines are still starting (model download and load take minutes). If it lasts, "
+        "`kubectl get pods -l specfleet.io/deployment=NAME` and `kubectl describe pod` show why; a more "
+        "specific reason replaces this one when the pods say what is wrong.",
+    ),
+    UNSCHEDULABLE: ReasonDoc(
+        "Ready, Progressing",
+        "An engine pod cannot be scheduled: no node has the GPUs, CPU or memory it requests, or its "
+        "nodeSelector, affinity or tolerations match no node. On Ready when the pool is short of engines; "
+        "on Progressing when only a rollout's new pod waits (a surge pod with no free GPU: the old engines "
+        "keep serving and Ready stays True).",
+        "Check the GPU device plugin runs (`kubectl describe node` shows `nvidia.com/gpu`), lower "
+        "`engine.resources`, or add nodes. A speculation flip rolls with a surge pod by default: keep one "
+        "engine's worth of GPUs free per pool, or set the pool's `rollout.strategy: Replace`.",
+    ),
+    IMAGE_PULL_FAILED: ReasonDoc(
+        "Ready",
+        "The engine image (or the operator's image, for the drafter-preflight init container) cannot be "
+        "pulled.",
+        "Check `engine.image` and the operator's `image.repository`/`image.tag`; mirror them for a cluster "
+        "without Internet access; add `imagePullSecrets` for a private registry.",
+    ),
+    CONTAINER_CONFIG_ERROR: ReasonDoc(
+        "Ready",
+        "The engine container cannot be created, most often because a Secret or ConfigMap it references "
+        "does not exist.",
+        "Check that the Secret named in `engine.hfTokenSecretRef` exists in the resource's namespace "
+        "with the key given; `kubectl describe pod` names what is missing.",
+    ),
+    CRASH_LOOP: ReasonDoc(
+        "Ready",
+        "An engine container keeps exiting: vLLM failed to start.",
+        "Read `kubectl logs POD --previous`. Common causes: a gated model without a Hugging Face token "
+        "(`engine.hfTokenSecretRef`), too little GPU memory for the model and drafter (raise "
+        "`tensorParallelSize` or lower `maxModelLen`), an `extraArgs` flag this vLLM does not know.",
+    ),
+    OOM_KILLED: ReasonDoc(
+        "Ready",
+        "An engine container was killed for exceeding its memory limit (host memory, not GPU memory).",
+        "Raise `engine.resources.memory` (the limit equals the request).",
+    ),
+    PROGRESS_DEADLINE_EXCEEDED: ReasonDoc(
+        "Ready",
+        "A pool's Deployment made no progress within its deadline (`engine.startupTimeoutSeconds` plus "
+        "10 minutes).",
+        "Look at the pods as for PoolsNotReady; a large model on a slow link may need a longer "
+        "`engine.startupTimeoutSeconds` or a pre-filled `engine.modelCache`.",
+    ),
+    DRAFTER_INCOMPATIBLE: ReasonDoc(
+        "Ready",
+        "The drafter-preflight init container found that the drafter does not fit the target model "
+        "(architecture, hidden size or vocabulary); the message names the field.",
+        "Use a drafter trained for this target model (`drafter.model`), or set `drafter.method: ngram`, "
+        "which needs no checkpoint.",
+    ),
+    STANDBY_UNAVAILABLE: ReasonDoc(
+        "Degraded, Ready",
+        "A pool with `rollout.flip: Standby` started an engine pod whose engine cannot sleep: the pod's "
+        "supervisor checks a level-1 sleep and wake through vLLM's /sleep, /wake_up and /is_sleeping "
+        "before the plain engine starts, and vLLM on CPU refuses --enable-sleep-mode while a vLLM without "
+        "the routes answers 404. The message names the pool and the step that failed. The pool runs as "
+        "a Restart pool (one engine per pod, flips by `rollout.strategy`) instead of crash-looping.",
+        "Use a GPU vLLM image with sleep mode (CUDA or ROCm; see docs/policy.md, Standby flips), or set "
+        "`rollout.flip: Restart`. Any spec change (e.g. a newer `engine.image`) tries Standby again.",
+    ),
+    ROLLING_OUT: ReasonDoc(
+        "Progressing", "A pool's Deployment is rolling out new engines.", "Nothing; it ends by itself."
+    ),
+    ROLLOUT_COMPLETE: ReasonDoc("Progressing", "No rollout is under way.", _NOTHING),
+    INVALID_SPEC: ReasonDoc(
+        "Degraded",
+        "The resource cannot be read as a valid spec (the message says why). The apiserver's schema "
+        "normally refuses such a resource first; an older CRD can let one through. Nothing is rendered.",
+        "Fix the spec and upgrade the CRD with the chart; `specfleet render -f FILE` checks a file before "
+        "you apply it.",
+    ),
+    UNSUPPORTED_CONFIGURATION: ReasonDoc(
+        "Degraded",
+        "The spec is valid but cannot run as written, e.g. a drafter method or Dynamic SD schedule that "
+        "the engine image's vLLM version does not support (examples/05-degraded-old-image.yaml), an `extraArgs` flag the operator sets itself, or fewer "
+        "GPUs than `tensorParallelSize`. Nothing is created, and nothing is retried until the spec changes.",
+        "Follow the message: a newer `engine.image`, the typed field instead of the flag, or more GPUs.",
+    ),
+    INSUFFICIENT_GPU_MEMORY: ReasonDoc(
+        "Degraded",
+        "vLLM would refuse to start a pool's engines: its weights (divided over `tensorParallelSize`) "
+        "leave no KV cache in the `gpuMemoryUtilizationPercent` share of the GPU, or the KV cache cannot "
+        "hold one sequence of `maxModelLen` tokens. The message quotes the error vLLM stops with. Checked "
+        "only where both are known: the model's name identifies it (Llama-3.1-8B or -70B, bf16 or FP8) "
+        "and the pool's `nodeSelector` names the GPU by `nvidia.com/gpu.product`. Nothing is created, and "
+        "nothing is retried until the spec changes.",
+        "Raise `gpuMemoryUtilizationPercent` or `tensorParallelSize` (with as many `resources.gpus`), "
+        "lower `maxModelLen`, or use a quantized checkpoint. `specfleet render -f FILE` runs the same check.",
+    ),
+    APPLY_FAILED: ReasonDoc(
+        "Degraded",
+        "The apiserver refused a child (Deployment, Service, ...) the operator rendered; the message has "
+        "its answer.",
+        "Read the message: a ResourceQuota or LimitRange (set `engine.resources.cpuLimit`), an admission "
+        "webhook, or missing RBAC for the operator. PodMonitor and PrometheusRule need "
+        "prometheus-operator's CRDs; ScaledObject needs KEDA.",
+    ),
+    AS_EXPECTED: ReasonDoc("Degraded", "Nothing is wrong.", _NOTHING),
+    METRICS_OK: ReasonDoc("MetricsAvailable", "Prometheus answered with fresh numbers.", _NOTHING),
+    METRICS_UNAVAILABLE: ReasonDoc(
+        "MetricsAvailable, Event",
+        "Prometheus could not be reached, or returned no fresh series for an Auto pool's engines. Every "
+        "Auto pool holds its current mode: a load that was not measured is never read as zero.",
+        "Check `policy.prometheus.url` from the operator's pod, and that Prometheus scrapes the engines "
+        "with their pod labels `specfleet.io/deployment`, `specfleet.io/pool` and `specfleet.io/track` "
+        "(`monitoring.podMonitor: true` in the spec renders a PodMonitor that does it). A PodMonitor "
+        "that Prometheus ignores lacks the label its `podMonitorSelector` wants: kube-prometheus-stack's "
+        "wants `release: <its Helm release name>`; set it in `monitoring.labels` or the chart's "
+        "`monitoring.labels`. See [Getting started](getting-started.md#prerequisites).",
+    ),
+    PROMETHEUS_NOT_SCRAPING: ReasonDoc(
+        "MetricsAvailable, Event",
+        "Prometheus answers the policy's queries, but has had no series of an Auto pool's engines for "
+        "three evaluations in a row while the pool's pods are Ready: it is not scraping them. (A pool "
+        "whose pods are not Ready, or an empty window right after a rollout, is MetricsUnavailable.) "
+        "Every Auto pool holds its current mode.",
+        "The message names the series the queries select (`namespace`, `specfleet_io_deployment`, "
+        "`specfleet_io_pool`, from the pod labels `specfleet.io/deployment` and `specfleet.io/pool`) and "
+        "what should make Prometheus scrape the pods. With `monitoring.podMonitor: true`: the PodMonitor "
+        "(named after the resource, in its namespace) must carry the labels your Prometheus' "
+        "`podMonitorSelector` wants (kube-prometheus-stack's: `release: <its Helm release name>`; set "
+        "`monitoring.labels` or the chart's `monitoring.labels`), and its `podMonitorNamespaceSelector` "
+        "must include the namespace (`kubectl get prometheus -A -o yaml`). With the "
+        "`prometheus.io/scrape` annotations: a scrape job must keep annotated pods of the namespace and "
+        "copy the pod labels onto the series (`labelmap` of `__meta_kubernetes_pod_label_(.+)`). "
+        "Prometheus' Targets page (`/targets`) shows whether the pods are targets at all.",
+    ),
+    COST_PROFILE_FROM_CONFIG_MAP: ReasonDoc(
+        "CostProfileLoaded", "The policy decides with the cost profile from your ConfigMap.", _NOTHING
+    ),
+    COST_PROFILE_UNAVAILABLE: ReasonDoc(
+        "CostProfileLoaded, Event",
+        "The ConfigMap named in `policy.goodput.costProfileConfigMap` is missing or malformed; every pool "
+        "it applies to holds.",
+        "Create it in the resource's namespace (`specfleet profile ... --config-map NAME`, see "
+        "[Measuring a cost profile](tasks/cost-profile.md)), or remove the field to use the published "
+        "profile.",
+    ),
+    COST_PROFILE_DEFAULT: ReasonDoc(
+        "CostProfileLoaded", "No ConfigMap is named any more: the published profile is used.", _NOTHING
+    ),
+    NO_AUTO_POOLS: ReasonDoc(
+        "MetricsAvailable, AcceptanceDrift",
+        "No pool is `speculation: Auto`, so there is nothing to measure.",
+        "Nothing, unless you want the policy to decide: set a pool to `Auto`.",
+    ),
+    POOLS_SETTLED: ReasonDoc("SpeculationSettled", "No pool is changing mode or K.", _NOTHING),
+    POOLS_TRANSITIONING: ReasonDoc(
+        "SpeculationSettled",
+        "A pool is rolling to a new speculation mode or K.",
+        "Nothing; if it never settles, the rollout is stuck (see Unschedulable) and is reverted after "
+        "`policy.rolloutDeadlineSeconds` with RolloutFailed.",
+    ),
+    ACCEPTANCE_BELOW_BASELINE: ReasonDoc(
+        "AcceptanceDrift",
+        "A pool's acceptance length has been more than `policy.acceptanceDrift.thresholdPercent` below its "
+        "baseline for `forSeconds`: the traffic moved away from what the drafter was trained on.",
+        "Look at what changed in the traffic; retrain the drafter (`drafter.retrain` can start a Job for "
+        "it). The policy already turns speculation off where it stops paying.",
+    ),
+    ACCEPTANCE_NEAR_BASELINE: ReasonDoc("AcceptanceDrift", "Acceptance is near its baseline.", _NOTHING),
+    EVENT_STANDBY_FLIPPED: ReasonDoc(
+        "Event",
+        "A Standby pool's pod switched engines (the one it served with asleep, the other awake and "
+        "checked) and serves the decided mode; the message gives the seconds from its drain's start.",
+        _NOTHING,
+    ),
+    EVENT_APPLIED: ReasonDoc("Event", "Children were created or changed to match the spec.", _NOTHING),
+    EVENT_RESTORED: ReasonDoc(
+        "Event",
+        "A child edited or deleted by hand was put back as the spec says.",
+        "Change the SpeculativeDeployment, not its children.",
+    ),
+    EVENT_PRUNED: ReasonDoc("Event", "Children the spec no longer asks for were deleted.", _NOTHING),
+    EVENT_POOL_FAILING: ReasonDoc(
+        "Event",
+        "A pool's pods report a failure; the message is the Ready condition's.",
+        "See the Ready reason it names.",
+    ),
+    EVENT_DEGRADED: ReasonDoc(
+        "Condition type, Event", "The resource became Degraded.", "See the Degraded condition's reason."
+    ),
+    EVENT_RECOVERED: ReasonDoc("Event", "The resource is no longer Degraded.", _NOTHING),
+    EVENT_SPECULATION_ON: ReasonDoc(
+        "Event", "The policy turned speculation on for a pool; the message says why.", _NOTHING
+    ),
+    EVENT_SPECULATION_OFF: ReasonDoc(
+        "Event", "The policy turned speculation off for a pool; the message says why.", _NOTHING
+    ),
+    EVENT_SPECULATION_RETUNED: ReasonDoc(
+        "Event", "The policy changed a pool's K or Dynamic SD schedule.", _NOTHING
+    ),
+    EVENT_CANARIES_SCALED: ReasonDoc(
+        "Event", "The policy changed how many canary replicas a pool runs.", _NOTHING
+    ),
+    EVENT_ACCEPTANCE_BASELINE: ReasonDoc(
+        "Event", "A pool's acceptance baseline was measured (or re-measured).", _NOTHING
+    ),
+    EVENT_ACCEPTANCE_DRIFT: ReasonDoc(
+        "Condition type, Event",
+        "The AcceptanceDrift condition turned True for a pool.",
+        "See AcceptanceBelowBaseline.",
+    ),
+    EVENT_ACCEPTANCE_RECOVERED: ReasonDoc(
+        "Event", "A pool's acceptance is back near its baseline.", _NOTHING
+    ),
+    EVENT_RETRAIN_CREATED: ReasonDoc(
+        "Event", "A retraining Job was created from `drafter.retrain.template`.", "Watch the Job."
+    ),
+    EVENT_RETRAIN_FAILED: ReasonDoc(
+        "Event",
+        "The retraining Job could not be created; the message has the apiserver's answer.",
+        "Fix `drafter.retrain.template` or the operator's RBAC for Jobs.",
+    ),
+    ROLLOUT_IN_PROGRESS: ReasonDoc(
+        "Decision (hold)",
+        "The pool's last change is still rolling out. A Standby pool is not held by a retune's or spec "
+        "change's rollout (its flips need none), only by its own flip still settling.",
+        _WAIT,
+    ),
+    MIN_DWELL: ReasonDoc(
+        "Decision (hold)",
+        "The pool changed less than `policy.minDwellSeconds` ago; it stays put so it does not flap.",
+        _WAIT,
+    ),
+    COOLDOWN: ReasonDoc(
+        "Decision (hold)",
+        "Some pool of this resource flipped less than `policy.cooldownSeconds` ago.",
+        _WAIT,
+    ),
+    FLIP_BUDGET_EXHAUSTED: ReasonDoc(
+        "Decision (hold)",
+        "The pool flipped `policy.maxFlipsPerHour` times in the last hour.",
+        "Nothing, unless it recurs: a pool that wants to flip that often sits near break-even; widen "
+        "`policy.goodput.marginPercent` or pin the pool On or Off.",
+    ),
+    MIN_RETUNE_INTERVAL: ReasonDoc(
+        "Decision (hold)",
+        "A K change or canary scaling came less than `policy.minRetuneIntervalSeconds` after the last.",
+        _WAIT,
+    ),
+    RETUNE_BUDGET_EXHAUSTED: ReasonDoc(
+        "Decision (hold)", "The pool used its `policy.maxRetunesPerHour`.", _WAIT
+    ),
+    OTHER_POOL_FLIPPING: ReasonDoc(
+        "Decision (hold)",
+        "The other pool of this resource is changing; pools change one at a time so capacity never dips "
+        "on both.",
+        _WAIT,
+    ),
+    ACCEPTANCE_BELOW_THRESHOLD: ReasonDoc(
+        "Decision (Threshold mode)",
+        "Acceptance length fell below `stopBelowAcceptanceLengthMilli`: speculation turned off.",
+        "Nothing; check AcceptanceDrift if it was unexpected.",
+    ),
+    CONCURRENCY_ABOVE_THRESHOLD: ReasonDoc(
+        "Decision (Threshold mode)",
+        "Running requests per replica rose above `stopAboveConcurrencyPerReplica`: speculation turned off.",
+        _NOTHING,
+    ),
+    CONDITIONS_RECOVERED: ReasonDoc(
+        "Decision (Threshold mode)",
+        "Acceptance and concurrency are back inside the resume thresholds: speculation turned on.",
+        _NOTHING,
+    ),
+    ACCEPTANCE_STILL_LOW: ReasonDoc(
+        "Decision (Threshold mode)",
+        "Speculation stays off: acceptance is still below the resume threshold.",
+        _NOTHING,
+    ),
+    CONCURRENCY_STILL_HIGH: ReasonDoc(
+        "Decision (Threshold mode)",
+        "Speculation stays off: concurrency is still above the resume threshold.",
+        _NOTHING,
+    ),
+    SPECULATION_PAYS: ReasonDoc(
+        "Decision (Threshold mode)", "Speculation stays on: both numbers are inside the thresholds.", _NOTHING
+    ),
+    PROBE_ACCEPTANCE: ReasonDoc(
+        "Decision",
+        "The pool's acceptance is unknown or expired, so speculation runs (on canaries, else the pool) to "
+        "measure it.",
+        _NOTHING,
+    ),
+    ROLLOUT_FAILED: ReasonDoc(
+        "Decision, Event",
+        "A change did not finish rolling out within `policy.rolloutDeadlineSeconds` and was undone, "
+        "typically because the surge pod found no free GPU.",
+        "Free one engine's worth of GPUs per pool for surges, set the pool's `rollout.strategy: "
+        "Replace` (rolls within its own GPUs), or raise the deadline.",
+    ),
+    REPLACE_WOULD_OVERLOAD: ReasonDoc(
+        "Decision (hold)",
+        "The pool rolls out by `rollout.strategy: Replace`, and the engines left while "
+        "`rollout.maxUnavailable` of them restart could not run the requests measured (running + "
+        "waiting, against `maxNumSeqs` or what their KV cache holds): the flip waits for the load to fall.",
+        "Nothing, if it passes; if the pool never flips under load, lower `rollout.maxUnavailable`, add "
+        "replicas, or free one engine's GPUs and use Surge.",
+    ),
+    REPLACE_DIP_NOT_REPAID: ReasonDoc(
+        "Decision (hold)",
+        "The pool rolls out by `rollout.strategy: Replace`, and the flip's (or a retune's: it restarts "
+        "the engines too) predicted gain over "
+        "`policy.minDwellSeconds` (at least one window) is smaller than the capacity share the rollout "
+        "removes times its duration (its batches of `maxUnavailable` engines times their start-up: "
+        "`status.pools.<pool>.startupSeconds` measured, else an estimate for the model's size).",
+        "Nothing: the flip does not pay on this cluster. A longer `minDwellSeconds`, a smaller "
+        "`rollout.maxUnavailable` share or faster start-up (weights from a shared cache) lets it pay.",
+    ),
+    STANDBY_WOULD_OVERLOAD: ReasonDoc(
+        "Decision (hold)",
+        "The pool flips by `rollout.flip: Standby` and has one replica: while it drains, sleeps and wakes "
+        "no engine would serve the requests measured, so the flip waits for the pool to be idle.",
+        "Nothing, if it passes; add a replica so the pool keeps serving while one flips.",
+    ),
+    STANDBY_DIP_NOT_REPAID: ReasonDoc(
+        "Decision (hold)",
+        "The pool flips by `rollout.flip: Standby`, and the flip's predicted gain over "
+        "`policy.minDwellSeconds` (at least one window) is smaller than the capacity it takes out: one "
+        "engine at a time for its drain, sleep, wake and check (`status.pools.<pool>.standbyFlipSeconds` "
+        "measured, else an estimate from the load and the weights).",
+        "Nothing: the flip does not pay now (usually a near break-even gain, or a long drain).",
+    ),
+    CANARIES_SCALED_DOWN: ReasonDoc(
+        "Decision",
+        "A pool that does not speculate removed its canaries: speculation is far from paying at this load.",
+        _NOTHING,
+    ),
+    CANARIES_SCALED_UP: ReasonDoc(
+        "Decision",
+        "A pool that does not speculate started canaries to measure acceptance near break-even.",
+        _NOTHING,
+    ),
+    GOODPUT_BELOW_BREAK_EVEN: ReasonDoc(
+        "Decision (Goodput mode)",
+        "Even the best K predicts less than `1 - marginPercent` of the speed without speculation at the "
+        "expected load: speculation turned off.",
+        _NOTHING,
+    ),
+    GOODPUT_ABOVE_BREAK_EVEN: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The best K predicts more than `1 + marginPercent`: speculation turned on at that K.",
+        _NOTHING,
+    ),
+    GOODPUT_WITHIN_MARGIN: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The prediction is within the margin of break-even: the pool keeps its mode.",
+        _NOTHING,
+    ),
+    GOODPUT_RETUNE: ReasonDoc(
+        "Decision (Goodput mode)",
+        "Another K (or a new Dynamic SD schedule) beats the current one by `retuneMarginPercent`.",
+        _NOTHING,
+    ),
+    SLO_TTFT_BOUND: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The pool's SLO chose its setting, and its time-to-first-token target decided: the setting chosen "
+        "(off, a K, or a Dynamic SD table) is predicted to have more requests within every target than "
+        "the one the throughput rule asks for, mostly by meeting the TTFT target more often (the drafter's "
+        "share of the prefill and the queue's wait add to TTFT). Each setting's mean TTFT and TPOT come from "
+        "the same model as its tokens per second, the tail from the pool's measured histograms. The "
+        "numbers give each mode's predicted share (`predictedSloAttainmentOff`, `predictedSloAttainmentOn` "
+        "at `predictedSloAttainmentBestK`). A flip only the SLO asks for must cut the share of requests "
+        "that miss by more than `marginPercent`. A pool the SLO keeps off runs no canaries.",
+        "Nothing if expected. An SLO no setting meets: more replicas, or a looser target.",
+    ),
+    SLO_TPOT_BOUND: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The pool's SLO chose its setting, and its time-per-output-token target decided: the setting "
+        "chosen is predicted to have more requests within every target than the one the throughput rule "
+        "asks for, mostly by meeting the TPOT target more often (speculation yields more tokens per step; "
+        "at a large batch its steps cost more than they yield). Predicted as for `SloTtftBound`.",
+        "Nothing if expected. An SLO no setting meets: more replicas, or a looser target.",
+    ),
+    GOODPUT_MEMORY_BOUND: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The pool's demand (running + waiting requests per replica) does not fit the KV cache of an "
+        "engine with the drafter (its weights, its KV and K lookahead slots per request take part of "
+        'it), or, rising along its trend, would not fit it before a rollout could finish ("memory-bound '
+        'ahead"), while it fits better without: the engine without the drafter runs more requests at once '
+        "and serves more tokens per second, so speculation is off (or stays off). The numbers give the "
+        "demand, each setting's KV cache (measured from `vllm:cache_config_info`, else the cost "
+        "profile's `memory`), the batch it holds and its predicted tokens per second. The pool turns "
+        "back on once the demand fits again (after the usual dwell, cooldown and flip budget).",
+        "Nothing if expected. To speculate under this load: more replicas, a larger "
+        "`gpuMemoryUtilizationPercent` or more GPUs per replica (`tensorParallelSize`).",
+    ),
+    GOODPUT_OVERLOADED: ReasonDoc(
+        "Decision (Goodput mode)",
+        "More tokens arrive per second than the speculating engines can serve at their largest batch "
+        "(`maxNumSeqs`, or what their KV cache holds with the drafter), with the policy's margin as "
+        "headroom, while the engines without the drafter serve more: requests arriving on their own "
+        "schedule (not waiting for each other's answers) would queue without end, so speculation is off "
+        "(or stays off) until the arrivals fit again. The arrivals are the generated tokens per second "
+        "measured plus the growth of the queue; the numbers give each setting's capacity.",
+        "Nothing if expected. To speculate under this load: more replicas, a larger "
+        "`gpuMemoryUtilizationPercent` or more GPUs per replica (`tensorParallelSize`).",
+    ),
+    AUTOSCALERS_ACTIVE: ReasonDoc("AutoscalingActive", "Every autoscaler reads its metric.", _NOTHING),
+    AUTOSCALER_PENDING: ReasonDoc(
+        "AutoscalingActive",
+        "An autoscaler has not reported yet (Unknown); for a ScaledObject, KEDA may not be installed.",
+        "Install KEDA for `kind: ScaledObject`; otherwise wait for the first report.",
+    ),
+    AUTOSCALER_INACTIVE: ReasonDoc(
+        "AutoscalingActive",
+        "An autoscaler cannot scale and gave no reason of its own (when it gives one, e.g. the HPA's "
+        "FailedGetPodsMetric, that reason is shown instead).",
+        "For a HorizontalPodAutoscaler, a metrics adapter must serve the vLLM metric (see "
+        "[Autoscaling](tasks/autoscaling.md)); `kubectl describe hpa` says more.",
+    ),
+    ROUTES_ACCEPTED: ReasonDoc(
+        "GatewayAccepted",
+        "Every parent Gateway reports Accepted and ResolvedRefs True on the HTTPRoute and on both "
+        "InferencePools. Routing rules a route cannot express (shape, auto-segmentation, API-key rules, "
+        "the OtherPool fallback) are named in the message: they do not apply in gateway mode.",
+        "Nothing, unless the message names rules you rely on: those need the router (remove "
+        "`routing.gateway`) or settings that say what the gateway does (see [Gateway API](gateway.md)).",
+    ),
+    ROUTES_PENDING: ReasonDoc(
+        "GatewayAccepted",
+        "No Gateway has reported on the HTTPRoute or an InferencePool yet (Unknown): no gateway "
+        "implementation watches them, the `parentRefs` name a Gateway that does not exist, or it has not "
+        "caught up with the last change.",
+        "Check that the Gateway named in `routing.gateway.parentRefs` exists and that its implementation "
+        "supports InferencePool backends; `kubectl describe httproute <name>` shows its parents' status.",
+    ),
+    ROUTES_NOT_ACCEPTED: ReasonDoc(
+        "GatewayAccepted",
+        "A Gateway reports Accepted or ResolvedRefs False for the HTTPRoute or an InferencePool; the "
+        "message gives the Gateway's own reason (e.g. NotAllowedByListeners, NoMatchingParent, "
+        "InvalidExtensionRef).",
+        "Follow the Gateway's reason: allow routes from this namespace on its listener (`allowedRoutes`), "
+        "fix the `sectionName`, or make the endpoint picker Service exist.",
+    ),
+}
