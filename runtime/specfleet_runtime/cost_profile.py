@@ -21,9 +21,10 @@ Speculation speeds up only the decode part: the longer the prompts per generated
 every speedup is to 1, and the drafter's prefill share can turn a small decode gain into a loss.
 
 `StepTimeProfile` holds a measured table of step times (batch sizes x K values) and interpolates it.
-The default is the published H100 / Llama-3.1-8B / EAGLE profile; other hardware loads from a file
-(`load_profile`, format below). The engine emulator runs on this module, and the operator's policy
-reuses it, so everything here is pure: no I/O except the explicit loader.
+The default is the published H100 / Llama-3.1-8B profile, per drafter method (`default_profile`:
+EAGLE-1's measured table, and for "eagle3" that table plus the EAGLE-3 drafter's longer step); other
+hardware loads from a file (`load_profile`, format below). The engine emulator runs on this module,
+and the operator's policy reuses it, so everything here is pure: no I/O except the explicit loader.
 
 Profile file format (YAML or JSON; one row per batch size, one column per K; K=0 is required)::
 
@@ -51,11 +52,13 @@ Profile file format (YAML or JSON; one row per batch size, one column per K; K=0
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final
 
 import yaml
@@ -367,9 +370,74 @@ PUBLISHED_H100_LLAMA31_8B_EAGLE: Final = StepTimeProfile(
 )
 
 
-def default_profile() -> StepTimeProfile:
-    """The published H100 / Llama-3.1-8B / EAGLE profile."""
-    return PUBLISHED_H100_LLAMA31_8B_EAGLE
+# Batch-1 time per output token (ms) and mean acceptance length by K of Llama-3.1-8B-Instruct on
+# MT-bench in vLLM, with no drafter and with each of the EAGLE-1 (yuhuili/EAGLE-LLaMA3.1-Instruct-8B) and
+# EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B) drafters, from vLLM issue #20780
+# (https://github.com/vllm-project/vllm/issues/20780; the GPU is not stated, the author's H100 assumed).
+# A step at K yields AL(K) tokens, so TPOT(K) x AL(K) is the step time at that K.
+VLLM_20780_VANILLA_TPOT_MS: Final = 7.07
+VLLM_20780_EAGLE1_TPOT_MS: Final[Mapping[int, float]] = MappingProxyType(
+    {2: 4.37, 3: 4.29, 4: 4.48, 5: 4.71, 6: 4.94, 7: 5.2}
+)
+VLLM_20780_EAGLE3_TPOT_MS: Final[Mapping[int, float]] = MappingProxyType(
+    {2: 4.32, 3: 4.09, 4: 4.05, 5: 4.13, 6: 4.2, 7: 4.29}
+)
+VLLM_20780_EAGLE1_AL: Final[Mapping[int, float]] = MappingProxyType(
+    {2: 2.1, 3: 2.29, 4: 2.39, 5: 2.43, 6: 2.45, 7: 2.47}
+)
+VLLM_20780_EAGLE3_AL: Final[Mapping[int, float]] = MappingProxyType(
+    {2: 2.36, 3: 2.79, 4: 3.08, 5: 3.32, 6: 3.46, 7: 3.54}
+)
+
+
+def _eagle3_drafter_extra_ms() -> dict[int, float]:
+    steps = {
+        k: VLLM_20780_EAGLE3_TPOT_MS[k] * VLLM_20780_EAGLE3_AL[k]
+        - VLLM_20780_EAGLE1_TPOT_MS[k] * VLLM_20780_EAGLE1_AL[k]
+        for k in VLLM_20780_EAGLE3_TPOT_MS
+    }
+    # K=0 runs no drafter; K=1 was not measured: half of K=2's extra (an assumption).
+    return {0: 0.0, 1: steps[2] / 2, **steps}
+
+
+# How much longer a step of the EAGLE-3 drafter is than one of the EAGLE-1 drafter at the same K (ms):
+# its step less EAGLE-1's in vLLM issue #20780, each TPOT x AL, at batch 1 (K=1: half of K=2's, not
+# measured). K 3: 1.587 ms, K 5: 2.266 ms.
+EAGLE3_DRAFTER_EXTRA_STEP_MS: Final[Mapping[int, float]] = MappingProxyType(_eagle3_drafter_extra_ms())
+
+
+def with_drafter_extra(base: StepTimeProfile, extra_ms: Mapping[int, float], name: str) -> StepTimeProfile:
+    """`base` with `extra_ms[K]` added to every batch's step at each K of its table (the same term at
+    every batch: a drafter pass costs the same whatever the batch, as the roofline's floor does)."""
+    missing = [k for k in base.speculative_tokens if k not in extra_ms]
+    if missing:
+        raise ValueError(f"no drafter extra for K {missing}")
+    rows = tuple(
+        tuple(round(t + extra_ms[k], 3) for k, t in zip(base.speculative_tokens, row, strict=True))
+        for row in base.step_ms
+    )
+    return dataclasses.replace(base, name=name, step_ms=rows)
+
+
+# The published profile with the EAGLE-3 drafter's longer step: PUBLISHED_H100_LLAMA31_8B_EAGLE plus
+# EAGLE3_DRAFTER_EXTRA_STEP_MS at every batch size (see `default_profile`).
+PUBLISHED_H100_LLAMA31_8B_EAGLE3: Final = with_drafter_extra(
+    PUBLISHED_H100_LLAMA31_8B_EAGLE, EAGLE3_DRAFTER_EXTRA_STEP_MS, "h100-llama-3.1-8b-eagle3"
+)
+
+
+def default_profile(method: str | None = None) -> StepTimeProfile:
+    """The published H100 / Llama-3.1-8B profile for vLLM speculative `method`.
+
+    Measured: the step times of the EAGLE-1 drafter (vllm PR #32374, batch 1, 64 and 256 at K 0, 1, 3
+    and 5), the table every method other than "eagle3" gets (None, "eagle", "ngram", ...: unchanged);
+    and the EAGLE-3 drafter's step less EAGLE-1's at batch 1 and K 2-7 (vLLM issue #20780, TPOT x
+    acceptance length). "eagle3" gets the EAGLE-1 table plus that extra at each K of the table.
+    Assumed: the extra at batch 64 and 256 equals the batch-1 extra (not measured there: a free input,
+    a drafter pass taken to cost the same whatever the batch), and K=1's is half of K=2's (K=1 was not
+    measured). A measured profile (`specfleet profile`, `costProfileConfigMap`) replaces both.
+    """
+    return PUBLISHED_H100_LLAMA31_8B_EAGLE3 if method == "eagle3" else PUBLISHED_H100_LLAMA31_8B_EAGLE
 
 
 def load_profile(path: str | Path) -> StepTimeProfile:
