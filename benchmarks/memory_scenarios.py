@@ -54,7 +54,7 @@ from specfleet.sim.compare import ALL_REQUESTS, SMOOTH, TIME_WEIGHTED, Compariso
 from specfleet.sim.fleet import SimOptions
 from specfleet.sim.plan import plan_model
 from specfleet.sim.workload import Trace, TraceRequest, read_trace
-from specfleet_runtime.cost_profile import MemoryProfile, StepTimeProfile, default_profile
+from specfleet_runtime.cost_profile import PUBLISHED_H100_LLAMA31_8B_EAGLE, MemoryProfile, StepTimeProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "02-two-pools-routing-policy.yaml"
@@ -221,7 +221,7 @@ FP8_70B = dataclasses.replace(_table_70b(), target_weight_bytes=70.6e9)
 
 def profile_70b(tensor_parallel_size: int) -> StepTimeProfile:
     """The derived 70B profile on `tensor_parallel_size` H100s (FP8 weights on one, BF16 over more)."""
-    base = default_profile()
+    base = PUBLISHED_H100_LLAMA31_8B_EAGLE  # the 8B table the scenarios pair with EAGLE-1's acceptance
     capacity = FP8_70B if tensor_parallel_size == 1 else BF16_70B
     memory = MemoryProfile(
         kv_cache_tokens=capacity.kv_tokens(0.9, tensor_parallel_size, False),
@@ -258,7 +258,7 @@ def _seventy_b(tensor_parallel_size: int) -> Callable[[dict], None]:
 def scenarios() -> dict[str, MemoryScenario]:
     """Every scenario, each followed by its `-standby` variant (see the module docstring)."""
     edits: dict[str, tuple[Callable[[dict], None], StepTimeProfile, tuple[int, int], float | None]] = {
-        "long-context-8b": (_long_context, default_profile(), (16384, 32768), None),
+        "long-context-8b": (_long_context, PUBLISHED_H100_LLAMA31_8B_EAGLE, (16384, 32768), None),
         # The estimate reads the FP8 weights (the table's checkpoint is BF16).
         "70b-one-gpu": (_seventy_b(1), profile_70b(1), (500, 1500), estimated_startup_seconds(FP8_70B, 1)),
         "70b-two-gpus": (_seventy_b(2), profile_70b(2), (500, 1500), None),

@@ -23,7 +23,7 @@ import numpy as np
 from specfleet.sim.compare import compare
 from specfleet.sim.fleet import SimOptions
 from specfleet.sim.workload import ACCEPTANCE_PROFILES
-from specfleet_runtime.cost_profile import default_profile
+from specfleet_runtime.cost_profile import PUBLISHED_H100_LLAMA31_8B_EAGLE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import policy as bench
@@ -55,7 +55,7 @@ def main() -> None:
     makers = bench.scenario_makers(replicas, conv, code, bench.sizes(conv))
     workload = makers[args.scenario](args.drafter)
     options = SimOptions(seed=0, acceptance=ACCEPTANCE_PROFILES[args.drafter])
-    comp = compare(sd, workload, options, default_profile(), only=("policy", "engineDynamicSD"))
+    comp = compare(sd, workload, options, PUBLISHED_H100_LLAMA31_8B_EAGLE, only=("policy", "engineDynamicSD"))
 
     pool = args.pool
     speed = {
