@@ -74,14 +74,14 @@ def _simulation_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     except WorkloadError as err:
         raise _UsageError(str(err)) from None
     try:
-        profile = _profile_file(args.profile) if args.profile else default_profile()
+        profile = _profile_file(args.profile) if args.profile else default_profile(sd.spec.drafter.method)
     except (OSError, ValueError, yaml.YAMLError) as err:
         raise _UsageError(f"cannot use cost profile {args.profile}: {err}") from None
     named = sd.spec.policy.goodput.cost_profile_config_map
     if named and not args.profile:
         print(
             f"note: the resource decides with ConfigMap {named} (costProfileConfigMap); pass its YAML "
-            "with --profile to simulate with it: this run uses the published profile",
+            "with --profile to simulate with it: this run uses the published profile of its drafter method",
             file=sys.stderr,
         )
     for name in ("startup_seconds", "scrape_interval"):
@@ -279,7 +279,7 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--profile",
-        help="step-time profile file, or the ConfigMap holding one (default: the published H100 Llama-3.1-8B one)",
+        help="step-time profile file, or the ConfigMap holding one (default: the published H100 Llama-3.1-8B one for the resource's drafter method)",
     )
     parser.add_argument(
         "--startup-seconds",

@@ -138,7 +138,8 @@ class Controller:
         self.cluster = cluster
         self.options = options
         self.querier_for = querier_for
-        self.profile = profile or default_profile()
+        # None: each resource decides on the default profile of its drafter's method (`_cost_profile`).
+        self.profile = profile
         self.clock = clock
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._measured: dict[tuple[str, str], _Measured] = {}
@@ -309,13 +310,14 @@ class Controller:
         return status
 
     def _cost_profile(self, sd: SpeculativeDeployment) -> tuple[StepTimeProfile | None, str | None]:
-        """The profile to decide with: the ConfigMap the spec names (read now), else the default.
+        """The profile to decide with: the ConfigMap the spec names (read now), else the controller's
+        own, else the published default for the spec's drafter method (EAGLE-3's longer step for eagle3).
 
         (None, why) when the named ConfigMap is missing or malformed: the pools hold.
         """
         name = sd.spec.policy.goodput.cost_profile_config_map
         if not name:
-            return self.profile, None
+            return self.profile or default_profile(sd.spec.drafter.method), None
         ref = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": sd.namespace, "name": name}}
         try:
             return profile_from_config_map(self.cluster.get(ref), sd.namespace, name), None

@@ -171,7 +171,9 @@ def alert_groups(sd: SpeculativeDeployment) -> list[dict[str, Any]]:
     spec = sd.spec
     alerts = spec.monitoring.alerts
     # Threshold values as the policy uses them: the spec's, or derived from the cost profile's break-even.
-    thresholds = threshold_values(spec.policy, spec.drafter.num_speculative_tokens, default_profile())
+    thresholds = threshold_values(
+        spec.policy, spec.drafter.num_speculative_tokens, default_profile(spec.drafter.method)
+    )
     window = _seconds(spec.policy.window_seconds)
     hold = _seconds(alerts.for_seconds)
     ns, name = sd.namespace, sd.name

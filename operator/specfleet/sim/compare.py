@@ -359,9 +359,10 @@ def compare(
     progress: Callable[[str], None] | None = None,
     only: Sequence[str] | None = None,
 ) -> Comparison:
-    """Run every strategy on the same workload and seed, and derive bestStatic and perLevelOracle."""
+    """Run every strategy on the same workload and seed, and derive bestStatic and perLevelOracle (on
+    `profile`, default: the published one of the spec's drafter method)."""
     options = (options or SimOptions()).resolved(sd.spec)
-    profile = profile or default_profile()
+    profile = profile or default_profile(sd.spec.drafter.method)
     drafter_k = sd.spec.drafter.num_speculative_tokens
     # The table a user would give vLLM: the same one the policy makes from this acceptance.
     schedule = best_schedule(profile, options.acceptance, drafter_k)

@@ -193,10 +193,11 @@ def simulate(
     profile: StepTimeProfile | None = None,
     schedule: Sequence[tuple[int, int, int]] = (),
 ) -> RunResult:
-    """Replay `workload` through the fleet `sd` describes, under `strategy` (default: the policy)."""
+    """Replay `workload` through the fleet `sd` describes, under `strategy` (default: the policy), on
+    `profile` (default: the published one of the spec's drafter method, engines and policy alike)."""
     strategy = strategy or Strategy("policy", "policy")
     options = (options or SimOptions()).resolved(sd.spec)
-    profile = profile or default_profile()
+    profile = profile or default_profile(sd.spec.drafter.method)
     spec = strategy_spec(sd.spec, strategy, schedule)
     fleet = _Fleet(dataclasses.replace(sd, spec=spec), strategy, workload, options, profile)
     return fleet.run()
