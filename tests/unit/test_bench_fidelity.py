@@ -97,3 +97,19 @@ def test_one_small_case_simulates_and_renders() -> None:
     assert page.startswith("# Fidelity")
     assert f"`{fid.COMMAND}`" in page
     assert run.source in page
+
+
+def test_each_run_names_its_drafter_method_in_the_resource_it_simulates() -> None:
+    assert {r.method for r in fid.RUNS} == {"eagle", "eagle3"}
+    for run in fid.RUNS:
+        assert run.method == ("eagle3" if "EAGLE3-" in run.drafter else "eagle")
+        assert fid.resource(run.method).spec.drafter.method == run.method
+
+
+def test_an_eagle3_row_runs_on_the_products_eagle3_default() -> None:
+    """The headline is the product's own pick for an eagle3 drafter, not a benchmark-side table."""
+    run = next(r for r in fid.RUNS if r.source == fid.AL_BY_K and r.method == "eagle3" and r.k == 3)
+    headline = fid.simulate_run(run, duration=60.0)
+    assert headline.value == pytest.approx(fid.simulate_run(run, 60.0, default_profile("eagle3")).value)
+    assert headline.value < fid.simulate_run(run, 60.0, default_profile("eagle")).value
+    assert headline.within
