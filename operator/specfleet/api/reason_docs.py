@@ -76,6 +76,7 @@ from specfleet.api.reasons import (
     PROGRESSING,
     PROMETHEUS_NOT_SCRAPING,
     READY,
+    REALIZED_BELOW_PREDICTION,
     REPLACE_DIP_NOT_REPAID,
     REPLACE_WOULD_OVERLOAD,
     RETUNE_BUDGET_EXHAUSTED,
@@ -506,6 +507,20 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "asks for, mostly by meeting the TPOT target more often (speculation yields more tokens per step; "
         "at a large batch its steps cost more than they yield). Predicted as for `SloTtftBound`.",
         "Nothing if expected. An SLO no setting meets: more replicas, or a looser target.",
+    ),
+    REALIZED_BELOW_PREDICTION: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The policy checks its own predictions: each window a settled pool speculates, its engines' "
+        "generated tokens per second per replica are set beside what the model predicts for that "
+        "setting at the running requests measured, and likewise for the engine without the drafter "
+        "while the pool is off. A speculating setting whose measured-over-predicted ratio, over the "
+        "plain engine's, stayed below 1 - policy.goodput.marginPercent for "
+        "several windows running does not deliver the gain it was chosen for: the pool turns off, and "
+        "until it speculates again and delivers, every prediction that would turn it on is multiplied "
+        "by the shortfall measured (status.pools.<pool>.realizedCheck).",
+        "The cost profile does not describe these engines (another GPU, drafter or vLLM version): "
+        "measure it on them with `specfleet profile` and name it in "
+        "policy.goodput.costProfileConfigMap.",
     ),
     GOODPUT_MEMORY_BOUND: ReasonDoc(
         "Decision (Goodput mode)",

@@ -109,6 +109,8 @@ GOODPUT_MEMORY_BOUND: Final = "GoodputMemoryBound"
 GOODPUT_OVERLOADED: Final = "GoodputOverloaded"
 SLO_TTFT_BOUND: Final = "SloTtftBound"
 SLO_TPOT_BOUND: Final = "SloTpotBound"
+# The speculating setting delivered less of its predicted gain than the margin allows, window after window.
+REALIZED_BELOW_PREDICTION: Final = "RealizedBelowPrediction"
 
 # Condition type present only while a pool is autoscaled: whether its autoscaler can scale (reads its
 # metric), and its reasons (a failing autoscaler's own reason is used as it is).

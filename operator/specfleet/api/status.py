@@ -81,6 +81,41 @@ class StandbyStatus(StatusModel):
     )
 
 
+class RealizedCheck(StatusModel):
+    """The policy's check on its own prediction for a pool (Goodput mode): what its engines delivered
+    against what the model predicted, per window, and the shortfall it acted on."""
+
+    sampled_at: str = Field(description="When the last window was checked (RFC 3339).")
+    off_ratio: str | None = Field(
+        default=None,
+        description="The engine without the drafter: generated tokens per second per replica measured "
+        "over those predicted at the running requests measured, the last window the pool ran off "
+        "without canaries, as text (unset: never measured; taken as 1).",
+    )
+    on_ratio: str | None = Field(
+        default=None,
+        description="The same ratio for the speculating setting the pool ran, its last window, as text.",
+    )
+    realized_over_predicted: str | None = Field(
+        default=None,
+        description="onRatio / offRatio: the share of its predicted gain over the plain engine the "
+        "speculating setting delivered in its last window, as text.",
+    )
+    below_windows: int = Field(
+        default=0,
+        ge=0,
+        description="Consecutive windows realizedOverPredicted stayed below 1 - "
+        "policy.goodput.marginPercent while the pool speculated.",
+    )
+    shortfall: str | None = Field(
+        default=None,
+        description="Set when the policy turned the pool off because its setting did not deliver "
+        "(RealizedBelowPrediction): the realizedOverPredicted it measured, by which every predicted "
+        "gain of speculating is multiplied until the pool speculates again and delivers within the "
+        "margin, as text.",
+    )
+
+
 class PoolStatus(StatusModel):
     """Observed state of one pool."""
 
@@ -207,6 +242,11 @@ class PoolStatus(StatusModel):
         "leaving the pool's Service to serving again (drain, sleep, wake and check), measured from "
         "the pool's own flips. The policy prices a flip with it (one replica at a time); unset: an "
         "estimate from the load (the drain) and the weights over the host link (sleep and wake).",
+    )
+    realized_check: RealizedCheck | None = Field(
+        default=None,
+        description="Goodput mode: the policy's check on its own predictions (what the engines "
+        "delivered against what it predicted) and the shortfall it acted on.",
     )
     acceptance_baseline: str | None = Field(
         default=None,

@@ -11,7 +11,13 @@ from datetime import datetime
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.api.pools import LatencySlo
-from specfleet.policy.inputs.observation import MeasuredAcceptance, PoolObservation, PoolState, Schedule
+from specfleet.policy.inputs.observation import (
+    MeasuredAcceptance,
+    PoolObservation,
+    PoolState,
+    RealizedRecord,
+    Schedule,
+)
 from specfleet.policy.inputs.settings import goodput_margin, pool_k
 from specfleet.policy.predict.acceptance import Estimate, acceptance_moving, estimate_for, newest_acceptance
 from specfleet.policy.predict.demand import (
@@ -25,6 +31,7 @@ from specfleet.policy.predict.throughput import OFF, PoolModel, pool_model
 from specfleet.policy.rules.canaries import active_canaries, settling
 from specfleet.policy.rules.goodput import GoodputPrediction, candidate_ks, goodput_prediction, goodput_wanted
 from specfleet.policy.rules.load_guards import LoadCase, against_load
+from specfleet.policy.rules.realized_guard import guard_wanted, realized_sample, with_shortfall
 from specfleet.policy.rules.results import PoolDecision, Wanted
 from specfleet.policy.rules.slo import setting_shares, slo_wanted
 from specfleet.policy.rules.threshold import threshold_wanted
@@ -52,6 +59,9 @@ class Assessment:
     demand: float | None = None
     # The pool's next rollout: how long a change decided now takes to serve.
     rollout: RolloutTime | None = None
+    # Goodput: the check of the pool's last prediction against what its engines delivered, when this
+    # evaluation took a new sample (None: unchanged).
+    realized: RealizedRecord | None = None
 
     @property
     def memory(self) -> MeasuredAcceptance | None:
@@ -83,6 +93,7 @@ class Assessment:
             canaries,
             self.memory,
             schedule,
+            self.realized,
         )
 
 
@@ -122,6 +133,7 @@ def assess(
     obs = replace(observed, running_per_replica=load)
     gains = None
     model: PoolModel | None = None
+    realized: RealizedRecord | None = None
     if policy.mode == "Goodput":
         # One model of the pool (policy.predict.throughput): each setting's tokens/s at a demand of running
         # plus waiting requests per replica; the waiting ones ride on every projected load.
@@ -136,13 +148,16 @@ def assess(
             gpu_memory_utilization=state.gpu_memory_utilization,
             tensor_parallel_size=state.tensor_parallel_size,
         )
-        g = goodput_prediction(model, [demand], est, k)
-        g_observed = goodput_prediction(model, [model.demand], est, k)
+        # An off pool whose last speculating setting fell short of its prediction judges turning on
+        # with that shortfall (`policy.rules.realized_guard`).
+        g = with_shortfall(state, goodput_prediction(model, [demand], est, k))
+        g_observed = with_shortfall(state, goodput_prediction(model, [model.demand], est, k))
         gains = (g, g_observed)
         # A flip is judged over the period it locks the pool (see `commit_path`); a retune (not
         # locked, lighter budget) and the canaries on the projected load (`gains`).
         path = commit_path(policy, rollout, model.demand, demand)
-        g_commit = goodput_prediction(model, path, est_flip, k)
+        g_commit = with_shortfall(state, goodput_prediction(model, path, est_flip, k))
+        realized = realized_sample(policy, state, observed, model, est, now)
         wanted = goodput_wanted(policy, state, obs, g_commit, est_flip)
         if schedule and wanted.mode == "Off" and g_observed.gain_best > 1 + goodput_margin(policy):
             # A pool following a schedule already drafts less (or nothing) as batches grow, so turning
@@ -170,6 +185,7 @@ def assess(
             shares = setting_shares(slo, observed, model, g_commit.per_position, [model.demand], k, schedules)
             if shares is not None:
                 wanted = slo_wanted(policy, state, model.current or OFF, shares, wanted)
+        wanted = guard_wanted(policy, state, realized or state.realized, wanted, g_commit)
         case = LoadCase(policy, state, observed, now, model, g_commit, rollout)
         wanted = against_load(case, wanted)
     else:
@@ -195,5 +211,18 @@ def assess(
         )
     loads = (load, measured)
     return Assessment(
-        pool, state, obs, current_k, est, wanted, loads, gains, numbers, schedules, model, demand, rollout
+        pool,
+        state,
+        obs,
+        current_k,
+        est,
+        wanted,
+        loads,
+        gains,
+        numbers,
+        schedules,
+        model,
+        demand,
+        rollout,
+        realized,
     )

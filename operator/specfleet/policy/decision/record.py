@@ -20,12 +20,14 @@ from specfleet.api.status import (
     PoolRollout,
     PoolStatus,
     PoolStatuses,
+    RealizedCheck,
     SpeculativeDeploymentStatus,
 )
 from specfleet.policy.decision.realized import with_realized_changes
 from specfleet.policy.inputs.observation import (
     MeasuredAcceptance,
     PoolObservation,
+    RealizedRecord,
     Schedule,
 )
 from specfleet.policy.inputs.scraping import (
@@ -147,6 +149,23 @@ def _with_settled_rollout(ps: PoolStatus, now: datetime) -> PoolStatus | None:
         rollout = ps.rollout.model_copy(update={"settled_time": rfc3339(now)})
         return ps.model_copy(update={"rollout": rollout})
     return None
+
+
+def _with_realized_check(ps: PoolStatus, check: RealizedRecord) -> PoolStatus:
+    """The pool's status with the policy's new check of its prediction (`policy.rules.realized_guard`)."""
+
+    def text(value: float | None) -> str | None:
+        return None if value is None else f"{value:.3f}"
+
+    realized = RealizedCheck(
+        sampled_at=rfc3339(check.sampled_at),
+        off_ratio=text(check.off_ratio),
+        on_ratio=text(check.on_ratio),
+        realized_over_predicted=text(check.realized_over_predicted),
+        below_windows=check.below_windows,
+        shortfall=text(check.shortfall),
+    )
+    return ps.model_copy(update={"realized_check": realized})
 
 
 def _with_acceptance(ps: PoolStatus, memory: MeasuredAcceptance) -> PoolStatus:
@@ -347,6 +366,8 @@ def record(
     for decision in decisions:
         if (memory := decision.acceptance) is not None:
             setattr(pools, decision.pool, _with_acceptance(getattr(pools, decision.pool), memory))
+        if (check := decision.realized) is not None:
+            setattr(pools, decision.pool, _with_realized_check(getattr(pools, decision.pool), check))
     out = Recorded(status=status)
     history = with_realized_changes(status.history, pools, observations, window_seconds, now)
     for decision in decisions:

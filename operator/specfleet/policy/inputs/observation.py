@@ -165,6 +165,26 @@ class MeasuredAcceptance:
 
 
 @dataclass(frozen=True)
+class RealizedRecord:
+    """The policy's check on its own prediction for a pool (status.pools.<pool>.realizedCheck): each
+    ratio is generated tokens per second measured over predicted, at the running requests measured."""
+
+    sampled_at: datetime
+    off_ratio: float | None = None  # the engine without the drafter, last window measured
+    on_ratio: float | None = None  # the speculating setting, last window measured
+    below_windows: int = 0  # consecutive windows on_ratio / off_ratio was below 1 - margin
+    shortfall: float | None = None  # the realized share of the prediction the guard acted on
+
+    @property
+    def realized_over_predicted(self) -> float | None:
+        """The share of its predicted gain the speculating setting delivered (the plain engine's ratio
+        as reference: 1 where never measured)."""
+        if self.on_ratio is None:
+            return None
+        return self.on_ratio / (self.off_ratio or 1.0)
+
+
+@dataclass(frozen=True)
 class PoolRolloutState:
     """The policy's last change of a pool (from status): what it replaced, and whether it settled."""
 
@@ -228,6 +248,8 @@ class PoolState:
     flip: str = "Restart"
     standby_flip_seconds: float | None = None
     termination_grace_seconds: float = 120.0
+    # Goodput mode: what the engines delivered against the prediction (None: not checked yet).
+    realized: RealizedRecord | None = None
 
     @property
     def last_change(self) -> datetime | None:

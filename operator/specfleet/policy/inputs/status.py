@@ -23,6 +23,7 @@ from specfleet.policy.inputs.observation import (
     MeasuredAcceptance,
     PoolRolloutState,
     PoolState,
+    RealizedRecord,
     Schedule,
 )
 from specfleet_runtime.vllm_args import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
@@ -52,6 +53,21 @@ def _float(text: str | None) -> float | None:
         return None if text is None else float(text)
     except ValueError:
         return None
+
+
+def _realized(ps: PoolStatus) -> RealizedRecord | None:
+    """The pool's realized check from status (None: none, or its time unreadable)."""
+    check = ps.realized_check
+    at = parse_time(check.sampled_at) if check is not None else None
+    if check is None or at is None:
+        return None
+    return RealizedRecord(
+        sampled_at=at,
+        off_ratio=_float(check.off_ratio),
+        on_ratio=_float(check.on_ratio),
+        below_windows=check.below_windows,
+        shortfall=_float(check.shortfall),
+    )
 
 
 def _loads(entries: Sequence[str] | None) -> tuple[tuple[datetime, float], ...]:
@@ -169,5 +185,6 @@ def pool_states(
             flip=pool_spec.rollout.flip,
             standby_flip_seconds=ps.standby_flip_seconds,
             termination_grace_seconds=float(spec.engine.termination_grace_period_seconds),
+            realized=_realized(ps),
         )
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specfleet.policy.inputs.observation import MeasuredAcceptance, Schedule
+from specfleet.policy.inputs.observation import MeasuredAcceptance, RealizedRecord, Schedule
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class PoolDecision:
     acceptance: MeasuredAcceptance | None = None
     # The pool's Dynamic SD schedule after this decision (None: unchanged; empty: none).
     target_schedule: Schedule | None = None
+    # Goodput: the pool's new check of its prediction against what it delivered (None: unchanged).
+    realized: RealizedRecord | None = None
 
     @property
     def changes(self) -> bool:
