@@ -69,7 +69,8 @@ class _Fleet:
             self.finish_done,
         )
         self.traffic = Traffic(sd, workload, options, self.events, self.accounts, self.rollouts, self.done)
-        self.control = PolicyLoop(sd, strategy, profile, self.rollouts, self.prometheus)
+        decides_with = options.policy_profile or profile
+        self.control = PolicyLoop(sd, strategy, decides_with, self.rollouts, self.prometheus)
 
     def finish_done(self) -> None:
         self.traffic.finish_done()

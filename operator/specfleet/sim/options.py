@@ -72,6 +72,9 @@ class SimOptions:
     bin_seconds: float | None = None
     # LEAST_OUTSTANDING or PREFIX_AFFINITY for every pool; None: each pool's endpointSelection.
     routing: str | None = None
+    # The cost profile the policy decides with, where it is not the engines' own (a profile measured
+    # on another GPU, drafter or vLLM version); None: the engines' profile, as a measured one would be.
+    policy_profile: StepTimeProfile | None = None
 
     @property
     def startup(self) -> float:
