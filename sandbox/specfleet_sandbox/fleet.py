@@ -11,12 +11,7 @@ margin included):
   before applying this (specfleet_sandbox.profiling): they play a device whose verification turns
   compute-bound at a few dozen running requests, so the break-even the policy predicts from the
   measurement lies within the load two cores can drive, where the published H100 profile's lies
-  beyond the engines' 64-request cap;
-- the batch pool flips by Standby (`rollout.flip: Standby`, with the `standbyHostMemory` it requires:
-  Llama-3.1-8B's and its EAGLE-3 drafter's weights, parked in host memory): its pods run both engines
-  and a flip switches them in seconds instead of restarting them. The batch pool is the one the demo
-  flips most (three times: the surge, its end, the long prompts); the latency pool keeps the
-  example's restart flips, so the demo shows both kinds.
+  beyond the engines' 64-request cap.
 """
 
 from __future__ import annotations
@@ -33,9 +28,6 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "02-two-pools-routing-policy.yaml"
 DEFAULT_NAMESPACE = "sandbox"
 SERVED_MODEL = "llama-3.1-8b"
-# The batch pool's parked weights per pod: Llama-3.1-8B in BF16 (16 GB) and its EAGLE-3 drafter, with
-# headroom (the emulated engines time a sleep or wake as these weights over the host link).
-STANDBY_HOST_MEMORY = "20Gi"
 
 
 def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -62,11 +54,7 @@ def sandbox_fleet(namespace: str, prometheus_url: str) -> dict[str, Any]:
                 "engine": {"maxNumSeqs": 64},
                 "pools": {
                     "latency": {"replicas": 1},
-                    "batch": {
-                        "replicas": 1,
-                        "engine": {"maxNumSeqs": 64},
-                        "rollout": {"flip": "Standby", "standbyHostMemory": STANDBY_HOST_MEMORY},
-                    },
+                    "batch": {"replicas": 1, "engine": {"maxNumSeqs": 64}},
                 },
                 "routing": {"router": {"replicas": 1}},
                 "policy": {
