@@ -195,6 +195,7 @@ class Engine:
             stderr=subprocess.STDOUT,
         )
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.told_to_stop = False  # SIGTERM or SIGINT sent
         self._relay = threading.Thread(target=self._copy_output, name=f"relay-{name}", daemon=True)
         self._relay.start()
 
@@ -219,10 +220,14 @@ class Engine:
     def signal(self, signum: int) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signum)
+            self.told_to_stop = self.told_to_stop or signum in (signal.SIGTERM, signal.SIGINT)
 
     def stop(self, seconds: float = STOP_SECONDS) -> None:
-        """SIGTERM, then SIGKILL after `seconds`."""
-        self.signal(signal.SIGTERM)
+        """SIGTERM (unless the engine was told to stop already), then SIGKILL after `seconds`. Never a
+        second SIGTERM: a server may take it as "stop now" and cut the requests it is still finishing
+        (the engine emulator's aiohttp server cancels them), the requests a pod's stop gives time to."""
+        if not self.told_to_stop:
+            self.signal(signal.SIGTERM)
         try:
             self.proc.wait(seconds)
         except subprocess.TimeoutExpired:

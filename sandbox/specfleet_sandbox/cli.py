@@ -43,7 +43,16 @@ from specfleet_sandbox.fleet import DEFAULT_NAMESPACE, SERVED_MODEL, sandbox_fle
 from specfleet_sandbox.processes import Detached, OperatorProcess
 from specfleet_sandbox.profiling import break_even, emulator_args, measure_profile
 from specfleet_sandbox.prometheus import PrometheusProcess, scrape_config
-from specfleet_sandbox.scenario import BASELINE_ACCEPTANCE, SCENARIOS, Phase, run_scenario, summary_lines
+from specfleet_sandbox.scenario import (
+    BASELINE_ACCEPTANCE,
+    SCENARIOS,
+    Phase,
+    Rollout,
+    RolloutKey,
+    observe_rollouts,
+    run_scenario,
+    summary_lines,
+)
 from specfleet_testbed import Cluster, ClusterError, ensure_binaries, local_address
 from specfleet_testbed.cluster import STATE_FILE as CLUSTER_STATE
 
@@ -372,6 +381,7 @@ def load(work: Path, scenario_name: str, *, live: bool | None = None) -> bool:
     terminal = sys.stdout.isatty() if live is None else live
     last_key: tuple[Any, ...] = ()
     last_print = 0.0
+    rollouts: dict[RolloutKey, Rollout] = {}
     live_view: Any = None
     if terminal:
         from rich.console import Console
@@ -383,7 +393,9 @@ def load(work: Path, scenario_name: str, *, live: bool | None = None) -> bool:
     def tick(phase: Phase, elapsed: float) -> None:
         nonlocal last_key, last_print
         try:
-            view = fleet_view(resource())
+            obj = resource()
+            observe_rollouts(obj, rollouts)
+            view = fleet_view(obj)
         except Exception as err:  # the live view must never stop the load
             print(f"(status unavailable: {err})", flush=True)
             return
@@ -416,8 +428,10 @@ def load(work: Path, scenario_name: str, *, live: bool | None = None) -> bool:
     finally:
         if live_view is not None:
             live_view.stop()
-    history = resource().get("status", {}).get("history", [])
-    print("\n".join(summary_lines(result, history)), flush=True)
+    final = resource()
+    observe_rollouts(final, rollouts)
+    history = final.get("status", {}).get("history", [])
+    print("\n".join(summary_lines(result, history, rollouts)), flush=True)
     return result.failed == 0
 
 

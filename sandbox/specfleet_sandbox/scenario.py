@@ -3,7 +3,10 @@
 A scenario is data (`Phase`s); `run_scenario` drives it through the router with one load generator
 per kind of client (interactive clients go to the default pool, the batch tenant is sent to the
 batch pool by the resource's tenant rule) and records cumulative counters at every phase boundary.
-`summary_lines` turns that and the resource's decision history into the end-of-run report (pure).
+`observe_rollouts` notes, from the resource's status as the scenario polls it, how each change rolls
+out (a Standby flip, a restart flip, a retune's restart) and how long it took from the decision to
+settled; `summary_lines` turns all that and the resource's decision history into the end-of-run
+report (pure).
 
 The default ("demo", about 6 minutes): calm interactive traffic; a batch tenant's surge pushes the
 batch pool past the break-even the Goodput policy predicts from the sandbox's measured profile
@@ -154,6 +157,44 @@ class ScenarioResult:
         return self.interactive.ok + self.batch.ok
 
 
+@dataclass(frozen=True)
+class Rollout:
+    """How one change of a pool rolled out, and its seconds from the decision to settled (None: not
+    seen settled)."""
+
+    method: str  # "Standby flip", "restart flip" or "restart" (a retune: new pods either way)
+    seconds: float | None = None
+
+
+RolloutKey = tuple[str, str]  # (pool, the decision's time): status.pools.<pool>.rollout.time
+
+
+def observe_rollouts(resource: Mapping[str, Any], seen: dict[RolloutKey, Rollout]) -> None:
+    """Note each pool's last change from status.pools.<pool>.rollout (the decision's time, and
+    settledTime once the policy saw every pod serve it), which keeps only the newest change: the
+    scenario calls this on every tick, well within the policy's dwell between two changes. A flip of
+    a pool with `rollout.flip: Standby` whose engines can sleep is a Standby flip."""
+    spec_pools = resource.get("spec", {}).get("pools", {})
+    for pool, status in resource.get("status", {}).get("pools", {}).items():
+        rollout = status.get("rollout") or {}
+        decided = rollout.get("time")
+        if not decided:
+            continue
+        key = (pool, str(decided))
+        known = seen.get(key)
+        if known is not None and known.seconds is not None:
+            continue
+        method = known.method if known is not None else "restart"
+        if known is None and rollout.get("fromMode", "On") != status.get("speculation", "On"):
+            standby = (spec_pools.get(pool, {}).get("rollout") or {}).get("flip") == "Standby" and (
+                (status.get("standby") or {}).get("available", True)
+            )
+            method = "Standby flip" if standby else "restart flip"
+        settled = rollout.get("settledTime")
+        seconds = _timestamp(str(settled)) - _timestamp(str(decided)) if settled else None
+        seen[key] = Rollout(method, seconds)
+
+
 SetAcceptance = Callable[[str, Sequence[float]], None]
 Tick = Callable[[Phase, float], None]
 
@@ -246,8 +287,13 @@ def phase_rows(result: ScenarioResult) -> list[dict[str, Any]]:
     return rows
 
 
-def summary_lines(result: ScenarioResult, history: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The end-of-run report: requests, tokens/s per pool per phase, and every decision with its numbers."""
+def summary_lines(
+    result: ScenarioResult,
+    history: Sequence[Mapping[str, Any]],
+    rollouts: Mapping[RolloutKey, Rollout] | None = None,
+) -> list[str]:
+    """The end-of-run report: requests, tokens/s per pool per phase, and every decision with its numbers
+    and, where `observe_rollouts` saw it, how it rolled out and how long that took."""
     lines = [
         f"scenario {result.scenario.name}: {result.served} requests served, {result.failed} failed",
         f"  {'phase':<16}{'seconds':>8}{'served':>8}{'failed':>8}{'latency tok/s':>15}{'batch tok/s':>13}",
@@ -267,8 +313,16 @@ def summary_lines(result: ScenarioResult, history: Sequence[Mapping[str, Any]]) 
             for k in ("runningPerReplica", "acceptanceLength", "numSpeculativeTokens")
             if k in numbers
         )
+        rollout = (rollouts or {}).get((str(h.get("pool")), str(h.get("time"))))
+        took = ""
+        if rollout is not None:
+            settled = (
+                "not settled by the end" if rollout.seconds is None else f"settled in {rollout.seconds:.0f} s"
+            )
+            took = f"  ({rollout.method}, {settled})"
         lines.append(
             f"  {h.get('time')}  {h.get('pool'):<8} {h.get('from')} -> {h.get('to')}  {h.get('reason')}"
+            + took
             + (f"  [{shown}]" if shown else "")
         )
     for error in (result.interactive.errors + result.batch.errors)[:5]:
@@ -276,10 +330,14 @@ def summary_lines(result: ScenarioResult, history: Sequence[Mapping[str, Any]]) 
     return lines
 
 
-def _after(rfc3339: str, wall: float) -> bool:
+def _timestamp(rfc3339: str) -> float:
     from datetime import datetime
 
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def _after(rfc3339: str, wall: float) -> bool:
     try:
-        return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() >= wall - 1
+        return _timestamp(rfc3339) >= wall - 1
     except ValueError:
         return False

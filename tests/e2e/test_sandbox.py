@@ -48,6 +48,7 @@ def test_demo_scenario_flips_the_expected_pools_without_failed_requests(tmp_path
                 report += f"\n===== {log} =====\n" + (path.read_text()[-6000:] if path.exists() else "")
         assert load.returncode == 0, report
         summary = report[report.index("scenario short:") :]
+        print(summary)  # each decision with its rollout's seconds (pytest -rP shows it)
         assert ", 0 failed" in summary, report
         kubectl = Path(state["bin_dir"]) / "kubectl"
         sd = subprocess.run(

@@ -223,6 +223,38 @@ def test_sigterm_stops_both_engines(pod_factory):
     assert not _answers(pod.speculative_port)
 
 
+def test_stopping_an_engine_already_told_to_stop_sends_it_no_second_sigterm(tmp_path):
+    """The pod's SIGTERM goes to both engines; when the idle one exits first the supervisor waits for
+    the other instead of signalling it again (a second SIGTERM can cut its requests short)."""
+    counted = tmp_path / "sigterms"
+    child = textwrap.dedent(
+        f"""
+        import signal, sys, time
+        seen = []
+        def on_term(*_):
+            seen.append(1)
+            open({str(counted)!r}, "w").write(str(len(seen)))
+        signal.signal(signal.SIGTERM, on_term)
+        print("up", flush=True)
+        while not seen:
+            time.sleep(0.01)
+        time.sleep(0.5)  # finishing its requests
+        sys.exit(0)
+        """
+    )
+    engine = standby.Engine.__new__(standby.Engine)
+    engine.name, engine.told_to_stop = "speculative", False
+    engine.proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE)
+    assert engine.proc.stdout is not None
+    assert engine.proc.stdout.readline() == b"up\n"
+    engine._relay = standby.threading.Thread(target=lambda: None)
+    engine._relay.start()
+    engine.signal(signal.SIGTERM)
+    engine.stop(seconds=10)
+    assert engine.proc.returncode == 0
+    assert counted.read_text() == "1"
+
+
 def test_an_engine_exiting_stops_the_pod_with_its_code_and_a_standby_message(pod_factory):
     pod = pod_factory()
     pod.wait_ready()

@@ -20,7 +20,10 @@ from specfleet_sandbox.scenario import (
     SCENARIOS,
     TENANT_HEADER,
     PhaseRecord,
+    Rollout,
+    RolloutKey,
     ScenarioResult,
+    observe_rollouts,
     phase_rows,
     summary_lines,
 )
@@ -303,3 +306,45 @@ def test_status_on_a_404_hints_at_installing_the_crd(
     assert "install the CRD with `specfleet crd | kubectl apply -f -`" in err
     err = _status_error(capsys, "--kubeconfig", config, "-n", "inference", "gone")
     assert 'error: SpeculativeDeployment "gone" not found in namespace "inference"' in err
+
+
+def _pools_status(batch_rollout: dict[str, str], batch_mode: str, latency_rollout: dict[str, str]) -> dict:
+    return {
+        "spec": {"pools": {"batch": {"rollout": {"flip": "Standby", "standbyHostMemory": "20Gi"}}}},
+        "status": {
+            "pools": {
+                "batch": {"speculation": batch_mode, "rollout": batch_rollout},
+                "latency": {"speculation": "On", "rollout": latency_rollout},
+            }
+        },
+    }
+
+
+def test_each_change_shows_how_it_rolled_out_and_its_seconds_from_decision_to_settled() -> None:
+    seen: dict[RolloutKey, Rollout] = {}
+    flip = {"time": "1970-01-01T00:00:20Z", "fromMode": "On"}
+    retune = {"time": "1970-01-01T00:00:21Z", "fromMode": "On"}
+    observe_rollouts(_pools_status(flip, "Off", retune), seen)
+    assert seen[("batch", flip["time"])] == Rollout("Standby flip")
+    assert seen[("latency", retune["time"])] == Rollout("restart")
+    observe_rollouts(_pools_status({**flip, "settledTime": "1970-01-01T00:00:26Z"}, "Off", retune), seen)
+    assert seen[("batch", flip["time"])] == Rollout("Standby flip", 6.0)
+    # A later read (the pool flipped back meanwhile, the same change still named) keeps what was seen.
+    observe_rollouts(_pools_status({**flip, "settledTime": "1970-01-01T00:00:26Z"}, "On", retune), seen)
+    assert seen[("batch", flip["time"])] == Rollout("Standby flip", 6.0)
+    # A Standby pool whose engines cannot sleep flips by restarting.
+    unavailable = _pools_status({"time": "1970-01-01T00:01:00Z", "fromMode": "Off"}, "On", retune)
+    unavailable["status"]["pools"]["batch"]["standby"] = {"available": False}
+    observe_rollouts(unavailable, seen)
+    assert seen[("batch", "1970-01-01T00:01:00Z")] == Rollout("restart flip")
+
+    scenario = SCENARIOS["demo"]
+    result = ScenarioResult(scenario, started_wall=0.0)
+    result.phases = [PhaseRecord(scenario.phases[0], 0.0, 10.0, _stats(1, 0, 10, 0), _stats(1, 0, 0, 10))]
+    history = [
+        {"time": flip["time"], "pool": "batch", "from": "On", "to": "Off", "reason": "X"},
+        {"time": retune["time"], "pool": "latency", "from": "On", "to": "On", "reason": "Y"},
+    ]
+    lines = summary_lines(result, history, seen)
+    assert any("batch" in line and "(Standby flip, settled in 6 s)" in line for line in lines)
+    assert any("latency" in line and "(restart, not settled by the end)" in line for line in lines)
