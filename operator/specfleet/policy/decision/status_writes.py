@@ -34,6 +34,9 @@ MEASUREMENT_FIELDS = (
     # The windows the acceptance baseline is being taken from (one per window until it is set; the
     # baseline itself is written when set). A restart starts collecting again.
     "acceptance_baseline_samples",
+    # The policy's check on its prediction (policy/rules/realized_guard.py): one sample per window; the
+    # flip it asks for is written at once and carries it. A restart starts its streak again.
+    "realized_check",
     # Pools with an SLO: the share of requests within it over the window.
     "slo_attainment_percent",
     "ttft_attainment_percent",
