@@ -187,12 +187,12 @@ def test_an_off_pool_judges_turning_on_with_the_shortfall():
 
 
 def _run(factor: float, strategy: Strategy | None = None):
-    """Example 02's latency pool held at 32 running per replica for 15 minutes, on engines whose
+    """Example 02's latency pool held at 12 running per replica for 15 minutes, on engines whose
     speculating steps cost `factor` times the published profile's, the policy deciding with it."""
     sd = parse_resource(yaml.safe_load(EXAMPLE.read_text()))
     replicas = sd.spec.pools.latency.replicas
     sizes = tuple((400 + 37 * (i % 11), 200 + 13 * (i % 7)) for i in range(200))
-    workload = ClosedLoop(((0.0, 32.0 * replicas), (900.0, 32.0 * replicas)), sizes, pool="latency")
+    workload = ClosedLoop(((0.0, 12.0 * replicas), (900.0, 12.0 * replicas)), sizes, pool="latency")
     p = PUBLISHED
     rows = tuple(
         tuple(t if k == 0 else t * factor for k, t in zip(p.speculative_tokens, row, strict=True))
@@ -214,3 +214,28 @@ def test_on_the_simulator_a_misprofiled_pool_turns_off_and_stays_off_and_a_right
     assert wrong.tokens_per_second > on.tokens_per_second
     right = _run(1.0)
     assert not [c for c in right.changes if c.reason == r.REALIZED_BELOW_PREDICTION]
+
+
+def test_without_a_plain_engine_window_long_prompts_are_not_judged():
+    long = replace(obs(0.5), mean_prompt_tokens=4000.0, mean_output_tokens=40.0)
+    assert sample(state(), long) is None  # prefill is most of the predicted time: the model's weak term
+    referred = state(realized=RealizedRecord(NOW - timedelta(minutes=5), off_ratio=0.5))
+    check = sample(referred, long)
+    assert check is not None
+    assert check.off_ratio == pytest.approx(0.5)
+
+
+def test_a_plain_engine_that_falls_short_alike_clears_the_shortfall_and_the_canaries_wait_for_it():
+    canaries = PolicySpec.model_validate({"reentry": {"canaryReplicas": 1}})
+    flipped = NOW - timedelta(minutes=10)
+    short = RealizedRecord(flipped - timedelta(minutes=1), on_ratio=0.6, below_windows=3, shortfall=0.6)
+    off = state("Off", last_transition=flipped, canary_replicas=0, realized=short)
+    assert guard.awaiting_reference(off)
+    check = sample(off, obs(0.62, mode="Off"), policy=canaries)
+    assert check is not None
+    assert (check.off_ratio, check.shortfall) == (pytest.approx(0.62), None)
+    assert not guard.awaiting_reference(replace(off, realized=check))
+    # A plain engine that delivers what the model says confirms it.
+    check = sample(off, obs(1.0, mode="Off"), policy=canaries)
+    assert check is not None
+    assert check.shortfall == pytest.approx(0.6)

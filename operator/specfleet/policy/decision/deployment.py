@@ -23,6 +23,7 @@ from specfleet.policy.predict.throughput import OFF
 from specfleet.policy.rules.canaries import active_canaries, canary_target, far_past_break_even
 from specfleet.policy.rules.dip import flip_dip, replace_gate
 from specfleet.policy.rules.gates import adjust_gate, flip_gate
+from specfleet.policy.rules.realized_guard import awaiting_reference
 from specfleet.policy.rules.results import PoolDecision
 from specfleet.policy.rules.retune import retune_k, retune_schedule
 from specfleet.policy.rules.revert import revert_missed_rollout
@@ -68,10 +69,14 @@ def _flip(
             policy, k, p.loads, p.gains, profile, at=0
         )
         by_slo = wanted.reason in (r.SLO_TTFT_BOUND, r.SLO_TPOT_BOUND)
-        canaries = 0 if far or by_slo else policy.reentry.canary_replicas
+        by_guard = wanted.reason == r.REALIZED_BELOW_PREDICTION
+        canaries = 0 if far or by_slo or by_guard else policy.reentry.canary_replicas
         if by_slo:
             # Canaries would serve part of the pool's requests with the drafter the SLO turned off.
             message += "; no canaries: the SLO turned the drafter off"
+        elif by_guard:
+            # The engine without the drafter is measured alone first (`policy.rules.realized_guard`).
+            message += "; no canaries until the engine without the drafter is measured"
         else:
             message += (
                 "; canaries stay to measure acceptance" if not far else "; no canaries: far past break-even"
@@ -164,7 +169,7 @@ def _adjust(
         canary = canary_target(
             policy, k, p.state, p.wanted, p.loads, p.gains, profile, known=p.est is not None
         )
-        if canary is None:
+        if canary is None or (awaiting_reference(p.state) and canary[0] > active_canaries(policy, p.state)):
             return None
         target_k = None
         canaries, reason, message = canary

@@ -16,7 +16,10 @@ delivers (predicted x share) is below break-even, the setting does not pay, what
 says: the pool turns off with reason RealizedBelowPrediction. The shortfall stays in status
 (status.pools.<pool>.realizedCheck): while it is there every predicted gain of speculating is
 multiplied by it, so the same wrong prediction cannot turn the pool straight back on; it goes when
-the pool speculates again and delivers within the floor.
+the pool speculates again and delivers within the floor, or when the plain engine, measured at last
+(the flip goes without canaries, and none start before that window), falls short of the model alike.
+Without any plain-engine window to refer to, only windows where decode is most of the predicted engine
+time count (`UNREFERENCED_PREFILL`).
 
 A misprofiled pool (a cost profile measured on another GPU, drafter or vLLM version) is what this
 catches (benchmarks/misprofiled.py). The floor is twice the margin because a steady window's ratio
@@ -39,6 +42,7 @@ from specfleet.policy.predict.throughput import OFF, PoolModel
 from specfleet.policy.rules.canaries import active_canaries
 from specfleet.policy.rules.goodput import GoodputPrediction
 from specfleet.policy.rules.results import Wanted
+from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE
 
 # Windows running a speculating setting must fall short of its prediction before the pool turns off:
 # one window can be a burst's transient; three are the setting.
@@ -53,6 +57,12 @@ STEADY_SWING = 1.5
 # strays by up to ~10% from the prediction under open-loop arrivals (the fleet simulator's Azure
 # conversation trace); the guard is for a prediction wrong by more than that, not the margin's work.
 SHORTFALL_MARGINS = 2.0
+# Without a window of the plain engine to refer to, a speculating setting's window is judged only where
+# decode is at least two thirds of its predicted engine time: the step table is a measurement, the
+# prefill term an estimate (per prompt token, no chunking), and with long prompts it misses for both
+# settings alike (by half and more at low load on the simulator's Azure code trace), which only a
+# measured plain engine cancels.
+UNREFERENCED_PREFILL = 1 / 3
 
 
 def measured_over_predicted(
@@ -71,6 +81,15 @@ def measured_over_predicted(
     if predicted <= 0 or not math.isfinite(predicted):
         return None
     return tokens / obs.replicas_reporting / predicted
+
+
+def prefill_share(model: PoolModel, name: str, running: float) -> float:
+    """The share of setting `name`'s predicted engine time at `running` requests that is prefill."""
+    per_position = PUBLISHED_ACCEPTANCE
+    decode_only = replace(model, prompt_per_output=0.0).tokens_per_second(name, per_position, running)
+    if decode_only <= 0:
+        return 0.0
+    return max(0.0, 1 - model.tokens_per_second(name, per_position, running) / decode_only)
 
 
 def _window_clean(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> bool:
@@ -119,6 +138,11 @@ def realized_sample(
         if ratio is None:
             return None
         off_ratio = before.off_ratio if before is not None else None
+        if (
+            off_ratio is None
+            and prefill_share(model, name, obs.running_per_replica or 0.0) > UNREFERENCED_PREFILL
+        ):
+            return None  # no plain-engine window to refer to, and the model's prefill term decides
         realized = ratio / (off_ratio or 1.0)
         short = realized < 1 - SHORTFALL_MARGINS * goodput_margin(policy)
         # A streak counts windows of one setting: a change since the last sample starts it again.
@@ -135,7 +159,24 @@ def realized_sample(
         return None
     if before is None:
         return RealizedRecord(now, off_ratio=ratio)
-    return replace(before, sampled_at=now, off_ratio=ratio, below_windows=0)
+    shortfall = before.shortfall
+    if shortfall is not None and before.on_ratio is not None:
+        # The plain engine measured at last: a shortfall it shares (the model wrong for this workload,
+        # not for the drafter) is no shortfall of speculating.
+        realized = before.on_ratio / ratio
+        shortfall = None if realized >= 1 - SHORTFALL_MARGINS * goodput_margin(policy) else realized
+    return replace(before, sampled_at=now, off_ratio=ratio, below_windows=0, shortfall=shortfall)
+
+
+def awaiting_reference(state: PoolState) -> bool:
+    """The pool turned off on a shortfall measured against no plain-engine window of its own: until
+    one is measured (without canaries, whose speculating engines would mix in) the shortfall is not
+    confirmed."""
+    check = state.realized
+    if state.mode != "Off" or check is None or check.shortfall is None:
+        return False
+    last = state.last_transition
+    return last is None or check.sampled_at <= last or check.off_ratio is None
 
 
 def guard_wanted(
