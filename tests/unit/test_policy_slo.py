@@ -14,7 +14,7 @@ from specfleet.api.pools import LatencySlo
 from specfleet.policy import PoolObservation, PoolState, decide
 from specfleet.policy.inputs.observation import Histogram
 from specfleet.policy.rules.results import Wanted
-from specfleet.policy.rules.slo import OFF, SettingShares, slo_wanted
+from specfleet.policy.rules.slo import OFF, SettingShares, slo_allows, slo_retune, slo_wanted
 from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, default_profile
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -132,3 +132,53 @@ def test_no_canaries_serve_a_pool_the_slo_keeps_off():
     assert (held.target, held.reason, held.canary_replicas) == ("Off", r.CANARIES_SCALED_DOWN, 0)
     plain = decide(policy, 3, {"latency": off}, {"latency": _obs(16.0)}, NOW, PROFILE)[0]
     assert plain.target == "On"  # without the SLO, throughput turns it on
+
+
+def test_the_slo_retunes_k_of_a_pool_that_stays_on():
+    # Throughput keeps K 3 at 64 running per replica; the TPOT target is met more at K 1 (a shorter step
+    # at this batch), so the SLO retunes it, through the adjustment gate as any retune.
+    assert (_decide("On", 64.0, None).target, _decide("On", 64.0, None).target_k) == ("On", None)
+    d = _decide("On", 64.0, TPOT_TIGHT)
+    assert (d.target, d.flip, d.target_k, d.reason) == ("On", False, 1, r.SLO_TPOT_BOUND)
+    assert d.message.startswith("K 3 -> 1: predicted share within the SLO")
+    assert "predictedChangeSpeedup" in d.observations
+
+
+def _on_shares(k3: float, k2: float) -> list[SettingShares]:
+    return [
+        SettingShares(OFF, 0, {"TPOT": 0.1}, 100.0, 0.1),
+        SettingShares("K2", 2, {"TPOT": k2}, 110.0, k2),
+        SettingShares("K3", 3, {"TPOT": k3}, 120.0, k3),
+    ]
+
+
+def test_an_slo_retune_must_cut_the_missed_share_by_the_margin():
+    state = PoolState(mode="On", last_transition=NOW - timedelta(days=1), k=3)
+    keep = Wanted("On", r.GOODPUT_WITHIN_MARGIN, "keeps", {})
+    # 0.500 -> 0.5005: a tie; -> 0.51 cuts the missed share by 2%, inside the 5% margin: K 3 stays.
+    assert slo_retune(POLICY, state, "K3", _on_shares(0.50, 0.5005), keep) is None
+    assert slo_retune(POLICY, state, "K3", _on_shares(0.50, 0.51), keep) is None
+    # -> 0.55 cuts it by 10%: K 2, the TPOT target deciding, at 110/120 of K 3's tokens per second.
+    retune = slo_retune(POLICY, state, "K3", _on_shares(0.50, 0.55), keep)
+    assert retune is not None
+    best, reason, _, gain = retune
+    assert (best.k, reason, round(gain, 3)) == (2, r.SLO_TPOT_BOUND, round(110 / 120, 3))
+    # Nor does throughput retune it back where that costs the SLO more than a tie.
+    assert not slo_allows(_on_shares(0.50, 0.55), "K2", "K3")
+    assert slo_allows(_on_shares(0.5005, 0.50), "K2", "K3")
+    # Nothing to retune while the pool is off, or throughput turns it off (a flip, `slo_wanted`'s).
+    off = Wanted("Off", r.GOODPUT_BELOW_BREAK_EVEN, "off", {})
+    assert slo_retune(POLICY, state, "K3", _on_shares(0.50, 0.90), off) is None
+    assert slo_retune(POLICY, replace(state, mode="Off"), OFF, _on_shares(0.50, 0.90), keep) is None
+
+
+def test_the_batch_pool_is_not_retuned_by_the_latency_pools_slo():
+    state = PoolState(mode="On", last_transition=NOW - timedelta(days=1), k=3)
+    states = {"latency": state, "batch": state}
+    obs = {"latency": _obs(64.0), "batch": replace(_obs(64.0), pool="batch")}
+    plain = decide(POLICY, 3, states, obs, NOW, PROFILE)
+    steered = decide(POLICY, 3, states, obs, NOW, PROFILE, slos={"latency": TPOT_TIGHT})
+    assert (steered[0].target_k, steered[0].reason) == (1, r.SLO_TPOT_BOUND)
+    assert plain[0].target_k is None
+    assert steered[1] == plain[1]
+    assert steered[1].target_k is None

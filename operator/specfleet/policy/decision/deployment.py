@@ -19,7 +19,7 @@ from specfleet.policy.inputs.observation import PoolObservation, PoolState, Sche
 from specfleet.policy.predict.dynamic_sd import best_schedule, observed_under_schedule
 from specfleet.policy.predict.kv_cache import DEFAULT_MAX_NUM_SEQS
 from specfleet.policy.predict.rollout_time import RolloutTime, restart_rollout
-from specfleet.policy.predict.throughput import OFF
+from specfleet.policy.predict.throughput import OFF, SCHEDULE, setting_name
 from specfleet.policy.rules.canaries import active_canaries, canary_target, far_past_break_even
 from specfleet.policy.rules.dip import flip_dip, replace_gate
 from specfleet.policy.rules.gates import adjust_gate, flip_gate
@@ -27,6 +27,7 @@ from specfleet.policy.rules.realized_guard import awaiting_reference
 from specfleet.policy.rules.results import PoolDecision
 from specfleet.policy.rules.retune import retune_k, retune_schedule
 from specfleet.policy.rules.revert import revert_missed_rollout
+from specfleet.policy.rules.slo import slo_allows, slo_retune
 from specfleet_runtime.cost_profile import StepTimeProfile
 
 
@@ -155,8 +156,24 @@ def _adjust(
     schedule: Schedule | None = None
     retune = None if p.schedules else retune_k(policy, p.state, p.current_k, p.wanted, g)
     by_schedule = retune_schedule(policy, p.state, k, p.wanted, g, p.model, p.demand) if p.schedules else None
+    # A pool with a latency objective is retuned to the setting predicted to meet it most, before
+    # throughput's retunes, which may not cost it more than a tie (`policy.rules.slo`).
+    by_slo = None
+    if p.slo_shares:
+        current = (p.model.current if p.model else None) or OFF
+        by_slo = slo_retune(policy, p.state, current, p.slo_shares, p.wanted)
+        if retune is not None and not slo_allows(p.slo_shares, current, setting_name(retune[0])):
+            retune = None
+        if by_schedule is not None and not slo_allows(p.slo_shares, current, SCHEDULE):
+            by_schedule = None
     gain: float | None = None
-    if by_schedule is not None:
+    if by_slo is not None:
+        best, reason, message, gain = by_slo
+        canaries = None
+        schedule = best.schedule
+        target_k = best.k if best.k != p.current_k else None
+        what = "Dynamic SD schedule" if schedule else f"K {p.current_k} -> {best.k}"
+    elif by_schedule is not None:
         top, schedule, message, gain = by_schedule
         target_k = top if top != p.current_k else None
         what, reason = "new Dynamic SD schedule", r.GOODPUT_RETUNE

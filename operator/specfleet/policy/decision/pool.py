@@ -33,7 +33,7 @@ from specfleet.policy.rules.goodput import GoodputPrediction, candidate_ks, good
 from specfleet.policy.rules.load_guards import LoadCase, against_load
 from specfleet.policy.rules.realized_guard import guard_wanted, realized_sample, with_shortfall
 from specfleet.policy.rules.results import PoolDecision, Wanted
-from specfleet.policy.rules.slo import setting_shares, slo_wanted
+from specfleet.policy.rules.slo import SettingShares, setting_shares, slo_wanted
 from specfleet.policy.rules.threshold import threshold_wanted
 from specfleet_runtime.cost_profile import StepTimeProfile
 
@@ -62,6 +62,9 @@ class Assessment:
     # Goodput: the check of the pool's last prediction against what its engines delivered, when this
     # evaluation took a new sample (None: unchanged).
     realized: RealizedRecord | None = None
+    # Goodput with a latency objective: each setting's predicted share within it (`policy.rules.slo`),
+    # from which a pool that stays On is retuned by the SLO (None: not steered by one, or not predicted).
+    slo_shares: list[SettingShares] | None = None
 
     @property
     def memory(self) -> MeasuredAcceptance | None:
@@ -134,6 +137,7 @@ def assess(
     gains = None
     model: PoolModel | None = None
     realized: RealizedRecord | None = None
+    shares: list[SettingShares] | None = None
     if policy.mode == "Goodput":
         # One model of the pool (policy.predict.throughput): each setting's tokens/s at a demand of running
         # plus waiting requests per replica; the waiting ones ride on every projected load.
@@ -225,4 +229,5 @@ def assess(
         demand,
         rollout,
         realized,
+        shares,
     )

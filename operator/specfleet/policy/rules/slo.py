@@ -8,7 +8,9 @@ demand, its tail read from the histograms measured under the current setting. Th
 the tie-break: where no setting's share differs from Goodput's choice by more than `TIE`, Goodput's ask
 stands unchanged. A flip the SLO asks for must cut the share of requests that miss by more than the
 Goodput margin (the same hysteresis as the throughput rule), so the pool does not flap between two
-settings the prediction barely tells apart.
+settings the prediction barely tells apart. While the pool stays On, the SLO retunes it the same way: to
+the K (or the Dynamic SD schedule) predicted to meet it most, under the same hysteresis (`slo_retune`,
+rolled out as any retune is, `policy.decision.deployment._adjust`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, replace
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.api.pools import LatencySlo
-from specfleet.policy.inputs.observation import PoolObservation, PoolState
+from specfleet.policy.inputs.observation import PoolObservation, PoolState, Schedule
 from specfleet.policy.inputs.settings import goodput_margin
 from specfleet.policy.inputs.slo_attainment import MILLISECONDS
 from specfleet.policy.predict.dynamic_sd import best_schedule
@@ -47,6 +49,8 @@ class SettingShares:
     tokens_per_second: float
     # Share within every target, the targets' shares taken as independent (their product).
     attainment: float
+    # The Dynamic SD table the SCHEDULE setting follows (None: a fixed K, or off).
+    schedule: Schedule | None = None
 
 
 def _mean(shares: Sequence[SettingShares]) -> SettingShares:
@@ -55,7 +59,8 @@ def _mean(shares: Sequence[SettingShares]) -> SettingShares:
     first = shares[0]
     by_target = {t: sum(s.by_target[t] for s in shares) / n for t in first.by_target}
     tokens = sum(s.tokens_per_second for s in shares) / n
-    return SettingShares(first.name, first.k, by_target, tokens, sum(s.attainment for s in shares) / n)
+    attainment = sum(s.attainment for s in shares) / n
+    return SettingShares(first.name, first.k, by_target, tokens, attainment, first.schedule)
 
 
 def _targets(slo: LatencySlo) -> list[tuple[str, float]]:
@@ -143,7 +148,8 @@ def _shares_at(
                 return None
             by_target[target] = share
         tokens = m.tokens_per_second(name, per_position, demand)
-        out.append(SettingShares(name, kk, by_target, tokens, math.prod(by_target.values())))
+        follows = m.schedule if name == SCHEDULE else None
+        out.append(SettingShares(name, kk, by_target, tokens, math.prod(by_target.values()), follows))
     return out
 
 
@@ -163,7 +169,7 @@ def slo_wanted(
     (`current`) and what Goodput asks for (`throughput`): the setting with the most requests within the
     SLO, unless it ties (within `TIE`) with the setting throughput asks for, or is a flip throughput does
     not ask for that does not cut the missed share by more than the Goodput margin. A better K in the
-    mode the pool keeps is the retune's to find (throughput's)."""
+    mode the pool keeps is `slo_retune`'s to find."""
     by_name = {s.name: s for s in shares}
     off = by_name[OFF]
     on = [s for s in shares if s.name != OFF]
@@ -212,6 +218,45 @@ def slo_wanted(
     if mode == state.mode:
         return Wanted(mode, reason, f"stays {mode}: {why}", numbers)
     return Wanted(mode, reason, why, numbers, k=best.k if mode == "On" else throughput.k)
+
+
+def slo_retune(
+    policy: PolicySpec, state: PoolState, current: str, shares: list[SettingShares], wanted: Wanted
+) -> tuple[SettingShares, str, str, float] | None:
+    """A better K (or Dynamic SD schedule) by the SLO for a pool that stays On: the on-setting predicted to
+    meet it most, its reason (the target that decides), why, and its tokens/s over the current setting's;
+    None to keep the setting. As a flip only the SLO asks for (`slo_wanted`), it must beat the current
+    setting by more than `TIE` and cut the missed share by more than the Goodput margin."""
+    by_name = {s.name: s for s in shares}
+    on = [s for s in shares if s.name != OFF]
+    if state.mode != "On" or wanted.mode != "On" or current not in by_name or not on:
+        return None
+    mine = by_name[current]
+    best = max(on, key=lambda s: (s.attainment, s.tokens_per_second))
+    if (
+        best.name == current
+        or best.attainment - mine.attainment <= TIE
+        or 1 - best.attainment >= (1 - mine.attainment) * (1 - goodput_margin(policy))
+    ):
+        return None
+    target = _binding(best, mine)
+    reason = r.SLO_TTFT_BOUND if target == TTFT else r.SLO_TPOT_BOUND
+    why = (
+        f"predicted share within the SLO {best.attainment:.3f} {_setting_text(best)} against "
+        f"{mine.attainment:.3f} {_setting_text(mine)} ({target} decides)"
+    )
+    gain = best.tokens_per_second / mine.tokens_per_second if mine.tokens_per_second > 0 else 1.0
+    return best, reason, why, gain
+
+
+def slo_allows(shares: list[SettingShares], current: str, asked: str) -> bool:
+    """Whether a retune throughput asks for (to the setting `asked`) keeps the SLO: its predicted share
+    within it is not more than `TIE` below the current setting's (unknown: it is). Else throughput would
+    undo the SLO's retune at the next evaluation."""
+    by_name = {s.name: s for s in shares}
+    if current not in by_name or asked not in by_name:
+        return True
+    return by_name[asked].attainment >= by_name[current].attainment - TIE
 
 
 def _setting_text(s: SettingShares) -> str:
