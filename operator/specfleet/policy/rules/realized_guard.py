@@ -210,14 +210,6 @@ def guard_wanted(
     )
 
 
-def _number(text: str | None) -> float | None:
-    try:
-        value = float(text) if text is not None else None
-    except ValueError:
-        return None
-    return value if value is not None and math.isfinite(value) else None
-
-
 def with_shortfall(state: PoolState, g: GoodputPrediction) -> GoodputPrediction:
     """`g` as an off pool judges turning on: every speculating gain times the shortfall its last
     speculating setting measured (unchanged without one)."""
