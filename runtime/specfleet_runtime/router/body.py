@@ -111,24 +111,28 @@ def prefix_text(doc: dict[str, Any]) -> str:
     return _prefix_fields(doc).prefix
 
 
-def _prefix_fields(doc: dict[str, Any]) -> BodyFields:
-    """`prefix_text` and, for a chat, its turns (see `BodyFields`)."""
+def _prefix_fields(doc: dict[str, Any], fields: dict[str, Any] | None = None, prompts: int = 1) -> BodyFields:
+    """`fields` and `prompts` with `prefix_text` and, for a chat, its turns (see `BodyFields`): a
+    completion's in one object, as the request path builds it on every request."""
+    if fields is None:
+        fields = {}
     messages = doc.get("messages")
     if isinstance(messages, list):
-        return chat_prefix(_chat_messages(messages))
+        read = chat_prefix(_chat_messages(messages))
+        return BodyFields(fields, prompts, read.prefix, read.turns, read.first_user)
     prompt = doc.get("prompt")
     if isinstance(prompt, list) and prompt:
         prompt = prompt[0] if isinstance(prompt[0], str) else prompt
     if isinstance(prompt, str):
-        return BodyFields({}, prefix=prompt[:PREFIX_CHARS])
+        return BodyFields(fields, prompts, prompt[:PREFIX_CHARS])
     if isinstance(prompt, list):
         ids: list[str] = []
         for item in prompt[:PREFIX_TOKENS]:
             if not is_token_id(item):
                 break
             ids.append(str(item))
-        return BodyFields({}, prefix=ids_text(ids) if ids else "")
-    return BodyFields({})
+        return BodyFields(fields, prompts, ids_text(ids) if ids else "")
+    return BodyFields(fields, prompts)
 
 
 # ---- small bodies: json's C parser, with the checks it lacks --------------------------------------
@@ -188,8 +192,7 @@ def _parse_whole(body: bytes, prefix: bool) -> BodyFields:
     prompts = _prompt_count(doc.get("prompt", ""))
     if not prefix:
         return BodyFields(fields, prompts)
-    read = _prefix_fields(doc)
-    return BodyFields(fields, prompts, read.prefix, read.turns, read.first_user)
+    return _prefix_fields(doc, fields, prompts)
 
 
 def _check_depth(doc: dict[str, Any]) -> None:
