@@ -11,7 +11,14 @@ from datetime import UTC, datetime, timedelta
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.policy import PoolObservation, PoolState, decide
-from specfleet.policy.predict.queueing import Arrivals, arrivals, in_system, overloaded, waiting
+from specfleet.policy.predict.queueing import (
+    Arrivals,
+    arrivals,
+    batching_in_system,
+    in_system,
+    overloaded,
+    waiting,
+)
 from specfleet.policy.predict.throughput import OFF, pool_model
 from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, MemoryProfile, default_profile
 
@@ -243,3 +250,72 @@ def test_an_off_pool_does_not_turn_on_where_the_drafter_would_hold_more_requests
         k=3,
     )
     assert decide(POLICY, 3, {"latency": state}, {"latency": near}, NOW, BIG)[0].target == "On"
+
+
+# Long prompts on an 8B engine: the KV cache holds 18 requests of 24k tokens, 17 with the drafter.
+LONG = replace(
+    default_profile(),
+    memory=MemoryProfile(kv_cache_tokens=18 * 24200, kv_cache_tokens_with_drafter=17 * 24200),
+)
+WEAK = (0.3, 0.1, 0.03)
+
+
+def long_obs(running: float, generated: float, waiting: float, per_position=WEAK) -> PoolObservation:
+    return replace(
+        obs(running, generated, waiting),
+        per_position=per_position,
+        acceptance_length=1 + sum(per_position),
+        mean_prompt_tokens=24000.0,
+    )
+
+
+def test_the_batching_chain_is_an_m_m_1_queue_where_the_pace_does_not_depend_on_the_batch():
+    # A setting that serves at its capacity from one request on: requests in an M/M/1 queue,
+    # utilisation / (1 - utilisation).
+    model = pool_model(LONG, long_obs(10.0, 600.0, 0.0), [1], mode="On", current_k=1)
+    flat = replace(model, max_num_seqs=1)
+    cap = flat.capacity(OFF, WEAK)
+    for u in (0.2, 0.5, 0.9):
+        assert math.isclose(batching_in_system(flat, OFF, WEAK, u * cap), u / (1 - u), rel_tol=1e-6)
+    assert batching_in_system(flat, OFF, WEAK, cap) == math.inf
+    assert batching_in_system(flat, OFF, WEAK, 0.0) == 0.0
+
+
+def test_near_capacity_random_arrivals_wait_longer_for_a_weak_drafter_than_its_throughput_says():
+    model = pool_model(LONG, long_obs(10.0, 600.0, 0.0), [1], mode="On", current_k=1)
+    assert (model.settings[OFF].fits, model.settings["K1"].fits) == (18.0, 17.0)
+    cap = model.capacity(OFF, WEAK)
+    # At a dozen running (a closed loop) the weak drafter loses ~2%: inside the 5% margin ...
+    closed = model.tokens_per_second("K1", WEAK, 12.0) / model.tokens_per_second(OFF, WEAK, 12.0)
+    assert 0.95 < closed < 1.0
+    # ... but requests that arrive at random at 0.85 of the capacity spend 10% longer in its engines.
+    rate = 0.85 * cap
+    assert batching_in_system(model, "K1", WEAK, rate) > 1.05 * batching_in_system(model, OFF, WEAK, rate)
+    # At a light load it is the faster one (its small batches are where it gains).
+    assert batching_in_system(model, "K1", WEAK, 0.15 * cap) < batching_in_system(
+        model, OFF, WEAK, 0.15 * cap
+    )
+
+
+def test_a_queueing_weak_drafter_turns_off_where_random_arrivals_would_wait_longer_with_it():
+    model = pool_model(LONG, long_obs(10.0, 600.0, 0.0), [1], mode="On", current_k=1)
+    cap = model.capacity("K1", WEAK)
+
+    def decided(ob: PoolObservation, k: int = 1):
+        state = PoolState(mode="On", last_transition=NOW - timedelta(days=1), recent_load=(), k=k)
+        return decide(POLICY, k, {"latency": state}, {"latency": ob}, NOW, LONG)[0]
+
+    # The engines queue (1.2 waiting per replica) at 0.85 of the drafter's capacity: off.
+    d = decided(long_obs(12.0, 3 * 0.85 * cap, 3.6))
+    assert (d.target, d.reason) == ("Off", r.GOODPUT_MEMORY_BOUND), d.message
+    assert "arrive and the engines queue" in d.message, d.message
+    # No queue: no sign the arrivals are random (a closed loop holds its demand); throughput decides.
+    assert decided(long_obs(12.0, 3 * 0.85 * cap, 0.0)).target == "On"
+    # Light load with a queue (a crowd waiting for prefill): the drafter is faster there; stays on.
+    assert decided(long_obs(12.0, 3 * 0.3 * cap, 3.6)).target == "On"
+    # Within the margin of its capacity the capacities decide (the overload guard, with its margin):
+    # the arrivals measured there cannot tell two settings a percent apart.
+    assert decided(long_obs(12.0, 3 * 0.99 * cap, 3.6)).reason != r.GOODPUT_MEMORY_BOUND
+    # A drafter that gains (published acceptance): the same queue keeps it on.
+    published = tuple(ACC[:3])
+    assert decided(long_obs(12.0, 3 * 0.85 * cap, 3.6, published), k=3).target == "On"

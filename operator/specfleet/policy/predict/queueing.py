@@ -107,6 +107,31 @@ def in_system(model: PoolModel, name: str, per_position: Sequence[float], rate: 
     return running + waiting(slots, rate / model.capacity(name, per_position))
 
 
+def batching_in_system(model: PoolModel, name: str, per_position: Sequence[float], rate: float) -> float:
+    """Mean requests per replica in setting `name`'s engines when `rate` generated tokens per second
+    per replica arrive at random (Poisson), the engine a server whose pace depends on how many it
+    holds: with n requests in it, it completes them at its tokens per second at a batch of n (at most
+    the batch it runs; beyond it the rest wait) over a request's mean output. The number in such a
+    queue is a birth-death chain whose stationary probabilities are P(n) ~ prod_{k<=n} rate / T(k)
+    (the mean output cancels), and, the engine sharing its steps among the requests it holds, the
+    chain holds for any distribution of lengths. Unlike `in_system` (a batch that serves the rate,
+    plus Erlang C over the batch slots), it counts the time the engine spends at small batches, where
+    a drafter gains most: inf at or beyond the setting's capacity."""
+    top = max(1, int(min(model.max_num_seqs, model.settings[name].fits)))
+    if rate <= 0:
+        return 0.0
+    if rate >= model.capacity(name, per_position):
+        return math.inf
+    weight, total, mean = 1.0, 1.0, 0.0
+    n = 0
+    while weight > 1e-12 * total and n < 100_000:
+        n += 1
+        weight *= rate / model.tokens_per_second(name, per_position, float(min(n, top)))
+        total += weight
+        mean += n * weight
+    return mean / total
+
+
 def serves_with_fewer(
     model: PoolModel, name: str, per_position: Sequence[float], arriving: Arrivals, margin: float
 ) -> str | None:

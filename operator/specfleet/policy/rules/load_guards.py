@@ -1,12 +1,14 @@
 """The Goodput ask checked against the load that arrives (pure): Goodput's prediction compares
 settings at one demand, as if each request waited for another to finish (a closed loop); requests
-arrive on their own schedule, so four guards look at the queue (`against_load`, in this order):
+arrive on their own schedule, so five guards look at the queue (`against_load`, in this order):
 
 - a memory-bound speculating pool whose queue it serves with fewer requests in its engines than the
   engine without the drafter would need stays on (`_transient_queue`);
 - a speculating setting that cannot serve the tokens arriving is not kept or turned to (`_saturation`);
 - a pool that is off does not turn to a speculating setting that would serve the arrivals with more
   requests in its engines than the engine without the drafter (`_holds_more_on`);
+- a speculating pool whose engines queue below its capacity turns off where random arrivals would
+  wait longer with the drafter, whose share of the KV cache limits its batch (`_queues_more_on`);
 - a speculating pool turns off before its demand or the tokens it serves, rising along their
   trends, would pass the batch it can run or what it can serve within a rollout (`_overload_ahead`).
 
@@ -27,6 +29,7 @@ from specfleet.policy.predict.demand import demand_fit, demand_trend, served_fit
 from specfleet.policy.predict.queueing import (
     Arrivals,
     arrivals,
+    batching_in_system,
     in_system,
     overloaded,
     queued,
@@ -57,6 +60,7 @@ def against_load(case: LoadCase, wanted: Wanted) -> Wanted:
     wanted = _transient_queue(case, wanted)
     wanted = _saturation(case, wanted)
     wanted = _holds_more_on(case, wanted)
+    wanted = _queues_more_on(case, wanted)
     return _overload_ahead(case, wanted)
 
 
@@ -249,3 +253,41 @@ def _saturation(case: LoadCase, wanted: Wanted) -> Wanted:
         gain = model.capacity(OFF, g.per_position) / cap if cap > 0 else None
         return Wanted("Off", r.GOODPUT_OVERLOADED, why, numbers, k=g.best, gain=gain)
     return Wanted("Off", r.GOODPUT_OVERLOADED, f"stays off: {why}", numbers)
+
+
+def _queues_more_on(case: LoadCase, wanted: Wanted) -> Wanted:
+    """`wanted`, or Off where a speculating pool whose engines queue would serve the arrivals with more
+    requests in its engines than the engine without the drafter, by the margin
+    (`policy.predict.queueing.batching_in_system`: the time each engine spends at every batch size as
+    random arrivals fill and empty it). Three conditions say the comparison holds: the engines queue
+    (random arrivals; a closed loop holds its demand and is the throughput prediction's), the drafter
+    takes part of the KV cache that limits the batch (where the settings' batches, so their paces near
+    capacity, differ), and the arrivals are below the setting's capacity by the margin (closer, they
+    cannot tell two capacities a percent apart: the overload guards decide there, with their margin)."""
+    state, observed, model, g = case.state, case.observed, case.model, case.prediction
+    if not (state.mode == "On" and wanted.mode == "On" and queued(observed) and model.current):
+        return wanted
+    name = model.current
+    drafter, off_setting = model.settings[name], model.settings[OFF]
+    kv_binds = drafter.fits < model.max_num_seqs and drafter.kv_cache_tokens < off_setting.kv_cache_tokens
+    if not (model.memory_known and kv_binds):
+        return wanted
+    arriving = _arrivals(case)
+    if arriving is None:
+        return wanted
+    rate = arriving.tokens_per_second
+    margin = goodput_margin(case.policy)
+    if rate * (1 + margin) > model.capacity(name, g.per_position):
+        return wanted
+    spec = batching_in_system(model, name, g.per_position, rate)
+    off = batching_in_system(model, OFF, g.per_position, rate)
+    if not spec > off * (1 + margin):
+        return wanted
+    why = (
+        f"{rate:.0f} tokens/s per replica arrive and the engines queue; arriving at random, they would hold "
+        f"{spec:.1f} requests per replica with the drafter ({name}), whose KV cache holds {drafter.fits:.0f}, "
+        f"and {off:.1f} without it"
+    )
+    numbers = {**wanted.numbers, "arrivingTokensPerSecond": f"{rate:.4g}"}
+    # A request's time is the requests in the engines over the arrivals (Little's law): the flip's gain.
+    return Wanted("Off", r.GOODPUT_MEMORY_BOUND, why, numbers, k=g.best, gain=spec / off)
