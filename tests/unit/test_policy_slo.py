@@ -21,6 +21,7 @@ NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 ACC = tuple(PUBLISHED_ACCEPTANCE[:3])
 PROFILE = default_profile()
 POLICY = PolicySpec.model_validate({})
+GOAL = 0.95  # an SLO's default percentile, as a share
 # Measured under the current setting: TTFT spread over 0.1-1 s, TPOT over 5-25 ms, so that a target in
 # the middle of either is met by a share that moves with the predicted means.
 TTFT: Histogram = ((0.1, 0.0), (0.25, 3.0), (0.5, 8.0), (0.75, 9.5), (1.0, 10.0), (math.inf, 10.0))
@@ -109,15 +110,94 @@ def test_a_flip_only_the_slo_asks_for_must_cut_the_missed_share_by_the_margin():
     keep = Wanted("On", r.GOODPUT_WITHIN_MARGIN, "keeps", {})
     # 0.500 -> 0.5005: a tie; 0.50 -> 0.51 cuts the missed share by 2%, inside the 5% margin: throughput's
     # hold stands; 0.50 -> 0.55 cuts it by 10%: the pool turns off.
-    tied = slo_wanted(POLICY, state, "K3", _shares(0.5005, 0.50), keep)
+    tied = slo_wanted(POLICY, state, "K3", _shares(0.5005, 0.50), keep, GOAL)
     assert tied == replace(keep, numbers=tied.numbers)
-    assert slo_wanted(POLICY, state, "K3", _shares(0.51, 0.50), keep).reason == r.GOODPUT_WITHIN_MARGIN
-    flipped = slo_wanted(POLICY, state, "K3", _shares(0.55, 0.50), keep)
+    assert slo_wanted(POLICY, state, "K3", _shares(0.51, 0.50), keep, GOAL).reason == r.GOODPUT_WITHIN_MARGIN
+    flipped = slo_wanted(POLICY, state, "K3", _shares(0.55, 0.50), keep, GOAL)
     assert (flipped.mode, flipped.reason) == ("Off", r.SLO_TTFT_BOUND)
     # Throughput's ask stands on a tie, with the predicted shares shown.
-    tie = slo_wanted(POLICY, state, "K3", _shares(0.90, 0.90), keep)
+    tie = slo_wanted(POLICY, state, "K3", _shares(0.90, 0.90), keep, GOAL)
     assert replace(tie, numbers={}) == keep
     assert tie.numbers["predictedSloAttainmentOff"] == "0.900"
+
+
+def test_a_flip_throughput_asks_for_must_cut_the_missed_share_by_the_margin_too():
+    off = PoolState(mode="Off", last_transition=NOW - timedelta(days=1), k=3)
+    turn_on = Wanted("On", r.GOODPUT_ABOVE_BREAK_EVEN, "faster", {}, k=3)
+    # A burst's tail: on predicted at 0.758 against off's 0.749 cuts the missed share by 3.6%, inside the
+    # 5% margin: the pool stays off, the SLO saying why.
+    held = slo_wanted(POLICY, off, OFF, _shares(0.749, 0.758), turn_on, GOAL)
+    assert (held.mode, held.reason) == ("Off", r.SLO_TTFT_BOUND)
+    assert "only from 0.749 to 0.758, within the margin" in held.message
+    # Where few requests meet it, the missed share decides all the same: 0.027 -> 0.049 cuts it by 2%.
+    assert slo_wanted(POLICY, off, OFF, _shares(0.027, 0.049), turn_on, GOAL).mode == "Off"
+    # 0.749 -> 0.80 cuts it by 20%: throughput's flip stands; a tie (both 0.90) leaves it to throughput.
+    assert (
+        slo_wanted(POLICY, off, OFF, _shares(0.749, 0.80), turn_on, GOAL).reason == r.GOODPUT_ABOVE_BREAK_EVEN
+    )
+    assert (
+        slo_wanted(POLICY, off, OFF, _shares(0.90, 0.90), turn_on, GOAL).reason == r.GOODPUT_ABOVE_BREAK_EVEN
+    )
+
+
+def _roomy(off: float, on: float, off_capacity: float, on_capacity: float) -> list[SettingShares]:
+    return [
+        SettingShares(OFF, 0, {"TTFT": off}, 100.0, off, capacity=off_capacity),
+        SettingShares("K3", 3, {"TTFT": on}, 120.0, on, capacity=on_capacity),
+    ]
+
+
+def test_where_every_setting_meets_the_slo_alike_the_one_with_more_capacity_runs():
+    on = PoolState(mode="On", last_transition=NOW - timedelta(days=1), k=3)
+    off = replace(on, mode="Off")
+    keep = Wanted("On", r.GOODPUT_WITHIN_MARGIN, "keeps", {})
+    stay_off = Wanted("Off", r.GOODPUT_BELOW_BREAK_EVEN, "off", {})
+    # Both meet it; off serves 10% more arrivals (past the 5% margin): the pool turns off for the headroom.
+    flip = slo_wanted(POLICY, on, "K3", _roomy(1.0, 1.0, 1000.0, 900.0), keep, GOAL)
+    assert (flip.mode, flip.reason) == ("Off", r.SLO_HEADROOM)
+    assert "off serves up to 1000 tokens/s per replica, at K 3 900" in flip.message
+    # Off already, throughput agreeing: the SLO's reason all the same (it keeps the canaries down).
+    held = slo_wanted(POLICY, off, OFF, _roomy(1.0, 1.0, 1000.0, 900.0), stay_off, GOAL)
+    assert (held.mode, held.reason) == ("Off", r.SLO_HEADROOM)
+    assert held.message.startswith("stays Off")
+    # Capacities within the margin: throughput decides.
+    assert (
+        slo_wanted(POLICY, on, "K3", _roomy(1.0, 1.0, 1000.0, 960.0), keep, GOAL).reason
+        == r.GOODPUT_WITHIN_MARGIN
+    )
+    # The drafter serving more (a strong one): it turns on where throughput would leave it off ...
+    up = slo_wanted(POLICY, off, OFF, _roomy(1.0, 1.0, 900.0, 1000.0), stay_off, GOAL)
+    assert (up.mode, up.reason, up.k) == ("On", r.SLO_HEADROOM, 3)
+    # ... and throughput keeps its own reason (and any retune) where it asks for On too.
+    assert (
+        slo_wanted(POLICY, on, "K3", _roomy(1.0, 1.0, 900.0, 1000.0), keep, GOAL).reason
+        == r.GOODPUT_WITHIN_MARGIN
+    )
+    # Alike, but neither keeps the SLO's promise (95%): no headroom to keep; throughput decides.
+    assert slo_wanted(POLICY, on, "K3", _roomy(0.10, 0.10, 1000.0, 900.0), keep, GOAL) == replace(
+        keep, numbers=slo_wanted(POLICY, on, "K3", _roomy(0.10, 0.10, 1000.0, 900.0), keep, GOAL).numbers
+    )
+    # Not alike (off 0.90, on 0.95 by the TPOT target, say): attainment decides, not headroom.
+    assert (
+        slo_wanted(POLICY, on, "K3", _roomy(0.90, 0.95, 1000.0, 900.0), keep, GOAL).reason != r.SLO_HEADROOM
+    )
+
+
+def test_a_loose_slo_keeps_a_weak_drafters_pool_off_without_canaries():
+    # TTFT within 1 s and TPOT within 25 ms measured; targets of 5 s and 100 ms: every setting meets them.
+    loose = LatencySlo.model_validate(
+        {"timeToFirstTokenMilliseconds": 5000, "timePerOutputTokenMilliseconds": 100}
+    )
+    policy = PolicySpec.model_validate({"reentry": {"canaryReplicas": 1}})
+    weak = (0.3, 0.1, 0.03)
+    obs = replace(_obs(16.0), per_position=weak, acceptance_length=1 + sum(weak))
+    on = PoolState(mode="On", last_transition=NOW - timedelta(days=1), k=3)
+    flip = decide(policy, 3, {"latency": on}, {"latency": obs}, NOW, PROFILE, slos={"latency": loose})[0]
+    assert (flip.target, flip.reason, flip.canary_replicas) == ("Off", r.SLO_HEADROOM, 0)
+    off = PoolState(mode="Off", last_transition=NOW - timedelta(days=1), k=3, canary_replicas=1)
+    held = decide(policy, 3, {"latency": off}, {"latency": obs}, NOW, PROFILE, slos={"latency": loose})[0]
+    assert (held.target, held.reason, held.canary_replicas) == ("Off", r.CANARIES_SCALED_DOWN, 0)
+    assert "the SLO holds the pool off: stays Off: the SLO is met alike" in held.message
 
 
 def test_no_canaries_serve_a_pool_the_slo_keeps_off():

@@ -72,6 +72,17 @@ def test_a_tpot_tight_slo_needs_fewer_replicas_with_speculation_and_counts_gpus_
     assert chosen["predictedAttainment"] >= 0.95
 
 
+def test_where_off_and_speculation_meet_a_loose_slo_alike_the_plan_runs_the_one_with_more_capacity() -> None:
+    # A light load (2,000 tokens/s) and targets every setting meets: the rule's headroom, off (the drafter
+    # costs capacity at the largest batch), where throughput alone would pick a K.
+    light = SloLoad(2_000.0, 1000.0, 200.0)
+    doc = slo_replicas(_slo(ttft=5000, tpot=200), _candidates(), ACC, light, gpus_per_replica=1)
+    assert doc["policySetting"]["setting"] == "off"
+    # A margin wider than off's lead in capacity: throughput's pick, a K.
+    wide = slo_replicas(_slo(ttft=5000, tpot=200), _candidates(), ACC, light, gpus_per_replica=1, margin=0.5)
+    assert wide["policySetting"]["setting"] in {"K1", "K3"}
+
+
 def test_the_simulated_tail_decides_how_far_under_the_target_the_mean_must_be() -> None:
     """The same means, a wider simulated spread: more replicas for the same share."""
     narrow = [(1.0, 1.0)] * 10

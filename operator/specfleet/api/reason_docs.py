@@ -87,6 +87,7 @@ from specfleet.api.reasons import (
     ROUTES_ACCEPTED,
     ROUTES_NOT_ACCEPTED,
     ROUTES_PENDING,
+    SLO_HEADROOM,
     SLO_TPOT_BOUND,
     SLO_TTFT_BOUND,
     SPECULATION_PAYS,
@@ -496,9 +497,22 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "share of the prefill and the queue's wait add to TTFT). Each setting's mean TTFT and TPOT come from "
         "the same model as its tokens per second, the tail from the pool's measured histograms. The "
         "numbers give each mode's predicted share (`predictedSloAttainmentOff`, `predictedSloAttainmentOn` "
-        "at `predictedSloAttainmentBestK`). A flip only the SLO asks for must cut the share of requests "
-        "that miss by more than `marginPercent`. A pool the SLO keeps off runs no canaries.",
+        "at `predictedSloAttainmentBestK`). A flip, the SLO's or the throughput rule's, must cut the share "
+        "of requests that miss by more than `marginPercent`: where the throughput rule's would not, the pool "
+        "stays (the message says 'only from ... within the margin'). A pool the SLO keeps off runs no "
+        "canaries.",
         "Nothing if expected. An SLO no setting meets: more replicas, or a looser target.",
+    ),
+    SLO_HEADROOM: ReasonDoc(
+        "Decision (Goodput mode)",
+        "The pool's SLO chose its mode by headroom: off and speculation are both predicted to keep the SLO's "
+        "promise (a share of at least its percentile) as often as the best setting, and the mode chosen serves "
+        "more tokens per second per replica at its largest batch (its capacity) by more than `marginPercent`. Meeting the "
+        "targets alike now, the setting with the larger capacity keeps meeting them through a rise of the load "
+        "the other cannot serve, where a queue's wait misses the TTFT target first, and a flip made only once "
+        "the rise is measured would pay a rollout in the middle of it. Typical for a drafter that costs "
+        "capacity (a weak one, or a KV cache it shares) under a loose SLO. A pool it keeps off runs no canaries.",
+        "Nothing if expected. To let throughput decide between settings that meet the SLO alike, remove the SLO.",
     ),
     SLO_TPOT_BOUND: ReasonDoc(
         "Decision (Goodput mode)",

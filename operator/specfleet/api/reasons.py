@@ -109,6 +109,8 @@ GOODPUT_MEMORY_BOUND: Final = "GoodputMemoryBound"
 GOODPUT_OVERLOADED: Final = "GoodputOverloaded"
 SLO_TTFT_BOUND: Final = "SloTtftBound"
 SLO_TPOT_BOUND: Final = "SloTpotBound"
+# Every setting meets the SLO alike; the one that serves more arrivals keeps it through a rise of the load.
+SLO_HEADROOM: Final = "SloHeadroom"
 # The speculating setting delivered less of its predicted gain than the margin allows, window after window.
 REALIZED_BELOW_PREDICTION: Final = "RealizedBelowPrediction"
 

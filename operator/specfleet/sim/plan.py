@@ -36,6 +36,7 @@ import numpy as np
 from specfleet.api.effective import pool_engine
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.inputs.observation import PoolObservation, PoolState
+from specfleet.policy.inputs.settings import goodput_margin
 from specfleet.policy.predict.dynamic_sd import best_schedule
 from specfleet.policy.predict.rollout_time import (
     pool_model_weights,
@@ -48,7 +49,7 @@ from specfleet.policy.rules.threshold import threshold_values
 from specfleet.sim.accounts import load_per_replica
 from specfleet.sim.compare import Comparison, static_ks
 from specfleet.sim.options import POOLS
-from specfleet.sim.slo_replicas import SloCandidate, SloLoad, slo_replicas
+from specfleet.sim.slo_replicas import OFF_KEY, SloCandidate, SloLoad, slo_replicas
 from specfleet_runtime.cost_profile import StepTimeProfile, break_even_concurrency, speedup
 from specfleet_runtime.vllm_args import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 
@@ -244,7 +245,7 @@ def slo_plan(
         run = comparison.runs.get(run_name) or comparison.runs["alwaysOff"]
         return [x for window in run.bin_latency[pool] for x in window]
 
-    candidates = [SloCandidate("off", model, OFF, samples("alwaysOff"))]
+    candidates = [SloCandidate(OFF_KEY, model, OFF, samples("alwaysOff"))]
     candidates += [
         SloCandidate(setting_name(k), model, setting_name(k), samples(f"alwaysOnK{k}")) for k in ks
     ]
@@ -260,6 +261,7 @@ def slo_plan(
         load,
         max(1, engine.resources.gpus, engine.tensor_parallel_size),
         steered=pool == "latency",
+        margin=goodput_margin(spec.policy),
     )
     return {"p95TokensPerSecond": round(load.tokens_per_second, 1), **doc}
 

@@ -15,8 +15,9 @@ the SLO when it meets both targets (joint, not the product of two marginals). A 
 queueing keeps its long tail when scaled down, so the answer errs towards more replicas.
 
 The setting the policy would run is the SLO rule's criterion (`policy.rules.slo`) at the fewest replicas
-any setting needs: the highest predicted share, ties (within `TIE`) going to the most tokens per second
-per replica. Only the latency pool is steered by its SLO; the batch pool's is measured, so it gets no
+any setting needs: the highest predicted share; where off and speculation tie (within `TIE`), the one
+with more capacity by the Goodput margin (the rule's headroom), else the most tokens per second per
+replica. Only the latency pool is steered by its SLO; the batch pool's is measured, so it gets no
 such setting.
 """
 
@@ -37,6 +38,7 @@ from specfleet.policy.rules.slo import TIE
 # The most replicas searched: past it the SLO is reported unreachable (a pool of 128 engines is a fleet
 # of its own; a target that needs more is usually below what one request's prefill or step allows).
 MAX_REPLICAS = 128
+OFF_KEY = "off"  # the candidate without the drafter
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,25 @@ def _share(
     return tail.share(slo, latency.ttft, latency.tpot)
 
 
+def _roomier(
+    tied: Sequence[SloCandidate], shares: dict[str, float], acceptance: Sequence[float], margin: float
+) -> SloCandidate | None:
+    """As the rule's headroom (`policy.rules.slo._roomier`): where off and a speculating setting both tie,
+    the one of off and the best speculating one that serves more tokens per second at its largest batch
+    than the other by more than `margin` (None: neither, or one mode does not tie)."""
+    off = next((c for c in tied if c.key == OFF_KEY), None)
+    on = [c for c in tied if c.key != OFF_KEY]
+    if off is None or not on:
+        return None
+    best_on = max(on, key=lambda c: shares[c.key])
+
+    def capacity(c: SloCandidate) -> float:
+        return c.model.capacity(c.setting, acceptance)
+
+    roomiest, other = (off, best_on) if capacity(off) >= capacity(best_on) else (best_on, off)
+    return roomiest if capacity(roomiest) > capacity(other) * (1 + margin) else None
+
+
 def slo_replicas(
     slo: LatencySlo,
     candidates: Sequence[SloCandidate],
@@ -123,6 +144,7 @@ def slo_replicas(
     gpus_per_replica: int,
     steered: bool = True,
     max_replicas: int = MAX_REPLICAS,
+    margin: float = 0.05,
 ) -> dict[str, Any]:
     """The plan's SLO fields for one pool: `replicasForSlo` (per setting; None where not reachable up to
     `max_replicas`, with the reason in `unreachable`), `gpusSavedBySpeculation` (off's GPUs minus the
@@ -182,6 +204,9 @@ def slo_replicas(
         demand = off_model.requests_for(candidates[0].setting, acceptance, load.tokens_per_second / at)
         demand = max(1.0, min(float(off_model.max_num_seqs), demand))
         chosen = max(tied, key=lambda c: c.model.tokens_per_second(c.setting, acceptance, demand))
+        roomier = _roomier(tied, shares, acceptance, margin) if top >= goal else None
+        if roomier is not None and OFF_KEY in (roomier.key, chosen.key):
+            chosen = roomier
         doc["policySetting"] = {
             "replicas": at,
             "setting": chosen.key,

@@ -188,7 +188,7 @@ def assess(
             # would compound the projection's error with the tail's.
             shares = setting_shares(slo, observed, model, g_commit.per_position, [model.demand], k, schedules)
             if shares is not None:
-                wanted = slo_wanted(policy, state, model.current or OFF, shares, wanted)
+                wanted = slo_wanted(policy, state, model.current or OFF, shares, wanted, slo.percentile / 100)
         wanted = guard_wanted(policy, state, realized or state.realized, wanted, g_commit)
         case = LoadCase(policy, state, observed, now, model, g_commit, rollout)
         wanted = against_load(case, wanted)

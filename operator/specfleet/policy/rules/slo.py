@@ -4,13 +4,16 @@ predicted to have the most requests within every target of the SLO (`slo_wanted`
 Each setting's share comes from `policy.predict.latency`: its mean TTFT and TPOT from the same continuous
 model as Goodput's throughput (step time at its batch, tokens per step, the prefill with the drafter's
 share, Erlang C's queue over its batch slots) at the tokens per second the current setting serves at the
-demand, its tail read from the histograms measured under the current setting. Throughput's rule stays
-the tie-break: where no setting's share differs from Goodput's choice by more than `TIE`, Goodput's ask
-stands unchanged. A flip the SLO asks for must cut the share of requests that miss by more than the
-Goodput margin (the same hysteresis as the throughput rule), so the pool does not flap between two
-settings the prediction barely tells apart. While the pool stays On, the SLO retunes it the same way: to
-the K (or the Dynamic SD schedule) predicted to meet it most, under the same hysteresis (`slo_retune`,
-rolled out as any retune is, `policy.decision.deployment._adjust`).
+demand, its tail read from the histograms measured under the current setting. Where off and the best
+speculating setting meet the SLO alike (within `TIE`) and one serves more arrivals by more than the
+Goodput margin, the pool runs that one (`_roomier`, SloHeadroom), where both keep the SLO's promise:
+targets met alike now are missed first by the setting whose capacity a rise of the load passes. Otherwise
+throughput's rule is the tie-break: where no setting's share differs from Goodput's choice by more than
+`TIE`, Goodput's ask stands unchanged. A flip, the SLO's or throughput's, must cut the share of requests
+that miss by more than the Goodput margin (the same hysteresis as the throughput rule), so the pool does
+not flap between two settings the prediction barely tells apart. While the pool stays On, the SLO retunes
+it the same way: to the K (or the Dynamic SD schedule) predicted to meet it most, under the same
+hysteresis (`slo_retune`, rolled out as any retune is, `policy.decision.deployment._adjust`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class SettingShares:
     attainment: float
     # The Dynamic SD table the SCHEDULE setting follows (None: a fixed K, or off).
     schedule: Schedule | None = None
+    # The most tokens/s per replica it serves (at the largest batch it runs): the arrivals it absorbs.
+    capacity: float = math.inf
 
 
 def _mean(shares: Sequence[SettingShares]) -> SettingShares:
@@ -60,7 +65,7 @@ def _mean(shares: Sequence[SettingShares]) -> SettingShares:
     by_target = {t: sum(s.by_target[t] for s in shares) / n for t in first.by_target}
     tokens = sum(s.tokens_per_second for s in shares) / n
     attainment = sum(s.attainment for s in shares) / n
-    return SettingShares(first.name, first.k, by_target, tokens, attainment, first.schedule)
+    return SettingShares(first.name, first.k, by_target, tokens, attainment, first.schedule, first.capacity)
 
 
 def _targets(slo: LatencySlo) -> list[tuple[str, float]]:
@@ -149,8 +154,18 @@ def _shares_at(
             by_target[target] = share
         tokens = m.tokens_per_second(name, per_position, demand)
         follows = m.schedule if name == SCHEDULE else None
-        out.append(SettingShares(name, kk, by_target, tokens, math.prod(by_target.values()), follows))
+        attains = math.prod(by_target.values())
+        out.append(
+            SettingShares(name, kk, by_target, tokens, attains, follows, m.capacity(name, per_position))
+        )
     return out
+
+
+def _pays(new: float, old: float, margin: float) -> bool:
+    """Whether a share within the SLO of `new` is worth a change from `old`: it cuts the share of requests
+    that miss by more than `margin`. (Counting a growth of the met share as well, as where few requests
+    meet it, was tried: over the SLO benchmark it flipped on noise at both ends and lost more than it won.)"""
+    return 1 - new < (1 - old) * (1 - margin)
 
 
 def _binding(chosen: SettingShares, other: SettingShares) -> str:
@@ -164,11 +179,14 @@ def slo_wanted(
     current: str,
     shares: list[SettingShares],
     throughput: Wanted,
+    goal: float,
 ) -> Wanted:
     """What the SLO asks for, given each setting's predicted `shares`, the setting the pool runs now
     (`current`) and what Goodput asks for (`throughput`): the setting with the most requests within the
     SLO, unless it ties (within `TIE`) with the setting throughput asks for, or is a flip throughput does
-    not ask for that does not cut the missed share by more than the Goodput margin. A better K in the
+    not ask for that does not cut the missed share by more than the Goodput margin. Where off and
+    speculation tie at a share of at least `goal` (the SLO's percentile: both keep its promise), the
+    one with more capacity (`_roomier`). A better K in the
     mode the pool keeps is `slo_retune`'s to find."""
     by_name = {s.name: s for s in shares}
     off = by_name[OFF]
@@ -201,12 +219,44 @@ def slo_wanted(
         return Wanted(
             "Off", reason, f"stays Off: predicted share within the SLO {why} ({target} decides)", numbers
         )
+    roomier = _roomier(off, best_on, asked, best, margin) if best.attainment >= goal else None
+    if roomier is not None and (roomier is off or throughput.mode == "Off"):
+        # Off for headroom is the SLO's reason even where throughput asks for it too: the pool then
+        # runs no canaries, which would serve part of its requests with less capacity.
+        other = best_on if roomier is off else off
+        mode = "Off" if roomier is off else "On"
+        why = (
+            f"the SLO is met alike (predicted share within it {off.attainment:.3f} off, {best_on.attainment:.3f} "
+            f"{_setting_text(best_on)}); {_setting_text(roomier)} serves up to {roomier.capacity:.0f} tokens/s "
+            f"per replica, {_setting_text(other)} {other.capacity:.0f}: the headroom keeps it met through more "
+            "of the load's swings"
+        )
+        if mode == state.mode:
+            return Wanted(mode, r.SLO_HEADROOM, f"stays {mode}: {why}", numbers)
+        return Wanted(mode, r.SLO_HEADROOM, why, numbers, k=roomier.k if mode == "On" else throughput.k)
+    if (
+        throughput.mode != state.mode
+        and asked.attainment - mine.attainment > TIE
+        and not _pays(asked.attainment, mine.attainment, margin)
+    ):
+        # A flip throughput asks for must pay in the SLO's terms as well, as one only the SLO asks for:
+        # a rollout the prediction barely tells from staying (a burst's tail) is not made for the SLO.
+        target = _binding(asked, mine)
+        reason = r.SLO_TTFT_BOUND if target == TTFT else r.SLO_TPOT_BOUND
+        return Wanted(
+            state.mode,
+            reason,
+            f"stays {state.mode}: {throughput.mode} ({throughput.reason}) is predicted to change the share "
+            f"of requests within the SLO only from {mine.attainment:.3f} to {asked.attainment:.3f}, within "
+            f"the margin ({target} decides)",
+            numbers,
+        )
     if (
         best.attainment - asked.attainment <= TIE
         or (mode == state.mode and throughput.mode == state.mode)
         # A flip only the SLO asks for must cut the missed share by more than the margin, as Goodput's
         # speedup must pass it: no flapping between settings the prediction barely tells apart.
-        or (flip_throughput_skips and 1 - best.attainment >= (1 - mine.attainment) * (1 - margin))
+        or (flip_throughput_skips and not _pays(best.attainment, mine.attainment, margin))
     ):
         return replace(throughput, numbers=numbers)
     target = _binding(best, asked)
@@ -218,6 +268,20 @@ def slo_wanted(
     if mode == state.mode:
         return Wanted(mode, reason, f"stays {mode}: {why}", numbers)
     return Wanted(mode, reason, why, numbers, k=best.k if mode == "On" else throughput.k)
+
+
+def _roomier(
+    off: SettingShares, on: SettingShares, asked: SettingShares, best: SettingShares, margin: float
+) -> SettingShares | None:
+    """Where off, the best on-setting and the setting throughput asks for (`asked`) all meet the SLO as
+    well as the `best` (within `TIE`), the one of off and `on` that serves more arrivals than the other by
+    more than `margin` (None: neither). Meeting a target alike, the setting with more capacity keeps
+    meeting it through a rise of the load the other cannot serve (a queue's wait is what misses an SLO
+    first), and a pool that flips only once the rise is measured pays a rollout in the middle of it."""
+    if any(best.attainment - s.attainment > TIE for s in (asked, off, on)):
+        return None
+    roomiest, other = (off, on) if off.capacity >= on.capacity else (on, off)
+    return roomiest if roomiest.capacity > other.capacity * (1 + margin) else None
 
 
 def slo_retune(
@@ -236,7 +300,7 @@ def slo_retune(
     if (
         best.name == current
         or best.attainment - mine.attainment <= TIE
-        or 1 - best.attainment >= (1 - mine.attainment) * (1 - goodput_margin(policy))
+        or not _pays(best.attainment, mine.attainment, goodput_margin(policy))
     ):
         return None
     target = _binding(best, mine)
