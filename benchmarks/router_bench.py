@@ -3,6 +3,7 @@
     python benchmarks/router_bench.py [--backend emulator|fast] [--requests 500] [--concurrency 32]
                                       [--seconds 6] [--rounds 3] [--rate 200] [--cpu-requests 2000]
                                       [--routers uvloop:1,uvloop:1:native,uvloop:2:native] [--references] [--no-install]
+                                      [--vllm-router-policies round_robin,cache_aware]
 
 Starts two backends on 127.0.0.1 (the engine emulator at --time-scale 0, or a trivial aiohttp backend
 that answers a fixed completion), the specfleet router over both (one pool, static URLs), and
@@ -694,23 +695,27 @@ async def run(args: argparse.Namespace) -> None:
                     (f"reference: bare Python proxy, {kind} server (no guards)", ref_url, proc.pid)
                 )
         binary, why = vllm_router_binary(not args.no_install)
-        if binary is None:
-            skipped["vllm-router"] = why
-        else:
+        for policy in args.vllm_router_policies.split(","):
+            # round_robin is the reference the ratios divide by; cache_aware is its prefix-aware
+            # selection, like for like with PrefixAffinity (both read the prompt of every request).
+            name = "vllm-router" if policy == "round_robin" else f"vllm-router ({policy})"
+            if binary is None:
+                skipped[name] = why
+                continue
             theirs = f"http://127.0.0.1:{free_port()}"
             proc = procs.start(
-                "vllm-router",
+                name.replace(" ", "-").replace("(", "").replace(")", ""),
                 [
                     str(binary), "--host", "127.0.0.1", "--port", theirs.rsplit(":", 1)[1],
-                    "--worker-urls", *backends, "--policy", "round_robin",
+                    "--worker-urls", *backends, "--policy", policy,
                     "--prometheus-port", str(free_port()), "--log-level", "warning",
                 ],
             )  # fmt: skip
             try:
                 await wait_healthy(f"{theirs}/health", proc)
-                targets.append(("vllm-router", theirs, proc.pid))
+                targets.append((name, theirs, proc.pid))
             except RuntimeError as err:
-                skipped["vllm-router"] = f"did not start: {err} (log: {log_dir}/vllm-router.log)"
+                skipped[name] = f"did not start: {err} (log: {log_dir})"
 
         results = await measure(targets, args)
         shape = {name: process_shape(pid) for name, _, pid in targets}
@@ -777,6 +782,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "LeastOutstanding)",
     )
     parser.add_argument("--no-install", action="store_true", help="do not pip install vllm-router")
+    parser.add_argument(
+        "--vllm-router-policies",
+        default="round_robin",
+        help="vllm-router rows, one per --policy, comma-separated; round_robin is the reference of the ratio "
+        "column (cache_aware: its prefix-aware selection, to compare with PrefixAffinity)",
+    )
     parser.add_argument(
         "--references",
         action="store_true",
