@@ -591,10 +591,14 @@ def test_goodput_gives_the_pool_a_schedule_and_k_then_follows_load_without_a_rol
         wait_for(
             f"{name} drafts of 3", lambda: (t := _tokens_per_draft(env, name)) is not None and t > 2.5, 60
         )
-    finally:
-        stats = load.stop()
+        # What the pool did while K followed the load. Read now: left running at 2 clients, steady
+        # windows of the emulated engines (slower than the profile they declare) can meet the realized
+        # guard's three-window shortfall (RealizedBelowPrediction) a few seconds later, which is that
+        # guard's work, not this test's subject.
         history = env.sd(name)["status"]["history"]
         pool = _latency(env, name)
+    finally:
+        stats = load.stop()
         # Its engines and router stop with it: no load left behind for anything that runs later.
         env.kubectl("delete", "sd", name, "-n", env.namespace, "--wait=false")
     assert [h["reason"] for h in history] == ["GoodputRetune"], history
