@@ -111,6 +111,8 @@ SLO_TTFT_BOUND: Final = "SloTtftBound"
 SLO_TPOT_BOUND: Final = "SloTpotBound"
 # Every setting meets the SLO alike; the one that serves more arrivals keeps it through a rise of the load.
 SLO_HEADROOM: Final = "SloHeadroom"
+# The reasons of a decision the pool's SLO made (a pool the SLO keeps off runs no canaries).
+SLO_REASONS: Final = frozenset({SLO_TTFT_BOUND, SLO_TPOT_BOUND, SLO_HEADROOM})
 # The speculating setting delivered less of its predicted gain than the margin allows, window after window.
 REALIZED_BELOW_PREDICTION: Final = "RealizedBelowPrediction"
 

@@ -32,8 +32,8 @@ import numpy as np
 
 from specfleet.api.pools import LatencySlo
 from specfleet.policy.predict.latency import predict_latency
-from specfleet.policy.predict.throughput import PoolModel
-from specfleet.policy.rules.slo import TIE
+from specfleet.policy.predict.throughput import OFF, PoolModel
+from specfleet.policy.rules.slo import TIE, more_capacity
 
 # The most replicas searched: past it the SLO is reported unreachable (a pool of 128 engines is a fleet
 # of its own; a target that needs more is usually below what one request's prefill or step allows).
@@ -120,7 +120,7 @@ def _share(
 def _roomier(
     tied: Sequence[SloCandidate], shares: dict[str, float], acceptance: Sequence[float], margin: float
 ) -> SloCandidate | None:
-    """As the rule's headroom (`policy.rules.slo._roomier`): where off and a speculating setting both tie,
+    """As the rule's headroom (`policy.rules.slo.more_capacity`): where off and a speculating setting both tie,
     the one of off and the best speculating one that serves more tokens per second at its largest batch
     than the other by more than `margin` (None: neither, or one mode does not tie)."""
     off = next((c for c in tied if c.key == OFF_KEY), None)
@@ -128,12 +128,9 @@ def _roomier(
     if off is None or not on:
         return None
     best_on = max(on, key=lambda c: shares[c.key])
-
-    def capacity(c: SloCandidate) -> float:
-        return c.model.capacity(c.setting, acceptance)
-
-    roomiest, other = (off, best_on) if capacity(off) >= capacity(best_on) else (best_on, off)
-    return roomiest if capacity(roomiest) > capacity(other) * (1 + margin) else None
+    off_capacity = off.model.capacity(off.setting, acceptance)
+    more = more_capacity(off_capacity, best_on.model.capacity(best_on.setting, acceptance), margin)
+    return None if more is None else off if more == OFF else best_on
 
 
 def slo_replicas(

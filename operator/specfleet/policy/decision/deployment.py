@@ -69,7 +69,7 @@ def _flip(
         far = far_past_break_even(policy, k, p.loads, p.gains, profile) or far_past_break_even(
             policy, k, p.loads, p.gains, profile, at=0
         )
-        by_slo = wanted.reason in (r.SLO_TTFT_BOUND, r.SLO_TPOT_BOUND, r.SLO_HEADROOM)
+        by_slo = wanted.reason in r.SLO_REASONS
         by_guard = wanted.reason == r.REALIZED_BELOW_PREDICTION
         canaries = 0 if far or by_slo or by_guard else policy.reentry.canary_replicas
         if by_slo:

@@ -89,7 +89,7 @@ def canary_target(
         if active < spec:
             return spec, r.CANARIES_SCALED_UP, "acceptance is unknown: the canaries measure it"
         return None
-    if wanted.reason in (r.SLO_TTFT_BOUND, r.SLO_TPOT_BOUND, r.SLO_HEADROOM):
+    if wanted.reason in r.SLO_REASONS:
         # The SLO holds the pool off: canaries would serve part of its requests with the drafter.
         return (
             (0, r.CANARIES_SCALED_DOWN, "the SLO holds the pool off: " + wanted.message) if active else None

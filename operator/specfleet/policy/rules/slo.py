@@ -280,8 +280,16 @@ def _roomier(
     first), and a pool that flips only once the rise is measured pays a rollout in the middle of it."""
     if any(best.attainment - s.attainment > TIE for s in (asked, off, on)):
         return None
-    roomiest, other = (off, on) if off.capacity >= on.capacity else (on, off)
-    return roomiest if roomiest.capacity > other.capacity * (1 + margin) else None
+    more = more_capacity(off.capacity, on.capacity, margin)
+    return None if more is None else off if more == OFF else on
+
+
+def more_capacity(off: float, on: float, margin: float) -> str | None:
+    """Which of off and speculation (OFF / "On") serves more tokens/s at its largest batch than the other
+    by more than `margin` (None: neither): the headroom rule's comparison, also `plan`'s."""
+    if off > on * (1 + margin):
+        return OFF
+    return "On" if on > off * (1 + margin) else None
 
 
 def slo_retune(
