@@ -49,6 +49,7 @@ def test_panels_cover_the_fleet():
         "Share of requests within the SLO's TTFT / TPOT targets",
         "Inter-token latency p50 / p99",
         "Router requests by class and pool",
+        "Each change: predicted vs realized speedup",
         "Acceptance the policy last measured",
     ]
     ids = [p["id"] for p in dashboard()["panels"]]

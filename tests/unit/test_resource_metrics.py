@@ -8,6 +8,8 @@ from specfleet.observe.gauges import ResourceGauges
 from specfleet.observe.resource_metrics import (
     CONDITION,
     POOL_ACCEPTANCE,
+    POOL_CHANGE_PREDICTED,
+    POOL_CHANGE_REALIZED,
     POOL_K,
     POOL_REPLICAS,
     POOL_SLO_BUCKET,
@@ -97,3 +99,63 @@ def test_each_slo_target_names_the_bucket_it_is_counted_at():
         ("inference", "assistant", "latency", "ttft", "1"),
         ("inference", "assistant", "latency", "tpot", "0.05"),
     }
+
+
+def _change(pool, reason, predicted, realized=None, **extra):
+    entry = {
+        "time": "2026-01-01T00:00:00Z",
+        "pool": pool,
+        "from": "On",
+        "to": "Off",
+        "reason": reason,
+        "observations": {"predictedChangeSpeedup": predicted, **extra},
+    }
+    if realized is not None:
+        entry["realized"] = {
+            "time": "2026-01-01T00:01:00Z",
+            "tokensPerSecondPerReplicaBefore": "100",
+            "tokensPerSecondPerReplicaAfter": "120",
+            "realizedSpeedup": realized,
+        }
+    return entry
+
+
+def test_each_pool_exports_its_newest_measured_change_beside_its_prediction():
+    body = _body(
+        history=[
+            _change("batch", "GoodputBelowBreakEven", "1.150", "1.200"),
+            _change("batch", "GoodputMemoryBound", "1.196", "1.441"),
+            _change("batch", "GoodputAboveBreakEven", "1.302"),  # not measured yet: the one before stays
+            _change("latency", "GoodputRetune", "n/a", "0.950"),  # no number predicted: realized alone
+        ]
+    )
+    got = {(s.name, s.labels): s.value for s in resource_samples(body)}
+    batch = ("inference", "assistant", "batch", "GoodputMemoryBound")
+    assert got[(POOL_CHANGE_PREDICTED, batch)] == 1.196
+    assert got[(POOL_CHANGE_REALIZED, batch)] == 1.441
+    latency = ("inference", "assistant", "latency", "GoodputRetune")
+    assert (POOL_CHANGE_PREDICTED, latency) not in got
+    assert got[(POOL_CHANGE_REALIZED, latency)] == 0.95
+    assert sum(1 for name, _ in got if name in (POOL_CHANGE_PREDICTED, POOL_CHANGE_REALIZED)) == 3
+
+
+def test_a_newer_measured_change_replaces_the_exported_one():
+    registry = CollectorRegistry()
+    gauges = ResourceGauges(registry)
+    gauges.publish(_body(history=[_change("batch", "GoodputBelowBreakEven", "1.150", "1.200")]))
+    first = generate_latest(registry).decode()
+    assert 'reason="GoodputBelowBreakEven"' in first
+    gauges.publish(
+        _body(
+            history=[
+                _change("batch", "GoodputBelowBreakEven", "1.150", "1.200"),
+                _change("batch", "GoodputAboveBreakEven", "1.100", "1.050"),
+            ]
+        )
+    )
+    second = generate_latest(registry).decode()
+    assert 'reason="GoodputBelowBreakEven"' not in second
+    assert (
+        f'{POOL_CHANGE_REALIZED}{{name="assistant",namespace="inference",pool="batch",reason="GoodputAboveBreakEven"}} 1.05'
+        in second
+    )

@@ -165,6 +165,18 @@ def panels() -> list[dict[str, Any]]:
             unit="reqps",
         ),
         _panel(
+            "Each change: predicted vs realized speedup",
+            "From the operator's status: the newest flip or retune of each pool whose outcome was measured, "
+            "the speedup it predicted over the setting it left beside tokens/s per replica over the first "
+            "window after its rollout settled, over the window it acted on (under whatever load came).",
+            [
+                _target(
+                    f"{rm.POOL_CHANGE_PREDICTED}{{{RESOURCES}}}", "{{name}} {{pool}} {{reason}} predicted"
+                ),
+                _target(f"{rm.POOL_CHANGE_REALIZED}{{{RESOURCES}}}", "{{name}} {{pool}} {{reason}} realized"),
+            ],
+        ),
+        _panel(
             "Acceptance the policy last measured",
             "From the operator's status: the acceptance length each decision used.",
             [_target(f"{rm.POOL_ACCEPTANCE}{{{RESOURCES}}}", "{{name}} {{pool}}")],

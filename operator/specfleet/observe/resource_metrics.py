@@ -32,6 +32,8 @@ POOL_ACCEPTANCE: Final = "specfleet_pool_acceptance_length"
 POOL_ACCEPTANCE_BASELINE: Final = "specfleet_pool_acceptance_baseline_length"
 POOL_ACCEPTANCE_DRIFT: Final = "specfleet_pool_acceptance_drift_percent"
 POOL_SLO_BUCKET: Final = "specfleet_pool_slo_target_bucket"
+POOL_CHANGE_PREDICTED: Final = "specfleet_pool_change_predicted_speedup"
+POOL_CHANGE_REALIZED: Final = "specfleet_pool_change_realized_speedup"
 
 HELP: Final[dict[str, str]] = {
     CONDITION: "1 for the status a resource's condition has now, 0 for the other two (True, False, Unknown).",
@@ -46,6 +48,10 @@ HELP: Final[dict[str, str]] = {
     "(negative: above).",
     POOL_SLO_BUCKET: "1 for the vLLM histogram bucket (le, as Prometheus 3 stores it) at which a pool's SLO "
     "target (ttft or tpot) is counted: the largest bound at or under the target.",
+    POOL_CHANGE_PREDICTED: "The pool's newest flip or retune whose outcome was measured: the speedup it "
+    "predicted over the setting it left (status.history[].observations.predictedChangeSpeedup).",
+    POOL_CHANGE_REALIZED: "The same change: generated tokens/s per replica over the first window after "
+    "its rollout settled, over the window it acted on (status.history[].realized.realizedSpeedup).",
 }
 LABELS: Final[dict[str, tuple[str, ...]]] = {
     CONDITION: ("namespace", "name", "type", "status"),
@@ -57,6 +63,8 @@ LABELS: Final[dict[str, tuple[str, ...]]] = {
     POOL_ACCEPTANCE_BASELINE: ("namespace", "name", "pool"),
     POOL_ACCEPTANCE_DRIFT: ("namespace", "name", "pool"),
     POOL_SLO_BUCKET: ("namespace", "name", "pool", "target", "le"),
+    POOL_CHANGE_PREDICTED: ("namespace", "name", "pool", "reason"),
+    POOL_CHANGE_REALIZED: ("namespace", "name", "pool", "reason"),
 }
 CONDITION_STATUSES: Final = ("True", "False", "Unknown")
 
@@ -128,11 +136,29 @@ def resource_samples(body: Mapping[str, Any]) -> list[Sample]:
         drift = _float(pool_status.acceptance_drift_percent)
         if drift is not None and baseline is not None:
             samples.append(Sample(POOL_ACCEPTANCE_DRIFT, labels, drift))
+        samples += _last_change(status, pool, labels)
         # The dashboard's SLO panel selects the engines' bucket by this series' `le`.
         slo = _latency_slo(pool_spec.get("slo"))
         for tb in target_buckets(slo) if slo is not None else []:
             samples.append(Sample(POOL_SLO_BUCKET, (*labels, tb.target, vm.stored_bucket_label(tb.le)), 1.0))
     return samples
+
+
+def _last_change(status: SpeculativeDeploymentStatus, pool: str, labels: tuple[str, ...]) -> list[Sample]:
+    """The predicted and realized speedup of the pool's newest change whose outcome was measured (none
+    before one is; a side that is not a number is left out)."""
+    for entry in reversed(status.history):
+        if entry.pool != pool or entry.realized is None:
+            continue
+        numbers = entry.observations
+        predicted = _float(numbers.get("predictedChangeSpeedup", numbers.get("predictedSpeedup")))
+        realized = _float(entry.realized.realized_speedup)
+        return [
+            Sample(name, (*labels, entry.reason), value)
+            for name, value in ((POOL_CHANGE_PREDICTED, predicted), (POOL_CHANGE_REALIZED, realized))
+            if value is not None
+        ]
+    return []
 
 
 def _latency_slo(value: Any) -> LatencySlo | None:
