@@ -6,13 +6,18 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from specfleet.api.semantics import engine_schedules
 from specfleet.api.status import SpeculativeDeploymentStatus
-from specfleet.api.validation import parse_resource
+from specfleet.api.validation import SpeculativeDeployment, parse_resource
+from specfleet.policy import decide
+from specfleet.policy.decision.record import record
 from specfleet.policy.inputs.observation import PoolObservation, PoolState
+from specfleet.policy.inputs.scraping import ScrapeSetup
 from specfleet.policy.inputs.status import pool_states
 from specfleet.policy.predict.kv_cache import models_memory, profile_capacity
 from specfleet.policy.predict.rollout_time import (
@@ -22,6 +27,8 @@ from specfleet.policy.predict.rollout_time import (
     standby_drain_seconds,
     standby_switch_seconds,
 )
+from specfleet.reconcile import decided_plan
+from specfleet.render import render_children
 from specfleet_runtime.cost_profile import MemoryProfile, default_profile
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "02-two-pools-routing-policy.yaml"
@@ -130,3 +137,99 @@ def test_a_profile_of_a_quantized_model_gives_the_weights_it_measured_not_the_co
     assert 70.6e9 <= model.target_weight_bytes <= 1.031 * 70.6e9
     assert model.kv_tokens(0.9, 1, False) == memory.kv_cache_tokens
     assert model.kv_tokens(0.9, 1, True) == memory.kv_cache_tokens_with_drafter
+
+
+# ---- a Standby flip switches engines, it does not re-template them -----------------------------------
+
+SCRAPE = ScrapeSetup("sandbox", "assistant", pod_monitor=False, scrape_annotations=True)
+SCHEDULE = [
+    {"minBatchSize": 1, "maxBatchSize": 8, "numSpeculativeTokens": 3},
+    {"minBatchSize": 9, "maxBatchSize": 65536, "numSpeculativeTokens": 1},
+]
+
+
+def _standby_resource(flip: str = "Standby") -> SpeculativeDeployment:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"]["namespace"] = "sandbox"
+    doc["spec"]["pools"]["latency"]["rollout"] = {"flip": flip, "standbyHostMemory": "20Gi"}
+    if flip != "Standby":
+        doc["spec"]["pools"]["latency"]["rollout"].pop("standbyHostMemory")
+    return parse_resource(doc)
+
+
+def _templates(sd: SpeculativeDeployment, status: SpeculativeDeploymentStatus) -> dict[str, Any]:
+    at = dataclasses.replace(sd, status=status)
+    return {
+        child["metadata"]["name"]: child["spec"]["template"]
+        for child in render_children(at, decided_plan(at))
+        if child["kind"] == "Deployment" and "-latency" in child["metadata"]["name"]
+    }
+
+
+def _evaluate(sd: SpeculativeDeployment, status: SpeculativeDeploymentStatus, ob: PoolObservation):
+    states = {"latency": pool_states(sd.spec, status, NOW)["latency"]}
+    schedules = engine_schedules(sd.spec)
+    decisions = decide(sd.spec.policy, 3, states, {"latency": ob}, NOW, PROFILE, engine_schedule=schedules)
+    recorded = record(status, decisions, {"latency": ob}, 1, NOW, SCRAPE, window_seconds=60)
+    return decisions[0], recorded.status
+
+
+@pytest.mark.parametrize("flip", ["Standby", "Restart"])
+def test_a_standby_flip_keeps_the_parked_engines_k_and_schedule_so_no_pod_restarts(flip):
+    # A pool speculating by a Dynamic SD schedule (K 3 up to batch 8, then 1) whose drafter stops paying
+    # (acceptance near zero after a content shift): it turns off. A Restart pool's flip starts new
+    # pods anyway, so it carries the K it would come back with; a Standby pool's pods switch to the
+    # engine they hold, and a K or schedule of the flip's own would change the speculating engine's
+    # arguments: a new template, every pod restarted, the flip's point lost.
+    sd = _standby_resource(flip)
+    status = SpeculativeDeploymentStatus.model_validate(
+        {
+            "pools": {
+                "latency": {
+                    "speculation": "On",
+                    "numSpeculativeTokens": 3,
+                    "dynamicSchedule": SCHEDULE,
+                    "settled": True,
+                    "lastTransitionTime": "2026-12-05T12:00:00Z",
+                    "standbyFlipSeconds": 3,
+                }
+            }
+        }
+    )
+    shifted = (0.05, 0.01, 0.0)
+    ob = PoolObservation(
+        pool="latency",
+        at=NOW,
+        acceptance_length=1 + sum(shifted),
+        per_position=shifted,
+        acceptance_source="pool",
+        running_per_replica=2,
+        replicas_reporting=3,
+        drafts_in_window=1000,
+    )
+    decision, after = _evaluate(sd, status, ob)
+    assert (decision.flip, decision.target) == (True, "Off"), decision
+    latency = after.pools.latency
+    if flip == "Standby":
+        assert decision.in_place
+        assert (latency.num_speculative_tokens, latency.dynamic_schedule) == (
+            3,
+            status.pools.latency.dynamic_schedule,
+        )
+        assert _templates(sd, after) == _templates(sd, status)
+        # And back, once the dwell has passed: the pods wake the same engine, the template the one they run.
+        earlier = {"settled": True, "last_transition_time": "2026-12-05T12:00:00Z", "recent_flip_times": []}
+        back = after.model_copy(
+            update={"pools": after.pools.model_copy(update={"latency": latency.model_copy(update=earlier)})}
+        )
+        calm = (0.7, 0.45, 0.3)
+        recovered = dataclasses.replace(
+            ob, per_position=calm, acceptance_length=1 + sum(calm), running_per_replica=1
+        )
+        decision, again = _evaluate(sd, back, recovered)
+        assert (decision.flip, decision.target, decision.in_place) == (True, "On", True), decision
+        assert _templates(sd, again) == _templates(sd, status)
+    else:
+        assert not decision.in_place
+        assert not latency.dynamic_schedule
+        assert _templates(sd, after) != _templates(sd, status)

@@ -18,7 +18,7 @@ from specfleet.policy.decision.pool import Assessment, assess
 from specfleet.policy.inputs.observation import PoolObservation, PoolState, Schedule
 from specfleet.policy.predict.dynamic_sd import best_schedule, observed_under_schedule
 from specfleet.policy.predict.kv_cache import DEFAULT_MAX_NUM_SEQS
-from specfleet.policy.predict.rollout_time import RolloutTime, restart_rollout
+from specfleet.policy.predict.rollout_time import STANDBY, RolloutTime, restart_rollout
 from specfleet.policy.predict.throughput import OFF, SCHEDULE, setting_name
 from specfleet.policy.rules.canaries import active_canaries, canary_target, far_past_break_even
 from specfleet.policy.rules.dip import flip_dip, replace_gate
@@ -82,6 +82,13 @@ def _flip(
             message += (
                 "; canaries stay to measure acceptance" if not far else "; no canaries: far past break-even"
             )
+    if p.state.flip == STANDBY:
+        # The pods switch to the engine they hold parked, as it was started: a K or a schedule of the
+        # flip's own would change that engine's arguments, a new template that restarts every pod (the
+        # restart the Standby flip is there to avoid). A better K after the flip is a retune.
+        return _with_change_gain(p, _flip_gain(p)).decision(
+            wanted.reason, message, target=wanted.mode, canaries=canaries, in_place=True
+        )
     target_k = wanted.k if policy.mode == "Goodput" else None
     schedule = None
     if wanted.mode == "On" and p.schedules and p.gains is not None:

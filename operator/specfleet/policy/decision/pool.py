@@ -79,6 +79,7 @@ class Assessment:
         target_k: int | None = None,
         canaries: int | None = None,
         schedule: Schedule | None = None,
+        in_place: bool = False,
     ) -> PoolDecision:
         """The pool's decision: hold unless `target` (a flip) or an adjustment is given."""
         mode = self.state.mode
@@ -97,6 +98,7 @@ class Assessment:
             self.memory,
             schedule,
             self.realized,
+            in_place,
         )
 
 

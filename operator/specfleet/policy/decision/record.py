@@ -211,7 +211,7 @@ def _with_change(ps: PoolStatus, decision: PoolDecision, now: datetime) -> _Chan
         change["num_speculative_tokens"] = decision.target_k
         numbers["numSpeculativeTokens"] = f"{decision.current_k}->{decision.target_k}"
     after_schedule = ps_schedule = schedule_rows(ps.dynamic_schedule)
-    if decision.target == "Off":
+    if decision.target == "Off" and not decision.in_place:
         after_schedule = None
     elif decision.target_schedule is not None:
         after_schedule = decision.target_schedule or None

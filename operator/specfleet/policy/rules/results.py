@@ -46,6 +46,9 @@ class PoolDecision:
     target_schedule: Schedule | None = None
     # Goodput: the pool's new check of its prediction against what it delivered (None: unchanged).
     realized: RealizedRecord | None = None
+    # A Standby pool's flip: its pods switch engines in place, so the speculating engine keeps its K and
+    # schedule (a new one is a new template: every pod restarted). Off keeps them for the way back.
+    in_place: bool = False
 
     @property
     def changes(self) -> bool:
