@@ -22,6 +22,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,6 +39,7 @@ from typing import Any
 import yaml
 
 from specfleet.cli.common import CommandParser
+from specfleet_runtime import standby
 from specfleet_runtime.names import ENGINE_PORT, ROUTER_PORT
 from specfleet_sandbox.fleet import DEFAULT_NAMESPACE, SERVED_MODEL, sandbox_fleet
 from specfleet_sandbox.processes import Detached, OperatorProcess
@@ -180,6 +182,10 @@ def up(work: Path, namespace: str) -> dict[str, Any]:
         _wait("the pod agent", lambda: _answers(discovery_url), timeout=60, interval=0.3)
 
         _say("starting Prometheus (Debian's package, installed on first use), scraping every second")
+        # Empty: an earlier sandbox's series in the same folder would count as engines for Prometheus's
+        # 5-minute lookback (its pods' names hash alike: same templates), halving the per-replica rates
+        # the policy reads (seen: a pool turned off as RealizedBelowPrediction on a ghost replica).
+        shutil.rmtree(work / "prometheus", ignore_errors=True)
         prometheus = PrometheusProcess(
             work / "prometheus", scrape_config(discovery_url=discovery_url, interval_seconds=1)
         ).start()
@@ -271,6 +277,21 @@ def _pod_url(pod: dict[str, Any], default_port: int) -> str:
     return f"http://{local_address(pod['status']['podIP'])}:{port}"
 
 
+def _engine_urls(pod: dict[str, Any]) -> list[str]:
+    """The engines of an engine pod: one, or a Standby pod's two (the parked one changes too, so it
+    wakes into the same content)."""
+    container = pod["spec"]["containers"][0]
+    if (container.get("command") or [])[-1:] != [standby.SUPERVISOR_PATH]:
+        return [_pod_url(pod, ENGINE_PORT)]
+    supervised = standby.parse_standby_args(container.get("args") or [])
+    address = local_address(pod["status"]["podIP"])
+    ports = (
+        standby.engine_port(supervised.plain) or ENGINE_PORT,
+        standby.engine_port(supervised.speculative),
+    )
+    return [f"http://{address}:{port}" for port in ports if port is not None]
+
+
 def router_url(cluster: Cluster, namespace: str) -> str | None:
     """The router pod's process (on its pod IP's loopback twin), once it answers /readyz."""
     for pod in _ready_pods(
@@ -343,10 +364,11 @@ def set_pool_acceptance(
         f"app.kubernetes.io/instance={FLEET_NAME},specfleet.io/pool={pool},app.kubernetes.io/component=engine"
     )
     for pod in _ready_pods(cluster, namespace, selector):
-        try:
-            set_engine_acceptance(_pod_url(pod, ENGINE_PORT), list(per_position))
-        except OSError as err:  # a pod going away mid-rollout; new ones read the file
-            print(f"note: {pod['metadata']['name']}: {err}", file=sys.stderr)
+        for url in _engine_urls(pod):
+            try:
+                set_engine_acceptance(url, list(per_position))
+            except OSError as err:  # a pod going away mid-rollout; new ones read the file
+                print(f"note: {pod['metadata']['name']}: {err}", file=sys.stderr)
 
 
 def _cmd_load(args: argparse.Namespace) -> int:
