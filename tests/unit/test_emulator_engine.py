@@ -260,6 +260,53 @@ async def test_extreme_acceptance(engine_factory: list[Engine]) -> None:
     assert counter(never, vm.SPEC_ACCEPTED_TOKENS) == 0 < counter(never, vm.SPEC_DRAFTS)
 
 
+async def test_acceptance_follows_the_content_a_marker_names_and_a_probe_keeps_the_drafters_own(
+    engine_factory: list[Engine],
+) -> None:
+    # A content shift as traffic: chats about the new topic draft at its acceptance, the rest (an
+    # operator's fixed probe, a completion) at the engine's; the counters see the mix.
+    shifted = (0.1, 0.0, 0.0)
+    config = EmulatorConfig(
+        served_model_name=MODEL,
+        speculative=spec(3),
+        acceptance=(1.0, 1.0, 1.0),
+        content_acceptance=(("[topic: tax law]", shifted), ("unused", (0.5,))),
+        time_scale=0,
+    )
+    engine = await started(engine_factory, config)
+    topic = Prompt.from_chat([("user", "[topic: tax law] Question 1, please.")])
+    probe = Prompt.from_text("Write one sentence about the sea.")
+    assert engine.content_acceptance(topic) == shifted
+    assert engine.content_acceptance(probe) is None
+    assert engine.content_acceptance(Prompt.from_token_ids([1, 2, 3])) is None
+    topics = [engine.submit(topic, 10**9, ignore_eos=True) for _ in range(8)]
+    await steps(engine, 201)  # prefill, then 200 verification steps of 8 drafts each
+    drafts, accepted = counter(engine, vm.SPEC_DRAFTS), counter(engine, vm.SPEC_ACCEPTED_TOKENS)
+    assert drafts == 1600
+    assert accepted / drafts == pytest.approx(0.1, abs=0.03)
+    probe_req = engine.submit(probe, 10**9, ignore_eos=True)
+    assert probe_req.acceptance is None
+    before = [len(r.tokens) for r in topics]
+    await steps(engine, 51)
+    # The probe: every draft accepted, 4 tokens a verification step; the topic's ~1.1.
+    assert len(probe_req.tokens) >= 1 + 4 * 48
+    per_step = [(len(r.tokens) - b) / 51 for r, b in zip(topics, before, strict=True)]
+    assert all(1.0 <= x <= 1.4 for x in per_step), per_step
+
+
+def test_content_acceptance_is_validated_and_parsed_from_the_command_line() -> None:
+    from specfleet_runtime.emulator.__main__ import config_from_argv
+
+    with pytest.raises(ValueError, match="marker"):
+        EmulatorConfig(served_model_name=MODEL, content_acceptance=(("", (0.5,)),))
+    with pytest.raises(ValueError, match="cannot increase"):
+        EmulatorConfig(served_model_name=MODEL, content_acceptance=(("x", (0.1, 0.2)),))
+    config, _, _ = config_from_argv(
+        ["--model", "m", "--content-acceptance", "a=b=0.2,0.1", "--content-acceptance", "c=0.5"], environ={}
+    )
+    assert config.content_acceptance == (("a=b", (0.2, 0.1)), ("c", (0.5,)))
+
+
 def test_set_acceptance_validates() -> None:
     engine = Engine(EmulatorConfig(served_model_name=MODEL))
     with pytest.raises(ValueError, match="cannot increase"):

@@ -32,6 +32,13 @@ def _acceptance(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
 
 
+def _content_acceptance(text: str) -> tuple[str, tuple[float, ...]]:
+    marker, sep, values = text.rpartition("=")
+    if not sep or not marker:
+        raise argparse.ArgumentTypeError(f"not MARKER=p1,p2,...: {text!r}")
+    return marker, _acceptance(values)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m specfleet_runtime.emulator",
@@ -46,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
         "--acceptance",
         type=_acceptance,
         help="per-position cumulative acceptance, e.g. 0.68,0.39,0.2,0.1,0.05 (the default)",
+    )
+    p.add_argument(
+        "--content-acceptance",
+        type=_content_acceptance,
+        action="append",
+        metavar="MARKER=P1,P2,...",
+        help="prompts whose text holds MARKER are drafted at this acceptance instead (repeatable; the "
+        "first marker found wins): a content shift is traffic, not a setting of the engine",
     )
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply every step time (0 = no waiting)")
     p.add_argument(
@@ -146,6 +161,8 @@ def config_from_argv(
         options["profile"] = load_profile(ns.profile)
     if ns.acceptance is not None:
         options["acceptance"] = ns.acceptance
+    if ns.content_acceptance:
+        options["content_acceptance"] = tuple(ns.content_acceptance)
     for name in ("kv_cache_tokens", "kv_cache_tokens_with_drafter", "block_size", "weight_bytes"):
         if getattr(ns, name) is not None:
             options[name] = getattr(ns, name)

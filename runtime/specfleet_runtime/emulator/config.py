@@ -63,6 +63,11 @@ class EmulatorConfig:
     time_scale: float = 1.0
     # Per-position cumulative acceptance of draft tokens (changeable at run time on the engine).
     acceptance: tuple[float, ...] = PUBLISHED_ACCEPTANCE
+    # Acceptance is a property of the content: a prompt whose text holds one of these markers is
+    # drafted at that marker's acceptance (the first that matches), every other prompt at `acceptance`.
+    # A content shift is then traffic the drafter predicts poorly, not a switch on the engine: a fixed
+    # probe (the operator's check of a woken drafter) still sees the drafter's own acceptance.
+    content_acceptance: tuple[tuple[str, tuple[float, ...]], ...] = ()
     # When set, accepted draft tokens differ from what the model would generate without speculation.
     break_losslessness: bool = False
     # Seed of the acceptance sampler, so a run is reproducible.
@@ -133,6 +138,10 @@ class EmulatorConfig:
         if not (1 <= self.natural_length[0] <= self.natural_length[1]):
             raise ValueError("natural_length must be (shortest, longest) with 1 <= shortest <= longest")
         validate_acceptance(self.acceptance)
+        for marker, per_position in self.content_acceptance:
+            if not marker:
+                raise ValueError("a content_acceptance marker must not be empty")
+            validate_acceptance(per_position)
 
     @classmethod
     def from_engine_args(cls, engine: EngineArgs, **emulator_options: Any) -> EmulatorConfig:

@@ -112,6 +112,8 @@ class EngineRequest:
         else:
             self.stop_at, self.stop_reason = max_tokens, "length"
         self.tokens: list[str] = []
+        # The acceptance its drafts are sampled at when its content has its own (None: the engine's).
+        self.acceptance: tuple[float, ...] | None = None
         # False until the step that (re)computes its KV: the first one, and the first after a preemption.
         self.prefilled = False
         self.num_preemptions = 0
@@ -238,6 +240,7 @@ class Engine:
         )
         if self.config.enable_prefix_caching:
             req.block_hashes = block_hashes(prompt.token_ids, self.config.block_size)
+        req.acceptance = self.content_acceptance(prompt)
         self._waiting.append(req)
         self.metrics.waiting.set(len(self._waiting))
         self._wakeup.set()
@@ -427,9 +430,15 @@ class Engine:
         )
         return ms / 1000.0 * cfg.time_scale
 
-    def _sample_accepted(self, k: int) -> int:
+    def content_acceptance(self, prompt: Prompt) -> tuple[float, ...] | None:
+        """The acceptance of `prompt`'s content where a configured marker is in its text, else None."""
+        for marker, per_position in self.config.content_acceptance:
+            if marker in prompt.text:
+                return per_position
+        return None
+
+    def _sample_accepted(self, k: int, p: Sequence[float]) -> int:
         """How many of `k` drafts are accepted: draft i survives with probability p_i / p_{i-1}."""
-        p = self._acceptance
         survived = 1.0  # p_{i-1}, with p_{-1} = 1
         for i in range(k):
             p_i = p[i] if i < len(p) else 0.0
@@ -456,7 +465,7 @@ class Engine:
                 if not req.tokens:  # vLLM counts a prompt once, not again when it is recomputed
                     prompt_tokens += req.prompt.num_tokens
             elif k > 0:
-                accepted = self._sample_accepted(k)
+                accepted = self._sample_accepted(k, req.acceptance or self._acceptance)
                 drafts += 1
                 accepted_total += accepted
                 for pos in range(accepted):

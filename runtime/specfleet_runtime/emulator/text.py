@@ -31,11 +31,13 @@ class Prompt:
     seed: int
     num_tokens: int
     token_ids: tuple[int, ...] = field(default=(), compare=False, repr=False)
+    # The text it was rendered from ("" for token ids): what the content's acceptance is looked up in.
+    text: str = field(default="", compare=False, repr=False)
 
     @classmethod
     def from_text(cls, text: str) -> Prompt:
         """A text prompt (completions API)."""
-        return cls(_seed(b"text\0" + text.encode("utf-8")), count_tokens(text), _token_ids(text))
+        return cls(_seed(b"text\0" + text.encode("utf-8")), count_tokens(text), _token_ids(text), text)
 
     @classmethod
     def from_token_ids(cls, token_ids: Sequence[int]) -> Prompt:
@@ -48,7 +50,7 @@ class Prompt:
         """A chat conversation given as (role, text) pairs, rendered with a fixed template."""
         rendered = render_chat(messages)
         seed = _seed(b"chat\0" + json.dumps(list(messages)).encode("utf-8"))
-        return cls(seed, count_tokens(rendered), _token_ids(rendered))
+        return cls(seed, count_tokens(rendered), _token_ids(rendered), rendered)
 
 
 def _token_ids(text: str) -> tuple[int, ...]:
