@@ -39,8 +39,7 @@ from typing import Any
 import yaml
 
 from specfleet.cli.common import CommandParser
-from specfleet_runtime import standby
-from specfleet_runtime.names import ENGINE_PORT, ROUTER_PORT
+from specfleet_runtime.names import ROUTER_PORT
 from specfleet_sandbox.fleet import DEFAULT_NAMESPACE, SERVED_MODEL, sandbox_fleet
 from specfleet_sandbox.processes import Detached, OperatorProcess
 from specfleet_sandbox.profiling import break_even, emulator_args, measure_profile
@@ -51,6 +50,7 @@ from specfleet_sandbox.scenario import (
     Phase,
     Rollout,
     RolloutKey,
+    content_shift_args,
     observe_rollouts,
     run_scenario,
     summary_lines,
@@ -60,7 +60,6 @@ from specfleet_testbed.cluster import STATE_FILE as CLUSTER_STATE
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "specfleet-demo"
 STATE = "sandbox.json"
-ACCEPTANCE_FILE = "acceptance.json"
 FLEET_NAME = "assistant"
 ROUTER_ARGS = ["--endpoint-address-map", "10.0.0.0/8=127.0.0.0/8", "--log-level", "warning"]
 CRD = Path(__file__).resolve().parents[2] / "crds" / "specfleet.io_speculativedeployments.yaml"
@@ -140,7 +139,6 @@ def _cmd_up(args: argparse.Namespace) -> int:
 def up(work: Path, namespace: str) -> dict[str, Any]:
     """Start every part, apply the fleet, wait for Ready; returns the recorded state."""
     work.mkdir(parents=True, exist_ok=True)
-    (work / ACCEPTANCE_FILE).unlink(missing_ok=True)  # a content shift from an earlier sandbox
     started = time.monotonic()
     state: dict[str, Any] = {"namespace": namespace, "name": FLEET_NAME, "processes": []}
     _say("control-plane binaries (built once from the Go module proxy; minutes on a cold cache)")
@@ -277,21 +275,6 @@ def _pod_url(pod: dict[str, Any], default_port: int) -> str:
     return f"http://{local_address(pod['status']['podIP'])}:{port}"
 
 
-def _engine_urls(pod: dict[str, Any]) -> list[str]:
-    """The engines of an engine pod: one, or a Standby pod's two (the parked one changes too, so it
-    wakes into the same content)."""
-    container = pod["spec"]["containers"][0]
-    if (container.get("command") or [])[-1:] != [standby.SUPERVISOR_PATH]:
-        return [_pod_url(pod, ENGINE_PORT)]
-    supervised = standby.parse_standby_args(container.get("args") or [])
-    address = local_address(pod["status"]["podIP"])
-    ports = (
-        standby.engine_port(supervised.plain) or ENGINE_PORT,
-        standby.engine_port(supervised.speculative),
-    )
-    return [f"http://{address}:{port}" for port in ports if port is not None]
-
-
 def router_url(cluster: Cluster, namespace: str) -> str | None:
     """The router pod's process (on its pod IP's loopback twin), once it answers /readyz."""
     for pod in _ready_pods(
@@ -320,10 +303,14 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         kubeconfig,
         args.namespace,
         args.dir / "pods",
-        emulator_args=[*emulator_args(), "--acceptance", ",".join(map(str, BASELINE_ACCEPTANCE))],
+        emulator_args=[
+            *emulator_args(),
+            "--acceptance",
+            ",".join(map(str, BASELINE_ACCEPTANCE)),
+            *content_shift_args(),
+        ],
         router_args=ROUTER_ARGS,
         router_pythonpath=compiled_router(),
-        acceptance_file=args.dir / ACCEPTANCE_FILE,
     ).start()
     try:
         while not stop.wait(1.0):
@@ -345,30 +332,6 @@ def _attach(work: Path) -> tuple[dict[str, Any], Cluster]:
     if not all(cluster.alive().values()):
         raise SandboxError(f"the sandbox's control plane in {work} is not running: `down`, then `up`")
     return state, cluster
-
-
-def set_pool_acceptance(
-    work: Path, cluster: Cluster, namespace: str, pool: str, per_position: Sequence[float]
-) -> None:
-    """Content shift: the pool's running engines change now, engines started later start with it."""
-    from specfleet_sandbox.pods import set_engine_acceptance
-
-    path = work / ACCEPTANCE_FILE
-    try:
-        by_pool = json.loads(path.read_text())
-    except (OSError, ValueError):
-        by_pool = {}
-    by_pool[pool] = list(per_position)
-    path.write_text(json.dumps(by_pool))
-    selector = (
-        f"app.kubernetes.io/instance={FLEET_NAME},specfleet.io/pool={pool},app.kubernetes.io/component=engine"
-    )
-    for pod in _ready_pods(cluster, namespace, selector):
-        for url in _engine_urls(pod):
-            try:
-                set_engine_acceptance(url, list(per_position))
-            except OSError as err:  # a pod going away mid-rollout; new ones read the file
-                print(f"note: {pod['metadata']['name']}: {err}", file=sys.stderr)
 
 
 def _cmd_load(args: argparse.Namespace) -> int:
@@ -443,7 +406,6 @@ def load(work: Path, scenario_name: str, *, live: bool | None = None) -> bool:
             scenario,
             url,
             SERVED_MODEL,
-            lambda pool, acc: set_pool_acceptance(work, cluster, namespace, pool, acc),
             on_tick=tick,
             tick_seconds=2.0,
         )

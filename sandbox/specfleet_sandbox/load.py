@@ -72,6 +72,9 @@ class LoadGenerator:
         # Words of filler after each request's own opening (one token each to the emulator's tokenizer):
         # 0 for a short question; the opening differs per request, so no two share a KV block.
         self.prompt_words = 0
+        # What the requests are about: words every message opens with from now on ("" for none). The
+        # emulated engines draft some topics worse (a content shift, specfleet_sandbox.scenario).
+        self.topic = ""
         self._concurrency = 0
         self._clients = 0  # client loops running now; changed only on the generator's event loop
         self._stop = threading.Event()
@@ -99,7 +102,7 @@ class LoadGenerator:
     def message(self, n: int) -> str:
         """The user message of this generator's request number `n` (from 1), `prompt_words` long plus
         its opening."""
-        opening = f"{self.name} request {n}: tell me a story"
+        opening = f"{self.topic} {self.name} request {n}: tell me a story".lstrip()
         words = self.prompt_words
         return opening if words <= 0 else opening + " about" + " the long document" * (words // 3)
 

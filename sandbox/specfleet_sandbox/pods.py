@@ -36,7 +36,6 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from specfleet.api.constants import LABEL_POOL
 from specfleet_runtime import standby
 from specfleet_runtime.names import ENGINE_PORT, ROUTER_PORT
 from specfleet_runtime.vllm_args import VLLM_SERVER_MODULE
@@ -129,7 +128,6 @@ class PodRunner:
         router_args: list[str] | None = None,
         router_pythonpath: Path | None = None,
         prestop_seconds: float = 2.0,
-        acceptance_file: Path | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
@@ -139,10 +137,8 @@ class PodRunner:
         self.router_args = router_args or []
         self.router_pythonpath = router_pythonpath
         self.prestop_seconds = prestop_seconds
+        # The acceptance of engines started from now on (`set_acceptance`; None: the emulator's args').
         self.acceptance: list[float] | None = None
-        # {"latency": [...], "batch": [...]}: per-pool acceptance for engines started from now on
-        # (written by whoever shifts content while this runner lives in another process).
-        self.acceptance_file = acceptance_file
         self.vllm_stand_in = install_vllm_stand_in(self.logdir / "vllm-stand-in")
         self.running: dict[str, PodProcess] = {}
         self.draining: list[PodProcess] = []
@@ -305,22 +301,11 @@ class PodRunner:
         )
 
     def _emulator_args(self, pod: Any) -> list[str]:
-        """The emulator's own options for an engine of `pod` (its pool's acceptance, if set)."""
+        """The emulator's own options for an engine of `pod` (the acceptance set since, if any)."""
         extra = list(self.emulator_args)
-        acceptance = self._acceptance_for((pod.metadata.labels or {}).get(LABEL_POOL))
-        if acceptance is not None:
-            extra += ["--acceptance", ",".join(str(a) for a in acceptance)]
+        if self.acceptance is not None:
+            extra += ["--acceptance", ",".join(str(a) for a in self.acceptance)]
         return extra
-
-    def _acceptance_for(self, pool: str | None) -> list[float] | None:
-        if self.acceptance_file is not None and pool is not None:
-            try:
-                by_pool = json.loads(self.acceptance_file.read_text())
-            except (OSError, ValueError):
-                by_pool = {}
-            if isinstance(by_pool, dict) and isinstance(by_pool.get(pool), list):
-                return [float(a) for a in by_pool[pool]]
-        return self.acceptance
 
     @staticmethod
     def _reap(pp: PodProcess) -> None:

@@ -30,10 +30,13 @@ from specfleet_sandbox.load import LoadGenerator, LoadStats
 # trusts the tenant header (tenantHeaderTrust: Trusted); here the load generator plays the gateway.
 BATCH_TENANT = "nightly-evals"
 TENANT_HEADER = "x-specfleet-tenant"
-# Per-position acceptance of the emulated EAGLE-3 drafter (about the published Llama-3.1-8B values)
-# and after the content shift (a drafter that no longer fits the traffic).
+# Per-position acceptance of the emulated EAGLE-3 drafter (about the published Llama-3.1-8B values),
+# and on the content a shift brings (a topic the drafter no longer fits): the engines draft every prompt
+# that holds SHIFT_TOPIC at SHIFTED_ACCEPTANCE (`content_shift_args`), the rest as before, so a fixed
+# probe (the operator's check of a woken Standby drafter) still sees the drafter's own acceptance.
 BASELINE_ACCEPTANCE = (0.68, 0.39, 0.2)
 SHIFTED_ACCEPTANCE = (0.05, 0.01, 0.0)
+SHIFT_TOPIC = "[topic: maritime salvage law]"
 # The batch tenant's long-prompt phase: 20 streams of about 1450-token prompts. Each request then holds
 # about 94 KV blocks of 16 tokens; the device's cache (device-profile.yaml) holds 21 of them without
 # the drafter and 13 with it, while 20 short ones would still speculate (break-even is 25 to 30).
@@ -43,13 +46,15 @@ LONG_PROMPT_WORDS = 1450
 
 @dataclass(frozen=True)
 class Phase:
-    """A stretch of steady traffic; an acceptance change for the latency pool applies at its start."""
+    """A stretch of steady traffic; a change of the interactive clients' topic applies at its start."""
 
     name: str
     seconds: float
     interactive: int
     batch: int
-    latency_acceptance: tuple[float, ...] | None = None
+    # From this phase on the interactive clients ask about the shifted topic (True), the usual (False),
+    # or keep what they asked (None).
+    shifted: bool | None = None
     expect: str = ""
     batch_prompt_words: int = 0  # the batch tenant's prompts: 0 short, else about this many tokens
 
@@ -67,7 +72,7 @@ class Scenario:
 
 def _demo(scale: float) -> tuple[Phase, ...]:
     return (
-        Phase("calm", 45 * scale, 2, 1, BASELINE_ACCEPTANCE, "both pools speculate"),
+        Phase("calm", 45 * scale, 2, 1, False, "both pools speculate"),
         Phase("batch surge", 90 * scale, 2, 40, None, "batch pool: On -> Off (GoodputBelowBreakEven)"),
         Phase(
             "calm again",
@@ -91,7 +96,7 @@ def _demo(scale: float) -> tuple[Phase, ...]:
             70 * scale,
             2,
             1,
-            SHIFTED_ACCEPTANCE,
+            True,
             "latency pool: On -> Off (GoodputBelowBreakEven)",
         ),
     )
@@ -106,7 +111,7 @@ SCENARIOS: dict[str, Scenario] = {
         "surge",
         "a batch surge and its end",
         (
-            Phase("calm", 30, 2, 1, BASELINE_ACCEPTANCE, "both pools speculate"),
+            Phase("calm", 30, 2, 1, False, "both pools speculate"),
             Phase("batch surge", 90, 2, 40, None, "batch pool: On -> Off"),
             Phase("calm again", 80, 2, 1, None, "batch pool: Off -> On after its dwell"),
         ),
@@ -115,9 +120,9 @@ SCENARIOS: dict[str, Scenario] = {
         "shift",
         "a content shift on the latency pool, then back",
         (
-            Phase("calm", 30, 2, 1, BASELINE_ACCEPTANCE, "both pools speculate"),
-            Phase("content shift", 60, 2, 1, SHIFTED_ACCEPTANCE, "latency pool: On -> Off"),
-            Phase("content back", 90, 2, 1, BASELINE_ACCEPTANCE, "latency pool: Off -> On after its dwell"),
+            Phase("calm", 30, 2, 1, False, "both pools speculate"),
+            Phase("content shift", 60, 2, 1, True, "latency pool: On -> Off"),
+            Phase("content back", 90, 2, 1, False, "latency pool: Off -> On after its dwell"),
         ),
     ),
 }
@@ -195,7 +200,6 @@ def observe_rollouts(resource: Mapping[str, Any], seen: dict[RolloutKey, Rollout
         seen[key] = Rollout(method, seconds)
 
 
-SetAcceptance = Callable[[str, Sequence[float]], None]
 Tick = Callable[[Phase, float], None]
 
 
@@ -203,7 +207,6 @@ def run_scenario(
     scenario: Scenario,
     router_url: str,
     model: str,
-    set_acceptance: SetAcceptance,
     *,
     on_tick: Tick | None = None,
     tick_seconds: float = 2.0,
@@ -229,8 +232,8 @@ def run_scenario(
     batch.start(first.batch)
     try:
         for phase in scenario.phases:
-            if phase.latency_acceptance is not None:
-                set_acceptance("latency", phase.latency_acceptance)
+            if phase.shifted is not None:
+                interactive.topic = SHIFT_TOPIC if phase.shifted else ""
             interactive.set_concurrency(phase.interactive)
             batch.set_concurrency(phase.batch)
             batch.prompt_words = phase.batch_prompt_words
@@ -341,3 +344,8 @@ def _after(rfc3339: str, wall: float) -> bool:
         return _timestamp(rfc3339) >= wall - 1
     except ValueError:
         return False
+
+
+def content_shift_args() -> list[str]:
+    """The emulator options that make SHIFT_TOPIC's prompts draft at SHIFTED_ACCEPTANCE."""
+    return ["--content-acceptance", f"{SHIFT_TOPIC}={','.join(map(str, SHIFTED_ACCEPTANCE))}"]

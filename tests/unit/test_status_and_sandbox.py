@@ -201,9 +201,9 @@ def test_phase_rows_are_per_phase_differences_of_cumulative_counters() -> None:
     assert not any("Old" in line for line in lines), "decisions before the scenario are not its own"
 
 
-def test_every_scenario_starts_from_a_known_acceptance_and_is_minutes_long() -> None:
+def test_every_scenario_starts_on_the_usual_topic_and_is_minutes_long() -> None:
     for scenario in SCENARIOS.values():
-        assert scenario.phases[0].latency_acceptance is not None
+        assert scenario.phases[0].shifted is False
         assert 60 <= scenario.seconds <= 400
     assert 240 <= SCENARIOS["demo"].seconds <= 380  # about six minutes, the long-prompt phase included
 
