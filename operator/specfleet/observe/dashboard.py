@@ -9,7 +9,7 @@ labelmap) copies from the pods; the operator's per-resource gauges by `namespace
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 from specfleet.observe import resource_metrics as rm
 from specfleet_runtime import vllm_metrics as vm
@@ -20,6 +20,11 @@ ENGINES = f'namespace=~"$namespace",{SERIES_DEPLOYMENT}=~"$deployment"'
 RESOURCES = 'namespace=~"$namespace",name=~"$deployment"'
 POOL_LEGEND = f"{{{{{SERIES_DEPLOYMENT}}}}} {{{{{SERIES_POOL}}}}}"
 RATE = "$__rate_interval"
+
+
+# Panels with data only once a pool's flip or retune has been measured after its rollout settled.
+CHANGE_PANEL = "Each change: predicted vs realized speedup"
+AFTER_A_CHANGE: Final = frozenset({CHANGE_PANEL})
 
 
 def _rate_by_pool(metric: str, extra: str = "") -> str:
@@ -165,7 +170,7 @@ def panels() -> list[dict[str, Any]]:
             unit="reqps",
         ),
         _panel(
-            "Each change: predicted vs realized speedup",
+            CHANGE_PANEL,
             "From the operator's status: the newest flip or retune of each pool whose outcome was measured, "
             "the speedup it predicted over the setting it left beside tokens/s per replica over the first "
             "window after its rollout settled, over the window it acted on (under whatever load came).",
