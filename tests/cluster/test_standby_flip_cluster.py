@@ -130,6 +130,11 @@ async def test_a_standby_pool_flips_pod_by_pod_through_its_services(cluster: Clu
             plain = await stack.enter_async_context(serve_emulator(PLAIN, twin, ENGINE_PORT))
             await asyncio.to_thread(_post, spec.url + "/sleep?level=1")
             engines[p["metadata"]["name"]] = {"On": spec, "Off": plain}
+        # Ready pods reach the Service's EndpointSlice when the endpoint-slice controller syncs, a moment
+        # after they turn Ready (a clean-clone CI run listed one of the two when asked at once).
+        deadline = time.monotonic() + 30
+        while listed(cluster, namespace, "standby") != set(names) and time.monotonic() < deadline:
+            await asyncio.sleep(0.3)
         assert listed(cluster, namespace, "standby") == set(names)
 
         dropped: list[bool] = []
