@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specfleet.api.constants import POOLS
+from specfleet.policy.decision.realized import predicted_change
 
 # The numbers a decision carries that a person reading a status line wants first.
 _DECISION_NUMBERS = (
@@ -89,7 +90,7 @@ def _predicted_vs_realized(entry: Mapping[str, Any]) -> str:
     where the decision recorded one, else speculation's over no drafter (`predictedSpeedup`, which for a
     flip off is the inverse of what the realized ratio measures)."""
     numbers = entry.get("observations") or {}
-    predicted = _text(numbers.get("predictedChangeSpeedup", numbers.get("predictedSpeedup")))
+    predicted = _text(predicted_change(numbers))
     realized = entry.get("realized")
     if not isinstance(realized, Mapping):
         return f"predicted {predicted}, realized -"

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from specfleet.api.constants import POOLS
 from specfleet.api.pools import LatencySlo
 from specfleet.api.status import SpeculativeDeploymentStatus
+from specfleet.policy.decision.realized import predicted_change
 from specfleet.policy.inputs.slo_attainment import target_buckets
 from specfleet_runtime import vllm_metrics as vm
 
@@ -150,8 +151,7 @@ def _last_change(status: SpeculativeDeploymentStatus, pool: str, labels: tuple[s
     for entry in reversed(status.history):
         if entry.pool != pool or entry.realized is None:
             continue
-        numbers = entry.observations
-        predicted = _float(numbers.get("predictedChangeSpeedup", numbers.get("predictedSpeedup")))
+        predicted = _float(predicted_change(entry.observations))
         realized = _float(entry.realized.realized_speedup)
         return [
             Sample(name, (*labels, entry.reason), value)

@@ -15,6 +15,7 @@ from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.api.pools import LatencySlo
 from specfleet.policy.decision.pool import Assessment, assess
+from specfleet.policy.decision.realized import CHANGE_GAIN
 from specfleet.policy.inputs.observation import PoolObservation, PoolState, Schedule
 from specfleet.policy.predict.dynamic_sd import best_schedule, observed_under_schedule
 from specfleet.policy.predict.kv_cache import DEFAULT_MAX_NUM_SEQS
@@ -103,11 +104,6 @@ def _flip(
     return _with_change_gain(p, _flip_gain(p)).decision(
         wanted.reason, message, target=wanted.mode, target_k=target_k, canaries=canaries, schedule=schedule
     )
-
-
-# The observation a flip or a retune records its predicted throughput over the current setting in: the
-# number its realized speedup (status.history's realized, after over before) is set beside.
-CHANGE_GAIN = "predictedChangeSpeedup"
 
 
 def _with_change_gain(p: Assessment, gain: float | None) -> Assessment:

@@ -26,6 +26,17 @@ def _number(text: str | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+# The observation a flip or a retune records its predicted throughput over the current setting in: the
+# number its realized speedup (status.history's realized, after over before) is set beside.
+CHANGE_GAIN = "predictedChangeSpeedup"
+
+
+def predicted_change(observations: Mapping[str, str]) -> str | None:
+    """The speedup a history entry's change predicted over the setting it left, as recorded (entries
+    written before CHANGE_GAIN existed: their predictedSpeedup; None: not predicted)."""
+    return observations.get(CHANGE_GAIN, observations.get("predictedSpeedup"))
+
+
 def is_change_of_setting(entry: Decision) -> bool:
     """A flip (the mode changed) or a retune (K or the Dynamic SD schedule changed): the changes whose
     throughput is worth comparing (not a canary count, not a hold)."""
