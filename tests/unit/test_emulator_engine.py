@@ -294,6 +294,21 @@ async def test_acceptance_follows_the_content_a_marker_names_and_a_probe_keeps_t
     assert all(1.0 <= x <= 1.4 for x in per_step), per_step
 
 
+async def test_a_topic_the_drafter_never_fits_accepts_nothing(engine_factory: list[Engine]) -> None:
+    # An empty acceptance is a topic's own (no draft accepted), not "use the engine's".
+    config = EmulatorConfig(
+        served_model_name=MODEL,
+        speculative=spec(3),
+        acceptance=(1.0, 1.0, 1.0),
+        content_acceptance=(("[gibberish]", ()),),
+        time_scale=0,
+    )
+    engine = await started(engine_factory, config)
+    engine.submit(Prompt.from_text("[gibberish] go"), 10**9, ignore_eos=True)
+    await steps(engine, 11)
+    assert counter(engine, vm.SPEC_ACCEPTED_TOKENS) == 0 < counter(engine, vm.SPEC_DRAFTS)
+
+
 def test_content_acceptance_is_validated_and_parsed_from_the_command_line() -> None:
     from specfleet_runtime.emulator.__main__ import config_from_argv
 

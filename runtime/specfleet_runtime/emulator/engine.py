@@ -465,7 +465,8 @@ class Engine:
                 if not req.tokens:  # vLLM counts a prompt once, not again when it is recomputed
                     prompt_tokens += req.prompt.num_tokens
             elif k > 0:
-                accepted = self._sample_accepted(k, req.acceptance or self._acceptance)
+                own = req.acceptance
+                accepted = self._sample_accepted(k, self._acceptance if own is None else own)
                 drafts += 1
                 accepted_total += accepted
                 for pos in range(accepted):
