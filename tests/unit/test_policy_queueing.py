@@ -319,3 +319,25 @@ def test_a_queueing_weak_drafter_turns_off_where_random_arrivals_would_wait_long
     # A drafter that gains (published acceptance): the same queue keeps it on.
     published = tuple(ACC[:3])
     assert decided(long_obs(12.0, 3 * 0.85 * cap, 3.6, published), k=3).target == "On"
+
+
+def test_a_drafter_that_takes_no_request_from_the_batch_is_not_turned_off_by_the_queueing_chain():
+    # Longer prompts: the drafter's share of the KV cache no longer costs a request (17 fit either
+    # way), so near capacity the chain would compare two capacities about a percent apart (the
+    # drafter's prefill share), a difference the arrivals measured cannot tell; the published drafter
+    # there serves the busy stretch faster than the engine without it (long-context-8b, seed 1).
+    even = replace(
+        default_profile(),
+        memory=MemoryProfile(
+            kv_cache_tokens=int(17.9 * 24200), kv_cache_tokens_with_drafter=int(17.3 * 24200)
+        ),
+    )
+    published = tuple(ACC[:3])
+    model = pool_model(even, long_obs(12.0, 600.0, 3.6, published), [3], mode="On", current_k=3)
+    assert model.settings[OFF].fits == model.settings["K3"].fits == 17.0
+    cap = model.capacity("K3", published)
+    state = PoolState(mode="On", last_transition=NOW - timedelta(days=1), recent_load=(), k=3)
+    for share in (0.85, 0.95):
+        ob = long_obs(12.0, 3 * share * cap, 3.6, published)
+        d = decide(POLICY, 3, {"latency": state}, {"latency": ob}, NOW, even)[0]
+        assert "arrive and the engines queue" not in d.message, (share, d.message)

@@ -260,16 +260,17 @@ def _queues_more_on(case: LoadCase, wanted: Wanted) -> Wanted:
     requests in its engines than the engine without the drafter, by the margin
     (`policy.predict.queueing.batching_in_system`: the time each engine spends at every batch size as
     random arrivals fill and empty it). Three conditions say the comparison holds: the engines queue
-    (random arrivals; a closed loop holds its demand and is the throughput prediction's), the drafter
-    takes part of the KV cache that limits the batch (where the settings' batches, so their paces near
-    capacity, differ), and the arrivals are below the setting's capacity by the margin (closer, they
+    (random arrivals; a closed loop holds its demand and is the throughput prediction's), the drafter's
+    share of the KV cache costs the batch a whole request or more (where the settings' batches, so
+    their paces near capacity, differ; at the same batch the two capacities are a prefill share apart,
+    closer than the arrivals measured can tell), and the arrivals are below the setting's capacity by the margin (closer, they
     cannot tell two capacities a percent apart: the overload guards decide there, with their margin)."""
     state, observed, model, g = case.state, case.observed, case.model, case.prediction
     if not (state.mode == "On" and wanted.mode == "On" and queued(observed) and model.current):
         return wanted
     name = model.current
     drafter, off_setting = model.settings[name], model.settings[OFF]
-    kv_binds = drafter.fits < model.max_num_seqs and drafter.kv_cache_tokens < off_setting.kv_cache_tokens
+    kv_binds = drafter.fits < min(model.max_num_seqs, off_setting.fits)
     if not (model.memory_known and kv_binds):
         return wanted
     arriving = _arrivals(case)
