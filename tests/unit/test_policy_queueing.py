@@ -341,3 +341,32 @@ def test_a_drafter_that_takes_no_request_from_the_batch_is_not_turned_off_by_the
         ob = long_obs(12.0, 3 * share * cap, 3.6, published)
         d = decide(POLICY, 3, {"latency": state}, {"latency": ob}, NOW, even)[0]
         assert "arrive and the engines queue" not in d.message, (share, d.message)
+
+
+def test_served_tokens_rising_toward_where_random_arrivals_wait_longer_turn_a_weak_drafter_off_before_a_queue():
+    # No queue yet (a flip decided at the first queue serves a rollout later, into the queue built
+    # meanwhile), but what is served rises: the chain is asked at the arrivals projected to when a
+    # flip would serve, as the overload guard projects them.
+    model = pool_model(LONG, long_obs(6.0, 600.0, 0.0), [1], mode="On", current_k=1)
+    cap = model.capacity("K1", WEAK)
+
+    def decided(served: tuple[tuple[datetime, float], ...]):
+        state = PoolState(
+            mode="On",
+            last_transition=NOW - timedelta(days=1),
+            recent_load=(),
+            recent_tokens_per_second=served,
+            k=1,
+        )
+        ob = long_obs(6.0, 3 * served[-1][1], 0.0)
+        return decide(POLICY, 1, {"latency": state}, {"latency": ob}, NOW, LONG)[0]
+
+    # From 0.45 to 0.6 of the capacity over the last 105 s: about 0.85 by when a flip would serve.
+    rising = _served([cap * (0.45 + 0.15 * i / 7) for i in range(8)])
+    d = decided(rising)
+    assert (d.target, d.reason) == ("Off", r.GOODPUT_MEMORY_BOUND), d.message
+    assert "arrive" in d.message, d.message
+    # Level at the same rate (0.6 of the capacity, no queue): nothing says the arrivals are random.
+    assert decided(_served([rising[-1][1]] * 8)).target == "On"
+    # Rising at a light load: the drafter serves small batches faster; it stays on.
+    assert decided(_served([cap * (0.05 + 0.1 * i / 7) for i in range(8)])).target == "On"

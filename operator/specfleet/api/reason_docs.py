@@ -543,10 +543,10 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         'it), or, rising along its trend, would not fit it before a rollout could finish ("memory-bound '
         'ahead"), while it fits better without: the engine without the drafter runs more requests at once '
         "and serves more tokens per second, so speculation is off (or stays off). Also where the engines "
-        "queue below the drafter's capacity and requests arriving at random would spend longer in them "
-        'with the drafter (its smaller batch fills sooner; "... arrive and the engines queue ..."). The '
-        "numbers give the "
-        "demand, each setting's KV cache (measured from `vllm:cache_config_info`, else the cost "
+        "queue below the drafter's capacity, or the tokens served rise toward it, and requests arriving "
+        "at random would spend longer in them with the drafter (its smaller batch fills sooner; "
+        '"... arrive and the engines queue ..." or "... arrive by the time a flip serves ..."). The '
+        "numbers give the demand, each setting's KV cache (measured from `vllm:cache_config_info`, else the cost "
         "profile's `memory`), the batch it holds and its predicted tokens per second. The pool turns "
         "back on once the demand fits again (after the usual dwell, cooldown and flip budget).",
         "Nothing if expected. To speculate under this load: more replicas, a larger "

@@ -256,39 +256,51 @@ def _saturation(case: LoadCase, wanted: Wanted) -> Wanted:
 
 
 def _queues_more_on(case: LoadCase, wanted: Wanted) -> Wanted:
-    """`wanted`, or Off where a speculating pool whose engines queue would serve the arrivals with more
-    requests in its engines than the engine without the drafter, by the margin
+    """`wanted`, or Off where a speculating pool would serve the arrivals with more requests in its
+    engines than the engine without the drafter, by the margin
     (`policy.predict.queueing.batching_in_system`: the time each engine spends at every batch size as
-    random arrivals fill and empty it). Three conditions say the comparison holds: the engines queue
-    (random arrivals; a closed loop holds its demand and is the throughput prediction's), the drafter's
-    share of the KV cache costs the batch a whole request or more (where the settings' batches, so
-    their paces near capacity, differ; at the same batch the two capacities are a prefill share apart,
-    closer than the arrivals measured can tell), and the arrivals are below the setting's capacity by the margin (closer, they
-    cannot tell two capacities a percent apart: the overload guards decide there, with their margin)."""
+    random arrivals fill and empty it). Asked at two rates: the arrivals now, where the engines queue
+    (random arrivals; a closed loop holds its demand and is the throughput prediction's), and where
+    the tokens served rise, the arrivals projected along their trend to when a flip decided at the
+    next evaluation would serve (as `_served_ahead` projects them: a flip decided at the first queue
+    serves a rollout later, into the queue built meanwhile). Two more conditions say the comparison
+    holds: the drafter's share of the KV cache costs the batch a whole request or more (where the
+    settings' batches, so their paces near capacity, differ; at the same batch the two capacities are
+    a prefill share apart, closer than the arrivals measured can tell), and the rate asked at is below
+    the setting's capacity by the margin (closer, it cannot tell two capacities a percent apart: the
+    overload guards decide there, with their margin)."""
     state, observed, model, g = case.state, case.observed, case.model, case.prediction
-    if not (state.mode == "On" and wanted.mode == "On" and queued(observed) and model.current):
+    if not (state.mode == "On" and wanted.mode == "On" and model.current):
         return wanted
     name = model.current
     drafter, off_setting = model.settings[name], model.settings[OFF]
-    kv_binds = drafter.fits < min(model.max_num_seqs, off_setting.fits)
-    if not (model.memory_known and kv_binds):
+    if not (model.memory_known and drafter.fits < min(model.max_num_seqs, off_setting.fits)):
         return wanted
     arriving = _arrivals(case)
     if arriving is None:
         return wanted
-    rate = arriving.tokens_per_second
+    rates: list[tuple[float, str]] = []
+    if queued(observed):
+        rates.append((arriving.tokens_per_second, "arrive and the engines queue"))
+    fit = served_fit(case.policy, state, observed, case.now)
+    if fit is not None and fit.significant(case.policy):
+        ahead = fit.ahead(case.policy, _served_horizon(case))
+        rates.append((ahead, "arrive by the time a flip serves, along the served tokens' trend"))
     margin = goodput_margin(case.policy)
-    if rate * (1 + margin) > model.capacity(name, g.per_position):
-        return wanted
-    spec = batching_in_system(model, name, g.per_position, rate)
-    off = batching_in_system(model, OFF, g.per_position, rate)
-    if not spec > off * (1 + margin):
-        return wanted
-    why = (
-        f"{rate:.0f} tokens/s per replica arrive and the engines queue; arriving at random, they would hold "
-        f"{spec:.1f} requests per replica with the drafter ({name}), whose KV cache holds {drafter.fits:.0f}, "
-        f"and {off:.1f} without it"
-    )
-    numbers = {**wanted.numbers, "arrivingTokensPerSecond": f"{rate:.4g}"}
-    # A request's time is the requests in the engines over the arrivals (Little's law): the flip's gain.
-    return Wanted("Off", r.GOODPUT_MEMORY_BOUND, why, numbers, k=g.best, gain=spec / off)
+    capacity = model.capacity(name, g.per_position)
+    for rate, when in rates:
+        if rate * (1 + margin) > capacity:
+            continue
+        spec = batching_in_system(model, name, g.per_position, rate)
+        off = batching_in_system(model, OFF, g.per_position, rate)
+        if not spec > off * (1 + margin):
+            continue
+        why = (
+            f"{rate:.0f} tokens/s per replica {when}; arriving at random, they would hold {spec:.1f} requests "
+            f"per replica with the drafter ({name}), whose KV cache holds {drafter.fits:.0f}, and {off:.1f} "
+            "without it"
+        )
+        numbers = {**wanted.numbers, "arrivingTokensPerSecond": f"{rate:.4g}"}
+        # A request's time is the requests in the engines over the arrivals (Little's law): the gain.
+        return Wanted("Off", r.GOODPUT_MEMORY_BOUND, why, numbers, k=g.best, gain=spec / off)
+    return wanted
