@@ -89,3 +89,59 @@ def test_each_measure_picks_its_own_best_fixed_setting_and_ignores_other_runs() 
     assert every.best == "alwaysOnK1"
     assert round(every.gap, 4) == round((9.0 - 9.5) / 11, 4)
     assert count_behind([tw, every]) == 1
+
+
+def _policy_bench():  # type: ignore[no-untyped-def]
+    """benchmarks/policy.py as a module (it puts benchmarks/ on sys.path for its own imports)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "policy.py"
+    spec = importlib.util.spec_from_file_location("policy_bench", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["policy_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_cell_behind_where_the_reactive_bound_is_behind_too_is_reported_as_a_bound() -> None:
+    # One window, the oracle 1.0 token per request-second: alwaysOff 0.99, the policy 0.90. With a
+    # reactive bound of 0.95 the cell is a bound (no reacting policy reaches 0.99); at 0.985 it is not.
+    bench = _policy_bench()
+
+    def comparison(reactive: float | None) -> Comparison:
+        runs = {
+            "policy": _run("policy", [0.90], [1.0]),
+            "alwaysOff": _run("static", [0.99], [1.0]),
+            "alwaysOnK1": _run("static", [0.50], [1.0]),
+        }
+        if reactive is not None:
+            runs[bench.REACTIVE] = _run("bound", [reactive], [1.0])
+        oracle = {"latency": np.array([1.0])}
+        return Comparison(
+            runs=runs,  # type: ignore[arg-type]
+            oracle_tokens=oracle,
+            oracle_reqsec=oracle,
+            oracle_choice={"latency": ["alwaysOff"]},
+            best_static="alwaysOff",
+            always_on="alwaysOnK1",
+            first_reaction=0.0,
+            bin_seconds=15.0,
+            duration=15.0,
+            schedule=(),
+        )
+
+    rows = [("bounded", comparison(0.95)), ("reachable", comparison(0.985)), ("no bound", comparison(None))]
+    summary = bench.behind_summary(rows)
+    assert "6 of 6 cells below -0.01" in summary
+    assert "in 2 of them the reactive bound is below it" in summary
+    table = "\n".join(bench.behind_section(rows))
+    assert (
+        "| bounded | time-weighted | 0.900 | alwaysOff 0.990 | -0.0900 | 0.950 (below the best fixed: a bound) |"
+        in table
+    )
+    assert "| reachable | time-weighted | 0.900 | alwaysOff 0.990 | -0.0900 | 0.985 |" in table
+    assert "| no bound | time-weighted | 0.900 | alwaysOff 0.990 | -0.0900 | - |" in table
