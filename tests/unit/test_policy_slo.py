@@ -129,7 +129,8 @@ def test_a_flip_throughput_asks_for_must_cut_the_missed_share_by_the_margin_too(
     held = slo_wanted(POLICY, off, OFF, _shares(0.749, 0.758), turn_on, GOAL)
     assert (held.mode, held.reason) == ("Off", r.SLO_TTFT_BOUND)
     assert "only from 0.749 to 0.758, within the margin" in held.message
-    # Where few requests meet it, the missed share decides all the same: 0.027 -> 0.049 cuts it by 2%.
+    # Where few requests meet it and the gain is not known to hold at every load, the missed share
+    # decides: 0.027 -> 0.049 cuts it by 2%.
     assert slo_wanted(POLICY, off, OFF, _shares(0.027, 0.049), turn_on, GOAL).mode == "Off"
     # 0.749 -> 0.80 cuts it by 20%: throughput's flip stands; a tie (both 0.90) leaves it to throughput.
     assert (
@@ -262,3 +263,38 @@ def test_the_batch_pool_is_not_retuned_by_the_latency_pools_slo():
     assert plain[0].target_k is None
     assert steered[1] == plain[1]
     assert steered[1].target_k is None
+
+
+def _across(off: float, on: float, off_load: tuple[float, float], on_load: tuple[float, float]):
+    """Off and K3 sharing one target (TTFT), with their shares idle and at a fluctuation above the demand."""
+    return [
+        SettingShares(OFF, 0, {"TTFT": off, "TPOT": 1.0}, 100.0, off, across_load=off_load),
+        SettingShares("K3", 3, {"TTFT": on, "TPOT": 1.0}, 120.0, on, across_load=on_load),
+    ]
+
+
+def test_where_few_requests_meet_the_slo_a_gain_sure_at_every_load_flips_by_the_met_share():
+    # A long prompt's prefill nears the TTFT target: 0.217 meet it on, 0.238 off (the drafter's share of the
+    # prefill). The missed share falls by 2.7% only, inside the 5% margin, but the met share grows by 10%,
+    # off trades no target (TPOT met by all alike) and is ahead idle and above the demand too: off.
+    state = PoolState(mode="On", last_transition=NOW - timedelta(days=1), k=3)
+    keep = Wanted("On", r.GOODPUT_WITHIN_MARGIN, "keeps", {})
+    flipped = slo_wanted(POLICY, state, "K3", _across(0.238, 0.217, (0.25, 0.23), (0.217, 0.217)), keep, GOAL)
+    assert (flipped.mode, flipped.reason) == ("Off", r.SLO_TTFT_BOUND)
+    # A crossover: ahead at the demand measured and above it, behind idle (TPOT's gain turning with the
+    # batch): the sign is the load's, so the missed share must fall by the margin, and it does not.
+    crossing = _across(0.238, 0.217, (0.20, 0.25), (0.217, 0.217))
+    assert slo_wanted(POLICY, state, "K3", crossing, keep, GOAL).mode == "On"
+    # A trade (TTFT met more often, TPOT less) is not sure either.
+    traded = _across(0.238, 0.217, (0.25, 0.23), (0.217, 0.217))
+    traded[0] = replace(traded[0], by_target={"TTFT": 0.30, "TPOT": 0.79})
+    assert slo_wanted(POLICY, state, "K3", traded, keep, GOAL).mode == "On"
+    # A TPOT gain alone, however sure it looks, turns with the batch: the missed share decides it.
+    by_tpot = [
+        replace(x, by_target={"TTFT": 1.0, "TPOT": x.attainment})
+        for x in _across(0.238, 0.217, (0.25, 0.23), (0.217, 0.217))
+    ]
+    assert slo_wanted(POLICY, state, "K3", by_tpot, keep, GOAL).mode == "On"
+    # Not predicted away from the demand measured: the missed share decides, as before.
+    unknown = _across(0.238, 0.217, (), ())
+    assert slo_wanted(POLICY, state, "K3", unknown, keep, GOAL).mode == "On"

@@ -22,6 +22,7 @@ from specfleet.policy.inputs.settings import goodput_margin, pool_k
 from specfleet.policy.predict.acceptance import Estimate, acceptance_moving, estimate_for, newest_acceptance
 from specfleet.policy.predict.demand import (
     commit_path,
+    demand_band,
     expected_load,
     measured_load,
 )
@@ -188,7 +189,11 @@ def assess(
             # Over the flip's commit path, as Goodput's gain (the demands `path` projects).
             # At the demand measured, as the histograms were: scaling their tail to a projected demand
             # would compound the projection's error with the tail's.
-            shares = setting_shares(slo, observed, model, g_commit.per_position, [model.demand], k, schedules)
+            # The load's own noise band around it: a gain only the met share's growth shows must hold there.
+            band = demand_band(model.demand, observed.replicas_reporting)
+            shares = setting_shares(
+                slo, observed, model, g_commit.per_position, [model.demand], k, schedules, band
+            )
             if shares is not None:
                 wanted = slo_wanted(policy, state, model.current or OFF, shares, wanted, slo.percentile / 100)
         wanted = guard_wanted(policy, state, realized or state.realized, wanted, g_commit)

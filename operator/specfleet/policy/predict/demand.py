@@ -54,9 +54,14 @@ def expected_load(
         return load
     slope, fitted = trend
     projection = slope * rollout_horizon(policy, rollout)
-    # The pool's count is Poisson: its noise per replica is sqrt(count) / replicas.
-    band = math.sqrt(max(fitted, 1.0) / max(1, obs.replicas_reporting))
+    band = demand_band(fitted, obs.replicas_reporting)
     return max(0.0, load + math.copysign(max(0.0, abs(projection) - band), projection))
+
+
+def demand_band(per_replica: float, replicas: int) -> float:
+    """The demand's own noise per replica: the pool's count of requests is Poisson, so it fluctuates by
+    about its square root (at least one request's worth), sqrt(count) / replicas."""
+    return math.sqrt(max(per_replica, 1.0) / max(1, replicas))
 
 
 def demand_trend(

@@ -56,6 +56,9 @@ class SettingShares:
     schedule: Schedule | None = None
     # The most tokens/s per replica it serves (at the largest batch it runs): the arrivals it absorbs.
     capacity: float = math.inf
+    # Its share within every target idle and at a fluctuation of the demand above it (`setting_shares`'s
+    # `band`); empty: not predicted there.
+    across_load: tuple[float, ...] = ()
 
 
 def _mean(shares: Sequence[SettingShares]) -> SettingShares:
@@ -65,7 +68,9 @@ def _mean(shares: Sequence[SettingShares]) -> SettingShares:
     by_target = {t: sum(s.by_target[t] for s in shares) / n for t in first.by_target}
     tokens = sum(s.tokens_per_second for s in shares) / n
     attainment = sum(s.attainment for s in shares) / n
-    return SettingShares(first.name, first.k, by_target, tokens, attainment, first.schedule, first.capacity)
+    return SettingShares(
+        first.name, first.k, by_target, tokens, attainment, first.schedule, first.capacity, first.across_load
+    )
 
 
 def _targets(slo: LatencySlo) -> list[tuple[str, float]]:
@@ -85,14 +90,29 @@ def setting_shares(
     demands: Sequence[float],
     max_k: int,
     schedules: bool,
+    band: float = 0.0,
 ) -> list[SettingShares] | None:
     """Each setting's predicted shares within the SLO's targets averaged over `demands` (running + waiting
-    requests per replica); None when the prediction cannot tell at one of them (`_shares_at`)."""
+    requests per replica); None when the prediction cannot tell at one of them (`_shares_at`). With a
+    `band` (the demand's own noise, requests per replica), each setting's share idle and at the mean
+    demand plus `band` as well (`across_load`, empty where the prediction cannot tell there): whether a
+    gain holds at every load the pool may fall to and at a fluctuation above, which the met share's
+    growth must (`_pays`)."""
     each = [_shares_at(slo, obs, model, per_position, d, max_k, schedules) for d in demands]
     if not each or any(e is None for e in each):
         return None
     per_demand = [e for e in each if e is not None]
-    return [_mean([e[i] for e in per_demand]) for i in range(len(per_demand[0]))]
+    out = [_mean([e[i] for e in per_demand]) for i in range(len(per_demand[0]))]
+    if band <= 0:
+        return out
+    mean = sum(demands) / len(demands)
+    edges = [_shares_at(slo, obs, model, per_position, d, max_k, schedules) for d in (0.0, mean + band)]
+    if any(e is None or [s.name for s in e] != [s.name for s in out] for e in edges):
+        return out
+    return [
+        replace(s, across_load=tuple(e[i].attainment for e in edges if e is not None))
+        for i, s in enumerate(out)
+    ]
 
 
 def _shares_at(
@@ -161,11 +181,37 @@ def _shares_at(
     return out
 
 
-def _pays(new: float, old: float, margin: float) -> bool:
-    """Whether a share within the SLO of `new` is worth a change from `old`: it cuts the share of requests
-    that miss by more than `margin`. (Counting a growth of the met share as well, as where few requests
-    meet it, was tried: over the SLO benchmark it flipped on noise at both ends and lost more than it won.)"""
-    return 1 - new < (1 - old) * (1 - margin)
+def _pays(new: SettingShares, old: SettingShares, margin: float) -> bool:
+    """Whether the share within the SLO of `new` is worth a change from `old` (the current setting): it
+    cuts the share of requests that miss by more than `margin`, or it grows the share that meets it by
+    more than `margin` where the gain's sign is sure: `new` is within no target less often than `old`
+    (within `TIE`: it trades nothing), gains on TTFT alone, and beats it by more than `TIE` idle and at
+    a fluctuation of the demand above the one measured as well (`across_load`).
+
+    Where few requests meet the SLO (a TTFT a long prompt's prefill nears, where the drafter's share of it
+    decides a few points at any load), a cut of the missed share by the margin asks for a gain the physics
+    cannot give, while the met share grows by a tenth. A trade (one target met more often, another less)
+    hangs on how the targets' shares combine, and a gain that holds at the demand measured but not idle
+    or a Poisson fluctuation above it is a crossover (TPOT near break-even, where speculation's per-token
+    gain turns into a loss as batches grow), whose sign the load decides: those must cut the missed
+    share, as any TPOT gain must (speculation's per-token gain turns with the batch). The drafter's share
+    of the prefill is the opposite case: off reaches the first token sooner at every load."""
+    if 1 - new.attainment < (1 - old.attainment) * (1 - margin):
+        return True
+    trades = any(new.by_target[t] < old.by_target[t] - TIE for t in new.by_target)
+    gained = [t for t in new.by_target if new.by_target[t] - old.by_target[t] > TIE]
+    holds = (
+        bool(new.across_load)
+        and len(new.across_load) == len(old.across_load)
+        and all(n - o > TIE for n, o in zip(new.across_load, old.across_load, strict=True))
+    )
+    return (
+        not trades
+        and gained == [TTFT]
+        and holds
+        and new.attainment - old.attainment > TIE
+        and new.attainment > old.attainment * (1 + margin)
+    )
 
 
 def _binding(chosen: SettingShares, other: SettingShares) -> str:
@@ -237,7 +283,7 @@ def slo_wanted(
     if (
         throughput.mode != state.mode
         and asked.attainment - mine.attainment > TIE
-        and not _pays(asked.attainment, mine.attainment, margin)
+        and not _pays(asked, mine, margin)
     ):
         # A flip throughput asks for must pay in the SLO's terms as well, as one only the SLO asks for:
         # a rollout the prediction barely tells from staying (a burst's tail) is not made for the SLO.
@@ -256,7 +302,7 @@ def slo_wanted(
         or (mode == state.mode and throughput.mode == state.mode)
         # A flip only the SLO asks for must cut the missed share by more than the margin, as Goodput's
         # speedup must pass it: no flapping between settings the prediction barely tells apart.
-        or (flip_throughput_skips and not _pays(best.attainment, mine.attainment, margin))
+        or (flip_throughput_skips and not _pays(best, mine, margin))
     ):
         return replace(throughput, numbers=numbers)
     target = _binding(best, asked)
@@ -308,7 +354,7 @@ def slo_retune(
     if (
         best.name == current
         or best.attainment - mine.attainment <= TIE
-        or not _pays(best.attainment, mine.attainment, goodput_margin(policy))
+        or not _pays(best, mine, goodput_margin(policy))
     ):
         return None
     target = _binding(best, mine)
