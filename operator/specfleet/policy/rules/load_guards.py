@@ -25,7 +25,7 @@ from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.policy.inputs.observation import PoolObservation, PoolState
 from specfleet.policy.inputs.settings import goodput_margin
-from specfleet.policy.predict.demand import demand_fit, demand_trend, served_fit
+from specfleet.policy.predict.demand import demand_band, demand_fit, demand_trend, served_fit
 from specfleet.policy.predict.queueing import (
     Arrivals,
     arrivals,
@@ -152,7 +152,7 @@ def _demand_ahead(case: LoadCase, horizon: float, top: float) -> tuple[str, dict
     # fluctuation.
     if fit is None or not fit.significant(case.policy):
         return None
-    band = math.sqrt(max(fit.fitted, 1.0) / max(1, case.observed.replicas_reporting))
+    band = demand_band(fit.fitted, case.observed.replicas_reporting)
     ahead = (case.observed.demand_per_replica or 0.0) + max(0.0, fit.slope * horizon - band)
     if ahead <= top:
         return None
