@@ -7,7 +7,7 @@ $(error scripts/bootstrap.sh failed to set up the Python environment (see its ou
 endif
 PY = $(VENV)/bin/python
 
-.PHONY: help venv deps lint docs docs-reference docs-figures crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy bench-prefix bench-fidelity bench-slo bench-prediction bench-misprofiled bench-open-loop
+.PHONY: help venv deps lint docs docs-reference docs-figures crd dashboard golden image test test-unit test-cluster test-vllm test-e2e test-router-native ci-fresh demo demo-down lock bench-scale bench-policy bench-prefix bench-fidelity bench-slo bench-prediction bench-misprofiled bench-open-loop bench-surge
 
 help:
 	@echo "make demo          the sandbox: control plane, Prometheus, operator, router, engines, a scenario with live flips"
@@ -28,6 +28,7 @@ help:
 	@echo "make bench-fidelity the simulator beside published GPU measurements (docs/benchmarks/fidelity.md)"
 	@echo "make bench-prediction the policy's prediction beside the simulated engines (docs/benchmarks/prediction.md)"
 	@echo "make bench-misprofiled a wrong cost profile: the policy's check on its own predictions (docs/benchmarks/misprofiled.md)"
+	@echo "make bench-surge   Threshold mode against Goodput, with and without the windows of surge pods (docs/benchmarks/surge.md)"
 	@echo "make bench-open-loop random arrivals near capacity: the queueing chain beside the simulated engines (docs/benchmarks/open-loop.md)"
 	@echo "make bench-slo     latency SLO attainment of the policy and every fixed setting (docs/benchmarks/slo.md)"
 	@echo "make dashboard     regenerate the chart's Grafana dashboard JSON"
@@ -136,6 +137,9 @@ bench-misprofiled:
 
 bench-open-loop:
 	$(PY) benchmarks/open_loop.py --out docs/benchmarks/open-loop.md
+
+bench-surge:
+	$(PY) benchmarks/surge.py --out docs/benchmarks/surge.md
 
 demo:
 	bash scripts/demo.sh
