@@ -7,8 +7,9 @@ arrive on their own schedule, so five guards look at the queue (`against_load`, 
 - a speculating setting that cannot serve the tokens arriving is not kept or turned to (`_saturation`);
 - a pool that is off does not turn to a speculating setting that would serve the arrivals with more
   requests in its engines than the engine without the drafter (`_holds_more_on`);
-- a speculating pool whose engines queue below its capacity turns off where random arrivals would
-  wait longer with the drafter, whose share of the KV cache limits its batch (`_queues_more_on`);
+- a speculating pool whose engines queue below its capacity, or whose served tokens rise toward it,
+  turns off where random arrivals would wait longer with the drafter, whose share of the KV cache
+  costs its batch a request (`_queues_more_on`);
 - a speculating pool turns off before its demand or the tokens it serves, rising along their
   trends, would pass the batch it can run or what it can serve within a rollout (`_overload_ahead`).
 
