@@ -1,4 +1,5 @@
-"""Where Threshold mode beats Goodput: the surge pods a change brings (docs/benchmarks/surge.md).
+"""What the surge pods of a change add: Threshold mode against Goodput, Restart against Standby flips
+(docs/benchmarks/surge.md).
 
 The policy benchmark (benchmarks/policy.py) shows the same resource in Threshold mode ahead of Goodput
 in some cells of the 8B scenarios, a few of them above the per-level oracle. The oracle and every
@@ -10,7 +11,9 @@ more often (Threshold mode flips on each crossing of its thresholds) collects mo
 
 Per scenario and drafter, both modes' ratio to the per-level oracle (time-weighted, as the policy
 benchmark's tables) over every window, then over the windows where neither ran more ready latency
-engines than declared at the window's start or end, and each mode's count of windows with more.
+engines than declared at the window's start or end, and each mode's count of windows with more. Then
+the memory-bound scenarios' Restart flips (surge rollouts) against their Standby flips (which take one
+engine out at a time and add none) over the windows where the Restart pool ran no extra engines.
 
     python benchmarks/surge.py [--out docs/benchmarks/surge.md] [--scenarios ramp,azure-code]
 """
@@ -29,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import memory_scenarios
 import policy as bench
 
 from specfleet.sim.accounts import RunResult
@@ -74,12 +78,55 @@ def row(comp: Comparison, declared: int) -> dict[str, float | int]:
     }
 
 
+def standby_lines(names: str) -> list[str]:
+    """Restart flips (surge rollouts) against Standby flips (no extra engines) on the memory-bound
+    scenarios, over every window and over the windows where the Restart pool ran no extra engines."""
+    scenarios = memory_scenarios.scenarios()
+    lines = [
+        "",
+        "## Restart against Standby flips",
+        "",
+        "The memory-bound scenarios of the policy benchmark (benchmarks/memory_scenarios.py, seed 0) with "
+        "Restart flips and with Standby flips (which take one engine out at a time and add none). The "
+        "policy's ratio to the per-level oracle (time-weighted), over every window and over the windows "
+        "where the Restart pool ran no more ready engines than declared.",
+        "",
+        "| scenario / drafter | Restart | Standby | windows with extra engines (Restart) | Restart, plain "
+        "windows | Standby, the same windows | Standby minus Restart, plain windows |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        for drafter in bench.DRAFTERS:
+            acceptance = ACCEPTANCE_PROFILES[drafter]
+            restart = memory_scenarios.run(scenarios[name], acceptance, only=("policy",))
+            standby = memory_scenarios.run(scenarios[f"{name}-standby"], acceptance, only=("policy",))
+            declared = scenarios[name].sd.spec.pools.latency.replicas
+            r_ratio = restart.bin_ratio("policy")
+            s_ratio = standby.bin_ratio("policy")
+            extra = extra_engines(restart.runs["policy"], declared, len(r_ratio))
+            plain = ~extra & ~np.isnan(r_ratio) & ~np.isnan(s_ratio)
+            r_all, s_all = restart.ratio("policy"), standby.ratio("policy")
+            r_plain = float(r_ratio[plain].mean()) if plain.any() else float("nan")
+            s_plain = float(s_ratio[plain].mean()) if plain.any() else float("nan")
+            lines.append(
+                f"| {name} / {drafter} | {r_all:.3f} | {s_all:.3f} | {int(extra.sum())} of {len(r_ratio)} | "
+                f"{r_plain:.3f} | {s_plain:.3f} | {s_plain - r_plain:+.3f} |"
+            )
+            print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", default=None, help="write the report here (default: print it)")
     parser.add_argument("--scenarios", default="ramp,azure-conv,azure-code,acceptance-shift")
+    parser.add_argument(
+        "--memory",
+        default="long-context-8b,70b-one-gpu,70b-two-gpus",
+        help="memory-bound scenarios whose Restart and Standby rows are set side by side",
+    )
     args = parser.parse_args()
     started = time.monotonic()
     sd = bench.resource()
@@ -125,6 +172,7 @@ def main() -> None:
                 f"{r['thresholdPlain'] - r['goodputPlain']:+.3f} |"
             )
             print(lines[-1], file=sys.stderr, flush=True)
+    lines += standby_lines(args.memory)
     lines += ["", f"Run time: {time.monotonic() - started:.0f} s.", ""]
     text = "\n".join(lines)
     if args.out:
