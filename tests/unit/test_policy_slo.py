@@ -8,13 +8,17 @@ import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
 from specfleet.api.pools import LatencySlo
 from specfleet.policy import PoolObservation, PoolState, decide
+from specfleet.policy.decision.pool import window_loads
 from specfleet.policy.inputs.observation import Histogram
+from specfleet.policy.predict.throughput import PoolModel, pool_model
 from specfleet.policy.rules.results import Wanted
-from specfleet.policy.rules.slo import OFF, SettingShares, slo_allows, slo_retune, slo_wanted
+from specfleet.policy.rules.slo import OFF, SettingShares, setting_shares, slo_allows, slo_retune, slo_wanted
 from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, default_profile
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -298,3 +302,52 @@ def test_where_few_requests_meet_the_slo_a_gain_sure_at_every_load_flips_by_the_
     # Not predicted away from the demand measured: the missed share decides, as before.
     unknown = _across(0.238, 0.217, (), ())
     assert slo_wanted(POLICY, state, "K3", unknown, keep, GOAL).mode == "On"
+
+
+def _decode_bound(running: float) -> tuple[PoolObservation, PoolModel]:
+    """A pool of short prompts at K 3 whose TPOT histogram spreads over 5-25 ms, and its model."""
+    obs = replace(_obs(running), replicas_reporting=1, mean_prompt_tokens=10.0)
+    return obs, pool_model(PROFILE, obs, [1, 3], mode="On", current_k=3)
+
+
+def test_tpot_shares_scale_the_histogram_from_the_load_its_requests_near_the_target_ran_at():
+    # The histogram spreads over 5-25 ms around the 12 ms target. Over a window that rose from 4 to 200
+    # running, its requests near the target ran where K 3's mean TPOT is the target (a lighter load):
+    # at 200, where K 3's mean is past it, every setting (K 3 too) is predicted to meet it less often
+    # than a ratio of means both taken at 200 says, and their order stays the model's at 200.
+    obs, model = _decode_bound(200.0)
+
+    def shares(demand: float, loads: tuple[float, float] | None, o=obs, m=model) -> dict[str, float]:
+        found = setting_shares(TPOT_TIGHT, o, m, ACC, [demand], 3, False, window_loads=loads) or []
+        return {s.name: s.attainment for s in found}
+
+    held, rose = shares(200.0, None), shares(200.0, (4.0, 200.0))
+    for name in (OFF, "K1", "K3"):
+        assert rose[name] < held[name] - 0.1
+    assert sorted(rose, key=rose.__getitem__) == sorted(held, key=held.__getitem__)
+    # A window that held still reads as the ratio at the demand now, as does one whose loads all keep
+    # K 3 under the target (the histogram then is the lightest load's, which the demand now is).
+    assert shares(200.0, (200.0, 200.0)) == held
+    obs64, model64 = _decode_bound(64.0)
+    assert shares(64.0, (4.0, 64.0), obs64, model64) == pytest.approx(shares(64.0, None, obs64, model64))
+    # A window that fell from 200 to 20: its slow requests ran at the heavier load, so at 20 more meet it.
+    obs20, model20 = _decode_bound(20.0)
+    fell, light = shares(20.0, (20.0, 200.0), obs20, model20), shares(20.0, None, obs20, model20)
+    assert all(fell[name] > light[name] + 0.1 for name in (OFF, "K1", "K3"))
+
+
+def test_the_histograms_window_loads_are_the_demands_measured_over_the_last_window():
+    state = PoolState(
+        mode="On",
+        last_transition=NOW - timedelta(days=1),
+        k=3,
+        recent_load=(
+            (NOW - timedelta(seconds=300), 1.0),
+            (NOW - timedelta(seconds=90), 20.0),
+            (NOW - timedelta(seconds=30), 80.0),
+        ),
+    )
+    # Each evaluation's demand is a mean over the window before it: only the last half window's count.
+    assert window_loads(POLICY, state, NOW, 150.0) == (80.0, 150.0)
+    assert window_loads(POLICY, state, NOW, 50.0) == (50.0, 80.0)
+    assert window_loads(POLICY, replace(state, recent_load=()), NOW, 150.0) == (150.0, 150.0)

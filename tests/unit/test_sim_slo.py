@@ -12,7 +12,16 @@ import yaml
 from specfleet.api.pools import LatencySlo
 from specfleet.api.validation import parse_resource
 from specfleet.sim.fleet import SimOptions, Strategy, simulate
-from specfleet.sim.slo import Targets, attainment, oracle_attainment, window_counts
+from specfleet.sim.slo import (
+    START_PAYING,
+    Targets,
+    attainment,
+    declared_setting,
+    met_scores,
+    oracle_attainment,
+    start_paying_bound,
+    window_counts,
+)
 from specfleet.sim.workload import Trace, TraceRequest
 from specfleet_runtime.cost_profile import default_profile
 
@@ -104,3 +113,37 @@ def test_the_simulated_engines_export_vllms_latency_histograms_and_status_reads_
     assert status.slo_attainment_percent is not None
     assert float(status.slo_attainment_percent) == pytest.approx(100.0, abs=1.0)
     assert attainment(run, "latency", Targets(0.5, 0.05)) == pytest.approx(1.0, abs=0.01)
+
+
+def test_the_start_paying_bound_scores_met_requests_per_window_and_its_neighbours():
+    targets = Targets(0.5, None)
+    fast, slow = (0.1, None), (0.9, None)
+    run = _run([[fast, slow], [], [fast, fast], [], [], []])
+    scores = met_scores({"a": run}, "latency", targets, smooth=1)["a"]
+    assert list(scores[:4]) == [1, 3, 2, 2]
+    # No request finished in the window nor its neighbours: no score (as the throughput bound's NaN).
+    assert scores[5] != scores[5]
+
+
+def test_the_start_paying_bound_starts_in_the_declared_setting_and_changes_nothing_before_the_first_evaluation():
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["pools"]["latency"]["replicas"] = 2
+    sd = parse_resource(doc)
+    # Off meets a TTFT target (89 ms) the drafter's share of a long prefill misses (87 ms off, 92 ms at
+    # K 3): the bound leaves the declared setting for off, but only after the policy's first evaluation.
+    trace = Trace(
+        tuple(TraceRequest(arrival=i / 4, prompt_tokens=2000, output_tokens=20) for i in range(1200))
+    )
+    options, profile = SimOptions(seed=0), default_profile()
+    statics = {
+        name: simulate(sd, trace, Strategy(name, "static", mode, k), options, profile)
+        for name, mode, k in (("alwaysOff", "Off", None), ("alwaysOnK3", "On", 3))
+    }
+    declared = declared_setting(sd)
+    assert declared == f"alwaysOnK{sd.spec.drafter.num_speculative_tokens}"
+    bound = start_paying_bound(sd, trace, statics, options, profile, "latency", Targets(0.089, None))
+    assert bound.strategy.name == START_PAYING
+    changes = [(at, mode, k) for at, pool, mode, k in bound.strategy.schedule if pool == "latency"]
+    assert changes[0] == (0.0, "On", sd.spec.drafter.num_speculative_tokens)
+    assert [mode for _, mode, _ in changes[1:]] == ["Off"]
+    assert changes[1][0] >= sd.spec.policy.evaluation_interval_seconds

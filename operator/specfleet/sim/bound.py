@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from specfleet.api.constants import PoolName
 from specfleet.api.effective import pool_engine
 from specfleet.api.validation import SpeculativeDeployment
 from specfleet.policy.inputs.status import auto_pools
@@ -256,14 +257,7 @@ def rollout_paying_oracle(
     skip = math.ceil((policy.window_seconds + policy.evaluation_interval_seconds) / step - 1e-9)
     choices: dict[str, list[str]] = {}
     for pool in auto_pools(sd.spec):
-        spec = getattr(sd.spec.pools, pool)
-        if spec.rollout.flip == STANDBY:
-            # One replica at a time, each down for its switch (its drain, which the trace decides, is
-            # left to the simulated run).
-            tp = pool_engine(sd.spec, pool).tensor_parallel_size
-            mix = rollout_mix(spec.replicas, 1, switch_seconds(options, profile, tp), step)
-        else:
-            mix = rollout_mix(spec.replicas, spec.max_surge, options.startup, step)
+        mix = pool_mix(sd, pool, options, profile, step)
         values = scores(statics, pool, smooth)
         start, hold = None, 0
         if hold_seconds is not None:
@@ -277,6 +271,23 @@ def rollout_paying_oracle(
         schedule = tuple((at + lag if at > 0 else at, *rest) for at, *rest in schedule)  # type: ignore[misc]
         name = f"{name}Lagged"
     return simulate(sd, workload, Strategy(name, "schedule", schedule=schedule), options, profile)
+
+
+def pool_mix(
+    sd: SpeculativeDeployment,
+    pool: PoolName,
+    options: SimOptions,
+    profile: StepTimeProfile,
+    bin_seconds: float,
+) -> list[float]:
+    """`rollout_mix` for one pool's change as its resource rolls it out (`options` resolved)."""
+    spec = getattr(sd.spec.pools, pool)
+    if spec.rollout.flip == STANDBY:
+        # One replica at a time, each down for its switch (its drain, which the trace decides, is
+        # left to the simulated run).
+        tp = pool_engine(sd.spec, pool).tensor_parallel_size
+        return rollout_mix(spec.replicas, 1, switch_seconds(options, profile, tp), bin_seconds)
+    return rollout_mix(spec.replicas, spec.max_surge, options.startup, bin_seconds)
 
 
 def held_through(pre: Mapping[str, float], post: Mapping[str, float]) -> tuple[float, str]:

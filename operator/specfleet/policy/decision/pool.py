@@ -6,7 +6,7 @@ window's is moving), the expected load, Goodput's predictions (one model of the 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from specfleet.api import reasons as r
 from specfleet.api.policy import PolicySpec
@@ -103,6 +103,16 @@ class Assessment:
         )
 
 
+def window_loads(policy: PolicySpec, state: PoolState, now: datetime, demand: float) -> tuple[float, float]:
+    """The lowest and highest demand measured over the last window (the evaluations' and `demand` now):
+    the loads the histograms of the window were recorded at. Each evaluation's demand is itself a mean
+    over the window before it, so only those of the last half window, whose windows are mostly this
+    one's, count."""
+    window = timedelta(seconds=policy.window_seconds / 2)
+    loads = [v for t, v in state.recent_load if timedelta(0) < now - t <= window] + [demand]
+    return min(loads), max(loads)
+
+
 def assess(
     policy: PolicySpec,
     k: int,
@@ -192,7 +202,15 @@ def assess(
             # The load's own noise band around it: a gain only the met share's growth shows must hold there.
             band = demand_band(model.demand, observed.replicas_reporting)
             shares = setting_shares(
-                slo, observed, model, g_commit.per_position, [model.demand], k, schedules, band
+                slo,
+                observed,
+                model,
+                g_commit.per_position,
+                [model.demand],
+                k,
+                schedules,
+                band,
+                window_loads(policy, state, now, model.demand),
             )
             if shares is not None:
                 wanted = slo_wanted(policy, state, model.current or OFF, shares, wanted, slo.percentile / 100)

@@ -4,7 +4,8 @@ predicted to have the most requests within every target of the SLO (`slo_wanted`
 Each setting's share comes from `policy.predict.latency`: its mean TTFT and TPOT from the same continuous
 model as Goodput's throughput (step time at its batch, tokens per step, the prefill with the drafter's
 share, Erlang C's queue over its batch slots) at the tokens per second the current setting serves at the
-demand, its tail read from the histograms measured under the current setting. Where off and the best
+demand, its tail read from the histograms measured under the current setting (TPOT's at the load its
+requests near the target ran at, `_tpot_load`). Where off and the best
 speculating setting meet the SLO alike (within `TIE`) and one serves more arrivals by more than the
 Goodput margin, the pool runs that one (`_roomier`, SloHeadroom), where both keep the SLO's promise:
 targets met alike now are missed first by the setting whose capacity a rise of the load passes. Otherwise
@@ -91,14 +92,17 @@ def setting_shares(
     max_k: int,
     schedules: bool,
     band: float = 0.0,
+    window_loads: tuple[float, float] | None = None,
 ) -> list[SettingShares] | None:
     """Each setting's predicted shares within the SLO's targets averaged over `demands` (running + waiting
     requests per replica); None when the prediction cannot tell at one of them (`_shares_at`). With a
     `band` (the demand's own noise, requests per replica), each setting's share idle and at the mean
     demand plus `band` as well (`across_load`, empty where the prediction cannot tell there): whether a
     gain holds at every load the pool may fall to and at a fluctuation above, which the met share's
-    growth must (`_pays`)."""
-    each = [_shares_at(slo, obs, model, per_position, d, max_k, schedules) for d in demands]
+    growth must (`_pays`). `window_loads`: the lowest and highest demand measured over the histograms'
+    window (None: the demand predicted at, as if the load held still), where `_tpot_load` looks for
+    the load the TPOT histogram's requests near the target ran at."""
+    each = [_shares_at(slo, obs, model, per_position, d, max_k, schedules, window_loads) for d in demands]
     if not each or any(e is None for e in each):
         return None
     per_demand = [e for e in each if e is not None]
@@ -123,6 +127,7 @@ def _shares_at(
     demand: float,
     max_k: int,
     schedules: bool,
+    window_loads: tuple[float, float] | None = None,
 ) -> list[SettingShares] | None:
     """Each setting's predicted shares at `demand`; None when the prediction cannot tell: no histogram or
     request sizes measured, or the current setting does not serve the arrivals (what it measured is a
@@ -160,10 +165,22 @@ def _shares_at(
     now = latency(model, current)
     if not (math.isfinite(now.ttft) and math.isfinite(now.tpot) and now.ttft > 0 and now.tpot > 0):
         return None
+    lo, hi = window_loads or (demand, demand)
+    tpot_target = dict(targets).get(TPOT)
+    tpot_rate = rate
+    if tpot_target is not None and hi > lo:
+        load = _tpot_load(
+            model, current, per_position, tpot_target, min(lo, demand), max(hi, demand), prompt, output
+        )
+        tpot_rate = model.tokens_per_second(current, per_position, load)
+    # The TPOT histogram's scale: the current setting's mean where its requests near the target ran.
+    measured_tpot = predict_latency(model, current, per_position, tpot_rate, prompt, output).tpot
+    if not (math.isfinite(measured_tpot) and measured_tpot > 0):
+        return None
     out = []
     for m, name, kk in candidates:
         other = latency(m, name)
-        means = {TTFT: (now.ttft, other.ttft), TPOT: (now.tpot, other.tpot)}
+        means = {TTFT: (now.ttft, other.ttft), TPOT: (measured_tpot, other.tpot)}
         by_target = {}
         for target, seconds in targets:
             mean_now, mean_other = means[target]
@@ -179,6 +196,43 @@ def _shares_at(
             SettingShares(name, kk, by_target, tokens, attains, follows, m.capacity(name, per_position))
         )
     return out
+
+
+def _tpot_load(
+    model: PoolModel,
+    current: str,
+    per_position: Sequence[float],
+    target: float,
+    lo: float,
+    hi: float,
+    prompt: float,
+    output: float,
+) -> float:
+    """The demand (requests per replica, within the window's `lo`..`hi`) at which the current setting's
+    predicted mean TPOT is `target`: the load the histogram's requests near the target ran at, which
+    a setting's predicted mean at the demand now is scaled against.
+
+    A request's TPOT is a mean over its many decode steps, so where the load moved within the window
+    the TPOT histogram is a mix of the loads it passed: the requests near the target ran where the
+    current setting's mean is near it (the early, lighter part of a rising window, say), not at the
+    demand now. Scaling them by a ratio of means both taken at the demand now (a peak near capacity,
+    where every setting's mean is many times the target) moves the light load's requests across the
+    target as if they had run at the peak. Where the load held still (`lo` = `hi`) it is that load, and
+    the scale the ratio at the demand now. TTFT is left at the demand now: its spread is the queue's
+    at one load."""
+
+    def tpot(demand: float) -> float:
+        rate = model.tokens_per_second(current, per_position, demand)
+        return predict_latency(model, current, per_position, rate, prompt, output).tpot
+
+    if tpot(lo) >= target:
+        return lo
+    if not tpot(hi) > target:
+        return hi
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tpot(mid) < target else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _pays(new: SettingShares, old: SettingShares, margin: float) -> bool:
