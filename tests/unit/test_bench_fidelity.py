@@ -4,10 +4,6 @@ with the acceptance they were derived from, and one small run simulates in a few
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -18,21 +14,9 @@ from specfleet_runtime.cost_profile import (
     speedup,
     validate_acceptance,
 )
+from support.benchmarks import load_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fidelity", BENCHMARKS / "fidelity.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fidelity"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-fid = load_bench()
+fid = load_benchmark("fidelity")
 
 
 @pytest.mark.parametrize("run", fid.RUNS, ids=lambda r: f"{r.group}/{r.label}")

@@ -5,34 +5,13 @@ processes (emulators, routers) are not started here."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
 from specfleet.sim.options import LEAST_OUTSTANDING, PREFIX_AFFINITY
 from specfleet_runtime.emulator.text import Prompt
+from support.benchmarks import load_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def load_bench() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))  # it imports router_bench, its neighbour
-    try:
-        spec = importlib.util.spec_from_file_location("prefix_routing", BENCHMARKS / "prefix_routing.py")
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["prefix_routing"] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-
-
-pr = load_bench()
+pr = load_benchmark("prefix_routing")
 
 
 def test_the_workload_fits_the_rate_asked_for_and_is_seeded() -> None:

@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import numpy as np
 
-from specfleet.sim.compare import Comparison
+from support.benchmarks import load_benchmark
+from support.comparisons import latency_comparison
 
-
-def load_bench() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "surge.py"
-    spec = importlib.util.spec_from_file_location("surge_bench", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["surge_bench"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-surge = load_bench()
+surge = load_benchmark("surge")
 
 
 def _run(kind: str, tokens: list[float], ready: list[int]) -> SimpleNamespace:
@@ -48,19 +34,7 @@ def test_the_plain_windows_leave_out_either_modes_extra_engines() -> None:
         surge.THRESHOLD: _run("policy", [0.9, 1.3, 1.3, 0.9, 0.9, 0.9], [3, 4, 3, 3, 3, 3]),
         "alwaysOff": _run("static", [1.0] * 6, [3] * 6),
     }
-    oracle = {"latency": np.ones(6)}
-    comp = Comparison(
-        runs=runs,  # type: ignore[arg-type]
-        oracle_tokens=oracle,
-        oracle_reqsec=oracle,
-        oracle_choice={"latency": ["alwaysOff"] * 6},
-        best_static="alwaysOff",
-        always_on="alwaysOff",
-        first_reaction=0.0,
-        bin_seconds=30.0,
-        duration=180.0,
-        schedule=(),
-    )
+    comp = latency_comparison(runs, [1.0] * 6, 30.0, always_on="alwaysOff")
     r = surge.row(comp, 3)
     assert round(r["threshold"] - r["goodput"], 3) == round((0.9 * 4 + 2.6) / 6 - 1.0, 3) > 0
     assert (r["extraGoodput"], r["extraThreshold"], r["plainWindows"]) == (0, 2, 4)

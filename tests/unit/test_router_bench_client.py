@@ -4,28 +4,18 @@ keeps its concurrency when a server drops connections. Its max req/s column rest
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from types import ModuleType
 
 from aiohttp import web
 
+from support.benchmarks import load_benchmark
 from support.ports import free_port
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "router_bench.py"
 
 
 def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("router_bench", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["router_bench"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("router_bench")
 
 
 @asynccontextmanager

@@ -16,6 +16,8 @@ from specfleet.sim.compare import (
     count_behind,
     shortfall,
 )
+from support.benchmarks import load_benchmark
+from support.comparisons import latency_comparison
 
 
 def test_shortfall_is_the_policy_minus_the_best_known_fixed_setting() -> None:
@@ -63,19 +65,7 @@ def test_each_measure_picks_its_own_best_fixed_setting_and_ignores_other_runs() 
         # Not a setting a user launches with: never the best fixed one, however high.
         "policyThreshold": _run("policy", [1.0, 10.0], [1.0, 10.0]),
     }
-    oracle = {"latency": np.array([1.0, 10.0])}
-    comp = Comparison(
-        runs=runs,  # type: ignore[arg-type]
-        oracle_tokens=oracle,
-        oracle_reqsec=oracle,
-        oracle_choice={"latency": ["alwaysOff", "alwaysOnK1"]},
-        best_static="alwaysOff",
-        always_on="alwaysOnK1",
-        first_reaction=0.0,
-        bin_seconds=15.0,
-        duration=30.0,
-        schedule=(),
-    )
+    comp = latency_comparison(runs, [1.0, 10.0], 15.0)
     assert comp.fixed_settings() == ["alwaysOff", "alwaysOnK1", "engineDynamicSD"]
     # Time-weighted (mean of window ratios): policy 0.90, alwaysOff 0.85, K1 0.70, Dynamic SD 0.725.
     tw = comp.behind_best_fixed(TIME_WEIGHTED)
@@ -91,26 +81,10 @@ def test_each_measure_picks_its_own_best_fixed_setting_and_ignores_other_runs() 
     assert count_behind([tw, every]) == 1
 
 
-def _policy_bench():  # type: ignore[no-untyped-def]
-    """benchmarks/policy.py as a module (it puts benchmarks/ on sys.path for its own imports)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "policy.py"
-    spec = importlib.util.spec_from_file_location("policy_bench", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["policy_bench"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_cell_behind_where_the_reactive_bound_is_behind_too_is_reported_as_a_bound() -> None:
     # One window, the oracle 1.0 token per request-second: alwaysOff 0.99, the policy 0.90. With a
     # reactive bound of 0.95 the cell is a bound (no reacting policy reaches 0.99); at 0.985 it is not.
-    bench = _policy_bench()
+    bench = load_benchmark("policy")
 
     def comparison(reactive: float | None) -> Comparison:
         runs = {
@@ -120,19 +94,7 @@ def test_a_cell_behind_where_the_reactive_bound_is_behind_too_is_reported_as_a_b
         }
         if reactive is not None:
             runs[bench.REACTIVE] = _run("bound", [reactive], [1.0])
-        oracle = {"latency": np.array([1.0])}
-        return Comparison(
-            runs=runs,  # type: ignore[arg-type]
-            oracle_tokens=oracle,
-            oracle_reqsec=oracle,
-            oracle_choice={"latency": ["alwaysOff"]},
-            best_static="alwaysOff",
-            always_on="alwaysOnK1",
-            first_reaction=0.0,
-            bin_seconds=15.0,
-            duration=15.0,
-            schedule=(),
-        )
+        return latency_comparison(runs, [1.0], 15.0)
 
     rows = [("bounded", comparison(0.95)), ("reachable", comparison(0.985)), ("no bound", comparison(None))]
     summary = bench.behind_summary(rows)
