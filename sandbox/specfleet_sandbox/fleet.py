@@ -12,6 +12,15 @@ margin included):
   compute-bound at a few dozen running requests, so the break-even the policy predicts from the
   measurement lies within the load two cores can drive, where the published H100 profile's lies
   beyond the engines' 64-request cap.
+
+No pool flips by Standby here, and that is measured, not overlooked. A Standby flip must repay its
+dip: (gain - 1) x dwell > one replica's flip seconds, whatever the replica count (`policy.rules.dip`).
+The emulators sleep and wake 10x slower like the rest of the device they play, so one replica's flip
+measures 18 s idle and 35-48 s under the surge (the drain), against the 30 s dwell: a gain above
+1.6 to 2.6. Tried on 2026-12-07 (two-replica pools; a single-replica Standby pool flips only while
+idle): the latency pool's content shift retunes to K 1 first (1.10x), leaving Off too little; the
+batch pool with a static K under an 80-stream surge did flip Off by Standby (1.67x predicted against
+1.60; 84 s to settle), then stayed Off through the calm (1.60x needed more than 2.13x).
 """
 
 from __future__ import annotations
