@@ -308,9 +308,18 @@ def shortfall_text(cell: Shortfall | None) -> str:
     return "-" if cell is None else f"{cell.gap:+.3f} ({cell.best})"
 
 
-def minus_best_fixed(comp: Comparison) -> str:
-    """The policy minus the best fixed setting, time-weighted / over all requests."""
-    return " / ".join(shortfall_text(comp.behind_best_fixed(m)) for m in (TIME_WEIGHTED, ALL_REQUESTS))
+def minus_best_fixed(comp: Comparison, windows: np.ndarray | None = None) -> str:
+    """The policy minus the best fixed setting, time-weighted / over all requests (over `windows`, a
+    mask, where given)."""
+    return " / ".join(
+        shortfall_text(comp.behind_best_fixed(m, windows)) for m in (TIME_WEIGHTED, ALL_REQUESTS)
+    )
+
+
+def plain_minus_best_fixed(comp: Comparison) -> str:
+    """`minus_best_fixed` over the windows where the policy ran no extra engines, and how many had."""
+    plain = comp.plain_windows()
+    return f"{minus_best_fixed(comp, plain)} ({int((~plain).sum())} windows with extra engines)"
 
 
 def both(comp: Comparison, name: str) -> str:

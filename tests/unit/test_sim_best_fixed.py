@@ -45,12 +45,16 @@ def test_only_cells_more_than_the_margin_behind_are_counted() -> None:
     assert count_behind(cells, margin=0.05) == 1
 
 
-def _run(kind: str, tokens: list[float], reqsec: list[float]) -> SimpleNamespace:
-    """A run as `Comparison` reads it: its kind and the latency pool's per-window sums."""
+def _run(
+    kind: str, tokens: list[float], reqsec: list[float], ready: list[int] | None = None
+) -> SimpleNamespace:
+    """A run as `Comparison` reads it: its kind, the latency pool's per-window sums and its ready
+    engines at each window's end (3, the declared count, unless given)."""
     return SimpleNamespace(
         strategy=SimpleNamespace(kind=kind),
         bin_tokens={"latency": np.array(tokens)},
         bin_request_seconds={"latency": np.array(reqsec)},
+        timeline=[{"latency": {"readyReplicas": n}} for n in (ready or [3] * len(tokens))],
     )
 
 
@@ -107,3 +111,34 @@ def test_a_cell_behind_where_the_reactive_bound_is_behind_too_is_reported_as_a_b
     )
     assert "| reachable | time-weighted | 0.900 | alwaysOff 0.990 | -0.0900 | 0.985 |" in table
     assert "| no bound | time-weighted | 0.900 | alwaysOff 0.990 | -0.0900 | - |" in table
+
+
+def test_windows_where_the_policy_ran_extra_engines_are_left_out_of_the_plain_measure() -> None:
+    # Four windows, the oracle 1.0 token per request-second. The policy's change ran a fourth engine
+    # (a surge pod) at the end of window 2: windows 2 and 3 (its start) served with more engines than
+    # the fixed settings have, and there the policy looks 1.3x. Over every window it is ahead of
+    # alwaysOff (0.99); over the other two it is behind (0.90).
+    bench = load_benchmark("policy")
+    runs = {
+        "policy": _run("policy", [0.9, 0.9, 1.3, 1.3], [1.0] * 4, ready=[3, 3, 4, 3]),
+        "alwaysOff": _run("static", [0.99] * 4, [1.0] * 4),
+        "alwaysOnK1": _run("static", [0.5] * 4, [1.0] * 4),
+    }
+    comp = latency_comparison(runs, [1.0] * 4, 15.0)
+    comp.declared = {"latency": 3}
+    assert comp.plain_windows().tolist() == [True, True, False, False]
+    every = comp.behind_best_fixed(TIME_WEIGHTED)
+    plain = comp.behind_best_fixed(TIME_WEIGHTED, comp.plain_windows())
+    assert every is not None
+    assert plain is not None
+    assert round(every.gap, 3) == 0.11
+    assert round(plain.gap, 3) == -0.09
+    assert round(comp.request_ratio("policy", comp.plain_windows()) or 0, 3) == 0.9
+    # The benchmark counts and lists the cell behind over the plain windows though not over every one.
+    summary = bench.behind_summary([("surge", comp)])
+    assert "0 of 2 cells below -0.01" in summary
+    assert "(2 of 4 windows had some): 2 cells below -0.01" in summary
+    table = "\n".join(bench.behind_section([("surge", comp)]))
+    assert (
+        "| surge | time-weighted | 1.100 | alwaysOff 0.990 | +0.1100 | - | -0.0900 (alwaysOff) (2) |" in table
+    )

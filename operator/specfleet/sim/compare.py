@@ -104,6 +104,9 @@ class Comparison:
     duration: float
     schedule: tuple[tuple[int, int, int], ...]
     extra: dict[str, Any] = field(default_factory=dict)
+    # Engines each pool declares (`spec.pools.<pool>.replicas`): what the fixed settings and the
+    # oracle serve with; empty: not known (every window counts as plain).
+    declared: dict[str, int] = field(default_factory=dict)
 
     # -- measures -----------------------------------------------------------------------------------
 
@@ -122,10 +125,31 @@ class Comparison:
             oracle = np.where(o_reqsec > 0, o_tokens / o_reqsec, np.nan)
             return np.where(oracle > 0, value / oracle, np.nan)
 
-    def ratio(self, name: str) -> float | None:
+    def ratio(self, name: str, windows: np.ndarray | None = None) -> float | None:
+        """The mean of `name`'s per-window ratios (over `windows`, a mask, where given)."""
         r = self.bin_ratio(name)
-        r = r[~np.isnan(r)]
+        keep = ~np.isnan(r) if windows is None else ~np.isnan(r) & windows
+        r = r[keep]
         return float(r.mean()) if r.size else None
+
+    def extra_engine_windows(self, name: str = "policy") -> np.ndarray:
+        """Per window: whether run `name` had more ready engines in a pool than it declares at the
+        window's start or end (a surge rollout's new pods beside the old ones, a canary hand-over's
+        growing Deployment): a window served partly by engines no fixed setting nor the oracle has,
+        so a ratio there can exceed what any decision earns."""
+        bins = len(self.bin_ratio(name))
+        after = np.zeros(bins, dtype=bool)
+        if not self.declared:
+            return after
+        for i, row in enumerate(self.runs[name].timeline[:bins]):
+            for pool, declared in self.declared.items():
+                after[i] |= float((row.get(pool) or {}).get("readyReplicas") or 0) > declared
+        before = np.concatenate(([False], after[:-1]))
+        return after | before
+
+    def plain_windows(self) -> np.ndarray:
+        """The windows where the policy ran no more engines than declared (`extra_engine_windows`)."""
+        return ~self.extra_engine_windows("policy")
 
     def minute_ratios(self, name: str) -> list[tuple[float, float]]:
         r = self.bin_ratio(name)
@@ -173,27 +197,33 @@ class Comparison:
         tokens, _ = self._bins(name)
         return float(tokens.sum()) / self.duration if self.duration else 0.0
 
-    def per_request(self, name: str) -> float | None:
+    def per_request(self, name: str, windows: np.ndarray | None = None) -> float | None:
         tokens, reqsec = self._bins(name)
+        if windows is not None:
+            tokens, reqsec = tokens[windows], reqsec[windows]
         total = float(reqsec.sum())
         return float(tokens.sum()) / total if total > 0 else None
 
-    def request_ratio(self, name: str) -> float | None:
-        """Over all requests: `name`'s tokens per request-second over the whole run, to the per-level
-        oracle's. Unlike `ratio` (the mean of per-window ratios, a calm window weighing as much as a
-        busy one), the requests that queued in a few busy windows weigh as much as they waited."""
-        value, oracle = self.per_request(name), self.per_request("perLevelOracle")
+    def request_ratio(self, name: str, windows: np.ndarray | None = None) -> float | None:
+        """Over all requests: `name`'s tokens per request-second over the whole run (over `windows`, a
+        mask, where given), to the per-level oracle's. Unlike `ratio` (the mean of per-window ratios, a
+        calm window weighing as much as a busy one), the requests that queued in a few busy windows
+        weigh as much as they waited."""
+        value, oracle = self.per_request(name, windows), self.per_request("perLevelOracle", windows)
         return value / oracle if value is not None and oracle else None
 
     def fixed_settings(self) -> list[str]:
         """The runs a user could have picked as one launch setting (`FIXED_KINDS`), in run order."""
         return [name for name, run in self.runs.items() if run.strategy.kind in FIXED_KINDS]
 
-    def behind_best_fixed(self, measure: str) -> Shortfall | None:
+    def behind_best_fixed(self, measure: str, windows: np.ndarray | None = None) -> Shortfall | None:
         """The policy against the best fixed setting in hindsight, on `measure` (each measure picks
-        its own best: the setting best over all requests need not be the time-weighted best)."""
+        its own best: the setting best over all requests need not be the time-weighted best), over
+        `windows` (a mask) where given."""
         ratio = self.ratio if measure == TIME_WEIGHTED else self.request_ratio
-        return shortfall(ratio("policy"), {name: ratio(name) for name in self.fixed_settings()})
+        return shortfall(
+            ratio("policy", windows), {name: ratio(name, windows) for name in self.fixed_settings()}
+        )
 
     # -- report -------------------------------------------------------------------------------------
 
@@ -421,6 +451,9 @@ def compare(
         bin_seconds=any_run.bin_seconds,
         duration=any_run.duration,
         schedule=schedule,
+        declared={
+            pool: spec.replicas for pool in POOLS if (spec := getattr(sd.spec.pools, pool, None)) is not None
+        },
     )
     # bestStatic is judged by the measure every ratio uses (time-weighted ratio to the oracle).
     comparison.best_static = max(statics, key=lambda name: comparison.ratio(name) or 0.0)
