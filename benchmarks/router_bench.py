@@ -2,7 +2,8 @@
 
     python benchmarks/router_bench.py [--backend emulator|fast] [--requests 500] [--concurrency 32]
                                       [--seconds 6] [--rounds 3] [--rate 200] [--cpu-requests 2000]
-                                      [--routers uvloop:1,uvloop:1:native,uvloop:2:native] [--references] [--no-install]
+                                      [--routers uvloop:1,uvloop:1:native,uvloop:2:native[:prefix|:one]]
+                                      [--references] [--no-install]
                                       [--vllm-router-policies round_robin,cache_aware]
 
 Starts two backends on 127.0.0.1 (the engine emulator at --time-scale 0, or a trivial aiohttp backend
@@ -51,6 +52,12 @@ MODEL = "bench"
 BODY = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 4}).encode()
 STREAM_BODY = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 4, "stream": True}).encode()
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# What a --routers entry's last field adds to its row's name.
+SELECTION_LABELS = {
+    "least": "",
+    "prefix": ", PrefixAffinity",
+    "one": ", LeastOutstanding over backend 1 only",
+}
 CACHE = Path(os.environ.get("SPECFLEET_CACHE", Path.home() / ".cache" / "specfleet"))
 VLLM_ROUTER_VENV = CACHE / "bench-vllm-router"
 
@@ -636,18 +643,22 @@ async def run(args: argparse.Namespace) -> None:
 
         # Least outstanding by default: it measures the proxy alone. A target ending in ":prefix" runs the
         # product's default, PrefixAffinity, on top (its prefix keys and shared placements; identical
-        # requests share a prefix, so its load bound, not the prefix, spreads them).
+        # requests share a prefix, and its load bound stays above what 32 connections keep outstanding
+        # on a worker, so nearly all of them go to one backend). One ending in ":one" is least
+        # outstanding over backend 1 alone: that placement without PrefixAffinity's picker, to tell
+        # apart what the picker costs from what sending everything to one backend costs the machine.
         configs = {}
-        for selection, endpoint_selection in (
-            ("least", {"latency": {"strategy": "LeastOutstanding"}}),
-            ("prefix", {"latency": {"strategy": "PrefixAffinity"}}),
+        for selection, endpoint_selection, urls in (
+            ("least", {"latency": {"strategy": "LeastOutstanding"}}, backends),
+            ("prefix", {"latency": {"strategy": "PrefixAffinity"}}, backends),
+            ("one", {"latency": {"strategy": "LeastOutstanding"}}, backends[:1]),
         ):
             configs[selection] = log_dir / f"routing-{selection}.json"
             configs[selection].write_text(
                 json.dumps(
                     {
                         "servedModelName": MODEL,
-                        "pools": {"latency": {"staticUrls": backends}},
+                        "pools": {"latency": {"staticUrls": urls}},
                         "endpointSelection": endpoint_selection,
                     }
                 )
@@ -659,6 +670,10 @@ async def run(args: argparse.Namespace) -> None:
             build, _, selection = rest.partition(":")
             workers = workers or "1"
             selection = selection or "least"
+            if selection not in configs:
+                raise SystemExit(
+                    f"unknown endpoint selection {selection!r} in {variant!r} (known: {', '.join(configs)})"
+                )
             config = configs[selection]
             ours = f"http://127.0.0.1:{free_port()}"
             proc = procs.start(
@@ -677,7 +692,7 @@ async def run(args: argparse.Namespace) -> None:
                 (
                     f"specfleet-router ({loop}, {workers} worker{'s' if workers != '1' else ''}"
                     f"{', compiled' if build == 'native' else ''}"
-                    f"{', PrefixAffinity' if selection == 'prefix' else ''})",
+                    f"{SELECTION_LABELS[selection]})",
                     ours,
                     proc.pid,
                 )
@@ -776,10 +791,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--routers",
         default="uvloop:1,uvloop:1:native,uvloop:2:native",
-        help="specfleet-router targets as EVENT_LOOP:WORKERS[:BUILD[:prefix]], comma-separated (--event-loop, "
-        "--workers; BUILD native: the mypyc-compiled build of scripts/compile-router.sh, as the image ships "
-        "it, or empty for Python; prefix: PrefixAffinity, the default endpoint selection, instead of "
-        "LeastOutstanding)",
+        help="specfleet-router targets as EVENT_LOOP:WORKERS[:BUILD[:prefix|one]], comma-separated "
+        "(--event-loop, --workers; BUILD native: the mypyc-compiled build of scripts/compile-router.sh, as the "
+        "image ships it, or empty for Python; prefix: PrefixAffinity, the default endpoint selection, instead "
+        "of LeastOutstanding; one: LeastOutstanding over backend 1 alone, where PrefixAffinity sends this "
+        "benchmark's requests)",
     )
     parser.add_argument("--no-install", action="store_true", help="do not pip install vllm-router")
     parser.add_argument(
