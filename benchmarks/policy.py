@@ -1112,7 +1112,9 @@ def behind_section(rows: list[tuple[str, Comparison]]) -> list[str]:
         "GPUs rather than of a decision ([surge benchmark](surge.md)). The last column is the same "
         "difference over the windows where the policy ran no more ready engines than declared (at the "
         "window's start and end), each setting measured over those windows; a cell behind there but "
-        "not over every window is listed too.",
+        "not over every window is listed too. Those windows leave out, with the extra engines, the "
+        "first windows a change's new setting serves in: the every-window measure leans toward the "
+        "policy, this one away from it.",
         "",
         behind_summary(rows),
         "",
