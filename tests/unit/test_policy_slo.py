@@ -18,7 +18,15 @@ from specfleet.policy.decision.pool import window_loads
 from specfleet.policy.inputs.observation import Histogram
 from specfleet.policy.predict.throughput import PoolModel, pool_model
 from specfleet.policy.rules.results import Wanted
-from specfleet.policy.rules.slo import OFF, SettingShares, setting_shares, slo_allows, slo_retune, slo_wanted
+from specfleet.policy.rules.slo import (
+    OFF,
+    SettingShares,
+    setting_shares,
+    slo_allows,
+    slo_along_path,
+    slo_retune,
+    slo_wanted,
+)
 from specfleet_runtime.cost_profile import PUBLISHED_ACCEPTANCE, default_profile
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -351,3 +359,59 @@ def test_the_histograms_window_loads_are_the_demands_measured_over_the_last_wind
     assert window_loads(POLICY, state, NOW, 150.0) == (80.0, 150.0)
     assert window_loads(POLICY, state, NOW, 50.0) == (50.0, 80.0)
     assert window_loads(POLICY, replace(state, recent_load=()), NOW, 150.0) == (150.0, 150.0)
+
+
+def _falling(running: float, step: float, loads: int = 10) -> PoolState:
+    """A pool off with its canaries down, whose demand fell by `step` per replica every evaluation to
+    `running` now."""
+    recent = tuple(
+        (
+            NOW - timedelta(seconds=POLICY.evaluation_interval_seconds * (loads - i)),
+            running + step * (loads - i),
+        )
+        for i in range(loads)
+    )
+    return PoolState(
+        mode="Off", last_transition=NOW - timedelta(days=1), k=3, canary_replicas=0, recent_load=recent
+    )
+
+
+def test_where_the_load_falls_the_slo_holds_a_pool_off_only_if_its_verdict_holds_along_the_path():
+    # A weak drafter at 80 running per replica: speculation's step costs TPOT there (past break-even), so
+    # at the demand measured the SLO keeps the pool off, canaries down, while the load holds still.
+    policy = PolicySpec.model_validate({"reentry": {"canaryReplicas": 1}})
+    weak = (0.3, 0.1, 0.03)
+    obs = replace(_obs(80.0), per_position=weak, acceptance_length=1 + sum(weak), replicas_reporting=3)
+    slos = {"latency": TPOT_TIGHT}
+
+    def run(state: PoolState):
+        return decide(policy, 3, {"latency": state}, {"latency": obs}, NOW, PROFILE, slos=slos)[0]
+
+    held = run(_falling(80.0, 0.0))
+    assert (held.target, held.reason) == ("Off", r.SLO_TPOT_BOUND)
+    # Falling fast, the flip's commit path runs down to where the drafter cuts TPOT: the verdict at the
+    # demand measured does not hold along it, so throughput decides, and brings the canaries back up.
+    falling = run(_falling(80.0, 8.0))
+    assert (falling.target, falling.reason, falling.canary_replicas) == ("Off", r.CANARIES_SCALED_UP, 1)
+    # Far past break-even the verdict holds along the path down as well: still held off.
+    far = replace(obs, running_per_replica=112.0)
+    state = _falling(112.0, 8.0)
+    assert decide(policy, 3, {"latency": state}, {"latency": far}, NOW, PROFILE, slos=slos)[0].reason == (
+        r.SLO_TPOT_BOUND
+    )
+
+
+def test_the_slo_defers_to_throughput_where_its_verdicts_part():
+    keep = Wanted("Off", r.GOODPUT_WITHIN_MARGIN, "throughput keeps it off", {"a": "1"})
+    slo_off = Wanted(
+        "Off", r.SLO_TPOT_BOUND, "stays Off: ...", {"a": "1", "predictedSloAttainmentOff": "0.3"}
+    )
+    # Throughput's own ask at the demand measured stands, whatever the path says.
+    assert slo_along_path(keep, slo_off, keep) is keep
+    # The same override along the path: the SLO's ask at the demand measured.
+    assert slo_along_path(slo_off, slo_off, keep) is slo_off
+    # Along the path throughput's ask (or the other mode): throughput's, with the SLO's numbers.
+    for along in (keep, Wanted("On", r.SLO_TPOT_BOUND, "on", {})):
+        out = slo_along_path(slo_off, along, keep)
+        assert (out.mode, out.reason, out.numbers) == ("Off", r.GOODPUT_WITHIN_MARGIN, slo_off.numbers)
+        assert "the SLO defers" in out.message

@@ -499,7 +499,9 @@ REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "numbers give each mode's predicted share (`predictedSloAttainmentOff`, `predictedSloAttainmentOn` "
         "at `predictedSloAttainmentBestK`). A flip, the SLO's or the throughput rule's, must cut the share "
         "of requests that miss by more than `marginPercent`: where the throughput rule's would not, the pool "
-        "stays (the message says 'only from ... within the margin'). A pool the SLO keeps off runs no "
+        "stays (the message says 'only from ... within the margin'). Where the load moves, the SLO "
+        "overrides the throughput rule only if it predicts the same along the flip's commit path as at the "
+        "demand measured; where the two part, the throughput rule decides. A pool the SLO keeps off runs no "
         "canaries.",
         "Nothing if expected. An SLO no setting meets: more replicas, or a looser target.",
     ),

@@ -34,7 +34,7 @@ from specfleet.policy.rules.goodput import GoodputPrediction, candidate_ks, good
 from specfleet.policy.rules.load_guards import LoadCase, against_load
 from specfleet.policy.rules.realized_guard import guard_wanted, realized_sample, with_shortfall
 from specfleet.policy.rules.results import PoolDecision, Wanted
-from specfleet.policy.rules.slo import SettingShares, setting_shares, slo_wanted
+from specfleet.policy.rules.slo import SettingShares, setting_shares, slo_along_path, slo_wanted
 from specfleet.policy.rules.threshold import threshold_wanted
 from specfleet_runtime.cost_profile import StepTimeProfile
 
@@ -213,7 +213,29 @@ def assess(
                 window_loads(policy, state, now, model.demand),
             )
             if shares is not None:
-                wanted = slo_wanted(policy, state, model.current or OFF, shares, wanted, slo.percentile / 100)
+                goal = slo.percentile / 100
+                current = model.current or OFF
+                by_slo = slo_wanted(policy, state, current, shares, wanted, goal)
+                if by_slo.reason in r.SLO_REASONS and any(d != model.demand for d in path):
+                    # Where the load moves, the SLO overrides throughput only if its verdict holds along
+                    # the commit path too (`slo_along_path`): TPOT's means over the path, TTFT's at the
+                    # demand measured (its spread is the queue's at one load).
+                    along = setting_shares(
+                        slo,
+                        observed,
+                        model,
+                        g_commit.per_position,
+                        path,
+                        k,
+                        schedules,
+                        band,
+                        window_loads(policy, state, now, model.demand),
+                        ttft_demand=model.demand,
+                    )
+                    if along is not None:
+                        on_path = slo_wanted(policy, state, current, along, wanted, goal)
+                        by_slo = slo_along_path(by_slo, on_path, wanted)
+                wanted = by_slo
         wanted = guard_wanted(policy, state, realized or state.realized, wanted, g_commit)
         case = LoadCase(policy, state, observed, now, model, g_commit, rollout)
         wanted = against_load(case, wanted)

@@ -15,6 +15,9 @@ that miss by more than the Goodput margin (the same hysteresis as the throughput
 not flap between two settings the prediction barely tells apart. While the pool stays On, the SLO retunes
 it the same way: to the K (or the Dynamic SD schedule) predicted to meet it most, under the same
 hysteresis (`slo_retune`, rolled out as any retune is, `policy.decision.deployment._adjust`).
+Where the load moves, the SLO overrides throughput only if it asks the same along the flip's commit path
+(the loads a flip decided now would serve) as at the demand measured (`slo_along_path`): where the two
+part, the load decides the sign of the SLO's verdict, and throughput, judged along that path, decides.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ def setting_shares(
     schedules: bool,
     band: float = 0.0,
     window_loads: tuple[float, float] | None = None,
+    ttft_demand: float | None = None,
 ) -> list[SettingShares] | None:
     """Each setting's predicted shares within the SLO's targets averaged over `demands` (running + waiting
     requests per replica); None when the prediction cannot tell at one of them (`_shares_at`). With a
@@ -101,8 +105,14 @@ def setting_shares(
     gain holds at every load the pool may fall to and at a fluctuation above, which the met share's
     growth must (`_pays`). `window_loads`: the lowest and highest demand measured over the histograms'
     window (None: the demand predicted at, as if the load held still), where `_tpot_load` looks for
-    the load the TPOT histogram's requests near the target ran at."""
-    each = [_shares_at(slo, obs, model, per_position, d, max_k, schedules, window_loads) for d in demands]
+    the load the TPOT histogram's requests near the target ran at. `ttft_demand`: the one demand TTFT's
+    means are taken at for every demand of `demands` (None: each demand's own), as along a flip's commit
+    path (`slo_along_path`), where TTFT stays at the demand measured: its spread is the queue's at one
+    load, which a projected load near capacity would blow up."""
+    each = [
+        _shares_at(slo, obs, model, per_position, d, max_k, schedules, window_loads, ttft_demand)
+        for d in demands
+    ]
     if not each or any(e is None for e in each):
         return None
     per_demand = [e for e in each if e is not None]
@@ -128,6 +138,7 @@ def _shares_at(
     max_k: int,
     schedules: bool,
     window_loads: tuple[float, float] | None = None,
+    ttft_demand: float | None = None,
 ) -> list[SettingShares] | None:
     """Each setting's predicted shares at `demand`; None when the prediction cannot tell: no histogram or
     request sizes measured, or the current setting does not serve the arrivals (what it measured is a
@@ -165,6 +176,14 @@ def _shares_at(
     now = latency(model, current)
     if not (math.isfinite(now.ttft) and math.isfinite(now.tpot) and now.ttft > 0 and now.tpot > 0):
         return None
+    ttft_rate = rate if ttft_demand is None else model.tokens_per_second(current, per_position, ttft_demand)
+
+    def ttft(m: PoolModel, name: str) -> float:
+        return predict_latency(m, name, per_position, ttft_rate, prompt, output).ttft
+
+    now_ttft = ttft(model, current)
+    if not (math.isfinite(now_ttft) and now_ttft > 0):
+        return None
     lo, hi = window_loads or (demand, demand)
     tpot_target = dict(targets).get(TPOT)
     tpot_rate = rate
@@ -180,7 +199,7 @@ def _shares_at(
     out = []
     for m, name, kk in candidates:
         other = latency(m, name)
-        means = {TTFT: (now.ttft, other.ttft), TPOT: (measured_tpot, other.tpot)}
+        means = {TTFT: (now_ttft, ttft(m, name)), TPOT: (measured_tpot, other.tpot)}
         by_target = {}
         for target, seconds in targets:
             mean_now, mean_other = means[target]
@@ -368,6 +387,29 @@ def slo_wanted(
     if mode == state.mode:
         return Wanted(mode, reason, f"stays {mode}: {why}", numbers)
     return Wanted(mode, reason, why, numbers, k=best.k if mode == "On" else throughput.k)
+
+
+def slo_along_path(measured: Wanted, along: Wanted, throughput: Wanted) -> Wanted:
+    """What the SLO asks for where the load moves: its ask from the shares at the demand measured
+    (`measured`, as `slo_wanted` gives it) where that is throughput's ask (`throughput`), or where its ask
+    from the shares along the flip's commit path (`along`) overrides throughput the same way (the same
+    mode, by an SLO reason); otherwise throughput's ask, with the SLO's numbers.
+
+    The histograms were measured at the demand measured, but a flip (or the canaries) serves the load
+    its path reaches. On a falling load the two part: a TPOT near break-even, where speculation's
+    per-token gain turns into a loss as batches grow, is lost by the drafter at the demand measured and
+    won along the path down. The sign of such a verdict is the load's to decide, and throughput,
+    judged along the same path, decides it. Neither does the SLO act on the path alone: a projection
+    can be wrong (a spike's peak that never comes), and the histograms were not measured there."""
+    if measured.reason not in r.SLO_REASONS:
+        return measured
+    if along.reason in r.SLO_REASONS and along.mode == measured.mode:
+        return measured
+    why = (
+        f"{throughput.message}; the SLO defers: it asks {measured.mode} at the load measured "
+        f"({measured.reason}) but not along the load's path"
+    )
+    return replace(throughput, message=why, numbers=measured.numbers)
 
 
 def _roomier(
