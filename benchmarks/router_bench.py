@@ -2,6 +2,7 @@
 
     python benchmarks/router_bench.py [--backend emulator|fast] [--requests 500] [--concurrency 32]
                                       [--seconds 6] [--rounds 3] [--rate 200] [--cpu-requests 2000]
+                                      [--prompts 1]
                                       [--routers uvloop:1,uvloop:1:native,uvloop:2:native[:prefix|:one]]
                                       [--references] [--no-install]
                                       [--vllm-router-policies round_robin,cache_aware]
@@ -17,6 +18,7 @@ own (_ClosedLoop), in --rounds alternating rounds per target (together --seconds
 100x --requests a round), reporting the median round and the server's CPU per request meanwhile; in
 each round also the server's CPU time per request at concurrency 8 (/proc/PID/stat over --cpu-requests
 from aiohttp) and latency under an open-loop pace of --rate req/s with every other request streamed.
+Every phase cycles over --prompts distinct prompts (default one: every request the same).
 Taking turns keeps the comparison fair on a machine whose load drifts. With --references, two bare
 Python proxies (see serve_reference_proxy) are measured alongside as the floor a Python router stands
 on. Prints one Markdown table. Load is generated from this process and its closed-loop children only,
@@ -49,8 +51,41 @@ import httptools
 from aiohttp import web
 
 MODEL = "bench"
-BODY = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 4}).encode()
-STREAM_BODY = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 4, "stream": True}).encode()
+
+
+def prompt_texts(count: int) -> list[str]:
+    """The load's `count` prompts (--prompts): "hello", then "h0001", "h0002", ...: each its own leading
+    text (a prefix-aware picker places each apart, as it would the conversations of a real mix), all as
+    long as "hello", so a request's bytes do not change with their number."""
+    if not 1 <= count <= 10_000:
+        raise SystemExit(f"--prompts must be 1..10000, not {count}")
+    return ["hello", *(f"h{i:04d}" for i in range(1, count))]
+
+
+def request_body(prompt: str, stream: bool = False) -> bytes:
+    """A completion request's body (max_tokens 4), streamed or not."""
+    doc: dict[str, object] = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
+    if stream:
+        doc["stream"] = True
+    return json.dumps(doc).encode()
+
+
+class Bodies:
+    """The request bodies every phase cycles over, the n-th request taking prompt n mod --prompts: the
+    same prompts in the same turn for every phase and every target."""
+
+    def __init__(self, prompts: int) -> None:
+        texts = prompt_texts(prompts)
+        self.plain = [request_body(text) for text in texts]
+        self.streamed = [request_body(text, stream=True) for text in texts]
+
+    def __len__(self) -> int:
+        return len(self.plain)
+
+    def body(self, n: int, stream: bool = False) -> bytes:
+        return (self.streamed if stream else self.plain)[n % len(self.plain)]
+
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # What a --routers entry's last field adds to its row's name.
 SELECTION_LABELS = {
@@ -339,14 +374,14 @@ def cpu_seconds(pid: int) -> float:
     return total / CLOCK_TICKS
 
 
-async def one_request(http: aiohttp.ClientSession, url: str, body: bytes = BODY) -> bool:
+async def one_request(http: aiohttp.ClientSession, url: str, body: bytes) -> bool:
     async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
         await resp.read()
         return resp.status == 200
 
 
 async def interleaved_latencies(
-    urls: list[str], count: int, seconds: float
+    urls: list[str], count: int, seconds: float, bodies: Bodies
 ) -> tuple[list[list[float]], list[int]]:
     """Sequential requests taking turns over the targets, so drift in machine load hits all alike."""
     latencies: list[list[float]] = [[] for _ in urls]
@@ -355,14 +390,14 @@ async def interleaved_latencies(
     sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in urls]
     try:
         for http, url in zip(sessions, urls, strict=True):
-            for _ in range(20):  # warm-up: connections, caches
-                await one_request(http, url)
-        for _ in range(count):
+            for n in range(max(20, len(bodies))):  # warm-up: connections, caches, every prompt placed
+                await one_request(http, url, bodies.body(n))
+        for n in range(count):
             if time.monotonic() > deadline:
                 break
             for i, (http, url) in enumerate(zip(sessions, urls, strict=True)):
                 started = time.perf_counter()
-                if await one_request(http, url):
+                if await one_request(http, url, bodies.body(n)):
                     latencies[i].append(time.perf_counter() - started)
                 else:
                     errors[i] += 1
@@ -372,8 +407,9 @@ async def interleaved_latencies(
     return latencies, errors
 
 
-async def paced_latencies(url: str, rate: float, seconds: float) -> tuple[list[float], int]:
-    """Open loop at a fixed `rate`: latencies of requests started on a schedule, every other one streamed."""
+async def paced_latencies(url: str, rate: float, seconds: float, bodies: Bodies) -> tuple[list[float], int]:
+    """Open loop at a fixed `rate`: latencies of requests started on a schedule, every other one streamed
+    (requests 2k and 2k + 1 take the same prompt, so each prompt is sent both ways)."""
     latencies: list[float] = []
     errors = 0
 
@@ -396,7 +432,7 @@ async def paced_latencies(url: str, rate: float, seconds: float) -> tuple[list[f
             delay = start + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(send(http, STREAM_BODY if i % 2 else BODY)))
+            tasks.append(asyncio.create_task(send(http, bodies.body(i // 2, stream=i % 2 == 1))))
         await asyncio.gather(*tasks)
     return latencies, errors
 
@@ -429,7 +465,7 @@ class _LoadConnection(asyncio.Protocol):
 
     def send(self) -> None:
         if self.transport is not None and self.loop.more():
-            self.transport.write(self.loop.request)
+            self.transport.write(self.loop.next_request())
         else:
             self.close()
 
@@ -445,15 +481,19 @@ class _LoadConnection(asyncio.Protocol):
 class _ClosedLoop:
     """`concurrency` connections, each sending its next request the moment a response completes; pre-built
     request bytes and httptools' C parser keep the client's own CPU per request to a fraction of a
-    router's (it shares the machine with what it measures)."""
+    router's (it shares the machine with what it measures). The requests cycle over `prompts` prompts,
+    in the order they are sent."""
 
-    def __init__(self, url: str, concurrency: int, seconds: float, max_requests: int) -> None:
+    def __init__(
+        self, url: str, concurrency: int, seconds: float, max_requests: int, prompts: int = 1
+    ) -> None:
         parsed = urlsplit(url)
         self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80
-        self.request = (
-            f"POST {parsed.path} HTTP/1.1\r\nHost: {parsed.netloc}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(BODY)}\r\n\r\n"
-        ).encode() + BODY
+        head = f"POST {parsed.path} HTTP/1.1\r\nHost: {parsed.netloc}\r\nContent-Type: application/json\r\n"
+        self.requests = [
+            f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body for body in Bodies(prompts).plain
+        ]
+        self.sent = 0
         self.concurrency, self.seconds, self.max_requests = concurrency, seconds, max_requests
         self.done = self.errors = 0
         self.deadline = 0.0
@@ -462,6 +502,11 @@ class _ClosedLoop:
 
     def more(self) -> bool:
         return time.monotonic() < self.deadline and self.done + self.errors < self.max_requests
+
+    def next_request(self) -> bytes:
+        request = self.requests[self.sent % len(self.requests)]
+        self.sent += 1
+        return request
 
     def lost(self, connection: _LoadConnection) -> None:
         self.open.discard(connection)
@@ -506,11 +551,11 @@ class _ClosedLoop:
         return {"done": self.done, "errors": self.errors, "seconds": elapsed, "cpu_seconds": cpu_s}
 
 
-def run_closed_loop(url: str, concurrency: int, seconds: float, max_requests: int) -> None:
+def run_closed_loop(url: str, concurrency: int, seconds: float, max_requests: int, prompts: int) -> None:
     """The closed loop in a process of its own (run by closed_loop_rps), on uvloop; prints one JSON line."""
     import uvloop
 
-    print(json.dumps(uvloop.run(_ClosedLoop(url, concurrency, seconds, max_requests).run())))
+    print(json.dumps(uvloop.run(_ClosedLoop(url, concurrency, seconds, max_requests, prompts).run())))
 
 
 @dataclass
@@ -522,7 +567,7 @@ class Throughput:
 
 
 async def closed_loop_rps(
-    url: str, pid: int, concurrency: int, seconds: float, max_requests: int
+    url: str, pid: int, concurrency: int, seconds: float, max_requests: int, prompts: int
 ) -> Throughput:
     """Max requests per second with `concurrency` connections in a closed loop, from a lean client in a
     process of its own (a Python HTTP client such as aiohttp spends ~0.2 ms of CPU a request, as much as
@@ -530,7 +575,7 @@ async def closed_loop_rps(
     before = cpu_seconds(pid)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--closed-loop", url, str(concurrency), str(seconds), str(max_requests),
-        stdout=asyncio.subprocess.PIPE,
+        str(prompts), stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, _ = await proc.communicate()
     after = cpu_seconds(pid)
@@ -546,7 +591,7 @@ async def closed_loop_rps(
     )
 
 
-async def cpu_per_request(url: str, pid: int, requests: int, concurrency: int) -> float:
+async def cpu_per_request(url: str, pid: int, requests: int, concurrency: int, bodies: Bodies) -> float:
     """CPU milliseconds the process at `pid` spends per request, over `requests` at `concurrency`."""
     left = requests
 
@@ -554,11 +599,11 @@ async def cpu_per_request(url: str, pid: int, requests: int, concurrency: int) -
         nonlocal left
         while left > 0:
             left -= 1
-            await one_request(http, url)
+            await one_request(http, url, bodies.body(left))
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
-        for _ in range(50):
-            await one_request(http, url)
+        for n in range(50):
+            await one_request(http, url, bodies.body(n))
         before = cpu_seconds(pid)
         await asyncio.gather(*(worker(http) for _ in range(concurrency)))
         after = cpu_seconds(pid)
@@ -575,7 +620,8 @@ async def measure(targets: list[tuple[str, str, int]], args: argparse.Namespace)
     rounds (median kept), each round starting at the next target (no target always runs first or
     last); CPU per request from /proc in the same rounds (median kept)."""
     urls = [f"{base}/v1/completions" for _, base, _ in targets]
-    latencies, errors = await interleaved_latencies(urls, args.requests, args.seconds * len(urls))
+    bodies = Bodies(args.prompts)
+    latencies, errors = await interleaved_latencies(urls, args.requests, args.seconds * len(urls), bodies)
     rates: list[list[float]] = [[] for _ in urls]
     cpu: list[list[float]] = [[] for _ in urls]
     max_cpu: list[list[float]] = [[] for _ in urls]
@@ -586,14 +632,19 @@ async def measure(targets: list[tuple[str, str, int]], args: argparse.Namespace)
         for i in [(round_ + j) % len(urls) for j in range(len(urls))]:
             url = urls[i]
             loop = await closed_loop_rps(
-                url, targets[i][2], args.concurrency, args.seconds / args.rounds, args.requests * 100
+                url,
+                targets[i][2],
+                args.concurrency,
+                args.seconds / args.rounds,
+                args.requests * 100,
+                args.prompts,
             )
             rates[i].append(loop.rps)
             max_cpu[i].append(loop.server_cpu_ms)
             client_cpu[i].append(loop.client_cpu_ms)
             errors[i] += loop.errors
-            cpu[i].append(await cpu_per_request(url, targets[i][2], args.cpu_requests, 8))
-            got, failed = await paced_latencies(url, args.rate, args.seconds / args.rounds)
+            cpu[i].append(await cpu_per_request(url, targets[i][2], args.cpu_requests, 8, bodies))
+            got, failed = await paced_latencies(url, args.rate, args.seconds / args.rounds, bodies)
             paced[i] += got
             errors[i] += failed
     return [
@@ -642,11 +693,12 @@ async def run(args: argparse.Namespace) -> None:
             await wait_healthy(f"{backends[-1]}/health", proc)
 
         # Least outstanding by default: it measures the proxy alone. A target ending in ":prefix" runs the
-        # product's default, PrefixAffinity, on top (its prefix keys and shared placements; identical
-        # requests share a prefix, and its load bound stays above what 32 connections keep outstanding
-        # on a worker, so nearly all of them go to one backend). One ending in ":one" is least
-        # outstanding over backend 1 alone: that placement without PrefixAffinity's picker, to tell
-        # apart what the picker costs from what sending everything to one backend costs the machine.
+        # product's default, PrefixAffinity, on top (its prefix keys and shared placements; with
+        # --prompts 1 identical requests share a prefix, and its load bound stays above what 32
+        # connections keep outstanding on a worker, so nearly all of them go to one backend; with more
+        # prompts it places each apart). One ending in ":one" is least outstanding over backend 1
+        # alone: the one-prompt placement without PrefixAffinity's picker, to tell apart what the
+        # picker costs from what sending everything to one backend costs the machine.
         configs = {}
         for selection, endpoint_selection, urls in (
             ("least", {"latency": {"strategy": "LeastOutstanding"}}, backends),
@@ -743,7 +795,7 @@ async def run(args: argparse.Namespace) -> None:
         f"\nRouter overhead, {args.backend} backend x2, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
         f"{platform.node()} ({os.cpu_count()} CPUs, {platform.python_implementation()} "
         f"{platform.python_version()}), load average {load_before:.1f} before / "
-        f"{os.getloadavg()[0]:.1f} after"
+        f"{os.getloadavg()[0]:.1f} after, {args.prompts} prompt{'s' if args.prompts != 1 else ''}"
     )
     print(
         f"latency: {args.requests} sequential non-streaming completions (max_tokens 4) per target, "
@@ -786,6 +838,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=9, help="alternating throughput rounds per target")
     parser.add_argument("--rate", type=float, default=200.0, help="paced phase: requests per second")
     parser.add_argument(
+        "--prompts",
+        type=int,
+        default=1,
+        help="distinct prompts the load cycles over, each with its own leading text and all as long as the "
+        "one prompt of --prompts 1 (every phase alike; with one, a prefix-aware selection sends nearly "
+        "everything to one backend: its worst case)",
+    )
+    parser.add_argument(
         "--cpu-requests", type=int, default=2000, help="requests per CPU-per-request round (concurrency 8)"
     )
     parser.add_argument(
@@ -811,11 +871,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--serve-fast-backend", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-reference", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
-    parser.add_argument("--closed-loop", nargs=4, metavar="ARG", help=argparse.SUPPRESS)
+    parser.add_argument("--closed-loop", nargs=5, metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    prompt_texts(args.prompts)  # checks its range before anything starts
     if args.closed_loop:
-        url, concurrency, seconds, max_requests = args.closed_loop
-        run_closed_loop(url, int(concurrency), float(seconds), int(max_requests))
+        url, concurrency, seconds, max_requests, prompts = args.closed_loop
+        run_closed_loop(url, int(concurrency), float(seconds), int(max_requests), int(prompts))
         return
     if args.serve_fast_backend:
         serve_fast_backend(args.serve_fast_backend)
