@@ -37,6 +37,7 @@ import policy as bench
 
 from specfleet.sim.accounts import RunResult
 from specfleet.sim.compare import Comparison, compare
+from specfleet.sim.compare import extra_engines as compare_extra_engines
 from specfleet.sim.fleet import SimOptions, simulate
 from specfleet.sim.workload import ACCEPTANCE_PROFILES
 
@@ -45,13 +46,8 @@ THRESHOLD = "policyThreshold"
 
 def extra_engines(run: RunResult, declared: int, bins: int) -> np.ndarray:
     """Per window: whether the latency pool had more ready engines than `declared` at the window's
-    start or end (the run's timeline holds each window's state at its end)."""
-    ready = np.zeros(bins)
-    for i, entry in enumerate(run.timeline[:bins]):
-        ready[i] = float(entry.get("latency", {}).get("readyReplicas") or 0)
-    after = ready > declared
-    before = np.concatenate(([False], after[:-1]))
-    return after | before
+    start or end (`specfleet.sim.compare.extra_engines` for that pool)."""
+    return compare_extra_engines(run, {"latency": declared}, bins)
 
 
 def row(comp: Comparison, declared: int) -> dict[str, float | int]:

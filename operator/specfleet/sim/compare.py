@@ -84,6 +84,18 @@ def shortfall(policy: float | None, fixed: Mapping[str, float | None]) -> Shortf
     return Shortfall(policy - known[best], best)
 
 
+def extra_engines(run: Any, declared: Mapping[str, int], bins: int) -> np.ndarray:
+    """Per window (the first `bins`): whether `run` had more ready engines in a pool of `declared`
+    than it declares there, at the window's start or end (the run's timeline holds each window's state
+    at its end)."""
+    after = np.zeros(bins, dtype=bool)
+    for i, row in enumerate(run.timeline[:bins] if declared else ()):
+        for pool, count in declared.items():
+            after[i] |= float((row.get(pool) or {}).get("readyReplicas") or 0) > count
+    before = np.concatenate(([False], after[:-1]))
+    return after | before
+
+
 def count_behind(cells: Iterable[Shortfall | None], margin: float = BEHIND_MARGIN) -> int:
     """How many cells have the policy more than `margin` below the best fixed setting."""
     return sum(1 for cell in cells if cell is not None and cell.gap < -margin)
@@ -137,15 +149,7 @@ class Comparison:
         window's start or end (a surge rollout's new pods beside the old ones, a canary hand-over's
         growing Deployment): a window served partly by engines no fixed setting nor the oracle has,
         so a ratio there can exceed what any decision earns."""
-        bins = len(self.bin_ratio(name))
-        after = np.zeros(bins, dtype=bool)
-        if not self.declared:
-            return after
-        for i, row in enumerate(self.runs[name].timeline[:bins]):
-            for pool, declared in self.declared.items():
-                after[i] |= float((row.get(pool) or {}).get("readyReplicas") or 0) > declared
-        before = np.concatenate(([False], after[:-1]))
-        return after | before
+        return extra_engines(self.runs[name], self.declared, len(self.bin_ratio(name)))
 
     def plain_windows(self) -> np.ndarray:
         """The windows where the policy ran no more engines than declared (`extra_engine_windows`)."""
