@@ -319,18 +319,20 @@ class Result:
     rps_rounds: list[float]
     cpu_ms: float | None
     max_cpu_ms: float
+    max_cpu_rounds: list[float]
     client_cpu_ms: float
     paced_p50_ms: float
     paced_p99_ms: float
 
 
-def paired_ratio(ours: Result, theirs: Result | None) -> str:
-    """Max req/s over vllm-router's, round by round (the rounds alternate, so each pair ran minutes
-    apart at most): the median and range of the per-round ratios. On a shared machine one round's
-    rate moves by 10% or more, so the spread says how far a ratio of medians can be trusted."""
-    if theirs is None or ours is theirs or not theirs.rps_rounds:
+def paired_ratio(ours: list[float], theirs: list[float] | None) -> str:
+    """One round's figure over vllm-router's in the same round, round by round (the rounds alternate,
+    so each pair ran minutes apart at most): the median and range of the per-round ratios. On a
+    shared machine one round's rate moves by 10% or more, and its CPU per request by 5%, so the
+    spread says how far a ratio of medians can be trusted."""
+    if theirs is None or ours is theirs or not theirs:
         return "-"
-    ratios = [a / b for a, b in zip(ours.rps_rounds, theirs.rps_rounds, strict=True) if b > 0]
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True) if b > 0]
     if not ratios:
         return "-"
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
@@ -657,6 +659,7 @@ async def measure(targets: list[tuple[str, str, int]], args: argparse.Namespace)
             errors=errors[i],
             cpu_ms=statistics.median(cpu[i]),
             max_cpu_ms=statistics.median(max_cpu[i]),
+            max_cpu_rounds=max_cpu[i],
             client_cpu_ms=statistics.median(client_cpu[i]),
             paced_p50_ms=percentile(paced[i], 50) * 1000,
             paced_p99_ms=percentile(paced[i], 99) * 1000,
@@ -811,18 +814,21 @@ async def run(args: argparse.Namespace) -> None:
     print(
         "| target | processes x threads | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s "
         "| max req/s / vllm-router's, per round: median (range) "
-        "| CPU ms/req at max req/s | CPU ms/req at concurrency 8 "
+        "| CPU ms/req at max req/s | its / vllm-router's, per round: median (range) "
+        "| CPU ms/req at concurrency 8 "
         f"| at {args.rate:g} req/s: p50 ms | p99 ms | added p99 ms | errors |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         added = "-" if r is direct else f"{r.p50_ms - direct.p50_ms:+.2f}"
         added99 = "-" if r is direct else f"{r.p99_ms - direct.p99_ms:+.2f}"
         paced99 = "-" if r is direct else f"{r.paced_p99_ms - direct.paced_p99_ms:+.2f}"
         print(
             f"| {r.target} | {shape[r.target]} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {added99} | {r.rps:.0f} "
-            f"| {paired_ratio(r, None if r is direct else theirs)} "
-            f"| {r.max_cpu_ms:.3f} | {r.cpu_ms:.3f} | {r.paced_p50_ms:.2f} | {r.paced_p99_ms:.2f} | {paced99} | {r.errors} |"
+            f"| {paired_ratio(r.rps_rounds, None if r is direct or theirs is None else theirs.rps_rounds)} "
+            f"| {r.max_cpu_ms:.3f} "
+            f"| {paired_ratio(r.max_cpu_rounds, None if r is direct or theirs is None else theirs.max_cpu_rounds)} "
+            f"| {r.cpu_ms:.3f} | {r.paced_p50_ms:.2f} | {r.paced_p99_ms:.2f} | {paced99} | {r.errors} |"
         )
     for name, why in skipped.items():
         print(f"| {name} | not run: {why} | | | | | | |")

@@ -127,3 +127,14 @@ async def test_every_aiohttp_phase_cycles_over_its_prompts() -> None:
         assert failed == 0
         assert len(got) == 40
         assert prompts == Counter(dict.fromkeys(bench.prompt_texts(4), 10))
+
+
+def test_paired_ratio_is_per_round_median_and_range() -> None:
+    """The per-round ratio columns (req/s, CPU per request) pair each round with vllm-router's same round:
+    a round where both moved together (a busy machine) does not move the ratio."""
+    bench = load_bench()
+    ours, theirs = [10.0, 20.0, 12.0], [10.0, 16.0, 8.0]
+    assert bench.paired_ratio(ours, theirs) == "1.25 (1.00-1.50)"
+    assert bench.paired_ratio(ours, None) == "-"
+    assert bench.paired_ratio(theirs, theirs) == "-"
+    assert bench.paired_ratio(ours, [0.0, 0.0, 0.0]) == "-"
