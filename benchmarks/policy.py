@@ -49,7 +49,7 @@ import yaml
 from specfleet.api.semantics import engine_schedules
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.sim.bound import NAME as BOUND
-from specfleet.sim.bound import REACTIVE, rollout_paying_oracle
+from specfleet.sim.bound import REACTION, REACTION_REQUESTS, REACTIVE, reaction_bounds, rollout_paying_oracle
 from specfleet.sim.compare import (
     ALL_REQUESTS,
     BEHIND_MARGIN,
@@ -65,7 +65,7 @@ from specfleet.sim.fleet import DEFAULT_PREFILL_MS_PER_TOKEN, SimOptions, simula
 from specfleet.sim.plan import crossing
 from specfleet.sim.plot import plot_timeline
 from specfleet.sim.workload import ACCEPTANCE_PROFILES, ClosedLoop, Trace, TraceRequest, read_trace
-from specfleet_runtime.cost_profile import PUBLISHED_H100_LLAMA31_8B_EAGLE
+from specfleet_runtime.cost_profile import PUBLISHED_H100_LLAMA31_8B_EAGLE, StepTimeProfile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memory_scenarios
@@ -100,6 +100,22 @@ def scenario_makers(
             acceptance_changes=((1200.0, ACCEPTANCE_PROFILES["published" if d == "weak" else "weak"]),),
         ),
     }
+
+
+def add_reaction_bounds(
+    comp: Comparison,
+    sd: SpeculativeDeployment,
+    workload: Trace | ClosedLoop,
+    options: SimOptions,
+    profile: StepTimeProfile,
+) -> None:
+    """The reaction bound (`specfleet.sim.bound.reaction_bounds`) of a row whose load moves from the
+    start, into `comp.runs`: what a policy that serves the first stretch in its best setting and
+    reacts no sooner than its measurements show that setting falling behind can reach."""
+    statics = {n: r for n, r in comp.runs.items() if r.strategy.kind == "static"}
+    comp.runs.update(
+        reaction_bounds(sd, workload, statics, options, profile, SMOOTH, lag_seconds(sd), BEHIND_MARGIN)
+    )
 
 
 def lag_seconds(sd: SpeculativeDeployment) -> float:
@@ -452,7 +468,9 @@ def main() -> None:
     if not args.quick:
         for seed, label, workload, drafter in held_out_cases(seeds, replicas, conv_sizes, code):
             log(f"held-out: {label}, drafter {drafter}")
-            comp = compare(sd, workload, SimOptions(seed=seed, acceptance=drafter), profile)
+            options = SimOptions(seed=seed, acceptance=drafter)
+            comp = compare(sd, workload, options, profile)
+            add_reaction_bounds(comp, sd, workload, options, profile)
             held_out.append((label, drafter, comp))
     if args.held_out_only:
         print("\n".join(held_out_table(held_out)))
@@ -470,6 +488,7 @@ def main() -> None:
             log(f"{name} / {drafter}")
             options = SimOptions(seed=0, acceptance=ACCEPTANCE_PROFILES[drafter])
             comp = compare(sd, workload, options, profile)
+            add_reaction_bounds(comp, sd, workload, options, profile)
             # The same policy in Threshold mode with its default thresholds: what that mode costs.
             comp.runs["policyThreshold"] = simulate(threshold_sd, workload, options=options, profile=profile)
             # The same static settings with another seed: how far one run's minute can fall below the
@@ -1051,15 +1070,28 @@ def both(comp: Comparison, name: str) -> str:
     return f"{fmt(comp.ratio(name))} ({fmt(comp.worst_minute(name))})"
 
 
-def _bounded(comp: Comparison, measure: str, cell: Shortfall) -> bool:
-    """Whether even the reactive bound (where the row has one) is behind the best fixed setting on
-    `measure` by more than `BEHIND_MARGIN`: no policy that serves the calm start in its best setting
-    and changes nothing before the load first moves reaches that setting there, whatever it decides."""
-    if REACTIVE not in comp.runs:
-        return False
+def reacting_bound(comp: Comparison, measure: str) -> tuple[str, float] | None:
+    """The bound a reacting policy can reach on `measure`, and which: the reactive bound where the row
+    has one (the memory rows: no change before the load first moves), else the reaction bound (no
+    change before the first window's best setting falls behind, plus the measurements' lag; the
+    better of its two schedules on `measure`), else None."""
     ratio = comp.ratio if measure == TIME_WEIGHTED else comp.request_ratio
-    bound, best = ratio(REACTIVE), ratio(cell.best)
-    return bound is not None and best is not None and bound - best < -BEHIND_MARGIN
+    if REACTIVE in comp.runs:
+        value = ratio(REACTIVE)
+        return None if value is None else ("reactive", value)
+    values = [v for n in (REACTION, REACTION_REQUESTS) if n in comp.runs and (v := ratio(n)) is not None]
+    return ("reaction", max(values)) if values else None
+
+
+def _bounded(comp: Comparison, measure: str, cell: Shortfall) -> bool:
+    """Whether even the bound a reacting policy can reach (`reacting_bound`) is behind the best fixed
+    setting on `measure` by more than `BEHIND_MARGIN`: no policy that serves the first stretch in its
+    best setting and changes nothing before its measurements show a reason reaches that setting
+    there, whatever it decides."""
+    bound = reacting_bound(comp, measure)
+    ratio = comp.ratio if measure == TIME_WEIGHTED else comp.request_ratio
+    best = ratio(cell.best)
+    return bound is not None and best is not None and bound[1] - best < -BEHIND_MARGIN
 
 
 def _behind(comp: Comparison, measure: str, windows: np.ndarray | None = None) -> Shortfall | None:
@@ -1070,7 +1102,8 @@ def _behind(comp: Comparison, measure: str, windows: np.ndarray | None = None) -
 
 def behind_summary(rows: list[tuple[str, Comparison]]) -> str:
     """The count of cells (rows x both measures) where the policy is behind the best fixed setting,
-    how many of them are behind where even the reactive bound is (`_bounded`), and the count over the
+    how many of them are behind where even the bound a reacting policy can reach is (`_bounded`), and
+    the count over the
     windows where the policy ran no more engines than declared (`Comparison.plain_windows`)."""
     cells = [(comp, m, comp.behind_best_fixed(m)) for _, comp in rows for m in (TIME_WEIGHTED, ALL_REQUESTS)]
     behind = [(comp, m, c) for comp, m, c in cells if c is not None and c.gap < -BEHIND_MARGIN]
@@ -1083,7 +1116,7 @@ def behind_summary(rows: list[tuple[str, Comparison]]) -> str:
     return (
         f"Policy minus best fixed setting: {count_behind(c for _, _, c in cells)} of {len(cells)} cells below "
         f"-{BEHIND_MARGIN:.2f} ({len(rows)} rows, time-weighted and over all requests); in {bounded} of them "
-        f"the reactive bound is below it too. Over the windows where the policy ran no extra engines "
+        f"the bound a reacting policy can reach is below it too. Over the windows where the policy ran no extra engines "
         f"({extra} of {windows} windows had some): {plain} cells below -{BEHIND_MARGIN:.2f}."
     )
 
@@ -1091,20 +1124,28 @@ def behind_summary(rows: list[tuple[str, Comparison]]) -> str:
 def behind_section(rows: list[tuple[str, Comparison]]) -> list[str]:
     """Every row's policy against the best fixed setting in hindsight, both measures: the count of
     cells behind it by more than `BEHIND_MARGIN`, and each cell behind over every window or over the
-    windows without extra engines, with the row's reactive bound where it has one."""
+    windows without extra engines, with the bound a reacting policy can reach where the row has one."""
     lines = [
         "## Never behind the best fixed setting",
         "",
         "A user who could not run the operator would launch every engine with one fixed setting: off, "
         "one static K, or vLLM's in-engine Dynamic SD. Per row and measure, the policy's ratio to the "
         "per-level oracle minus that of the fixed setting best on that measure in hindsight (named in "
-        "brackets; the tables below show it per row as `policy minus best fixed`). Where the row has a "
-        "reactive bound (the memory-bound rows: the best schedule of settings that pays its rollouts, "
-        "serves the calm start in its best setting and starts no change before the load first moves, "
-        "knowing the rest), it is shown on the same measure: where it too is below the best fixed "
-        "setting by more than the margin, no policy that serves a calm start in its best setting (as it "
-        "must on a trace whose calm lasts) and reacts to what it measures reaches that fixed setting "
-        "there: an honest bound, not a decision to fix.",
+        "brackets; the tables below show it per row as `policy minus best fixed`). Beside it, on the "
+        "same measure, the bound a reacting policy can reach: the best schedule of settings that pays "
+        "its rollouts, serves the first stretch in the setting best there and starts no change before "
+        "a policy's measurements could give a reason, knowing the rest. On the memory-bound rows, whose "
+        "load holds and then moves, that is the reactive bound (no change before the load first moves). "
+        "On the other rows the load moves from the start (a replayed trace, a ramp), and the reaction "
+        "bound holds instead until the first window's best setting first falls behind the best by more "
+        f"than {BEHIND_MARGIN:.2f}, plus half a window and an evaluation interval (when a windowed "
+        "measurement shows it), its schedule chosen for each measure "
+        "(`specfleet.sim.bound.reaction_bounds`): a burst shorter than that lag plus a rollout is served "
+        "in the first setting by any policy that reacts to it. It assumes the first change is not "
+        "announced by the load's trend before it (a ramp's crossing can be). Where the bound too is "
+        "below the best fixed setting by more than the margin, no policy that serves the first stretch "
+        "in its best setting (as it must on a trace where that stretch lasts) and reacts to what it "
+        "measures reaches that fixed setting there: an honest bound, not a decision to fix.",
         "",
         "A policy's change can run more engines than the pool declares for a while (a Restart rollout's "
         "surge pods beside the old ones, a canary hand-over's growing Deployment: make before break); "
@@ -1128,16 +1169,16 @@ def behind_section(rows: list[tuple[str, Comparison]]) -> list[str]:
     ]
     if behind:
         lines += [
-            "| row | measure | policy | best fixed setting | policy minus best fixed | reactive bound | "
+            "| row | measure | policy | best fixed setting | policy minus best fixed | bound a reacting policy can reach | "
             "windows without extra engines: policy minus best fixed (windows with) |",
             "|---|---|---|---|---|---|---|",
         ]
         for label, measure, comp, cell in behind:
             ratio = comp.ratio if measure == TIME_WEIGHTED else comp.request_ratio
             bound = "-"
-            if REACTIVE in comp.runs:
-                bound = fmt(ratio(REACTIVE)) + (
-                    " (below the best fixed: a bound)" if _bounded(comp, measure, cell) else ""
+            if (reacting := reacting_bound(comp, measure)) is not None:
+                bound = f"{fmt(reacting[1])} ({reacting[0]}" + (
+                    "; below the best fixed: a bound)" if _bounded(comp, measure, cell) else ")"
                 )
             plain = comp.plain_windows()
             there = comp.behind_best_fixed(measure, plain)

@@ -85,12 +85,13 @@ def test_each_measure_picks_its_own_best_fixed_setting_and_ignores_other_runs() 
     assert count_behind([tw, every]) == 1
 
 
-def test_a_cell_behind_where_the_reactive_bound_is_behind_too_is_reported_as_a_bound() -> None:
+def test_a_cell_behind_where_the_reacting_bound_is_behind_too_is_reported_as_a_bound() -> None:
     # One window, the oracle 1.0 token per request-second: alwaysOff 0.99, the policy 0.90. With a
     # reactive bound of 0.95 the cell is a bound (no reacting policy reaches 0.99); at 0.985 it is not.
+    # A row without one but with the reaction bound reads the better of its two schedules.
     bench = load_benchmark("policy")
 
-    def comparison(reactive: float | None) -> Comparison:
+    def comparison(reactive: float | None, reaction: tuple[float, float] | None = None) -> Comparison:
         runs = {
             "policy": _run("policy", [0.90], [1.0]),
             "alwaysOff": _run("static", [0.99], [1.0]),
@@ -98,19 +99,31 @@ def test_a_cell_behind_where_the_reactive_bound_is_behind_too_is_reported_as_a_b
         }
         if reactive is not None:
             runs[bench.REACTIVE] = _run("bound", [reactive], [1.0])
+        if reaction is not None:
+            runs[bench.REACTION] = _run("bound", [reaction[0]], [1.0])
+            runs[bench.REACTION_REQUESTS] = _run("bound", [reaction[1]], [1.0])
         return latency_comparison(runs, [1.0], 15.0)
 
-    rows = [("bounded", comparison(0.95)), ("reachable", comparison(0.985)), ("no bound", comparison(None))]
+    rows = [
+        ("bounded", comparison(0.95)),
+        ("reachable", comparison(0.985)),
+        ("no bound", comparison(None)),
+        ("reaction", comparison(None, (0.93, 0.96))),
+    ]
     summary = bench.behind_summary(rows)
-    assert "6 of 6 cells below -0.01" in summary
-    assert "in 2 of them the reactive bound is below it" in summary
+    assert "8 of 8 cells below -0.01" in summary
+    assert "in 4 of them the bound a reacting policy can reach is below it" in summary
     table = "\n".join(bench.behind_section(rows))
     assert (
-        "| bounded | time-weighted | 0.900 | alwaysOff 0.990 | -0.0900 | 0.950 (below the best fixed: a bound) |"
-        in table
+        "| bounded | time-weighted | 0.900 | alwaysOff 0.990 | -0.0900 | 0.950 (reactive; below the best fixed: "
+        "a bound) |" in table
     )
-    assert "| reachable | time-weighted | 0.900 | alwaysOff 0.990 | -0.0900 | 0.985 |" in table
+    assert "| reachable | time-weighted | 0.900 | alwaysOff 0.990 | -0.0900 | 0.985 (reactive) |" in table
     assert "| no bound | time-weighted | 0.900 | alwaysOff 0.990 | -0.0900 | - |" in table
+    assert (
+        "| reaction | over all requests | 0.900 | alwaysOff 0.990 | -0.0900 | 0.960 (reaction; below the best "
+        "fixed: a bound) |" in table
+    )
 
 
 def test_windows_where_the_policy_ran_extra_engines_are_left_out_of_the_plain_measure() -> None:

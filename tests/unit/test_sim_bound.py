@@ -11,9 +11,15 @@ import yaml
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.sim.bound import (
     NAME,
+    REACTION,
+    REACTION_REQUESTS,
     REACTIVE,
     best_schedule,
+    departure_seconds,
     held_through,
+    reaction_bounds,
+    reaction_hold_seconds,
+    request_scores,
     rollout_mix,
     rollout_paying_oracle,
     schedule_of,
@@ -243,6 +249,44 @@ def test_the_reactive_bound_changes_nothing_before_the_load_moves() -> None:
     # Knowing the trace, the bound starts before the load moves; held, the reactive one serves less.
     assert min(c.time for c in bound.changes) < 300
     assert reactive.tokens_per_second <= bound.tokens_per_second * 1.01
+
+
+def test_the_reaction_bound_holds_until_the_first_setting_falls_behind_plus_the_lag() -> None:
+    # The load rises from the start: the reactive bound's hold (the load's first move) is none at all.
+    # The first window's best setting (speculating, at 12 running) falls behind during the rise; the
+    # reaction bound starts nothing before that plus the lag, then knows the rest.
+    load = ClosedLoop(points=((0, 12), (600, 900), (1200, 900), (1260, 12), (1800, 12)), sizes=((300, 200),))
+    statics = static_runs(load, seed=0)
+    departure = departure_seconds(statics, "latency", 2, 0.01)
+    assert departure is not None and 0 < departure < 600
+    hold = reaction_hold_seconds(example(), statics, 2, 90.0, 0.01)
+    assert hold == departure + 90.0
+    runs = reaction_bounds(example(), load, statics, SimOptions(seed=0), default_profile(), 2, 90.0, 0.01)
+    assert set(runs) == {REACTION, REACTION_REQUESTS}
+    bound = rollout_paying_oracle(example(), load, statics, SimOptions(seed=0), default_profile())
+    for run in runs.values():
+        assert run.changes
+        assert min(c.time for c in run.changes) >= hold
+        assert run.tokens_per_second <= bound.tokens_per_second * 1.01
+
+
+def test_a_setting_best_throughout_gives_the_reaction_bound_no_change() -> None:
+    load = ClosedLoop(points=((0, 12), (900, 12)), sizes=((300, 200),))
+    statics = static_runs(load, seed=0)
+    assert departure_seconds(statics, "latency", 2, 0.01) is None
+    assert reaction_hold_seconds(example(), statics, 2, 90.0, 0.01) >= 900
+    runs = reaction_bounds(example(), load, statics, SimOptions(seed=0), default_profile(), 2, 90.0, 0.01)
+    assert all(not [c for c in run.changes if c.pool == "latency" and c.time > 0] for run in runs.values())
+
+
+def test_request_scores_rank_settings_by_the_time_their_requests_are_held() -> None:
+    load = ClosedLoop(points=((0, 400), (600, 400)), sizes=((300, 200),))
+    statics = static_runs(load, seed=0)
+    values = request_scores(statics, "latency", 2)
+    held = {n: float(np.sum(r.bin_request_seconds["latency"])) for n, r in statics.items()}
+    order = sorted(values, key=lambda n: float(np.sum(values[n])))
+    assert order == sorted(held, key=lambda n: -held[n])
+    assert all(float(np.max(v)) <= 0 for v in values.values())
 
 
 def test_held_through_takes_the_best_setting_or_mix_on_both_sides_of_a_change() -> None:

@@ -48,6 +48,10 @@ from specfleet_runtime.cost_profile import StepTimeProfile
 
 NAME = "rolloutPayingOracle"
 REACTIVE = "reactiveBound"
+# The reaction bound (`reaction_hold_seconds`), its schedule chosen for the time-weighted measure and
+# for the one over all requests.
+REACTION = "reactionBound"
+REACTION_REQUESTS = "reactionBoundRequests"
 
 
 def rollout_mix(replicas: int, max_surge: int, startup_seconds: float, bin_seconds: float) -> list[float]:
@@ -194,6 +198,35 @@ def scores(runs: Mapping[str, RunResult], pool: str, smooth: int) -> dict[str, n
         return {name: np.where(top > 0, value / top, np.nan) for name, value in per.items()}
 
 
+def request_scores(runs: Mapping[str, RunResult], pool: str, smooth: int) -> dict[str, np.ndarray]:
+    """Per static setting and window: minus its request-seconds (judged on the window and `smooth`
+    windows either side), over the largest of any setting's window. Summed over the windows, the
+    schedule with the highest total holds its requests the least time: over the same requests and
+    tokens, the highest tokens per request-second over the whole run (the measure over all requests,
+    where a window with a queue weighs as much as its requests hold)."""
+    kernel = np.ones(2 * smooth + 1)
+    per = {
+        name: np.convolve(run.bin_request_seconds[pool], kernel, mode="same") for name, run in runs.items()
+    }
+    top = max((float(np.max(v)) for v in per.values() if v.size), default=0.0) or 1.0
+    return {name: -value / top for name, value in per.items()}
+
+
+def departure_seconds(runs: Mapping[str, RunResult], pool: str, smooth: int, margin: float) -> float | None:
+    """When the setting best in the first window with traffic (`first_best`) first scores below that
+    window's best setting by more than `margin` (`scores`), in seconds from the start; None: never."""
+    values = scores(runs, pool, smooth)
+    start = first_best(values)
+    stacked = np.vstack([np.nan_to_num(v, nan=-np.inf) for v in values.values()])
+    top = stacked.max(axis=0)
+    mine = values[start]
+    step = next(iter(runs.values())).bin_seconds
+    for w in range(len(mine)):
+        if not math.isnan(mine[w]) and top[w] - mine[w] > margin:
+            return w * step
+    return None
+
+
 def setting_of(name: str) -> tuple[str, int | None]:
     """A static strategy's name as (mode, K): alwaysOff -> (Off, None), alwaysOnK3 -> (On, 3)."""
     if name == "alwaysOff":
@@ -228,6 +261,7 @@ def rollout_paying_oracle(
     gated: bool = False,
     name: str = NAME,
     hold_seconds: float | None = None,
+    measure: str = "time",
 ) -> RunResult:
     """The best hindsight schedule of static settings that pays each change's surge rollout, simulated
     (see the module docstring). `statics` are the static runs on the same workload and seed.
@@ -248,13 +282,19 @@ def rollout_paying_oracle(
     first moves: nothing measured before it tells the trace from one that stays as it began), then
     follows the best schedule knowing the rest. A policy that serves the first stretch in its best
     setting has no reason to leave it sooner, so on this trace it scores at most this (within the mix
-    model); one that leaves it anyway pays on every trace whose first stretch lasts."""
+    model); one that leaves it anyway pays on every trace whose first stretch lasts.
+
+    `measure` "requests" scores a schedule by its request-seconds (`request_scores`: the measure over
+    all requests) instead of each window's ratio (the time-weighted measure); the start and the hold
+    are the same."""
     options = options.resolved(sd.spec)
     any_run = next(iter(statics.values()))
     policy = sd.spec.policy
     step = any_run.bin_seconds
     gap = math.ceil(max(policy.min_dwell_seconds, policy.cooldown_seconds) / step - 1e-9) if gated else 0
     skip = math.ceil((policy.window_seconds + policy.evaluation_interval_seconds) / step - 1e-9)
+    if hold_seconds is not None and name == NAME:
+        name = REACTIVE
     choices: dict[str, list[str]] = {}
     for pool in auto_pools(sd.spec):
         mix = pool_mix(sd, pool, options, profile, step)
@@ -263,7 +303,8 @@ def rollout_paying_oracle(
         if hold_seconds is not None:
             start = first_best(values)
             hold = math.floor(hold_seconds / step + 1e-9)
-            name = REACTIVE
+        if measure == "requests":
+            values = request_scores(statics, pool, smooth)
         choices[pool] = best_schedule(values, mix, gap, objective, skip, start, hold)
     schedule = schedule_of(choices, any_run.bin_seconds)
     if lag_seconds > 0:
@@ -320,3 +361,54 @@ def held_through(pre: Mapping[str, float], post: Mapping[str, float]) -> tuple[f
                 if value > best:
                     best, how = value, f"{1 - f:.2f} x {a} + {f:.2f} x {b}"
     return best, how
+
+
+def reaction_hold_seconds(
+    sd: SpeculativeDeployment,
+    statics: Mapping[str, RunResult],
+    smooth: int,
+    lag_seconds: float,
+    margin: float,
+) -> float:
+    """When the reaction bound may first start a change: `lag_seconds` (a windowed measurement's lag
+    plus an evaluation interval) after the setting best in the first window first falls behind the
+    best by more than `margin` in any Auto pool (`departure_seconds`); the run's end where it never
+    does (that setting is best throughout)."""
+    any_run = next(iter(statics.values()))
+    pools = auto_pools(sd.spec)
+    departures = [d for pool in pools if (d := departure_seconds(statics, pool, smooth, margin)) is not None]
+    if not departures:
+        return float(max(len(any_run.bin_tokens[pool]) for pool in pools) * any_run.bin_seconds)
+    return min(departures) + lag_seconds
+
+
+def reaction_bounds(
+    sd: SpeculativeDeployment,
+    workload: Trace | ClosedLoop,
+    statics: Mapping[str, RunResult],
+    options: SimOptions,
+    profile: StepTimeProfile,
+    smooth: int,
+    lag_seconds: float,
+    margin: float,
+) -> dict[str, RunResult]:
+    """The reaction bound, its schedule chosen for each measure ({`REACTION`: time-weighted,
+    `REACTION_REQUESTS`: over all requests}): the best schedule of settings that pays its rollouts,
+    starts in the setting best in the first window and starts no change before a policy's
+    measurements could show that setting falling behind (`reaction_hold_seconds`), knowing the rest.
+
+    Where the load moves from the start (a replayed trace), the reactive bound's hold (no change before
+    the load first moves) is no hold at all; this one asks instead when the first window's setting
+    stops being the best: until then it is the best there is in every window, and a policy that left
+    it earlier would have bet on a change its measurements had not shown (and lost on every trace
+    where the change does not come). A burst that begins and ends within a lag plus a rollout is
+    served in the start setting by any policy that reacts to it; so is the part of a longer one before
+    the reaction serves. It assumes the first change is not announced by the load's trend before it
+    (a ramp's crossing can be: the reactive bound is the one to read there)."""
+    hold = reaction_hold_seconds(sd, statics, smooth, lag_seconds, margin)
+    return {
+        name: rollout_paying_oracle(
+            sd, workload, statics, options, profile, smooth, name=name, hold_seconds=hold, measure=measure
+        )
+        for name, measure in ((REACTION, "time"), (REACTION_REQUESTS, "requests"))
+    }
