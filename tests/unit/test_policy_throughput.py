@@ -160,7 +160,9 @@ def test_a_fall_after_a_burst_is_projected_to_light_load_not_to_no_load() -> Non
     # gain at least what it gains at the load measured.
     policy = PolicySpec.model_validate({})
     recent = tuple((NOW - timedelta(seconds=s), 25.0 + 1.3 * s) for s in range(120, 0, -30))
-    state = PoolState(mode="Off", last_transition=NOW - timedelta(days=1), recent_load=recent, max_num_seqs=256)
+    state = PoolState(
+        mode="Off", last_transition=NOW - timedelta(days=1), recent_load=recent, max_num_seqs=256
+    )
     ob = replace(obs(200.0, 300.0), running_per_replica=25.0, waiting=0.0)
     d = decide(policy, 3, {"latency": state}, {"latency": ob}, NOW, PUBLISHED)[0]
     assert float(d.observations["expectedRunningPerReplica"]) == pytest.approx(1.0)

@@ -258,7 +258,8 @@ def test_the_reaction_bound_holds_until_the_first_setting_falls_behind_plus_the_
     load = ClosedLoop(points=((0, 12), (600, 900), (1200, 900), (1260, 12), (1800, 12)), sizes=((300, 200),))
     statics = static_runs(load, seed=0)
     departure = departure_seconds(statics, "latency", 2, 0.01)
-    assert departure is not None and 0 < departure < 600
+    assert departure is not None
+    assert 0 < departure < 600
     hold = reaction_hold_seconds(example(), statics, 2, 90.0, 0.01)
     assert hold == departure + 90.0
     runs = reaction_bounds(example(), load, statics, SimOptions(seed=0), default_profile(), 2, 90.0, 0.01)
