@@ -151,24 +151,3 @@ def test_the_projected_load_never_exceeds_what_an_engine_runs() -> None:
     ob = replace(obs(200.0, 300.0), running_per_replica=250.0, waiting=0.0)
     d = decide(policy, 3, {"latency": state}, {"latency": ob}, NOW, PUBLISHED)[0]
     assert float(d.observations["expectedRunningPerReplica"]) <= 256
-
-
-def test_a_fall_after_a_burst_is_projected_to_light_load_not_to_no_load() -> None:
-    # A burst's steep fall (180 -> 25 running per replica over the window) projects past zero. Projected
-    # to one request per replica at the least, the path an off pool's flip commits to is priced as light
-    # load, where speculation gains the most, not as idle (no gain: 1.0), so turning on is predicted to
-    # gain at least what it gains at the load measured.
-    policy = PolicySpec.model_validate({})
-    recent = tuple((NOW - timedelta(seconds=s), 25.0 + 1.3 * s) for s in range(120, 0, -30))
-    state = PoolState(
-        mode="Off", last_transition=NOW - timedelta(days=1), recent_load=recent, max_num_seqs=256
-    )
-    ob = replace(obs(200.0, 300.0), running_per_replica=25.0, waiting=0.0)
-    d = decide(policy, 3, {"latency": state}, {"latency": ob}, NOW, PUBLISHED)[0]
-    assert float(d.observations["expectedRunningPerReplica"]) == pytest.approx(1.0)
-    measured = model(PUBLISHED, ob, mode="Off").gain("K3", ACC, 25.0)
-    assert float(d.observations["predictedSpeedup"]) >= measured
-    # A load measured below one request is not projected lower.
-    light = replace(ob, running_per_replica=0.5)
-    d = decide(policy, 3, {"latency": state}, {"latency": light}, NOW, PUBLISHED)[0]
-    assert "expectedRunningPerReplica" not in d.observations  # recorded only where it differs

@@ -47,12 +47,6 @@ def expected_load(
     projection within that band (per replica: sqrt(count) / replicas) is noise and is dropped, as is
     that much of a larger one. The waiting requests
     are in it: a queue that grows is the first sign that the setting cannot serve the arrivals.
-
-    A fall is projected down to one request per replica at the least (or the load measured, where it
-    is below that): a trend cannot tell a load falling back to its base from one falling to nothing,
-    and below one request an engine serves one at a time, where speculation gains the most; at no
-    demand at all every setting serves nothing and predicts no gain (a steep fall after a burst would
-    otherwise price the pool's next minutes as idle).
     """
     load = measured_demand(obs)
     trend = demand_trend(policy, state, obs, now)
@@ -61,8 +55,7 @@ def expected_load(
     slope, fitted = trend
     projection = slope * rollout_horizon(policy, rollout)
     band = demand_band(fitted, obs.replicas_reporting)
-    floor = min(load, 1.0)
-    return max(floor, load + math.copysign(max(0.0, abs(projection) - band), projection))
+    return max(0.0, load + math.copysign(max(0.0, abs(projection) - band), projection))
 
 
 def demand_band(per_replica: float, replicas: int) -> float:
