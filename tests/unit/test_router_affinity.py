@@ -699,3 +699,24 @@ def test_the_router_counts_where_each_affine_request_went() -> None:
     del b.outstanding[owner]
     assert b.pick("latency", set(), PrefixKeys(leading, (51,))) == owner
     assert [count(c) for c in ("placed", "conversation", "moved", "spilled", "home")] == [1, 1, 1, 1, 1]
+
+
+def test_each_pool_counts_its_own_affine_requests() -> None:
+    """Two PrefixAffinity pools: each request counted once under its pool and its choice."""
+    b = backends(latency={"strategy": "PrefixAffinity"}, batch={"strategy": "PrefixAffinity"})
+    keys = [k for k in KEYS[:4] if k is not None]
+
+    def count(pool: str, choice: str) -> float:
+        value = b.metrics.registry.get_sample_value(
+            "specfleet_router_prefix_affinity_choices_total", {"pool": pool, "choice": choice}
+        )
+        return value or 0.0
+
+    for key in keys[:3]:
+        b.pick("latency", set(), PrefixKeys(key))
+    for _ in range(2):
+        b.pick("latency", set(), PrefixKeys(keys[0]))
+    for _ in range(2):
+        b.pick("batch", set(), PrefixKeys(keys[3]))  # its own leading text: latency placed the others
+    assert [count("latency", c) for c in ("placed", "home")] == [3, 2]
+    assert [count("batch", c) for c in ("placed", "home")] == [1, 1]
