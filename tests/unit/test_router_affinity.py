@@ -34,6 +34,7 @@ from specfleet_runtime.router.conversations import (
     TABLE_FILE,
     ConversationTable,
     PlacedBoard,
+    endpoint_hash,
     shared_board,
     shared_table,
 )
@@ -226,6 +227,26 @@ def test_the_table_forgets_the_least_recently_written_key_of_a_full_set_first() 
     recent.record((4,), URLS[3])
     recent.record((5,), URLS[0])  # the set is full: 2, the oldest, goes
     assert [recent.endpoint(k, URLS) for k in (1, 2, 3, 4, 5)] == [URLS[2], None, URLS[1], URLS[3], URLS[0]]
+
+
+def test_a_table_lookup_matches_keys_only_and_reads_the_endpoint_of_its_own_entry() -> None:
+    """Each way of a full set answers its own key's endpoint, in every set; a number that is only some
+    entry's endpoint hash is not a key; a table closes (its view of the memory let go first)."""
+    recent = ConversationTable(sets=8)
+    for first in (0, 3, 7):  # keys of sets 0, 3 and 7, WAYS (4) of each: the set full
+        keys = tuple(first + 8 * way for way in range(4))
+        for key, url in zip(keys, URLS, strict=True):
+            recent.record((key,), url)
+        assert [recent.endpoint(key, URLS) for key in keys] == list(URLS)
+        assert recent.endpoint(first + 32, URLS) is None  # the same set, not written
+    recent.close()
+    one = ConversationTable(sets=1)  # every key in one set, beside every endpoint hash written
+    one.record((1,), URLS[0])
+    served = endpoint_hash(URLS[0])
+    assert one.endpoint(served, URLS) is None
+    one.record((served,), URLS[1])  # now a key too: its own entry's endpoint, not the number's
+    assert [one.endpoint(key, URLS) for key in (1, served)] == [URLS[0], URLS[1]]
+    one.close()
 
 
 def test_the_workers_of_a_router_share_one_table(tmp_path: Path) -> None:
@@ -678,3 +699,24 @@ def test_the_router_counts_where_each_affine_request_went() -> None:
     del b.outstanding[owner]
     assert b.pick("latency", set(), PrefixKeys(leading, (51,))) == owner
     assert [count(c) for c in ("placed", "conversation", "moved", "spilled", "home")] == [1, 1, 1, 1, 1]
+
+
+def test_each_pool_counts_its_own_affine_requests() -> None:
+    """Two PrefixAffinity pools: each request counted once under its pool and its choice."""
+    b = backends(latency={"strategy": "PrefixAffinity"}, batch={"strategy": "PrefixAffinity"})
+    keys = [k for k in KEYS[:4] if k is not None]
+
+    def count(pool: str, choice: str) -> float:
+        value = b.metrics.registry.get_sample_value(
+            "specfleet_router_prefix_affinity_choices_total", {"pool": pool, "choice": choice}
+        )
+        return value or 0.0
+
+    for key in keys[:3]:
+        b.pick("latency", set(), PrefixKeys(key))
+    for _ in range(2):
+        b.pick("latency", set(), PrefixKeys(keys[0]))
+    for _ in range(2):
+        b.pick("batch", set(), PrefixKeys(keys[3]))  # its own leading text: latency placed the others
+    assert [count("latency", c) for c in ("placed", "home")] == [3, 2]
+    assert [count("batch", c) for c in ("placed", "home")] == [1, 1]

@@ -163,9 +163,11 @@ class Limits:
         object.__setattr__(self, "conversation", conversation)
 
 
+# `outstanding` is a dict here and below, not any Mapping: mypyc calls a dict's `get` directly, a
+# Mapping's through a method lookup on each call (several a request of a PrefixAffinity pool).
 def load_limits(
     endpoints: tuple[str, ...],
-    outstanding: Mapping[str, int],
+    outstanding: dict[str, int],
     excluded: Collection[str],
     bound_percent: int,
     slack: int = LOAD_BOUND_SLACK,
@@ -191,7 +193,7 @@ def load_limits(
 
 
 def load_limit(
-    endpoints: tuple[str, ...], outstanding: Mapping[str, int], excluded: Collection[str], bound_percent: int
+    endpoints: tuple[str, ...], outstanding: dict[str, int], excluded: Collection[str], bound_percent: int
 ) -> int:
     """The ring's limit of `load_limits`: `ceil(c * (m + 1) / n)`."""
     return load_limits(endpoints, outstanding, excluded, bound_percent).ring
@@ -262,7 +264,7 @@ def choose(
     recent: ConversationTable,
     placements: Placements,
     prefix: PrefixKeys,
-    outstanding: Mapping[str, int],
+    outstanding: dict[str, int],
     excluded: Collection[str],
     bound_percent: int,
     slack: int = LOAD_BOUND_SLACK,
@@ -305,7 +307,7 @@ class Affinity:
         self,
         ring: Ring,
         prefix: PrefixKeys,
-        outstanding: Mapping[str, int],
+        outstanding: dict[str, int],
         excluded: Collection[str],
         bound_percent: int,
         slack: int = LOAD_BOUND_SLACK,
@@ -346,7 +348,7 @@ class Ring:
     def choose(
         self,
         key: int,
-        outstanding: Mapping[str, int],
+        outstanding: dict[str, int],
         excluded: Collection[str],
         bound_percent: int,
     ) -> str | None:
@@ -360,7 +362,7 @@ class Ring:
         self,
         key: int,
         placed: Mapping[str, int],
-        outstanding: Mapping[str, int],
+        outstanding: dict[str, int],
         excluded: Collection[str],
         limit: int,
     ) -> str | None:
@@ -391,7 +393,7 @@ class Ring:
         return order
 
     def choose_under(
-        self, key: int, outstanding: Mapping[str, int], excluded: Collection[str], limit: int
+        self, key: int, outstanding: dict[str, int], excluded: Collection[str], limit: int
     ) -> str | None:
         """The first endpoint clockwise from `key` not in `excluded` with fewer than `limit` outstanding."""
         points = len(self.points)

@@ -27,7 +27,7 @@ from specfleet_runtime.router.endpoints import (
     endpoints_from_slices,
     resolve_pool,
 )
-from specfleet_runtime.router.metrics import RouterMetrics
+from specfleet_runtime.router.metrics import Cell, RouterMetrics
 from specfleet_runtime.router.sources import EndpointWatch, SliceWatchFactory
 from specfleet_runtime.routing_config import RoutingConfig
 
@@ -68,6 +68,9 @@ class Backends:
         self.pool_endpoints: dict[str, tuple[str, ...]] = dict.fromkeys(POOLS, ())
         # Each pool's prefix-affinity ring, built on first use after its endpoints changed.
         self._rings: dict[str, Ring] = {}
+        # The `prefix_choices` counter of each pool and choice, looked up once rather than by its
+        # labels on every request.
+        self._choice_counters: dict[str, dict[str, Cell]] = {}
         # Which endpoint last served each conversation key and holds each leading text (all pools: a
         # key's endpoint outside the pool asked for is passed over); shared with the other workers where
         # the caller says so; and the leading texts this worker placed (published on the workers'
@@ -271,7 +274,8 @@ class Backends:
         self, pool: str, endpoints: tuple[str, ...], tried: set[str], prefix: PrefixKeys, bound_percent: int
     ) -> str | None:
         ring = self._rings.get(pool)
-        if ring is None or ring.endpoints != endpoints:
+        # The pool's tuple is the same object from one request to the next: compared only when not.
+        if ring is None or (ring.endpoints is not endpoints and ring.endpoints != endpoints):
             ring = Ring(endpoints)
             self._rings[pool] = ring
         choice = None
@@ -283,7 +287,13 @@ class Backends:
             choice = self.affinity.pick(ring, prefix, self.outstanding, tried, bound_percent)
         if choice is None:
             return None
-        self.metrics.value(self.metrics.prefix_choices, pool, choice.how).inc()
+        counters = self._choice_counters.get(pool)
+        if counters is None:
+            counters = self._choice_counters[pool] = {}
+        counter = counters.get(choice.how)
+        if counter is None:
+            counter = counters[choice.how] = self.metrics.value(self.metrics.prefix_choices, pool, choice.how)
+        counter.inc()
         return choice.url
 
     def acquire(self, url: str) -> None:

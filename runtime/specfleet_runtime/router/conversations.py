@@ -44,12 +44,12 @@ from specfleet_runtime.names import MULTIPROC_ENV, WORKER_INDEX_ENV
 # conversations, more than a pool's KV caches hold), 1.5 MiB.
 SETS: Final = 1 << 14
 WAYS: Final = 4
-_ENTRY: Final = struct.Struct("<QQQ")  # key, endpoint hash, written at (ns)
-_SET: Final = struct.Struct("<" + "QQQ" * WAYS)
-# A set's keys alone, the rest of each entry skipped: a lookup (every request of a PrefixAffinity pool)
-# converts WAYS integers rather than 3 * WAYS, then reads the endpoint of the entry that matched.
-_KEYS: Final = struct.Struct("<" + "Q16x" * WAYS)
-_WORD: Final = struct.Struct("<Q")
+# In the machine's byte order ("="): the table is shared only by the processes of one host, and a
+# lookup reads its words through a memoryview (`ConversationTable._words`), which has no other.
+_ENTRY: Final = struct.Struct("=QQQ")  # key, endpoint hash, written at (ns)
+_ENTRY_WORDS: Final = 3
+_SET: Final = struct.Struct("=" + "QQQ" * WAYS)
+_SET_WORDS: Final = _ENTRY_WORDS * WAYS
 SIZE: Final = SETS * _SET.size
 TABLE_FILE: Final = "prefix-affinity-conversations"
 
@@ -145,6 +145,10 @@ class ConversationTable:
     def __init__(self, path: str | None = None, sets: int = SETS) -> None:
         self.sets = sets
         self._map = _mapped(path, sets * _SET.size)
+        # The table as 64-bit words: a lookup (every request of a PrefixAffinity pool) reads the keys
+        # of its set one word at a time, then the matching entry's endpoint, with no struct call and
+        # no tuple per request.
+        self._words = memoryview(self._map).cast("Q")
         self._endpoints = _ByHash()
 
     def _slot(self, key: int) -> int:
@@ -153,19 +157,18 @@ class ConversationTable:
     def endpoint(self, key: int, endpoints: Collection[str]) -> str | None:
         """The endpoint of `endpoints` that last served `key`, or None."""
         key = key or 1
-        offset = self._slot(key)
-        keys = _KEYS.unpack_from(self._map, offset)
-        for way in range(WAYS):
-            if keys[way] == key:
-                served = _WORD.unpack_from(self._map, offset + way * _ENTRY.size + 8)[0]
-                return self._endpoints.of(endpoints).get(served)
+        words = self._words
+        first = (key % self.sets) * _SET_WORDS
+        for entry in range(first, first + _SET_WORDS, _ENTRY_WORDS):
+            if words[entry] == key:
+                return self._endpoints.of(endpoints).get(words[entry + 1])
         return None
 
     def longest(
         self,
         keys: tuple[int, ...],
         endpoints: Collection[str],
-        outstanding: Mapping[str, int],
+        outstanding: dict[str, int],
         excluded: Collection[str],
         limit: int,
     ) -> str | None:
@@ -188,6 +191,7 @@ class ConversationTable:
             _ENTRY.pack_into(self._map, offset + way * _ENTRY.size, key, served, now)
 
     def close(self) -> None:
+        self._words.release()  # the mapping cannot close while a view of it exists
         self._map.close()
 
 

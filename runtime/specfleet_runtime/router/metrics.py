@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from specfleet_runtime.names import ROUTER_REQUESTS
 from specfleet_runtime.router.build import router_build
 
-_PACK_TWO_DOUBLES = struct.Struct("dd").pack
+# A value and its timestamp (0: none) as prometheus_client's multiprocess files hold them, written in place.
+_PACK_TWO_DOUBLES_INTO = struct.Struct("dd").pack_into
 
 LATENCY_BUCKETS = (
     0.001,
@@ -237,8 +238,7 @@ class Cell:
     def inc(self, amount: float = 1.0) -> None:
         self.value += amount
         if self._file is not None:
-            pos = self._pos
-            self._file._m[pos : pos + 16] = _PACK_TWO_DOUBLES(self.value, 0.0)
+            _PACK_TWO_DOUBLES_INTO(self._file._m, self._pos, self.value, 0.0)
 
     def dec(self, amount: float = 1.0) -> None:
         self.inc(-amount)
