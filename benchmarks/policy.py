@@ -49,7 +49,14 @@ import yaml
 from specfleet.api.semantics import engine_schedules
 from specfleet.api.validation import SpeculativeDeployment, parse_resource
 from specfleet.sim.bound import NAME as BOUND
-from specfleet.sim.bound import REACTION, REACTION_REQUESTS, REACTIVE, reaction_bounds, rollout_paying_oracle
+from specfleet.sim.bound import (
+    REACTION,
+    REACTION_REQUESTS,
+    REACTIVE,
+    reaction_bounds,
+    reaction_hold_seconds,
+    rollout_paying_oracle,
+)
 from specfleet.sim.compare import (
     ALL_REQUESTS,
     BEHIND_MARGIN,
@@ -116,6 +123,7 @@ def add_reaction_bounds(
     comp.runs.update(
         reaction_bounds(sd, workload, statics, options, profile, SMOOTH, lag_seconds(sd), BEHIND_MARGIN)
     )
+    comp.extra["reactionHold"] = reaction_hold_seconds(sd, statics, SMOOTH, lag_seconds(sd), BEHIND_MARGIN)
 
 
 def lag_seconds(sd: SpeculativeDeployment) -> float:
@@ -1177,7 +1185,10 @@ def behind_section(rows: list[tuple[str, Comparison]]) -> list[str]:
             ratio = comp.ratio if measure == TIME_WEIGHTED else comp.request_ratio
             bound = "-"
             if (reacting := reacting_bound(comp, measure)) is not None:
-                bound = f"{fmt(reacting[1])} ({reacting[0]}" + (
+                kind = reacting[0]
+                if kind == "reaction" and "reactionHold" in comp.extra:
+                    kind += f", no change before {comp.extra['reactionHold'] / 60:.1f} min"
+                bound = f"{fmt(reacting[1])} ({kind}" + (
                     "; below the best fixed: a bound)" if _bounded(comp, measure, cell) else ")"
                 )
             plain = comp.plain_windows()
