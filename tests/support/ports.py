@@ -16,11 +16,13 @@ def free_port() -> int:
 def refused(port: int) -> bool:
     """Whether a connection to the loopback port is refused (nothing listens there now). A connection
     reset while connecting means a listening socket closed with the connection in its backlog, or
-    one of several workers' sockets did while another still listens: not yet refused, ask again."""
+    one of several workers' sockets did while another still listens; one that times out, a socket
+    that still listens but answers no handshake within the second (its backlog full as it closes, or a
+    busy machine): not yet refused either, ask again."""
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     except ConnectionRefusedError:
         return True
-    except ConnectionResetError:
+    except (ConnectionResetError, TimeoutError):
         return False
     return False
