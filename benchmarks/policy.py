@@ -120,10 +120,11 @@ def add_reaction_bounds(
     start, into `comp.runs`: what a policy that serves the first stretch in its best setting and
     reacts no sooner than its measurements show that setting falling behind can reach."""
     statics = {n: r for n, r in comp.runs.items() if r.strategy.kind == "static"}
+    hold = reaction_hold_seconds(sd, statics, SMOOTH, lag_seconds(sd), BEHIND_MARGIN)
     comp.runs.update(
-        reaction_bounds(sd, workload, statics, options, profile, SMOOTH, lag_seconds(sd), BEHIND_MARGIN)
+        reaction_bounds(sd, workload, statics, options, profile, SMOOTH, lag_seconds(sd), BEHIND_MARGIN, hold)
     )
-    comp.extra["reactionHold"] = reaction_hold_seconds(sd, statics, SMOOTH, lag_seconds(sd), BEHIND_MARGIN)
+    comp.extra["reactionHold"] = hold
 
 
 def lag_seconds(sd: SpeculativeDeployment) -> float:

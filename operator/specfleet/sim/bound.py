@@ -391,6 +391,7 @@ def reaction_bounds(
     smooth: int,
     lag_seconds: float,
     margin: float,
+    hold_seconds: float | None = None,
 ) -> dict[str, RunResult]:
     """The reaction bound, its schedule chosen for each measure ({`REACTION`: time-weighted,
     `REACTION_REQUESTS`: over all requests}): the best schedule of settings that pays its rollouts,
@@ -404,8 +405,13 @@ def reaction_bounds(
     where the change does not come). A burst that begins and ends within a lag plus a rollout is
     served in the start setting by any policy that reacts to it; so is the part of a longer one before
     the reaction serves. It assumes the first change is not announced by the load's trend before it
-    (a ramp's crossing can be: the reactive bound is the one to read there)."""
-    hold = reaction_hold_seconds(sd, statics, smooth, lag_seconds, margin)
+    (a ramp's crossing can be: the reactive bound is the one to read there). `hold_seconds`: that
+    hold where the caller has it already (None: computed here)."""
+    hold = (
+        reaction_hold_seconds(sd, statics, smooth, lag_seconds, margin)
+        if hold_seconds is None
+        else hold_seconds
+    )
     return {
         name: rollout_paying_oracle(
             sd, workload, statics, options, profile, smooth, name=name, hold_seconds=hold, measure=measure
