@@ -36,7 +36,9 @@ def test_every_reason_has_a_meaning_and_an_action():
         for name, value in _constants().items()
         if value not in reason_docs.REASON_DOCS and value not in condition_types
     )
-    assert undocumented == [], "add them to REASON_DOCS or CONDITION_DOCS in api/reason_docs.py"
+    assert undocumented == [], (
+        "add them to api/reason_docs_resource.py or api/reason_docs_policy.py (merged by api/reason_docs.py)"
+    )
     for value, doc in reason_docs.REASON_DOCS.items():
         assert all(doc), value
 
