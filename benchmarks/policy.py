@@ -791,11 +791,11 @@ def render(
         'With the resource\'s gates (`gatedWorstMinuteBound`, the same program with `objective="worst"` '
         "and `gated=True`): the schedule of static settings, still chosen in hindsight and paying its "
         "rollouts, that has the highest worst window from the policy's first reaction on, when a flip "
-        "(off <-> speculating) starts no sooner than max(minDwellSeconds, cooldownSeconds) after the "
-        "pool's previous one, as the gates let the policy flip (changes of K are not gated; the hourly "
-        "flip budget is not modelled). A worst minute of it below 0.95 means that no schedule of flips "
-        "the resource allows, knowing the future, keeps every minute at 0.95: the per-minute target "
-        "then asks for a shorter cooldown, not a better decision.",
+        "(off <-> speculating) starts no sooner than minDwellSeconds after the pool's previous one, as "
+        "the gates let the policy flip (changes of K are not gated; the cooldown between flips of "
+        "different pools and the hourly flip budget are not modelled). A worst minute of it below 0.95 "
+        "means that no schedule of flips the resource allows, knowing the future, keeps every minute at "
+        "0.95: the per-minute target then asks for a shorter dwell, not a better decision.",
         "",
         "Held through an acceptance shift (`held_through`, `operator/specfleet/sim/bound.py`): a shift "
         "of acceptance under stationary load can come in any minute, and no policy sees it and has a "
@@ -1059,9 +1059,9 @@ def lagged_note(comp: Comparison, sd: SpeculativeDeployment) -> str:
 def gated_note(comp: Comparison, sd: SpeculativeDeployment) -> str:
     if GATED not in comp.runs:
         return ""
-    gap = max(sd.spec.policy.min_dwell_seconds, sd.spec.policy.cooldown_seconds)
+    gap = sd.spec.policy.min_dwell_seconds
     return (
-        f"; with flips at least {gap} s apart (the resource's dwell and cooldown), the best worst minute in "
+        f"; with flips at least {gap} s apart (the resource's dwell), the best worst minute in "
         f"hindsight {fmt(comp.worst_minute(GATED))} ({fmt(comp.ratio(GATED))} time-weighted; "
         f"{bound_changes(comp, GATED)})"
     )

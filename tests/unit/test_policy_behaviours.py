@@ -162,19 +162,58 @@ def test_a_rollout_that_never_settles_is_reverted_with_a_reason():
 # ---- 5. Cooldown above an hour and more than 20 flips per hour are enforced -----------------------
 
 
+def evaluate_both(spec, status, observations, now, k=3):
+    """`evaluate` for both pools at once (each settles after its change)."""
+    states = pool_states(spec, status, now)
+    decisions = decide(spec.policy, k, states, observations, now, PROFILE)
+    recorded = record(status, decisions, observations, 1, now, SCRAPE, window_seconds=60)
+    return decisions, settled(settled(recorded.status), "batch")
+
+
 def test_cooldown_longer_than_an_hour_is_enforced():
-    spec = speclike(
-        mode="Threshold",
-        cooldownSeconds=7200,
-        minDwellSeconds=0,
-        reentry={"canaryReplicas": 0, "maxAcceptanceAgeSeconds": 86400},
+    # Two Auto pools: the cooldown spaces flips of different pools, here by two hours.
+    spec = SpeculativeDeploymentSpec.model_validate(
+        {
+            **goodput_spec(
+                mode="Threshold",
+                cooldownSeconds=7200,
+                minDwellSeconds=0,
+                reentry={"canaryReplicas": 0, "maxAcceptanceAgeSeconds": 86400},
+            ),
+            "pools": {
+                "latency": {"replicas": 3, "speculation": "Auto"},
+                "batch": {"replicas": 2, "speculation": "Auto"},
+            },
+        }
     )
+    status = settled(settled(SpeculativeDeploymentStatus()), "batch")
+    high = {"latency": obs(300, PUBLISHED[:3]), "batch": obs(40, PUBLISHED[:3], pool="batch")}
+    (latency, batch), status = evaluate_both(spec, status, high, NOW)
+    assert latency.flip
+    assert not batch.flip
+    later = NOW + timedelta(minutes=90)
+    both_high = {
+        "latency": obs(300, None, at=later),
+        "batch": obs(300, PUBLISHED[:3], pool="batch", at=later),
+    }
+    (latency, batch), status = evaluate_both(spec, status, both_high, later)
+    assert (batch.flip, batch.reason) == (False, "Cooldown")
+    assert "another pool" in batch.message
+
+
+def test_a_pools_own_flip_back_waits_for_its_dwell_not_the_cooldown():
+    # One Auto pool (example 02's gates: dwell 300 s, cooldown 600 s): the cooldown spaces flips of
+    # different pools, so the pool may flip back once its own dwell is over.
+    spec = speclike(mode="Threshold", reentry={"canaryReplicas": 0, "maxAcceptanceAgeSeconds": 86400})
     status = settled(SpeculativeDeploymentStatus())
     d, status = evaluate(spec, status, obs(300, PUBLISHED[:3]), NOW)
     assert d.flip
-    later = NOW + timedelta(minutes=90)
+    soon = NOW + timedelta(seconds=200)
+    d, status = evaluate(spec, status, obs(2, None, at=soon), soon)
+    assert (d.flip, d.reason) == (False, "MinDwell")
+    later = NOW + timedelta(seconds=330)
     d, status = evaluate(spec, status, obs(2, None, at=later), later)
-    assert (d.flip, d.reason) == (False, "Cooldown")
+    assert d.flip, (d.reason, d.message)
 
 
 def test_more_than_20_flips_per_hour_are_counted():

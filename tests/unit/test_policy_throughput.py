@@ -82,6 +82,18 @@ def test_every_setting_moves_smoothly_with_demand(name: str) -> None:
         assert jumps[worst] <= 0.03, (setting, demands[worst], gains[worst], gains[worst + 1])
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_gain_at_no_demand_is_its_limit_as_the_demand_falls(name: str) -> None:
+    # Both settings serve nothing at no demand; what the next request to arrive sees is the gain at a
+    # batch of one (below it the step is one request's), not 1.0: a projected fall to zero must not
+    # price the pool's next minutes as idle.
+    m = CASES[name]
+    for setting in m.settings:
+        assert m.gain(setting, ACC, 0.0) == pytest.approx(m.gain(setting, ACC, 1e-3))
+        assert m.gain(setting, ACC, 0.0) == pytest.approx(m.gain(setting, ACC, 1.0))
+    assert m.gain("K3", ACC, 0.0) != pytest.approx(1.0)
+
+
 def test_where_nothing_binds_the_gain_is_the_cost_profiles_speedup() -> None:
     m = CASES["8b-no-memory"]
     for d in (1.0, 7.5, 40.0):

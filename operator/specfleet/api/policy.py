@@ -195,7 +195,11 @@ class PolicySpec(ApiModel):
         default=300, ge=0, le=86400, description="Minimum time a pool stays in a mode after a flip."
     )
     cooldown_seconds: int = Field(
-        default=600, ge=0, le=86400, description="Minimum time between two flips of the same deployment."
+        default=600,
+        ge=0,
+        le=86400,
+        description="Minimum time between flips of two different pools of the deployment (a pool's own "
+        "flips are spaced by minDwellSeconds).",
     )
     max_flips_per_hour: int = Field(
         default=4, ge=1, le=MAX_CHANGES_PER_HOUR, description="Cap on flips per pool per hour."

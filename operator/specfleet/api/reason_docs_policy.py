@@ -58,7 +58,8 @@ DECISION_REASON_DOCS: Final[dict[str, ReasonDoc]] = {
     ),
     COOLDOWN: ReasonDoc(
         "Decision (hold)",
-        "Some pool of this resource flipped less than `policy.cooldownSeconds` ago.",
+        "Another pool of this resource flipped less than `policy.cooldownSeconds` ago (a pool's own flips "
+        "are spaced by `policy.minDwellSeconds`).",
         WAIT,
     ),
     FLIP_BUDGET_EXHAUSTED: ReasonDoc(

@@ -23,7 +23,7 @@ best schedule under the mix model, simulated; not a proof that no schedule does 
 
 Two variants answer narrower questions (`rollout_paying_oracle(objective=..., gated=...)`): the
 schedule chosen for its worst window instead of its sum (what the best worst minute is, not the best
-average), and the schedule whose flips are as far apart as the resource's dwell and cooldown let a
+average), and the schedule whose flips are as far apart as the resource's dwell lets a pool's
 policy flip (what the resource's own gates allow, still knowing the future).
 """
 
@@ -91,7 +91,7 @@ def best_schedule(
     made at that window's start).
 
     `flip_gap` > 0: a flip (a change between "alwaysOff" and a speculating setting) starts at least
-    that many windows after the previous flip started (a resource's dwell and cooldown); a change of
+    that many windows after the previous flip started (a resource's dwell); a change of
     K between speculating settings is not a flip (the policy's retunes do not spend them either).
     `objective` "total" maximises the sum of the windows' scores; "worst" the lowest window score
     from window `skip` on (ties: the sum), a max-min program whose sum is only a tie-break, so not
@@ -273,9 +273,9 @@ def rollout_paying_oracle(
 
     `objective` "worst" chooses the schedule for its lowest window from the policy's first reaction
     on (one window plus one evaluation; see `best_schedule`) instead of for the sum. `gated` starts a
-    flip no sooner than max(minDwellSeconds, cooldownSeconds) after the pool's previous one, as the
-    resource's gates allow a policy (the hourly flip budget and the retune interval are not modelled:
-    the bound stays above what the gates allow).
+    flip no sooner than minDwellSeconds after the pool's previous one, as the resource's gates allow a
+    policy (the cooldown between flips of different pools, the hourly flip budget and the retune
+    interval are not modelled: the bound stays above what the gates allow).
 
     `hold_seconds` (not None) gives the reactive bound (`REACTIVE`): the schedule starts in the
     setting best in the first window and starts no change before `hold_seconds` (when the workload
@@ -291,7 +291,7 @@ def rollout_paying_oracle(
     any_run = next(iter(statics.values()))
     policy = sd.spec.policy
     step = any_run.bin_seconds
-    gap = math.ceil(max(policy.min_dwell_seconds, policy.cooldown_seconds) / step - 1e-9) if gated else 0
+    gap = math.ceil(policy.min_dwell_seconds / step - 1e-9) if gated else 0
     skip = math.ceil((policy.window_seconds + policy.evaluation_interval_seconds) / step - 1e-9)
     if hold_seconds is not None and name == NAME:
         name = REACTIVE

@@ -37,13 +37,13 @@ def _flip(
     k: int,
     p: Assessment,
     now: datetime,
-    last_flip_any: datetime | None,
+    last_flip_other: datetime | None,
     other_busy: bool,
     profile: StepTimeProfile,
 ) -> PoolDecision:
     """Flip a pool whose rule asks for the other mode, or hold it while a flip gate is closed."""
     wanted = p.wanted
-    gate = flip_gate(policy, p.state, now, last_flip_any, other_busy)
+    gate = flip_gate(policy, p.state, now, last_flip_other, other_busy)
     if gate is not None:
         reason, why = gate
         held = f"wants {wanted.mode} ({wanted.reason}: {wanted.message}) but holds: {why}"
@@ -224,7 +224,6 @@ def decide(
     `slos`: the pools whose latency objective the policy steers by (`policy.rules.slo`).
     """
     schedules = engine_schedule and policy.mode == "Goodput"
-    last_flip_any = max((s.last_transition for s in states.values() if s.last_transition), default=None)
     busy = any(not s.settled for s in states.values())
     changed = False
     out: list[PoolDecision] = []
@@ -252,7 +251,12 @@ def decide(
         )
         other_busy = changed or (busy and state.settled)
         if p.wanted.mode != state.mode:
-            decision = _flip(policy, k, p, now, last_flip_any, other_busy, profile)
+            # The cooldown spaces flips of different pools; a pool's own flips are spaced by its dwell.
+            last_flip_other = max(
+                (s.last_transition for o, s in states.items() if o != pool and s.last_transition),
+                default=None,
+            )
+            decision = _flip(policy, k, p, now, last_flip_other, other_busy, profile)
         else:
             adjusted = _adjust(policy, k, p, now, other_busy, profile)
             decision = adjusted or p.decision(p.wanted.reason, p.wanted.message)

@@ -49,6 +49,8 @@ SCHEDULE = "schedule"
 # The least overflow the measured preemption rate is referred to: a pool that preempts while its mean
 # request fits (lengths vary) charges settings that overflow by this share its whole measured rate.
 MIN_REFERENCE_OVERFLOW = 0.1
+# The demand a gain at no demand is priced at (`PoolModel.gain`): one request per replica.
+ONE_REQUEST = 1.0
 
 
 def setting_name(k: int) -> str:
@@ -175,7 +177,14 @@ class PoolModel:
         return high
 
     def gain(self, name: str, per_position: Sequence[float], demand: float | None = None) -> float:
-        """Throughput of `name` over the engine without the drafter, at the same demand."""
+        """Throughput of `name` over the engine without the drafter, at the same demand.
+
+        At no demand both serve nothing; the gain there is its limit as the demand falls to zero, what
+        the next request to arrive sees: the gain at a batch of one (below one request the batch's
+        step is one request's, so the ratio no longer moves).
+        """
+        if self._demand(demand) <= 0:
+            demand = ONE_REQUEST
         off = self.tokens_per_second(OFF, per_position, demand)
         return self.tokens_per_second(name, per_position, demand) / off if off > 0 else 1.0
 

@@ -27,19 +27,21 @@ def flip_gate(
     policy: PolicySpec,
     state: PoolState,
     now: datetime,
-    last_flip_any: datetime | None,
+    last_flip_other: datetime | None,
     other_pool_busy: bool,
 ) -> tuple[str, str] | None:
-    """The first closed gate for a flip (reason, message), or None when it may proceed. A Standby pool
-    may flip while a retune or spec change rolls out (`flips_during_restart`)."""
+    """The first closed gate for a flip (reason, message), or None when it may proceed. The pool's own
+    last flip is spaced by `minDwellSeconds`; `last_flip_other`, the last flip of another pool of the
+    deployment, by `cooldownSeconds`. A Standby pool may flip while a retune or spec change rolls out
+    (`flips_during_restart`)."""
     if not state.settled and not flips_during_restart(state):
         return r.ROLLOUT_IN_PROGRESS, "the pool's last rollout has not finished"
     if state.last_transition is not None:
         dwell = timedelta(seconds=policy.min_dwell_seconds)
         if now - state.last_transition < dwell:
             return r.MIN_DWELL, f"the pool flipped less than {policy.min_dwell_seconds}s ago"
-    if last_flip_any is not None and now - last_flip_any < timedelta(seconds=policy.cooldown_seconds):
-        return r.COOLDOWN, f"a pool of this deployment flipped less than {policy.cooldown_seconds}s ago"
+    if last_flip_other is not None and now - last_flip_other < timedelta(seconds=policy.cooldown_seconds):
+        return r.COOLDOWN, f"another pool of this deployment flipped less than {policy.cooldown_seconds}s ago"
     hour_ago = now - timedelta(hours=1)
     if sum(1 for t in state.recent_flips if t > hour_ago) >= policy.max_flips_per_hour:
         return r.FLIP_BUDGET_EXHAUSTED, f"already {policy.max_flips_per_hour} flips in the last hour"
