@@ -19,6 +19,7 @@ from specfleet.policy.predict.rollout_time import (
 )
 from specfleet.sim.fleet import SimOptions, Strategy, _Fleet, simulate
 from specfleet.sim.options import strategy_spec
+from specfleet.sim.prom import answers
 from specfleet.sim.workload import Trace, TraceRequest
 from specfleet_runtime.cost_profile import default_profile
 from specfleet_runtime.sleep_mode import HOST_LINK_BYTES_PER_S
@@ -91,6 +92,30 @@ def test_a_standby_flip_goes_replica_by_replica_each_down_only_for_its_switch() 
     # The start-up, as the operator measures it (pod created to Ready), is a Standby pod's: two engines'
     # and the supervisor's sleep check.
     assert status.startup_seconds == round(standby_startup_seconds(STARTUP, ASSUMED_MEMORY))
+
+
+def test_an_engine_a_standby_flip_parks_is_still_scraped_asleep() -> None:
+    # Both engines of a Standby pod are scraped (render/monitoring.py's PodMonitor): the engine a flip
+    # puts to sleep keeps its series, so the pool's served tokens over a window that spans the flips
+    # do not dip while the woken engines' rates fill it (beyond rate()'s own extrapolation over a
+    # counter that stops mid-window, up to about 10%), and only awake engines count as replicas.
+    sd = _resource({"strategy": "Surge", "flip": "Standby"})
+    late = Strategy("flip", "schedule", schedule=((0.0, "latency", "On", 3), (300.0, "latency", "Off", None)))
+    options = SimOptions(startup_seconds=STARTUP).resolved(sd.spec)
+    fleet = _Fleet(
+        dataclasses.replace(sd, spec=strategy_spec(sd.spec, late)), late, TRACE, options, default_profile()
+    )
+    fleet.run()
+    latency = [s for s in fleet.prometheus.series.values() if s.pool == "latency"]
+    arriving = 10 * 300.0  # the trace's generated tokens per second
+    for t in range(240, 600, 15):
+        out = answers(latency, float(t), 120.0)
+        assert float(out["generation_tps"][0]["value"][1]) == pytest.approx(arriving, rel=0.15), t
+        assert float(out["replicas"][0]["value"][1]) in (2.0, 3.0), t
+    asleep = [s for s in latency if s.samples and not s.samples[-1].awake]
+    assert len(asleep) == 3
+    # Scraped on, asleep, until the pods go at the run's end.
+    assert all(s.samples[-1].t >= 585 for s in asleep)
 
 
 def test_a_standby_pod_starts_two_engines_and_checks_the_sleep() -> None:

@@ -82,6 +82,7 @@ class _Fleet:
             rep.advance_to(now, self.done)
             self.prometheus.scrape(rep, now)
             self.rollouts.after_advance(rep, now)
+        self.prometheus.scrape_parked(now)
         self.finish_done()
 
     def close_bin(self, index: int, now: float) -> None:

@@ -1,7 +1,10 @@
 """What Prometheus would hold about the simulated engines, and the policy's queries over it.
 
 Each ready or draining engine is scraped every `scrape_interval` seconds (a starting engine has no
-`/metrics` yet). A query at time t evaluates, per series, over the samples in (t - window, t]:
+`/metrics` yet). An engine a Standby flip puts to sleep is scraped on, asleep, its counters flat, as
+the PodMonitor scrapes both engines of a Standby pod (`render/monitoring.py`), and the engine it wakes
+has a flat series from the scrape before (`Prometheus.park`, `Prometheus.waking`): a window that spans
+the flip counts what each served in it. A query at time t evaluates, per series, over the samples in (t - window, t]:
 
 - `rate(counter[w])` with Prometheus' extrapolation (`extrapolatedRate` in promql/functions.go:
   extrapolate to the window's edges by at most 1.1 average sample intervals, and not below zero);
@@ -29,6 +32,7 @@ every engine awake that is the plain queries' answer.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -252,11 +256,43 @@ def _buckets(
     ]
 
 
+def _sample(rep: Replica, now: float) -> Sample:
+    """What a scrape of `rep`'s /metrics at `now` reads."""
+    return Sample(
+        t=now,
+        drafts=rep.drafts,
+        draft_tokens=rep.draft_tokens,
+        accepted=rep.accepted,
+        accepted_pos=tuple(rep.accepted_pos[: rep.config.k]),
+        generation_tokens=rep.generation_tokens,
+        running=float(rep.running),
+        waiting=float(len(rep.waiting)),
+        kv_usage=rep.kv_usage,
+        preemptions=float(rep.preemptions),
+        prompt_sum=rep.finished_prompt_tokens,
+        output_sum=rep.finished_output_tokens,
+        finished=float(rep.finished),
+        prefix_queries=rep.prefix_queries,
+        prefix_hits=rep.prefix_hits,
+        ttft=LatencyCounts.cumulative(rep.latency.ttft),
+        tpot=LatencyCounts.cumulative(rep.latency.tpot),
+    )
+
+
+def _asleep(sample: Sample, t: float) -> Sample:
+    """`sample`'s counters at `t` from an engine asleep: nothing running, waiting or in its KV cache."""
+    return dataclasses.replace(sample, t=t, running=0.0, waiting=0.0, kv_usage=0.0, awake=False)
+
+
 class Prometheus:
     """The simulated Prometheus: one series per engine, sampled when the fleet scrapes it."""
 
     def __init__(self) -> None:
         self.series: dict[int, Series] = {}
+        # Engines asleep in a Standby pod (serial -> their counters when they slept): the pod still
+        # serves their metrics, so every scrape samples them on, flat (`scrape_parked`).
+        self.parked: dict[int, Sample] = {}
+        self.last_scrape = -math.inf
 
     def track(self, rep: Replica) -> None:
         self.series[rep.serial] = Series(
@@ -267,30 +303,34 @@ class Prometheus:
         )
 
     def deleted(self, rep: Replica, at: float) -> None:
-        self.series[rep.serial].deleted_at = at
+        s = self.series[rep.serial]
+        s.deleted_at = at if s.deleted_at is None else min(s.deleted_at, at)
+        self.parked.pop(rep.serial, None)
+
+    def park(self, rep: Replica, at: float) -> None:
+        """A Standby pod's engine put to sleep at `at`: its later scrapes read its counters as they are
+        now, nothing running, asleep (no sample at `at` itself: Prometheus scrapes on its interval)."""
+        if not self.series[rep.serial].samples:
+            self.deleted(rep, at)
+            return
+        self.parked[rep.serial] = _asleep(_sample(rep, at), at)
+
+    def waking(self, rep: Replica, at: float) -> None:
+        """A Standby pod's other engine, about to wake: it was scraped all along, asleep with its counters
+        flat, so its series holds the scrape before `at` (what it serves from its wake on counts)."""
+        s = self.series[rep.serial]
+        if not s.samples:
+            before = self.last_scrape if self.last_scrape <= at else at
+            s.samples.append(_asleep(_sample(rep, before), before))
+
+    def scrape_parked(self, now: float) -> None:
+        """The parked engines' samples of one scrape at `now` (the fleet scrapes every engine then)."""
+        self.last_scrape = now
+        for serial, sample in sorted(self.parked.items()):
+            self.series[serial].samples.append(dataclasses.replace(sample, t=now))
 
     def scrape(self, rep: Replica, now: float) -> None:
-        self.series[rep.serial].samples.append(
-            Sample(
-                t=now,
-                drafts=rep.drafts,
-                draft_tokens=rep.draft_tokens,
-                accepted=rep.accepted,
-                accepted_pos=tuple(rep.accepted_pos[: rep.config.k]),
-                generation_tokens=rep.generation_tokens,
-                running=float(rep.running),
-                waiting=float(len(rep.waiting)),
-                kv_usage=rep.kv_usage,
-                preemptions=float(rep.preemptions),
-                prompt_sum=rep.finished_prompt_tokens,
-                output_sum=rep.finished_output_tokens,
-                finished=float(rep.finished),
-                prefix_queries=rep.prefix_queries,
-                prefix_hits=rep.prefix_hits,
-                ttft=LatencyCounts.cumulative(rep.latency.ttft),
-                tpot=LatencyCounts.cumulative(rep.latency.tpot),
-            )
-        )
+        self.series[rep.serial].samples.append(_sample(rep, now))
 
     def fleet_answers(
         self, namespace: str, name: str, pools: Iterable[str], t: float, window: float

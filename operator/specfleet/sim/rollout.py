@@ -13,7 +13,8 @@ operator's flip driver waits for both (vLLM has no way to hand a queued request 
 period, as above), then its awake engine sleeps and the other wakes (`policy.predict.rollout_time.standby_switch_seconds`:
 the weights per GPU over the host link each way) and serves one check completion
 (`STANDBY_CHECK_SECONDS`); then it serves the other setting with an empty KV cache and a cold prefix
-cache (a new `Replica` on the same GPUs). The flip measured, from leaving the endpoints to serving
+cache (a new `Replica` on the same GPUs; its predecessor's series is scraped on, asleep, as the pod
+still serves both engines' metrics). The flip measured, from leaving the endpoints to serving
 again, goes into status as `standbyFlipSeconds`, as the operator measures it. Any other change (a K of
 its own, the image, a scale-up) starts new pods as a Restart pool does, and their engine without the
 drafter starts awake, so one that is to speculate flips once after its start-up.
@@ -156,6 +157,9 @@ class Rollouts:
         self.gpu_waiters: dict[int, tuple[Replica, float]] = {}
         # A Standby pod flipping -> when its predecessor left the endpoints; each pool's flips measured.
         self.flip_started: dict[int, float] = {}
+        # A Standby pod's engine now serving -> its sibling engine, asleep in the same pod (its series
+        # is still scraped).
+        self.parked_for: dict[int, int] = {}
         self.standby_flips: dict[str, list[float]] = {}
         # Where a draining Standby pod's unstarted requests go (the router's retry; set by the fleet).
 
@@ -391,9 +395,20 @@ class Rollouts:
 
     def gone(self, rep: Replica, at: float) -> None:
         rep.gone_at = at
-        self.prometheus.deleted(rep, at)
-        self.accounts.gone(rep)
         waiting = self.gpu_waiters.pop(rep.serial, None)
+        if waiting is not None and waiting[0].serial in self.flip_started:
+            # A Standby flip: this engine sleeps in its pod, which still serves its metrics (both engines
+            # are scraped, render/monitoring.py), so its series stays, asleep, until the pod's other
+            # engine is itself switched or gone.
+            self.prometheus.park(rep, at)
+            self.prometheus.waking(waiting[0], at)
+            self.parked_for[waiting[0].serial] = rep.serial
+        else:
+            self.prometheus.deleted(rep, at)
+        parked = self.parked_for.pop(rep.serial, None)
+        if parked is not None:
+            self.prometheus.deleted(self.replicas[parked], at)
+        self.accounts.gone(rep)
         if waiting is not None and waiting[0].gone_at is None:
             # Its GPUs are free: the pod that waited for them is scheduled and starts up.
             waiter, startup = waiting
