@@ -292,7 +292,7 @@ class Prometheus:
         # Engines asleep in a Standby pod (serial -> their counters when they slept): the pod still
         # serves their metrics, so every scrape samples them on, flat (`scrape_parked`).
         self.parked: dict[int, Sample] = {}
-        self.last_scrape = -math.inf
+        self.last_scrape: float | None = None  # the latest scrape's time (None: none yet)
 
     def track(self, rep: Replica) -> None:
         self.series[rep.serial] = Series(
@@ -320,7 +320,7 @@ class Prometheus:
         flat, so its series holds the scrape before `at` (what it serves from its wake on counts)."""
         s = self.series[rep.serial]
         if not s.samples:
-            before = self.last_scrape if self.last_scrape <= at else at
+            before = at if self.last_scrape is None else min(self.last_scrape, at)
             s.samples.append(_asleep(_sample(rep, before), before))
 
     def scrape_parked(self, now: float) -> None:
