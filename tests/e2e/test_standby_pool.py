@@ -165,6 +165,14 @@ def test_standby_pods_run_both_engines_and_prometheus_counts_only_the_awake_ones
     )
     assert counted["latency"] == 2 * REPLICAS
     assert _answer(env, standby_round["replicas"]) == {"latency": REPLICAS}
+    # Every series, the asleep engines' too, soon covers the whole window (6 s of 1 s scrapes); only
+    # its first seconds read as part of one (rates over them count part of the window).
+    covered = wait_for(
+        "the window covered",
+        lambda: (a := _answer(env, standby_round["window_coverage"])).get("latency", 0.0) >= 0.85 and a,
+        timeout=60,
+    )
+    assert 0.85 <= covered["latency"] <= 1.5
     asleep = env.prometheus.query(
         f'{vm.ENGINE_SLEEP_STATE}{{namespace="{env.namespace}",sleep_state="awake"}} == 0'
     )

@@ -29,6 +29,7 @@ _VALUE_KEYS = {
     "itl_p50": "itl50",
     "itl_p99": "itl99",
     "sample_age": "age",
+    "window_coverage": "window_coverage",
     "kv_usage": "kv_usage",
     "preemptions": "preemptions",
     "prompt_len": "prompt_len",

@@ -560,13 +560,14 @@ def test_a_finished_standby_flip_is_an_event_and_refreshes_status(world):
     cluster, _, _, controller = world
     sd = parse_resource(_standby(cluster))
     outcome = controller.record_standby(
-        sd, "latency", Tick(finished=[("llama-latency-0", 4.25)], settled=True)
+        sd, "latency", Tick(finished=[("llama-latency-0", 4.25)], switched=[2.4], settled=True)
     )
     (event,) = [e for e in outcome.events if e.reason == "StandbyFlipped"]
     assert event.message == "latency: pod llama-latency-0 serves speculation On after 4.2 s"
     assert outcome.status_written
-    # What the policy prices the pool's next flip with (one replica's, measured).
-    assert _status(cluster)["pools"]["latency"]["standbyFlipSeconds"] == 4
+    # What the policy prices the pool's next flip with: one replica's switch, measured (the drain is
+    # the load's, estimated at each flip).
+    assert _status(cluster)["pools"]["latency"]["standbyFlipSeconds"] == 2
 
 
 def test_a_standby_pool_is_settled_only_once_its_pods_serve_the_decided_mode(world):

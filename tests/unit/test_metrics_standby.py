@@ -29,8 +29,9 @@ NS, NAME = "ns", "sd"
 POOL = {"namespace": NS, "specfleet_io_deployment": NAME}
 # sha256 of json.dumps([fleet_queries(60, ["ns"]), fleet_queries(6, ["a", "b.c"])]) as they were before
 # Standby pools: the queries of every resource without one must not change by a byte (the hash moves
-# only with a new query for every resource, as the SLO histograms ttft_buckets/tpot_buckets did).
-PLAIN_QUERIES_SHA256 = "e9773440b0872d7beeb9492cb4e0ecbe7d266e990da5d8d8e3bdc7db53108504"
+# only with a new query for every resource, as the SLO histograms ttft_buckets/tpot_buckets and
+# window_coverage did).
+PLAIN_QUERIES_SHA256 = "e35ad6ea64f2628040837ffab5ec842cf21578b43194d3ac2056609bffd3bf5e"
 STANDBY_QUERIES = {"replicas", "running_per_replica", "kv_usage", "kv_capacity"}
 
 

@@ -130,14 +130,16 @@ def test_goodput_turns_on_at_low_load_within_the_pools_gpus():
 
 
 def test_a_standby_flip_dips_one_engine_for_its_replicas_flips_whatever_the_strategy():
-    # Measured: 12 s per replica, one replica at a time, a Surge pool included (no restart).
+    # Measured: a 12 s switch per replica after its drain (4 running of 200 tokens at 400 tokens/s per
+    # replica: 2 s), one replica at a time, a Surge pool included (no restart).
+    measured = replace(obs(4), generation_tokens_per_second=1200.0, mean_output_tokens=200.0)
     for strategy in ("Surge", "Replace"):
-        d = dip(state("On", strategy, unavailable=2, flip="Standby", standby_flip_seconds=12), obs(4))
-        assert d == Dip(3, 1, 36, standby=True)
+        d = dip(state("On", strategy, unavailable=2, flip="Standby", standby_flip_seconds=12), measured)
+        assert d == Dip(3, 1, 42, standby=True)
     # Never the restart's start-up, even where one is measured.
-    slow = dip(state("On", flip="Standby", startup_seconds=900, standby_flip_seconds=12), obs(4))
+    slow = dip(state("On", flip="Standby", startup_seconds=900, standby_flip_seconds=12), measured)
     assert slow is not None
-    assert slow.seconds == 36
+    assert slow.seconds == 42
 
 
 def test_a_standby_flip_holds_only_where_it_does_not_repay_its_seconds_out():

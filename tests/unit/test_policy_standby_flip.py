@@ -98,9 +98,15 @@ def test_a_standby_pool_flips_one_replica_at_a_time_from_the_estimate_never_the_
     assert (restart.seconds, restart.standby) == (1800, False)
 
 
-def test_the_measured_flip_overrides_the_estimate():
+def test_the_measured_switch_overrides_the_estimate_and_the_drain_is_the_loads():
     state = PoolState(mode="On", replicas=4, flip="Standby", standby_flip_seconds=9)
-    assert pool_rollout(state, _obs(40, 90, 300, 2000), PROFILE) == RolloutTime(9, 4, "standbyMeasured")
+    busy, calm = _obs(40, 90, 300, 2000), _obs(1, 0, 100, 200)
+    drain_busy = standby_drain_seconds(busy, state.termination_grace_seconds)
+    drain_calm = standby_drain_seconds(calm, state.termination_grace_seconds)
+    assert pool_rollout(state, busy, PROFILE) == RolloutTime(drain_busy + 9, 4, "standbyMeasured")
+    # A switch measured under a queue prices a calm flip with the calm drain, not that queue's.
+    assert pool_rollout(state, calm, PROFILE) == RolloutTime(drain_calm + 9, 4, "standbyMeasured")
+    assert drain_calm < drain_busy
 
 
 def test_status_and_spec_give_the_policy_the_flip_its_measurement_and_the_grace_period():
@@ -206,6 +212,8 @@ def test_a_standby_flip_keeps_the_parked_engines_k_and_schedule_so_no_pod_restar
         running_per_replica=2,
         replicas_reporting=3,
         drafts_in_window=1000,
+        generation_tokens_per_second=300.0,
+        mean_output_tokens=100.0,
     )
     decision, after = _evaluate(sd, status, ob)
     assert (decision.flip, decision.target) == (True, "Off"), decision

@@ -151,8 +151,8 @@ DECISION_REASON_DOCS: Final[dict[str, ReasonDoc]] = {
         "Decision (hold)",
         "The pool flips by `rollout.flip: Standby`, and the flip's predicted gain over "
         "`policy.minDwellSeconds` (at least one window) is smaller than the capacity it takes out: one "
-        "engine at a time for its drain, sleep, wake and check (`status.pools.<pool>.standbyFlipSeconds` "
-        "measured, else an estimate from the load and the weights).",
+        "engine at a time for its drain (estimated from the load now) and its sleep, wake and check "
+        "(`status.pools.<pool>.standbyFlipSeconds` measured, else an estimate from the weights).",
         "Nothing: the flip does not pay now (usually a near break-even gain, or a long drain).",
     ),
     CANARIES_SCALED_DOWN: ReasonDoc(

@@ -238,10 +238,11 @@ class PoolStatus(StatusModel):
     standby_flip_seconds: int | None = Field(
         default=None,
         ge=0,
-        description="Standby pools (rollout.flip: Standby): how long one replica's flip takes, from "
-        "leaving the pool's Service to serving again (drain, sleep, wake and check), measured from "
-        "the pool's own flips. The policy prices a flip with it (one replica at a time); unset: an "
-        "estimate from the load (the drain) and the weights over the host link (sleep and wake).",
+        description="Standby pools (rollout.flip: Standby): how long one replica's switch takes (sleep, "
+        "wake and check, after its drain), measured from the pool's own flips. The policy prices a flip "
+        "with it and the drain estimated from the load at the time (one replica at a time; a drain "
+        "lasts as long as the requests the replica holds); unset: the switch estimated from the "
+        "weights over the host link.",
     )
     realized_check: RealizedCheck | None = Field(
         default=None,

@@ -250,9 +250,10 @@ class Controller:
                 f"{pool}: pod {pod} serves speculation {decided_plan(sd)[pool].mode} after {seconds:.1f} s"
             )
             outcome.events.append(Event("Normal", reasons.EVENT_STANDBY_FLIPPED, message))
-        if tick.finished:
-            # The pool's flip measured: the newest replica's, from leaving its Service to serving again.
-            update["standby_flip_seconds"] = round(tick.finished[-1][1])
+        if tick.switched:
+            # The pool's switch measured: the newest replica's sleep, wake and check (its drain is
+            # the load's, predicted at each flip).
+            update["standby_flip_seconds"] = max(1, round(tick.switched[-1]))
         if tick.reverted:
             pod, why = tick.reverted[0]
             message = (

@@ -232,6 +232,9 @@ class Tick:
     steps: list[Step] = field(default_factory=list)
     # (pod, seconds from its drain's start to serving the new setting)
     finished: list[tuple[str, float]] = field(default_factory=list)
+    # Seconds each finished pod's switch took (sleep, wake, check: the flip less its drain, which
+    # depends on the load at the time)
+    switched: list[float] = field(default_factory=list)
     # (pod, why): a switch that failed and was put back
     reverted: list[tuple[str, str]] = field(default_factory=list)
     settled: bool = False
@@ -310,6 +313,7 @@ class StandbyFlipper:
                 logger.info("standby flip of %s to %s: draining", step.pod, step.to)
             elif step.kind == "Switch":
                 address = addresses.get(step.pod)
+                switch_began = self.clock()
                 result = (
                     SwitchResult(False, "the pod has no IP")
                     if address is None
@@ -322,6 +326,7 @@ class StandbyFlipper:
                     )
                     seconds = (self.clock() - since).total_seconds()
                     out.finished.append((step.pod, seconds))
+                    out.switched.append((self.clock() - switch_began).total_seconds())
                     logger.info("standby flip of %s to %s: serving after %.1f s", step.pod, step.to, seconds)
                 else:
                     back = other(step.to)

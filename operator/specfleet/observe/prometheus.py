@@ -152,6 +152,14 @@ def fleet_queries(
         "itl_p50": itl_quantile(0.5),
         "itl_p99": itl_quantile(0.99),
         "sample_age": f"time() - max by ({by}) (timestamp({vm.REQUESTS_RUNNING}{{{sel}}}))",
+        # How much of the window the pool's youngest series covers, without knowing the scrape
+        # interval: its samples in the window over those in the window's second half, halved (1: the
+        # whole window; 0.5 or less: at most its second half). A counter's rate over a window that
+        # began before its series (a pod that started in it) counts only the part it covers.
+        "window_coverage": (
+            f"min by ({by}) (count_over_time({vm.REQUESTS_RUNNING}{{{sel}}}[{w}]) "
+            f"/ count_over_time({vm.REQUESTS_RUNNING}{{{sel}}}[{window_seconds * 500}ms])) / 2"
+        ),
         # Memory (each missing answer only turns the policy's memory reasoning off).
         "kv_usage": kv_usage_mean,
         "preemptions": rate_sum(vm.NUM_PREEMPTIONS),

@@ -8,8 +8,9 @@ the flip counts what each served in it. A query at time t evaluates, per series,
 
 - `rate(counter[w])` with Prometheus' extrapolation (`extrapolatedRate` in promql/functions.go:
   extrapolate to the window's edges by at most 1.1 average sample intervals, and not below zero);
-- `avg_over_time(gauge[w])` as the mean of the samples; instant gauges (`count`, `sum`) from the
-  newest sample within the 5-minute lookback of series still scraped (a deleted pod's series is stale).
+- `avg_over_time(gauge[w])` as the mean of the samples, `count_over_time` as their number; instant
+  gauges (`count`, `sum`) from the newest sample within the 5-minute lookback of series still
+  scraped (a deleted pod's series is stale).
 
 `answers` returns them in the shape of Prometheus' instant-vector results, keyed by the names of
 `specfleet.observe.prometheus.fleet_queries`; `fleet_answers` labels and indexes them as the operator
@@ -161,8 +162,12 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
     waiting = 0.0
     newest = -math.inf
     awake = 0
+    coverage: list[float] = []  # each series' samples in the window over those in its second half, halved
     for s in live:
         win = _window(s.samples, t, window)
+        half = len(_window(s.samples, t, window / 2))
+        if half:
+            coverage.append(len(win) / half / 2)
         latest = next(x for x in reversed(s.samples) if x.t <= t)
         newest = max(newest, latest.t)
         awake += latest.awake
@@ -230,6 +235,7 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
     out["ttft_buckets"] = _buckets(live, "ttft", vm.TIME_TO_FIRST_TOKEN_BUCKETS, t, window)
     out["tpot_buckets"] = _buckets(live, "tpot", vm.TOKEN_LATENCY_BUCKETS, t, window)
     out["sample_age"] = _vector(t - newest if live else None, t)
+    out["window_coverage"] = _vector(min(coverage) if coverage else None, t)
     return out
 
 

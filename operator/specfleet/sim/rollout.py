@@ -14,10 +14,12 @@ period, as above), then its awake engine sleeps and the other wakes (`policy.pre
 the weights per GPU over the host link each way) and serves one check completion
 (`STANDBY_CHECK_SECONDS`); then it serves the other setting with an empty KV cache and a cold prefix
 cache (a new `Replica` on the same GPUs; its predecessor's series is scraped on, asleep, as the pod
-still serves both engines' metrics). The flip measured, from leaving the endpoints to serving
-again, goes into status as `standbyFlipSeconds`, as the operator measures it. Any other change (a K of
-its own, the image, a scale-up) starts new pods as a Restart pool does, and their engine without the
-drafter starts awake, so one that is to speculate flips once after its start-up.
+still serves both engines' metrics). Its switch (sleep, wake, check: the flip less its drain) goes
+into status as `standbyFlipSeconds`, as the operator measures it. Any other change (a K of its own,
+the image, a scale-up) starts new pods as a Restart pool does, and their engine without the
+drafter starts awake, so one that is to speculate flips once after its start-up. A flip changes no pod
+template, so one that comes during such a rollout leaves its surge pod starting where it is and flips
+the ready pods in place beside it.
 """
 
 from __future__ import annotations
@@ -339,16 +341,23 @@ class Rollouts:
                 ready_at = p.created + (dep.startup_seconds or self.options.startup)
                 ready_at += dep.switch_seconds if dep.config.speculative else 0.0
                 new.append(self.new_pod(dep, p.created, max(now, ready_at)))
+        # The pods the rollout ends with. A flip changes no pod template (the driver wakes the other
+        # engine): a pod a restart rollout started beyond the replicas (its surge pod) keeps its place
+        # while it starts, and the ready pods flip in place beside it, one at a time.
+        target = dep.replicas
+        if standby:
+            starting = [p for p in new if now < p.ready_at and p.serial not in self.flip_started]
+            target += max(0, min(len(starting), len(active) - dep.replicas))
         # Too many new pods (scaled down): remove starting ones first, then ready ones.
-        excess = len(new) - dep.replicas
+        excess = len(new) - target
         if excess > 0:
             for p in sorted(new, key=lambda p: (p.ready_at <= now, -p.serial))[:excess]:
                 self.remove(p, now)
                 new.remove(p)
         while True:
             # New pods while the total stays within replicas + maxSurge ...
-            room = dep.replicas + surge - len(new) - len(old)
-            created = max(0, min(dep.replicas - len(new), room))
+            room = target + surge - len(new) - len(old)
+            created = max(0, min(target - len(new), room))
             for _ in range(created):
                 new.append(self.start_pod(dep, now, standby))
             # ... and retire old ones while the ready pods stay at least replicas - maxUnavailable.
@@ -446,9 +455,10 @@ class Rollouts:
         rep = self.replicas[serial]
         if rep.gone_at is not None:
             return False
-        started = self.flip_started.pop(serial, None)
-        if started is not None:
-            self.standby_flips.setdefault(rep.pool, []).append(now - started)
+        if self.flip_started.pop(serial, None) is not None:
+            # The switch, as the operator measures it (sleep, wake, check): a flipped pod's other engine
+            # is created when its predecessor is gone.
+            self.standby_flips.setdefault(rep.pool, []).append(now - rep.created)
         for dep in self.deployments.values():
             if rep in dep.pods:
                 self.sync(dep, now)
@@ -464,7 +474,7 @@ class Rollouts:
             flips = self.standby_flips.get(pool)
             standby = {}
             if flips:
-                # As the operator measures it: one replica's flip, the median of the last flip's.
+                # As the operator measures it: one replica's switch, the median of the last flip's.
                 last = flips[-max(1, max((d.replicas for d in deps), default=1)) :]
                 standby["standby_flip_seconds"] = max(1, round(statistics.median(last)))
             setattr(

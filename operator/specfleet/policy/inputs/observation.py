@@ -18,6 +18,10 @@ Schedule = tuple[tuple[int, int, int], ...]
 # A latency histogram over the window: (upper bound in seconds, cumulative requests per second) buckets
 # sorted by bound, the last one +Inf (every request); empty: not measured.
 Histogram = tuple[tuple[float, float], ...]
+# A pool's window is whole where its youngest engine series covers at least this share of it: with the
+# default 120 s window and 15 s scrapes, all but one scrape (7 of 8 samples), a rate within ~1/8 of
+# what was served; a series younger than that makes its pool's rates rise over the next windows alone.
+WHOLE_WINDOW = 0.85
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,10 @@ class PoolObservation:
     running_per_replica: float | None = None
     waiting: float | None = None
     generation_tokens_per_second: float | None = None
+    # The share of the window the pool's youngest engine series covers (the fleet query
+    # window_coverage; None: not measured). Below `WHOLE_WINDOW`, an engine started within the window
+    # (the pool's first window, a new pod's), and the counter rates count only part of it.
+    window_coverage: float | None = None
     itl_p50_seconds: float | None = None
     itl_p99_seconds: float | None = None
     replicas_reporting: int = 0
@@ -69,6 +77,12 @@ class PoolObservation:
     @property
     def usable(self) -> bool:
         return self.problem is None
+
+    @property
+    def whole_window(self) -> bool:
+        """Every engine series of the pool covers (nearly) the whole window, so its counter rates
+        (the tokens served) are the window's; True where the coverage was not measured."""
+        return self.window_coverage is None or self.window_coverage >= WHOLE_WINDOW
 
     @property
     def demand_per_replica(self) -> float | None:

@@ -37,8 +37,9 @@ flip goes one replica at a time, so it takes R batches of one replica's flip:
 
 One replica at a time because the flip's cost is the capacity it takes out (one engine for seconds)
 while the whole flip is short next to a policy window; more at once would halve a few seconds at the
-price of a deeper dip. What the operator measures of the pool's own flips (one replica's, from leaving
-the Service to serving again: `status.pools.<pool>.standbyFlipSeconds`) replaces the estimate. A
+price of a deeper dip. What the operator measures of the pool's own flips (one replica's switch: sleep,
+wake and check, `status.pools.<pool>.standbyFlipSeconds`) replaces the estimate's switch; the drain
+is estimated at each flip (it is the load's). A
 Standby pool never pays a restart's start-up for a flip. It still does for a spec change, a retune
 or a scale-up, which start new pods, and a Standby pod's start-up is two engines' and a sleep check
 (`standby_startup_seconds`): about twice a Restart pod's.
@@ -167,14 +168,16 @@ def pool_model_weights(state: PoolState, profile: StepTimeProfile) -> tuple[Capa
 
 
 def standby_rollout(state: PoolState, obs: PoolObservation, profile: StepTimeProfile) -> RolloutTime:
-    """A Standby pool's next flip: one replica at a time, each the measured flip of one replica
-    (`standbyFlipSeconds`), else drain + sleep + wake + check estimated now."""
+    """A Standby pool's next flip: one replica at a time, each its drain at the load now and the switch
+    (sleep + wake + check) measured from the pool's own flips (`standbyFlipSeconds`), else estimated.
+    The switch is the pool's; the drain is the load's (a flip under a queue drains for as long as the
+    queue lasts), so a drain measured under one load would misprice a flip at another."""
     replicas = max(1, state.replicas if state.replicas is not None else obs.replicas_reporting)
+    drain = standby_drain_seconds(obs, state.termination_grace_seconds)
     measured = state.standby_flip_seconds
     if measured is not None and measured > 0:
-        return RolloutTime(float(measured), replicas, "standbyMeasured")
+        return RolloutTime(drain + float(measured), replicas, "standbyMeasured")
     model, tp = pool_model_weights(state, profile)
-    drain = standby_drain_seconds(obs, state.termination_grace_seconds)
     return RolloutTime(
         drain + standby_switch_seconds(model, tp) + STANDBY_CHECK_SECONDS, replicas, "standbyEstimate"
     )
