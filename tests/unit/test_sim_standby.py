@@ -17,6 +17,7 @@ from specfleet.policy.predict.rollout_time import (
     standby_startup_seconds,
     standby_switch_seconds,
 )
+from specfleet.sim.accounts import RunResult
 from specfleet.sim.fleet import SimOptions, Strategy, _Fleet, simulate
 from specfleet.sim.options import strategy_spec
 from specfleet.sim.prom import answers
@@ -49,6 +50,25 @@ def _fleet(rollout: dict[str, object]) -> _Fleet:
     )
     fleet.result_ = fleet.run()  # type: ignore[attr-defined]
     return fleet
+
+
+def _retune_then_flip() -> tuple[_Fleet, RunResult]:
+    """3 Standby latency engines under the steady load: K 3 -> 1 at 30 s (new pods), Off at 60 s, run."""
+    retune_then_flip = Strategy(
+        "retune-then-flip",
+        "schedule",
+        schedule=((0.0, "latency", "On", 3), (30.0, "latency", "On", 1), (60.0, "latency", "Off", None)),
+    )
+    sd = _resource({"strategy": "Surge", "flip": "Standby"})
+    options = SimOptions(startup_seconds=STARTUP).resolved(sd.spec)
+    fleet = _Fleet(
+        dataclasses.replace(sd, spec=strategy_spec(sd.spec, retune_then_flip)),
+        retune_then_flip,
+        TRACE,
+        options,
+        default_profile(),
+    )
+    return fleet, fleet.run()
 
 
 def test_the_switch_is_the_weights_over_the_host_link_each_way_plus_the_check() -> None:
@@ -149,21 +169,7 @@ def test_a_standby_pod_still_starting_when_the_pool_flips_is_not_restarted() -> 
     # A retune at 30 s (K 3 -> 1) starts new pods (two engines each); the flip Off at 60 s meets them
     # starting. The template is the same whatever the mode, so they come up when they would have, now
     # serving without the drafter, instead of starting over.
-    retune_then_flip = Strategy(
-        "retune-then-flip",
-        "schedule",
-        schedule=((0.0, "latency", "On", 3), (30.0, "latency", "On", 1), (60.0, "latency", "Off", None)),
-    )
-    sd = _resource({"strategy": "Surge", "flip": "Standby"})
-    options = SimOptions(startup_seconds=STARTUP).resolved(sd.spec)
-    fleet = _Fleet(
-        dataclasses.replace(sd, spec=strategy_spec(sd.spec, retune_then_flip)),
-        retune_then_flip,
-        TRACE,
-        options,
-        default_profile(),
-    )
-    run = fleet.run()
+    fleet, run = _retune_then_flip()
     startup = standby_startup_seconds(STARTUP, ASSUMED_MEMORY)
     pods = sorted(fleet.rollouts.pool_pods("latency"), key=lambda p: p.serial)
     started = [p for p in pods if 30.0 <= p.created < 60.0]
@@ -185,21 +191,7 @@ def test_a_flip_during_a_restart_rollout_flips_the_ready_pods_in_place_beside_it
     # Off at 60 s changes no pod template (the driver wakes each pod's other engine), so the surge pod
     # keeps its place and the three ready pods flip in place beside it, one at a time, each down only
     # for its switch: none waits for the surge pod's start-up, none leaves without its other engine.
-    retune_then_flip = Strategy(
-        "retune-then-flip",
-        "schedule",
-        schedule=((0.0, "latency", "On", 3), (30.0, "latency", "On", 1), (60.0, "latency", "Off", None)),
-    )
-    sd = _resource({"strategy": "Surge", "flip": "Standby"})
-    options = SimOptions(startup_seconds=STARTUP).resolved(sd.spec)
-    fleet = _Fleet(
-        dataclasses.replace(sd, spec=strategy_spec(sd.spec, retune_then_flip)),
-        retune_then_flip,
-        TRACE,
-        options,
-        default_profile(),
-    )
-    run = fleet.run()
+    fleet, run = _retune_then_flip()
     pods = sorted(fleet.rollouts.pool_pods("latency"), key=lambda p: p.serial)
     startup = standby_startup_seconds(STARTUP, ASSUMED_MEMORY)
     # (The flip replaces the starting pod by one of the new mode, created when it was.)
