@@ -21,7 +21,7 @@ from specfleet.policy.predict.dynamic_sd import best_schedule, observed_under_sc
 from specfleet.policy.predict.kv_cache import DEFAULT_MAX_NUM_SEQS
 from specfleet.policy.predict.rollout_time import STANDBY, RolloutTime, restart_rollout
 from specfleet.policy.predict.throughput import OFF, SCHEDULE, setting_name
-from specfleet.policy.rules.canaries import active_canaries, canary_target, far_past_break_even
+from specfleet.policy.rules.canaries import active_canaries, canary_share, canary_target, far_past_break_even
 from specfleet.policy.rules.dip import flip_dip, replace_gate
 from specfleet.policy.rules.gates import adjust_gate, flip_gate
 from specfleet.policy.rules.realized_guard import awaiting_reference
@@ -67,8 +67,9 @@ def _flip(
         # its canaries keep measuring it (they come out of the same rollout). Far past it, measured
         # or where the load this flip is decided for is heading, they would only cost; they start
         # when the remembered acceptance expires or the load comes back near.
-        far = far_past_break_even(policy, k, p.loads, p.gains, profile) or far_past_break_even(
-            policy, k, p.loads, p.gains, profile, at=0
+        share = canary_share(policy, p.state)
+        far = far_past_break_even(policy, k, p.loads, p.gains, profile, share=share) or far_past_break_even(
+            policy, k, p.loads, p.gains, profile, at=0, share=share
         )
         by_slo = wanted.reason in r.SLO_REASONS
         by_guard = wanted.reason == r.REALIZED_BELOW_PREDICTION
@@ -81,7 +82,11 @@ def _flip(
             message += "; no canaries until the engine without the drafter is measured"
         else:
             message += (
-                "; canaries stay to measure acceptance" if not far else "; no canaries: far past break-even"
+                "; canaries stay to measure acceptance"
+                if not far
+                else "; no canaries: far past break-even"
+                if far.endswith("far past break-even")
+                else f"; no canaries: {far}"
             )
     if p.state.flip == STANDBY:
         # The pods switch to the engine they hold parked, as it was started: a K or a schedule of the
