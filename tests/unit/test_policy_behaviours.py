@@ -17,6 +17,7 @@ from specfleet.api.spec import SpeculativeDeploymentSpec
 from specfleet.api.status import SpeculativeDeploymentStatus
 from specfleet.policy import MeasuredAcceptance, PoolObservation, PoolState, decide, predicted_speedup
 from specfleet.policy.decision.record import record
+from specfleet.policy.inputs.observation import PoolRolloutState
 from specfleet.policy.inputs.scraping import ScrapeSetup
 from specfleet.policy.inputs.status import pool_states
 from specfleet_runtime.cost_profile import default_profile
@@ -327,6 +328,16 @@ def test_canaries_go_down_where_what_they_cost_the_pool_is_over_half_the_margin(
     assert "costing it 3.1%, more than 2.5%" in d.message
     d = one(CANARY, replace(state, replicas=10), obs(100, WEAK[:1]))
     assert d.canary_replicas is None, d.message
+    # Canaries that came up a minute ago (their rollout settled 30 s ago) measure a whole window before
+    # what they cost is weighed: a memory-bound pool's prediction swings with its load meanwhile.
+    came_up = PoolRolloutState(
+        at=NOW - timedelta(minutes=1), reason="CanariesScaledUp", settled_at=NOW - timedelta(seconds=30)
+    )
+    d = one(CANARY, replace(state, rollout=came_up), obs(100, WEAK[:1]))
+    assert d.canary_replicas is None, d.message
+    measured = replace(came_up, settled_at=NOW - timedelta(seconds=CANARY.window_seconds + 1))
+    d = one(CANARY, replace(state, rollout=measured), obs(100, WEAK[:1]))
+    assert (d.reason, d.canary_replicas) == ("CanariesScaledDown", 0), d.message
     # Down, a canary comes back within one margin of break-even where it would cost the pool a quarter
     # of the margin or less: at 85 (0.96x) one of three would cost 1.5%, one of ten 0.45%.
     down = replace(state, canary_replicas=0, recent_load=racing(85, 85, 85))

@@ -192,7 +192,7 @@ def _adjust(
         canaries = None
     else:
         canary = canary_target(
-            policy, k, p.state, p.wanted, p.loads, p.gains, profile, known=p.est is not None
+            policy, k, p.state, p.wanted, p.loads, p.gains, profile, now, known=p.est is not None
         )
         if canary is None or (awaiting_reference(p.state) and canary[0] > active_canaries(policy, p.state)):
             return None

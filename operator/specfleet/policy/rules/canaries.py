@@ -99,12 +99,14 @@ def canary_target(
     loads: tuple[float, float],
     gains: tuple[GoodputPrediction, GoodputPrediction] | None,
     profile: StepTimeProfile,
+    now: datetime,
     known: bool = True,
 ) -> tuple[int, str, str] | None:
     """Scale an Off pool's canaries: (replicas, reason, why), or None to keep them.
 
     Up while the acceptance is unknown, or once the pool is within one margin of break-even (and the
-    projected load is not far past it); down once it is far past break-even at the load measured. The
+    projected load is not far past it); down once it is far past break-even at the load measured, or
+    once they have measured a whole window and would cost the pool more than half the margin. The
     band between is hysteresis (docs/policy.md, "Re-entry and canaries").
     """
     spec = policy.reentry.canary_replicas
@@ -123,7 +125,10 @@ def canary_target(
         )
     share = canary_share(policy, state)
     if active > 0:
-        far = far_past_break_even(policy, k, loads, gains, profile, share=share)
+        # What they cost is judged once they have measured: canaries that came up (near break-even,
+        # or to measure an acceptance unknown) keep one whole window after their rollout settles.
+        judged = None if settling(policy, state, now) else share
+        far = far_past_break_even(policy, k, loads, gains, profile, share=judged)
         return None if far is None else (0, r.CANARIES_SCALED_DOWN, far)
     if (
         active < spec
