@@ -30,7 +30,6 @@ _VALUE_KEYS = {
     "itl_p99": "itl99",
     "sample_age": "age",
     "window_coverage": "window_coverage",
-    "engine_windows": "engine_windows",
     "kv_usage": "kv_usage",
     "preemptions": "preemptions",
     "prompt_len": "prompt_len",

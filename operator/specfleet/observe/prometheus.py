@@ -126,19 +126,15 @@ def fleet_queries(
         return f"histogram_quantile({q}, {buckets(vm.INTER_TOKEN_LATENCY)})"
 
     running = f"avg_over_time({vm.REQUESTS_RUNNING}{{{sel}}}[{w}])"
-    running_now = f"{vm.REQUESTS_RUNNING}{{{sel}}}"
-    samples = f"count_over_time({running_now}[{w}])"
     kv_usage = f"avg_over_time({vm.KV_CACHE_USAGE}{{{sel}}}[{w}])"
     replicas = f"{vm.REQUESTS_RUNNING}{{{sel}}}"
     cache_config = f"{vm.CACHE_CONFIG_INFO}{{{sel}}}"
     if standby:
         running_per_replica = f"sum by ({by}) ({running}) / count by ({by}) {vm.awake_only(running, sel)}"
-        engine_samples = vm.awake_only(samples, sel)
         kv_usage_mean = f"avg by ({by}) {vm.awake_only(kv_usage, sel)}"
         replicas, cache_config = vm.awake_only(replicas, sel), vm.awake_only(cache_config, sel)
     else:
         running_per_replica, kv_usage_mean = f"avg by ({by}) ({running})", f"avg by ({by}) ({kv_usage})"
-        engine_samples = f"({samples})"
         replicas, cache_config = f"({replicas})", f"({cache_config})"
 
     return {
@@ -156,22 +152,13 @@ def fleet_queries(
         "itl_p50": itl_quantile(0.5),
         "itl_p99": itl_quantile(0.99),
         "sample_age": f"time() - max by ({by}) (timestamp({vm.REQUESTS_RUNNING}{{{sel}}}))",
-        # How much of the window the pool's longest-running engine series covers, without knowing the
-        # scrape interval: its samples in the window over those in the window's second half, halved
-        # (1: the whole window; 0.5 or less: at most its second half), over the engines scraped now
-        # (a deleted pod's samples stay in range selectors: one that left within the window would
-        # read as more than the whole). Below the whole window every engine started within it (the
-        # pool's first window): a counter's rate then counts only the part each series covers.
+        # How much of the window the pool's youngest series covers, without knowing the scrape
+        # interval: its samples in the window over those in the window's second half, halved (1: the
+        # whole window; 0.5 or less: at most its second half). A counter's rate over a window that
+        # began before its series (a pod that started in it) counts only the part it covers.
         "window_coverage": (
-            f"max by ({by}) ((count_over_time({running_now}[{w}]) "
-            f"/ count_over_time({running_now}[{window_seconds * 500}ms])) "
-            f"and on ({vm.ENGINE_IDENTITY}) {running_now}) / 2"
-        ),
-        # Engine-windows the pool's series cover: every (awake) engine's samples in the window over
-        # the most any engine has (a whole window's, where one covers it). The pool's counter rates
-        # over it are per engine serving for the whole window, however many started or stopped in it.
-        "engine_windows": (
-            f"sum by ({by}) {engine_samples} / max by ({by}) (count_over_time({running_now}[{w}]))"
+            f"min by ({by}) (count_over_time({vm.REQUESTS_RUNNING}{{{sel}}}[{w}]) "
+            f"/ count_over_time({vm.REQUESTS_RUNNING}{{{sel}}}[{window_seconds * 500}ms])) / 2"
         ),
         # Memory (each missing answer only turns the policy's memory reasoning off).
         "kv_usage": kv_usage_mean,

@@ -133,12 +133,7 @@ def _vector(value: float | None, t: float, labels: dict[str, str] | None = None)
 
 
 def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list[dict[str, Any]]]:
-    """The pool's query results at `t` (names as in `pool_queries`), from its engines' series.
-
-    A deleted pod's series leaves every answer at once here; Prometheus keeps its samples in range
-    selectors until they age out of the window (only instant selectors see it stale). The pool's
-    counter rates and its `engine_windows` both leave it out, so their ratio, the tokens per engine
-    serving, is the same; a sum or mean over the window alone counts less of the pods that left."""
+    """The pool's query results at `t` (names as in `pool_queries`), from its engines' series."""
     live = [
         s
         for s in series
@@ -168,17 +163,12 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
     newest = -math.inf
     awake = 0
     coverage: list[float] = []  # each series' samples in the window over those in its second half, halved
-    counts: list[int] = []  # each series' samples in the window
-    awake_samples = 0  # those of the engines awake at t
     for s in live:
         win = _window(s.samples, t, window)
         half = len(_window(s.samples, t, window / 2))
         if half:
             coverage.append(len(win) / half / 2)
-        counts.append(len(win))
         latest = next(x for x in reversed(s.samples) if x.t <= t)
-        if latest.awake:
-            awake_samples += len(win)
         newest = max(newest, latest.t)
         awake += latest.awake
         if win:
@@ -245,9 +235,7 @@ def answers(series: Sequence[Series], t: float, window: float) -> dict[str, list
     out["ttft_buckets"] = _buckets(live, "ttft", vm.TIME_TO_FIRST_TOKEN_BUCKETS, t, window)
     out["tpot_buckets"] = _buckets(live, "tpot", vm.TOKEN_LATENCY_BUCKETS, t, window)
     out["sample_age"] = _vector(t - newest if live else None, t)
-    out["window_coverage"] = _vector(max(coverage) if coverage else None, t)
-    top = max(counts, default=0)
-    out["engine_windows"] = _vector(awake_samples / top if top and awake_samples else None, t)
+    out["window_coverage"] = _vector(min(coverage) if coverage else None, t)
     return out
 
 

@@ -117,12 +117,12 @@ def _with_measurements(ps: PoolStatus, obs: PoolObservation, now: datetime) -> P
         update["recent_load"] = [*kept, f"{rfc3339(now)}={demand:.4g}"][-LOAD_SAMPLES:]
     if obs.generation_tokens_per_second is not None:
         update["generation_tokens_per_second"] = f"{obs.generation_tokens_per_second:.4g}"
-        served = obs.served_per_replica
-        if served is not None and obs.whole_window:
-            # Served tokens per engine, for the arrivals' trend (`policy.rules.load_guards`): a rate
+        if obs.replicas_reporting >= 1 and obs.whole_window:
+            # Served tokens per replica, for the arrivals' trend (`policy.rules.load_guards`): a rate
             # rises along a ramp where the requests in the engines curve up as they near a capacity.
-            # Per engine-window, so a rollout's pods count for the part of the window each served; not
-            # over a pool's first window, where no engine covers it to measure the others against.
+            # Not over a window an engine's series began in: its rate counts only part of the window,
+            # and the windows after it would read as a rise.
+            served = obs.generation_tokens_per_second / obs.replicas_reporting
             recent = [e for e in ps.recent_tokens_per_second or [] if _within(e, now)]
             update["recent_tokens_per_second"] = [*recent, f"{rfc3339(now)}={served:.4g}"][-LOAD_SAMPLES:]
     return ps.model_copy(update=update)

@@ -18,10 +18,9 @@ Schedule = tuple[tuple[int, int, int], ...]
 # A latency histogram over the window: (upper bound in seconds, cumulative requests per second) buckets
 # sorted by bound, the last one +Inf (every request); empty: not measured.
 Histogram = tuple[tuple[float, float], ...]
-# A pool's window is whole where its longest-running engine series covers at least this share of it:
-# with the default 120 s window and 15 s scrapes, all but one scrape (7 of 8 samples), so the others'
-# engine-windows are measured against (nearly) a whole window's samples; where every series is younger
-# (a pool's first window) its rates rise over the next windows alone.
+# A pool's window is whole where its youngest engine series covers at least this share of it: with the
+# default 120 s window and 15 s scrapes, all but one scrape (7 of 8 samples), a rate within ~1/8 of
+# what was served; a series younger than that makes its pool's rates rise over the next windows alone.
 WHOLE_WINDOW = 0.85
 
 
@@ -44,14 +43,10 @@ class PoolObservation:
     running_per_replica: float | None = None
     waiting: float | None = None
     generation_tokens_per_second: float | None = None
-    # The share of the window the pool's longest-running engine series covers (the fleet query
-    # window_coverage; None: not measured). Below `WHOLE_WINDOW`, every engine started within the
-    # window (the pool's first window), and the counter rates count only part of it.
+    # The share of the window the pool's youngest engine series covers (the fleet query
+    # window_coverage; None: not measured). Below `WHOLE_WINDOW`, an engine started within the window
+    # (the pool's first window, a new pod's), and the counter rates count only part of it.
     window_coverage: float | None = None
-    # Engine-windows the pool's (awake) series cover (the fleet query engine_windows: their samples in
-    # the window over the most any one has; None: not measured): an engine that started or left
-    # within the window counts for the share of it it served.
-    engine_windows: float | None = None
     itl_p50_seconds: float | None = None
     itl_p99_seconds: float | None = None
     replicas_reporting: int = 0
@@ -85,24 +80,9 @@ class PoolObservation:
 
     @property
     def whole_window(self) -> bool:
-        """An engine series of the pool covers (nearly) the whole window, so the engine-windows of the
-        others are measured against it and the tokens served per engine are the window's; True where
-        the coverage was not measured."""
+        """Every engine series of the pool covers (nearly) the whole window, so its counter rates
+        (the tokens served) are the window's; True where the coverage was not measured."""
         return self.window_coverage is None or self.window_coverage >= WHOLE_WINDOW
-
-    @property
-    def served_per_replica(self) -> float | None:
-        """Generated tokens per second per engine serving over the window: the pool's over its
-        engine-windows (`engine_windows`), so a pod that started or left within the window (a
-        rollout's) counts for the part it served; over the engines reporting now where those are not
-        measured. None: the tokens are not measured, or no engine reports."""
-        gen = self.generation_tokens_per_second
-        if gen is None or self.replicas_reporting < 1:
-            return None
-        engines = self.engine_windows
-        if engines is None or not math.isfinite(engines) or engines <= 0:
-            engines = float(self.replicas_reporting)
-        return max(0.0, gen) / engines
 
     @property
     def demand_per_replica(self) -> float | None:

@@ -112,16 +112,16 @@ def demand_fit(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: 
 
 
 def served_fit(policy: PolicySpec, state: PoolState, obs: PoolObservation, now: datetime) -> TrendFit | None:
-    """The generated tokens per second per engine served (`PoolObservation.served_per_replica`),
-    fitted over the last window of evaluations as `demand_fit` (None: not measured, or fewer than
-    three points). Along a ramp below the pool's capacity what is served is what arrives, half a
-    window late. None too over a pool's first window (`PoolObservation.whole_window`): every engine's
-    rate counts part of it, so it rises over the next ones with no rise in what arrives (such windows
-    are not recorded either, `policy.decision.record`)."""
-    served = obs.served_per_replica
-    if served is None or not obs.whole_window:
+    """The generated tokens per second per replica served, fitted over the last window of
+    evaluations as `demand_fit` (None: not measured, or fewer than three points). Along a ramp below
+    the pool's capacity what is served is what arrives, half a window late. None too over a window
+    an engine's series began in (`PoolObservation.whole_window`): its rate counts part of the window,
+    so it rises over the next ones with no rise in what arrives (such windows are not recorded either,
+    `policy.decision.record`)."""
+    gen = obs.generation_tokens_per_second
+    if gen is None or obs.replicas_reporting < 1 or not obs.whole_window:
         return None
-    return _line_fit(policy, state.recent_tokens_per_second, now, served)
+    return _line_fit(policy, state.recent_tokens_per_second, now, gen / obs.replicas_reporting)
 
 
 def _line_fit(

@@ -54,11 +54,11 @@ def arrivals(obs: PoolObservation, demand_slope: float | None) -> Arrivals | Non
     """The arrivals per replica (None: the generated tokens are not measured). The demand's growth is
     a queue's only while the engines queue: otherwise it is more requests running (a burst of clients
     that each wait for their answer), which the engines serve."""
-    served = obs.served_per_replica
-    if served is None:
+    gen = obs.generation_tokens_per_second
+    if gen is None or obs.replicas_reporting < 1:
         return None
     growth = max(0.0, demand_slope or 0.0) * (obs.mean_output_tokens or 0.0) if queued(obs) else 0.0
-    return Arrivals(served, growth)
+    return Arrivals(max(0.0, gen) / obs.replicas_reporting, growth)
 
 
 def overloaded(
