@@ -308,21 +308,18 @@ def test_a_pool_turning_off_on_a_load_racing_far_past_break_even_keeps_no_canary
     assert (d.flip, d.target, d.canary_replicas) == (True, "Off", 1)
 
 
+def off_remembering_weak(**fields) -> PoolState:
+    """An Off pool at K 1 that flipped two hours ago and remembers the weak drafter's acceptance."""
+    memory = MeasuredAcceptance(1 + sum(WEAK), WEAK, NOW - timedelta(minutes=5))
+    return PoolState("Off", k=1, last_transition=NOW - timedelta(hours=2), last_acceptance=memory, **fields)
+
+
 def test_canaries_go_down_where_what_they_cost_the_pool_is_over_half_the_margin():
     # Weak drafter remembered, 100 running per replica: K 1 predicts 0.91x, within two margins of
     # break-even (0.90), so a canary's own shortfall keeps it. One canary of three replicas serves a
     # third of the pool's requests 9% slower: 3% of the pool, more than half the 5% margin, so it goes
     # down. One canary of ten costs 0.9%: it stays.
-    memory = MeasuredAcceptance(1 + sum(WEAK), WEAK, NOW - timedelta(minutes=5))
-    state = PoolState(
-        "Off",
-        k=1,
-        last_transition=NOW - timedelta(hours=2),
-        canary_replicas=1,
-        last_acceptance=memory,
-        recent_load=racing(100, 100, 100),
-        replicas=3,
-    )
+    state = off_remembering_weak(canary_replicas=1, recent_load=racing(100, 100, 100), replicas=3)
     d = one(CANARY, state, obs(100, WEAK[:1]))
     assert (d.reason, d.canary_replicas) == ("CanariesScaledDown", 0), d.message
     assert "costing it 3.1%, more than 2.5%" in d.message
@@ -351,15 +348,7 @@ def test_canaries_do_not_come_back_while_the_load_races_away_from_break_even():
     # An Off pool without canaries, 80 running per replica measured (within one margin of break-even,
     # where canaries come back), but rising steeply: they would be scaled down again once the load
     # gets there. Only a load that stays near brings them back.
-    memory = MeasuredAcceptance(1 + sum(WEAK), WEAK, NOW - timedelta(minutes=5))
-    state = PoolState(
-        "Off",
-        k=1,
-        last_transition=NOW - timedelta(hours=2),
-        canary_replicas=0,
-        last_acceptance=memory,
-        recent_load=racing(20, 50, 65),
-    )
+    state = off_remembering_weak(canary_replicas=0, recent_load=racing(20, 50, 65))
     d = one(CANARY, state, obs(80, None))
     assert d.canary_replicas is None, d.message
     d = one(CANARY, replace(state, recent_load=racing(80, 80, 80)), obs(80, None))
